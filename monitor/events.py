@@ -1,0 +1,151 @@
+"""Typing events: turn a decoded frame of either OpenCode stream into a typed event.
+
+Both stream forms reach here: `/event` frames (`{"type", "properties"}`) and `/global/event`
+envelopes (`{"directory", "project", "payload"}`). Only the few event types the monitor acts
+on are typed; every other type, the heartbeats and the `sync` copies that `/global/event`
+sends of every stored event, come back as None. A frame of a known type whose fields are
+missing or mistyped comes back as `Malformed`, never as an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPart:
+    """One update of a tool call part; the same part id arrives several times as it runs."""
+
+    session_id: str
+    part_id: str
+    tool: str
+    status: str
+    input: Any
+    output: Any
+    error: Any
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSeen:
+    """A session event that tells us the session's directory (created, updated, busy)."""
+
+    session_id: str
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionIdle:
+    """The session's run ended: a new run starts with a clean history."""
+
+    session_id: str
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionDeleted:
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """A frame we could not use; `reason` is safe to log (it never quotes the frame)."""
+
+    reason: str
+
+
+Event = ToolPart | SessionSeen | SessionIdle | SessionDeleted
+
+
+def parse_event(frame: object) -> Event | Malformed | None:
+    """Type one decoded frame; None for frames the monitor has no use for."""
+    if not isinstance(frame, dict):
+        return Malformed("frame is not an object")
+    directory = None
+    if "payload" in frame:
+        directory = frame.get("directory")
+        if directory is not None and not isinstance(directory, str):
+            return Malformed("envelope directory is not a string")
+        frame = frame["payload"]
+        if not isinstance(frame, dict):
+            return Malformed("payload is not an object")
+    kind = frame.get("type")
+    if not isinstance(kind, str):
+        return Malformed("event type missing")
+    parse = _PARSERS.get(kind)
+    if parse is None:
+        return None
+    props = frame.get("properties")
+    if not isinstance(props, dict):
+        return Malformed(f"{kind}: properties is not an object")
+    try:
+        return parse(props, directory)
+    except _Mistyped as exc:
+        return Malformed(f"{kind}: {exc}")
+
+
+class _Mistyped(Exception):
+    pass
+
+
+def _text(obj: dict[str, Any], key: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value:
+        raise _Mistyped(f"{key} is not a non-empty string")
+    return value
+
+
+def _object(obj: dict[str, Any], key: str) -> dict[str, Any]:
+    value = obj.get(key)
+    if not isinstance(value, dict):
+        raise _Mistyped(f"{key} is not an object")
+    return value
+
+
+def _part_updated(props: dict[str, Any], directory: str | None) -> ToolPart | None:
+    part = _object(props, "part")
+    if part.get("type") != "tool":
+        return None
+    state = _object(part, "state")
+    return ToolPart(
+        session_id=_text(part, "sessionID"),
+        part_id=_text(part, "id"),
+        tool=_text(part, "tool"),
+        status=_text(state, "status"),
+        input=state.get("input"),
+        output=state.get("output"),
+        error=state.get("error"),
+        directory=directory,
+    )
+
+
+def _session_info(props: dict[str, Any], directory: str | None) -> SessionSeen:
+    info = _object(props, "info")
+    own = info.get("directory")
+    return SessionSeen(_text(info, "id"), own if isinstance(own, str) and own else directory)
+
+
+def _session_status(props: dict[str, Any], directory: str | None) -> SessionSeen | SessionIdle:
+    session_id = _text(props, "sessionID")
+    if _text(_object(props, "status"), "type") == "idle":
+        return SessionIdle(session_id, directory)
+    return SessionSeen(session_id, directory)
+
+
+def _session_idle(props: dict[str, Any], directory: str | None) -> SessionIdle:
+    return SessionIdle(_text(props, "sessionID"), directory)
+
+
+def _session_deleted(props: dict[str, Any], directory: str | None) -> SessionDeleted:
+    return SessionDeleted(_text(props, "sessionID"))
+
+
+_PARSERS = {
+    "message.part.updated": _part_updated,
+    "session.created": _session_info,
+    "session.updated": _session_info,
+    "session.status": _session_status,
+    "session.idle": _session_idle,
+    "session.deleted": _session_deleted,
+}

@@ -1,0 +1,34 @@
+"""The corrective message the model reads after its looping run was stopped.
+
+Written for the model, not for people: short, names the shape of the loop (never an argument
+or an output, which could be large or secret), and asks for a different approach or a clear
+statement of what blocks it.
+"""
+
+from __future__ import annotations
+
+from monitor.cycle import Cycle
+
+
+def describe_cycle(cycle: Cycle, tools: tuple[str, ...]) -> str:
+    """`3 calls (read, edit, bash) repeated 3 times`; `1 call (read) repeated 4 times`."""
+    calls = "1 call" if cycle.length == 1 else f"{cycle.length} calls"
+    return f"{calls} ({', '.join(tools)}) repeated {cycle.repetitions} times"
+
+
+def feedback_text(cycle: Cycle, tools: tuple[str, ...], hold: bool, interventions: int) -> str:
+    """The feedback for one intervention; `interventions` counts this one too."""
+    lines = [
+        "Loop guard: a repeated tool-call cycle was detected and your run was stopped at this "
+        f"call: {describe_cycle(cycle, tools)} with the same arguments.",
+        "Do not retry the same sequence unchanged. Compare what you expected each earlier "
+        "attempt to do with what it actually returned. Then either take a materially "
+        "different action based on that new evidence, or explain briefly why you are blocked "
+        "and what information you need.",
+    ]
+    if hold:
+        lines.append(
+            f"This session has now been stopped {interventions} times for looping, so it is "
+            "on hold until a person replies. Do not call tools until then."
+        )
+    return "\n\n".join(lines)

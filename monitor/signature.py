@@ -1,0 +1,74 @@
+"""Canonical call signatures: two tool calls are "the same" when their signatures are equal.
+
+The signature is the exact tool name, a NUL, then compact JSON of the arguments with object
+keys sorted recursively. Strings are kept byte for byte: a model that changes one space in a
+command did change the command. A key whose value is null counts as absent, because that is
+how an omitted optional argument reaches us (JSON has no undefined).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any
+
+_dump_scalar: Callable[[Any], str] = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=True, separators=(",", ":")
+).encode
+
+
+class _Token(str):
+    """Literal output text on the work stack, told apart from string values to encode."""
+
+
+_OPEN_ARRAY, _CLOSE_ARRAY = _Token("["), _Token("]")
+_OPEN_OBJECT, _CLOSE_OBJECT = _Token("{"), _Token("}")
+_COMMA, _COLON = _Token(","), _Token(":")
+
+
+def canonical_signature(tool: str, args: Any) -> str:
+    """Return the canonical signature of a call of `tool` with JSON value `args`.
+
+    Works with an explicit stack rather than recursion: `json.loads` accepts nesting close to
+    the interpreter's recursion limit, and a recursive encoder called a few frames deeper would
+    then raise on input the server legitimately sent.
+    """
+    out: list[str] = [tool, "\x00"]
+    stack: list[Any] = [args]
+    while stack:
+        item = stack.pop()
+        if type(item) is _Token:
+            out.append(item)
+        elif isinstance(item, dict):
+            stack.append(_CLOSE_OBJECT)
+            members = sorted((k, v) for k, v in item.items() if v is not None)
+            for index in range(len(members) - 1, -1, -1):
+                key, value = members[index]
+                stack.append(value)
+                stack.append(_COLON)
+                stack.append(_Token(_dump_scalar(key)))
+                if index:
+                    stack.append(_COMMA)
+            stack.append(_OPEN_OBJECT)
+        elif isinstance(item, list):
+            stack.append(_CLOSE_ARRAY)
+            for index in range(len(item) - 1, -1, -1):
+                stack.append(item[index])
+                if index:
+                    stack.append(_COMMA)
+            stack.append(_OPEN_ARRAY)
+        else:
+            out.append(_dump_scalar(item))
+    return "".join(out)
+
+
+def signature_digest(signature: str) -> int:
+    """A fixed-size stand-in for a signature, to keep in a session's history.
+
+    The arguments of an edit or write call can be many kilobytes; 64 bits make a collision
+    between two calls of one session vanishingly unlikely. `surrogatepass` because JSON may
+    carry lone surrogates (`"\\ud800"`), which plain UTF-8 refuses to encode.
+    """
+    raw = hashlib.blake2b(signature.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(raw, "little", signed=True)

@@ -1,0 +1,209 @@
+"""Event tracker: follows every session's tool calls and decides when to intervene.
+
+Fed decoded frames of either stream form, it returns decisions and never raises on what the
+server sends. It is the whole policy of the monitor; the asyncio shell only carries out the
+`Intervene` decisions it returns.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from monitor.cycle import Cycle
+from monitor.events import (
+    Malformed,
+    SessionDeleted,
+    SessionIdle,
+    SessionSeen,
+    ToolPart,
+    parse_event,
+)
+from monitor.feedback import feedback_text
+from monitor.guard import LoopGuard, RecentMap
+
+MatchMode = Literal["input", "input+output"]
+OnLoop = Literal["resume", "hold"]
+
+# Parts of one session that started but have not finished yet; a model step rarely runs more
+# than a few calls at once, so this bound only matters for a server that never finishes any.
+_MAX_IN_FLIGHT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Intervene:
+    """Stop this session's run and give the model `feedback`."""
+
+    session_id: str
+    directory: str | None
+    cycle: Cycle
+    tools: tuple[str, ...]
+    part_id: str
+    call_index: int
+    prior_interventions: int
+    hold: bool
+    feedback: str
+
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    """What counts as a loop and what to do about it; the tracker's settings."""
+
+    max_period: int = 4
+    repeats: int = 3
+    history: int = 32
+    match: MatchMode = "input"
+    ignore_tools: frozenset[str] = frozenset()
+    ignore_args: Mapping[str, frozenset[str]] | None = None
+    on_loop: OnLoop = "resume"
+    max_interventions: int = 2
+    max_sessions: int = 10_000
+
+
+class _Session:
+    __slots__ = ("directory", "interventions", "calls", "in_flight")
+
+    def __init__(self) -> None:
+        self.directory: str | None = None
+        self.interventions = 0
+        self.calls = 0
+        # Part ids recorded at `running` whose final update has not come yet: their later
+        # updates must not be recorded a second time. None until needed, to stay small.
+        self.in_flight: dict[str, None] | None = None
+
+
+class Tracker:
+    """Feeds frames through the loop guard; see `feed`."""
+
+    def __init__(self, detection: Detection = Detection(), directory: str | None = None) -> None:
+        self.detection = detection
+        self.guard = LoopGuard(
+            max_history=detection.history,
+            max_sessions=detection.max_sessions,
+            max_period=detection.max_period,
+            repeats=detection.repeats,
+        )
+        self._ignore_args = dict(detection.ignore_args or {})
+        self._record_at_running = detection.match == "input"
+        self._default_directory = directory
+        self._sessions: RecentMap[str, _Session] = RecentMap(detection.max_sessions)
+        self.malformed: Counter[str] = Counter()
+
+    def feed(self, frame: object) -> list[Intervene]:
+        """Take one decoded frame (`/event` or `/global/event` form); return decisions."""
+        event = parse_event(frame)
+        if event is None:
+            return []
+        if isinstance(event, ToolPart):
+            decision = self._tool_part(event)
+            return [] if decision is None else [decision]
+        if isinstance(event, Malformed):
+            self.malformed[event.reason] += 1
+        elif isinstance(event, SessionIdle):
+            self._seen(event.session_id, event.directory)
+            self.end_run(event.session_id)
+        elif isinstance(event, SessionSeen):
+            self._seen(event.session_id, event.directory)
+        elif isinstance(event, SessionDeleted):
+            self.forget(event.session_id)
+        return []
+
+    def directory_of(self, session_id: str) -> str | None:
+        session = self._sessions.get(session_id)
+        if session is None or session.directory is None:
+            return self._default_directory
+        return session.directory
+
+    def interventions(self, session_id: str) -> int:
+        session = self._sessions.get(session_id)
+        return 0 if session is None else session.interventions
+
+    def end_run(self, session_id: str) -> None:
+        """The session's run is over: its history goes, its intervention count stays."""
+        self.guard.clear(session_id)
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.in_flight = None
+
+    def keep_runs(self, busy: Iterable[str]) -> None:
+        """After a reconnect: end the run of every session the server does not call busy."""
+        keep = set(busy)
+        for session_id in self._sessions:
+            if session_id not in keep:
+                self.end_run(session_id)
+
+    def forget(self, session_id: str) -> None:
+        self.guard.clear(session_id)
+        self._sessions.pop(session_id)
+
+    def _seen(self, session_id: str, directory: str | None) -> _Session:
+        session = self._sessions.touch(session_id, _Session)
+        if directory is not None:
+            session.directory = directory
+        return session
+
+    def _tool_part(self, part: ToolPart) -> Intervene | None:
+        if part.tool in self.detection.ignore_tools:
+            return None
+        session = self._seen(part.session_id, part.directory)
+        if not self._first_full_update(session, part):
+            return None
+        session.calls += 1
+        cycle = self.guard.record(part.session_id, part.tool, self._call_args(part))
+        if cycle is None:
+            return None
+        return self._intervene(session, part, cycle)
+
+    def _first_full_update(self, session: _Session, part: ToolPart) -> bool:
+        """True on the update at which a call is recorded; each part is recorded once."""
+        finished = part.status in ("completed", "error")
+        in_flight = session.in_flight
+        if finished and in_flight is not None and part.part_id in in_flight:
+            del in_flight[part.part_id]
+            return False
+        if part.status == "running" and self._record_at_running:
+            if in_flight is None:
+                in_flight = session.in_flight = {}
+            elif part.part_id in in_flight:
+                return False  # bash re-sends `running` while it streams output
+            if len(in_flight) >= _MAX_IN_FLIGHT:
+                del in_flight[next(iter(in_flight))]
+            in_flight[part.part_id] = None
+            return True
+        # `completed` or `error` of a part whose `running` we never saw (or, in input+output
+        # mode, never record at): this is its one full update.
+        return finished
+
+    def _call_args(self, part: ToolPart) -> Any:
+        args = part.input
+        dropped = self._ignore_args.get(part.tool)
+        if dropped and isinstance(args, dict):
+            args = {key: value for key, value in args.items() if key not in dropped}
+        if self._record_at_running:
+            return args
+        if part.status == "error":
+            return {"input": args, "error": part.error}
+        return {"input": args, "output": part.output}
+
+    def _intervene(self, session: _Session, part: ToolPart, cycle: Cycle) -> Intervene:
+        tools = self.guard.tools(part.session_id, cycle.length)
+        # Later updates of the parts already recorded must not fire again, so the history
+        # starts over; the in-flight set stays to keep recognising those parts.
+        self.guard.clear(part.session_id)
+        prior = session.interventions
+        session.interventions += 1
+        detection = self.detection
+        hold = detection.on_loop == "hold" or prior >= detection.max_interventions
+        return Intervene(
+            session_id=part.session_id,
+            directory=session.directory or self._default_directory,
+            cycle=cycle,
+            tools=tools,
+            part_id=part.part_id,
+            call_index=session.calls,
+            prior_interventions=prior,
+            hold=hold,
+            feedback=feedback_text(cycle, tools, hold, prior + 1),
+        )

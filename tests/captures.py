@@ -1,0 +1,14 @@
+"""Reading the recordings of the real server in ../shared/opencode/captures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from monitor.frames import decode_frame, iter_sse_data
+
+CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "opencode" / "captures"
+
+
+def capture_frames(name: str) -> list[object]:
+    with open(CAPTURES / name, encoding="utf-8") as lines:
+        return [decode_frame(data) for data in iter_sse_data(lines)]

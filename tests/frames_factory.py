@@ -1,0 +1,72 @@
+"""Building `/event` frames shaped like the real server's (see the captures)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+_ids = itertools.count(1)
+
+
+def tool_part(
+    session: str,
+    part: str,
+    tool: str,
+    status: str,
+    input: Any = None,
+    output: Any = None,
+    error: Any = None,
+) -> dict:
+    state: dict[str, Any] = {"status": status, "input": {} if input is None else input}
+    if output is not None:
+        state["output"] = output
+    if error is not None:
+        state["error"] = error
+    return {
+        "id": f"evt_{next(_ids)}",
+        "type": "message.part.updated",
+        "properties": {
+            "sessionID": session,
+            "part": {
+                "id": part,
+                "type": "tool",
+                "tool": tool,
+                "callID": "call_0",
+                "sessionID": session,
+                "messageID": "msg_1",
+                "state": state,
+            },
+        },
+    }
+
+
+def call(session: str, part: str, tool: str, input: Any, output: str = "ok") -> list[dict]:
+    """The updates of one call as the server sends them: pending, running, completed."""
+    return [
+        tool_part(session, part, tool, "pending"),
+        tool_part(session, part, tool, "running", input),
+        tool_part(session, part, tool, "completed", input, output=output),
+    ]
+
+
+def status(session: str, kind: str) -> dict:
+    return {"type": "session.status", "properties": {"sessionID": session, "status": {"type": kind}}}
+
+
+def idle(session: str) -> dict:
+    return {"type": "session.idle", "properties": {"sessionID": session}}
+
+
+def deleted(session: str) -> dict:
+    return {"type": "session.deleted", "properties": {"sessionID": session, "info": {"id": session}}}
+
+
+def created(session: str, directory: str) -> dict:
+    return {
+        "type": "session.created",
+        "properties": {"sessionID": session, "info": {"id": session, "directory": directory}},
+    }
+
+
+def envelope(frame: dict, directory: str = "/home/dev/project") -> dict:
+    return {"directory": directory, "project": "global", "payload": frame}

@@ -1,0 +1,353 @@
+import pytest
+
+from monitor.cycle import Cycle
+from monitor.tracker import Detection, Intervene, Tracker
+from tests.captures import capture_frames
+from tests.frames_factory import call, created, deleted, envelope, idle, status, tool_part
+
+READ = {"filePath": "README.md"}
+
+
+def feed_all(tracker, frames):
+    decisions = []
+    for frame in frames:
+        decisions += tracker.feed(frame)
+    return decisions
+
+
+def loop_of(session, count, tool="read", input=READ, prefix="p"):
+    frames = []
+    for n in range(count):
+        frames += call(session, f"{prefix}{n + 1}", tool, input)
+    return frames
+
+
+# -- the recordings of the real server ------------------------------------------------------
+
+
+def tool_part_ids(capture):
+    """Distinct tool part ids of a recording in order of first appearance."""
+    ids = {}
+    for frame in capture_frames(capture):
+        part = frame.get("properties", {}).get("part", {})
+        if frame.get("type") == "message.part.updated" and part.get("type") == "tool":
+            ids.setdefault(part["id"])
+    return list(ids)
+
+
+def test_one_tool_recording_intervenes_at_the_4th_and_8th_call():
+    decisions = feed_all(Tracker(), capture_frames("one-tool-8-calls-no-guard.event.sse"))
+    assert [(d.call_index, d.part_id, d.cycle, d.tools) for d in decisions] == [
+        (4, "prt_229776465001jK6sb9iP16JWPv", Cycle(1, 4), ("read",)),
+        (8, "prt_2297767a8001XjOKeDrU2rNezx", Cycle(1, 4), ("read",)),
+    ]
+    parts = tool_part_ids("one-tool-8-calls-no-guard.event.sse")
+    assert [parts[3], parts[7]] == [d.part_id for d in decisions]
+    assert {d.session_id for d in decisions} == {"ses_dd6889fa4ffeDlmaT86ONwYfWm"}
+    assert [d.prior_interventions for d in decisions] == [0, 1]
+
+
+def test_two_cycle_recording_intervenes_every_6_calls():
+    decisions = feed_all(Tracker(), capture_frames("two-cycle-40-calls-no-guard.event.sse"))
+    assert [d.call_index for d in decisions] == [6, 12, 18, 24, 30, 36]
+    assert [d.part_id for d in decisions] == [
+        "prt_22972a2ef001qftCwGUNh6Z34w",
+        "prt_22972a876001yySeNcqMXRlmSc",
+        "prt_22972ae37001TDneCqlkDh890J",
+        "prt_22972b40b001YE6YhynFFq4tGt",
+        "prt_22972b8910014k6rrbRa5N3N1F",
+        "prt_22972bd6a001WLjhtX4KWhpO6K",
+    ]
+    parts = tool_part_ids("two-cycle-40-calls-no-guard.event.sse")
+    assert [parts[n - 1] for n in (6, 12, 18, 24, 30, 36)] == [d.part_id for d in decisions]
+    assert {(d.cycle, d.tools) for d in decisions} == {(Cycle(2, 3), ("glob", "read"))}
+
+
+def test_loop_abort_feedback_recording_same_decisions_in_both_forms():
+    per_form = {}
+    for form in ("event", "global"):
+        tracker = Tracker()
+        per_form[form] = feed_all(tracker, capture_frames(f"loop-abort-feedback.{form}.sse"))
+        assert sum(tracker.malformed.values()) == 0
+    assert per_form["event"] == per_form["global"] == []
+
+
+def test_global_form_records_each_call_once_despite_sync_copies():
+    tracker = Tracker()
+    feed_all(tracker, capture_frames("loop-abort-feedback.global.sse"))
+    # The run was 7 calls of a 3-call cycle, then idle cleared the history.
+    tracker_partial = Tracker()
+    frames = capture_frames("loop-abort-feedback.global.sse")
+    first_idle = next(
+        i for i, f in enumerate(frames) if f.get("payload", {}).get("type") in ("session.idle", "session.status")
+        and f["payload"]["properties"].get("status", {}).get("type", "idle") == "idle"
+    )
+    feed_all(tracker_partial, frames[:first_idle])
+    assert tracker_partial.guard.history_length("ses_dd68c5d38ffeOh7wqOyc1zavTS") == 7
+    assert tracker.guard.history_length("ses_dd68c5d38ffeOh7wqOyc1zavTS") == 0
+
+
+# -- recording rules ------------------------------------------------------------------------
+
+
+def test_recorded_at_running_once_per_part():
+    tracker = Tracker()
+    frames = []
+    for n in range(4):
+        part = f"p{n}"
+        frames += [
+            tool_part("s", part, "bash", "pending"),
+            tool_part("s", part, "bash", "running", {"command": "x"}),
+            tool_part("s", part, "bash", "running", {"command": "x"}),  # streamed output
+            tool_part("s", part, "bash", "completed", {"command": "x"}, output="o"),
+        ]
+    decisions = feed_all(tracker, frames)
+    assert [(d.part_id, d.call_index) for d in decisions] == [("p3", 4)]
+
+
+def test_decision_comes_on_the_running_update_of_the_fourth_call():
+    tracker = Tracker()
+    feed_all(tracker, loop_of("s", 3))
+    assert tracker.feed(tool_part("s", "p4", "read", "pending")) == []
+    [decision] = tracker.feed(tool_part("s", "p4", "read", "running", READ))
+    assert decision.part_id == "p4"
+    assert tracker.feed(tool_part("s", "p4", "read", "completed", READ, output="x")) == []
+
+
+def test_completed_counts_when_running_was_never_seen():
+    tracker = Tracker()
+    frames = [tool_part("s", f"p{n}", "read", "completed", READ, output="x") for n in range(4)]
+    assert [d.part_id for d in feed_all(tracker, frames)] == ["p3"]
+
+
+def test_error_counts_when_running_was_never_seen():
+    tracker = Tracker()
+    frames = [tool_part("s", f"p{n}", "glob", "error", READ, error="no rg") for n in range(4)]
+    assert [d.part_id for d in feed_all(tracker, frames)] == ["p3"]
+
+
+def test_keyed_by_part_id_not_call_id():
+    # Every part in frames_factory has callID "call_0"; two sessions share it.
+    tracker = Tracker()
+    feed_all(tracker, loop_of("s1", 3) + loop_of("s2", 3))
+    assert tracker.guard.history_length("s1") == 3
+    assert tracker.guard.history_length("s2") == 3
+
+
+def test_history_resets_after_intervention():
+    tracker = Tracker()
+    decisions = feed_all(tracker, loop_of("s", 7))
+    assert [d.call_index for d in decisions] == [4]
+    assert tracker.guard.history_length("s") == 3
+
+
+def test_changing_argument_prevents_detection():
+    tracker = Tracker()
+    frames = []
+    for n in range(10):
+        frames += call("s", f"p{n}", "read", {"filePath": f"f{n}.py"})
+    assert feed_all(tracker, frames) == []
+
+
+# -- session lifetime -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("end", [idle("s"), status("s", "idle"), envelope(idle("s"))])
+def test_idle_clears_history_but_keeps_interventions(end):
+    tracker = Tracker()
+    feed_all(tracker, loop_of("s", 4) + loop_of("s", 2, prefix="q"))
+    assert tracker.guard.history_length("s") == 2
+    tracker.feed(end)
+    assert "s" not in tracker.guard
+    assert tracker.interventions("s") == 1
+    [decision] = feed_all(tracker, loop_of("s", 4, prefix="r"))
+    assert decision.prior_interventions == 1
+
+
+def test_deleted_clears_everything():
+    tracker = Tracker()
+    feed_all(tracker, loop_of("s", 5))
+    tracker.feed(deleted("s"))
+    assert "s" not in tracker.guard and tracker.interventions("s") == 0
+
+
+def test_busy_status_keeps_history():
+    tracker = Tracker()
+    feed_all(tracker, loop_of("s", 3))
+    tracker.feed(status("s", "busy"))
+    assert tracker.guard.history_length("s") == 3
+
+
+def test_keep_runs_ends_every_run_not_listed_busy():
+    tracker = Tracker()
+    feed_all(tracker, loop_of("a", 3) + loop_of("b", 3))
+    tracker.keep_runs({"b"})
+    assert "a" not in tracker.guard and tracker.guard.history_length("b") == 3
+
+
+def test_sessions_bounded():
+    tracker = Tracker(Detection(max_sessions=3))
+    for n in range(10):
+        feed_all(tracker, loop_of(f"s{n}", 1))
+    assert len(tracker.guard) == 3
+
+
+# -- directories ----------------------------------------------------------------------------
+
+
+def test_directory_from_global_envelope():
+    tracker = Tracker()
+    [decision] = feed_all(tracker, [envelope(f, "/srv/a") for f in loop_of("s", 4)])
+    assert decision.directory == "/srv/a"
+
+
+def test_directory_from_session_info_and_default():
+    tracker = Tracker(directory="/default")
+    tracker.feed(created("s", "/srv/b"))
+    [from_info] = feed_all(tracker, loop_of("s", 4))
+    [from_default] = feed_all(tracker, loop_of("t", 4))
+    assert (from_info.directory, from_default.directory) == ("/srv/b", "/default")
+
+
+# -- what is skipped ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {"type": "server.heartbeat", "properties": {}},
+        {"payload": {"type": "server.connected", "properties": {}}},
+        {"directory": "/d", "payload": {"type": "sync", "syncEvent": {"type": "x"}}},
+        {"type": "some.future.event", "properties": {"x": 1}},
+        {"type": "message.part.updated", "properties": {"part": {"type": "text", "text": "t"}}},
+    ],
+)
+def test_skipped_frames(frame):
+    tracker = Tracker()
+    assert tracker.feed(frame) == []
+    assert not tracker.malformed and len(tracker.guard) == 0
+
+
+@pytest.mark.parametrize(
+    "frame, reason",
+    [
+        ([], "frame is not an object"),
+        ("text", "frame is not an object"),
+        (None, "frame is not an object"),
+        ({}, "event type missing"),
+        ({"type": 7}, "event type missing"),
+        ({"payload": []}, "payload is not an object"),
+        ({"directory": 5, "payload": {}}, "envelope directory is not a string"),
+        ({"type": "session.idle"}, "session.idle: properties is not an object"),
+        ({"type": "session.idle", "properties": {}}, "session.idle: sessionID is not a non-empty string"),
+        ({"type": "message.part.updated", "properties": {"part": 1}}, "message.part.updated: part is not an object"),
+        (
+            {"type": "message.part.updated", "properties": {"part": {"type": "tool", "state": {}}}},
+            "message.part.updated: sessionID is not a non-empty string",
+        ),
+        ({"type": "session.status", "properties": {"sessionID": "s", "status": "idle"}}, "session.status: status is not an object"),
+    ],
+)
+def test_malformed_frames_counted_not_raised(frame, reason):
+    tracker = Tracker()
+    assert tracker.feed(frame) == []
+    assert tracker.malformed == {reason: 1}
+
+
+def test_deeply_nested_frame_is_harmless():
+    nested: object = {}
+    for _ in range(100_000):
+        nested = {"a": nested}
+    tracker = Tracker()
+    assert tracker.feed({"type": "message.part.updated", "properties": nested}) == []
+    assert sum(tracker.malformed.values()) == 1
+
+
+# -- match modes and exclusions -------------------------------------------------------------
+
+
+def test_input_output_mode_changing_output_is_not_a_loop():
+    tracker = Tracker(Detection(match="input+output"))
+    frames = []
+    for n in range(8):
+        frames += call("s", f"p{n}", "bash", {"command": "make status"}, output=f"{n}% done")
+    assert feed_all(tracker, frames) == []
+
+
+def test_input_output_mode_records_on_completion():
+    tracker = Tracker(Detection(match="input+output"))
+    frames = []
+    for n in range(4):
+        frames += call("s", f"p{n}", "bash", {"command": "make"}, output="failed")
+    decisions = feed_all(tracker, frames)
+    assert [d.part_id for d in decisions] == ["p3"]
+    # the decision came from the completed update, the last frame
+    assert feed_all(Tracker(Detection(match="input+output")), frames[:-1]) == []
+
+
+def test_input_mode_ignores_output():
+    frames = []
+    for n in range(4):
+        frames += call("s", f"p{n}", "bash", {"command": "make status"}, output=f"{n}%")
+    assert [d.call_index for d in feed_all(Tracker(), frames)] == [4]
+
+
+def test_ignore_tools():
+    tracker = Tracker(Detection(ignore_tools=frozenset({"todowrite"})))
+    frames = loop_of("s", 8, tool="todowrite", input={"todos": []})
+    assert feed_all(tracker, frames) == []
+    assert "s" not in tracker.guard
+
+
+def test_ignore_args():
+    frames = []
+    for n in range(4):
+        frames += call("s", f"p{n}", "bash", {"command": "make", "description": f"try {n}"})
+    assert feed_all(Tracker(), frames) == []
+    tracker = Tracker(Detection(ignore_args={"bash": frozenset({"description"})}))
+    assert [d.call_index for d in feed_all(tracker, frames)] == [4]
+
+
+# -- escalation and feedback ----------------------------------------------------------------
+
+
+def test_escalation_holds_after_max_interventions():
+    tracker = Tracker(Detection(max_interventions=2))
+    decisions = feed_all(tracker, loop_of("s", 12))
+    assert [(d.prior_interventions, d.hold) for d in decisions] == [
+        (0, False), (1, False), (2, True),
+    ]
+    assert "on hold" in decisions[2].feedback and "on hold" not in decisions[0].feedback
+
+
+def test_on_loop_hold_always_holds():
+    [decision] = feed_all(Tracker(Detection(on_loop="hold")), loop_of("s", 4))
+    assert decision.hold
+
+
+def test_decision_fields_and_feedback_text():
+    tracker = Tracker()
+    frames = []
+    pattern = [("read", {"filePath": "a"}), ("edit", {"filePath": "a"}), ("bash", {"command": "t"})]
+    for n in range(9):
+        tool, args = pattern[n % 3]
+        frames += call("s", f"p{n + 1}", tool, args)
+    [decision] = feed_all(tracker, [envelope(f, "/w") for f in frames])
+    assert decision == Intervene(
+        session_id="s",
+        directory="/w",
+        cycle=Cycle(3, 3),
+        tools=("read", "edit", "bash"),
+        part_id="p9",
+        call_index=9,
+        prior_interventions=0,
+        hold=False,
+        feedback=decision.feedback,
+    )
+    text = decision.feedback
+    assert "3 calls (read, edit, bash) repeated 3 times" in text
+    assert "repeated tool-call cycle was detected" in text
+    assert "stopped at this call" in text
+    assert "expected" in text and "materially different action" in text
+    assert "blocked" in text and "information you need" in text
+    assert '"a"' not in text and "filePath" not in text
