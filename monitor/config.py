@@ -1,0 +1,555 @@
+"""Settings: one table, read from flags, the environment, a TOML file and defaults.
+
+Every way to set something (argparse flag, OPENCODE_LOOP_MONITOR_* variable, TOML key, and
+the table in docs/configuration.md) derives from `SETTINGS`, so a setting is described once.
+`load_settings` reads no global state: the caller passes the flags, the environment and
+whether stdout is a terminal, so tests are plain synchronous calls. It only reads the two
+files it is pointed at (the TOML file and the password file).
+
+Each setting's parse function takes one raw value, either text (a flag, a variable) or a
+TOML value, and returns the typed value or raises ValueError saying what it expected;
+`load_settings` turns that into a ConfigError naming the key and where the value came from.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import json
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, get_args
+from urllib.parse import urlsplit
+
+from monitor.errors import ConfigError
+
+ENV_PREFIX = "OPENCODE_LOOP_MONITOR_"
+# The server's own variables: the operator sets them once for `opencode serve` and for us,
+# so they keep their names instead of taking our prefix.
+SERVER_USERNAME_VAR = "OPENCODE_SERVER_USERNAME"
+SERVER_PASSWORD_VAR = "OPENCODE_SERVER_PASSWORD"
+DEFAULT_USERNAME = "opencode"
+
+MatchMode = Literal["input", "input+output"]
+OnLoop = Literal["resume", "hold"]
+LogFormat = Literal["json", "console"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+Parse = Callable[[Any], Any]
+
+_TRUE_WORDS = frozenset({"1", "true", "yes"})
+_FALSE_WORDS = frozenset({"0", "false", "no"})
+
+
+class Group(enum.Enum):
+    """The part of the monitor a setting configures; a subcommand lists the groups it uses."""
+
+    GENERAL = "general"  # used by every subcommand
+    CONNECTION = "connection"
+    DETECTION = "detection"
+    ACTION = "action"
+    LOGGING = "logging"
+    WATCH = "watch"
+
+
+class ListenAddress(NamedTuple):
+    """Where the metrics server listens; `host` is bare, without IPv6 brackets."""
+
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One row of the settings table."""
+
+    name: str
+    parse: Parse
+    # Written as a TOML file would write it and parsed like any other value, so a default
+    # can never be invalid. None means "not set".
+    default: Any
+    help: str
+    group: Group
+    metavar: str = ""
+    # A repeatable flag; a list in TOML; comma-separated in the environment. `parse` then
+    # receives the whole list, so it can build a set or a mapping.
+    repeatable: bool = False
+    in_file: bool = True
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def toml_key(self) -> str | None:
+        return self.name if self.in_file else None
+
+    @property
+    def is_switch(self) -> bool:
+        """A boolean: `--flag` / `--no-flag` instead of a flag taking a value."""
+        return self.parse is _boolean
+
+    @property
+    def default_text(self) -> str:
+        """The default as shown in --help and docs/configuration.md."""
+        if self.default is None:
+            return "none"
+        if isinstance(self.default, bool):
+            return "true" if self.default else "false"
+        if self.repeatable and not self.default:
+            return "empty"
+        return str(self.default)
+
+
+def _show(raw: object) -> str:
+    """Quote a rejected value the way TOML writes it, so the user recognises it."""
+    return json.dumps(raw, ensure_ascii=False, default=str)
+
+
+def _boolean(raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str):
+        word = raw.strip().lower()
+        if word in _TRUE_WORDS:
+            return True
+        if word in _FALSE_WORDS:
+            return False
+    raise ValueError(f"expected true or false (or 1/0, yes/no), got {_show(raw)}")
+
+
+def _as_int(raw: object) -> int | None:
+    # bool is a subclass of int: `max_period = true` must not pass as 1.
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str) and raw.strip().isascii():
+        try:
+            return int(raw.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _integer(low: int, high: int | None = None) -> Parse:
+    wanted = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+
+    def parse(raw: object) -> int:
+        value = _as_int(raw)
+        if value is None or value < low or (high is not None and value > high):
+            raise ValueError(f"expected {wanted}, got {_show(raw)}")
+        return value
+
+    return parse
+
+
+def _choice(options: tuple[str, ...]) -> Parse:
+    def parse(raw: object) -> str:
+        if isinstance(raw, str) and raw.strip().lower() in options:
+            return raw.strip().lower()
+        raise ValueError(f"expected one of {', '.join(options)}, got {_show(raw)}")
+
+    return parse
+
+
+def _text(raw: object) -> str:
+    if isinstance(raw, str) and raw.strip():
+        return raw.strip()
+    raise ValueError(f"expected a non-empty string, got {_show(raw)}")
+
+
+def _path(raw: object) -> Path:
+    if isinstance(raw, str) and raw.strip():
+        return Path(raw.strip()).expanduser()
+    raise ValueError(f"expected a file path, got {_show(raw)}")
+
+
+def _url(raw: object) -> str:
+    wanted = "expected an http:// or https:// URL such as http://127.0.0.1:4096"
+    if not isinstance(raw, str):
+        raise ValueError(f"{wanted}, got {_show(raw)}")
+    text = raw.strip()
+    parts = urlsplit(text)
+    if "@" in parts.netloc:
+        # Never echo this value: the part before "@" may be the password.
+        raise ValueError(
+            f"credentials in the URL are not supported; use {SERVER_PASSWORD_VAR} or password_file"
+        )
+    try:
+        port_ok = parts.port is None or parts.port >= 0  # .port raises on a bad port
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise ValueError(f"{wanted}, got {_show(raw)}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"expected a base URL without ?query or #fragment, got {_show(raw)}")
+    # Without the trailing slash, callers can append "/global/event" without doubling it.
+    return text.rstrip("/")
+
+
+def _listen_address(raw: object) -> ListenAddress:
+    wanted = (
+        f"expected HOST:PORT with a port from 0 to 65535, such as 127.0.0.1:9464, got {_show(raw)}"
+    )
+    if not isinstance(raw, str):
+        raise ValueError(wanted)
+    host, colon, port = raw.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # an IPv6 literal
+    elif ":" in host:
+        raise ValueError(wanted)  # an unbracketed IPv6 host makes the port ambiguous
+    if not colon or not host or not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ValueError(wanted)
+    return ListenAddress(host, int(port))
+
+
+def _is_word(text: str) -> bool:
+    return len(text.split()) == 1
+
+
+def _tool_names(items: list[Any]) -> frozenset[str]:
+    names = set()
+    for raw in items:
+        if not (isinstance(raw, str) and _is_word(raw)):
+            raise ValueError(f"expected a tool name such as todowrite, got {_show(raw)}")
+        names.add(raw.strip())
+    return frozenset(names)
+
+
+def _tool_arguments(items: list[Any]) -> dict[str, frozenset[str]]:
+    keys: dict[str, set[str]] = {}
+    for raw in items:
+        tool, dot, key = raw.partition(".") if isinstance(raw, str) else ("", "", "")
+        if not (dot and _is_word(tool) and _is_word(key)):
+            raise ValueError(f"expected TOOL.KEY such as bash.description, got {_show(raw)}")
+        keys.setdefault(tool.strip(), set()).add(key.strip())
+    return {tool: frozenset(names) for tool, names in keys.items()}
+
+
+def _log_formats() -> tuple[str, ...]:
+    return ("auto", *get_args(LogFormat))
+
+
+CONFIG = Setting(
+    "config",
+    _path,
+    None,
+    "TOML file of settings; its keys are the flag names with underscores",
+    Group.GENERAL,
+    metavar="PATH",
+    in_file=False,  # a file cannot point at itself
+)
+
+SETTINGS: tuple[Setting, ...] = (
+    CONFIG,
+    Setting(
+        "url",
+        _url,
+        "http://127.0.0.1:4096",
+        "OpenCode server base URL",
+        Group.CONNECTION,
+        metavar="URL",
+    ),
+    Setting(
+        "directory",
+        _text,
+        None,
+        "follow one project via /event?directory=DIR instead of all projects via /global/event",
+        Group.CONNECTION,
+        metavar="DIR",
+    ),
+    Setting(
+        "password_file",
+        _path,
+        None,
+        f"file whose first line is the server password (e.g. a systemd credential); "
+        f"without it the password comes from {SERVER_PASSWORD_VAR}, the user name always "
+        f"from {SERVER_USERNAME_VAR} (default {DEFAULT_USERNAME})",
+        Group.CONNECTION,
+        metavar="FILE",
+    ),
+    Setting(
+        "max_period",
+        _integer(1, 10),
+        4,
+        "longest cycle, in tool calls, that is detected (1 to 10)",
+        Group.DETECTION,
+        metavar="N",
+    ),
+    Setting(
+        "repeats",
+        _integer(2),
+        3,
+        "full repetitions needed to call a multi-call cycle a loop (at least 2)",
+        Group.DETECTION,
+        metavar="N",
+    ),
+    Setting(
+        "history",
+        _integer(4),
+        32,
+        "tool calls remembered per session (at least 4 and at least max_period * repeats)",
+        Group.DETECTION,
+        metavar="N",
+    ),
+    Setting(
+        "match",
+        _choice(get_args(MatchMode)),
+        "input",
+        "what makes two calls the same: input (tool and arguments) "
+        "or input+output (the result too)",
+        Group.DETECTION,
+        metavar="|".join(get_args(MatchMode)),
+    ),
+    Setting(
+        "ignore_tool",
+        _tool_names,
+        (),
+        "tool name never recorded, e.g. todowrite (repeatable)",
+        Group.DETECTION,
+        metavar="TOOL",
+        repeatable=True,
+    ),
+    Setting(
+        "ignore_arg",
+        _tool_arguments,
+        (),
+        "argument key dropped before comparing calls, as TOOL.KEY (repeatable)",
+        Group.DETECTION,
+        metavar="TOOL.KEY",
+        repeatable=True,
+    ),
+    Setting(
+        "dry_run",
+        _boolean,
+        False,
+        "detect and log loops, but never abort a session",
+        Group.ACTION,
+    ),
+    Setting(
+        "on_loop",
+        _choice(get_args(OnLoop)),
+        "resume",
+        "after the abort: resume lets the model answer the feedback, "
+        "hold stores it and waits for a person",
+        Group.ACTION,
+        metavar="|".join(get_args(OnLoop)),
+    ),
+    Setting(
+        "max_interventions",
+        _integer(0),
+        2,
+        "interventions in one session after which the next one holds instead of resuming",
+        Group.ACTION,
+        metavar="N",
+    ),
+    Setting(
+        "log_format",
+        _choice(_log_formats()),
+        "auto",
+        "log format; auto is console when stdout is a terminal and json otherwise",
+        Group.LOGGING,
+        metavar="|".join(_log_formats()),
+    ),
+    Setting(
+        "log_level",
+        _choice(get_args(LogLevel)),
+        "info",
+        "lowest level logged",
+        Group.LOGGING,
+        metavar="|".join(get_args(LogLevel)),
+    ),
+    Setting(
+        "record",
+        _path,
+        None,
+        "append every raw frame read from the server to FILE",
+        Group.WATCH,
+        metavar="FILE",
+    ),
+    Setting(
+        "metrics_addr",
+        _listen_address,
+        None,
+        "serve Prometheus /metrics, /healthz and /readyz on HOST:PORT",
+        Group.WATCH,
+        metavar="HOST:PORT",
+    ),
+)
+
+SETTINGS_BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
+_FILE_KEYS = tuple(setting.name for setting in SETTINGS if setting.in_file)
+
+
+def settings_for(groups: Iterable[Group]) -> tuple[Setting, ...]:
+    """The settings a subcommand using `groups` accepts, in table order."""
+    wanted = {Group.GENERAL, *groups}
+    return tuple(setting for setting in SETTINGS if setting.group in wanted)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the monitor was told, validated. Field names are the table's names."""
+
+    config: Path | None
+    url: str
+    directory: str | None
+    password_file: Path | None
+    max_period: int
+    repeats: int
+    history: int
+    match: MatchMode
+    ignore_tool: frozenset[str]
+    ignore_arg: Mapping[str, frozenset[str]]  # tool -> argument keys dropped before comparing
+    dry_run: bool
+    on_loop: OnLoop
+    max_interventions: int
+    log_format: LogFormat  # "auto" is already resolved
+    log_level: LogLevel
+    record: Path | None
+    metrics_addr: ListenAddress | None
+    # Not settings of ours: taken from the server's variables or password_file.
+    username: str = field(repr=False)
+    password: str | None = field(repr=False)
+
+
+class _File(NamedTuple):
+    label: str  # the path, as error messages name it
+    values: Mapping[str, Any]
+
+
+class _Raw(NamedTuple):
+    value: Any
+    # Where the value came from: a flag, a variable, a file path or "default".
+    label: str
+
+
+def load_settings(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    *,
+    isatty: bool,
+    uses: Iterable[Group] = tuple(Group),
+) -> Settings:
+    """Resolve every setting: flags, then environment, then the TOML file, then defaults.
+
+    `flags` maps setting names to what argparse collected (only flags actually given);
+    other keys are ignored. Settings outside the `uses` groups keep their defaults, so a
+    shared file or environment may hold values for another subcommand. Raises ConfigError.
+    """
+    config_raw = _find(CONFIG, flags, environ, None)
+    config = _parse(CONFIG, config_raw)
+    file = None if config is None else _read_file(config, config_raw.label)
+    used = settings_for(uses)
+    raws = {
+        setting.name: _find(setting, flags, environ, file)
+        if setting in used
+        else _Raw(setting.default, "default")
+        for setting in SETTINGS
+    }
+    values = {name: _parse(SETTINGS_BY_NAME[name], raw) for name, raw in raws.items()}
+    _check_history(values, raws)
+    if values["log_format"] == "auto":
+        values["log_format"] = "console" if isatty else "json"
+    username, password = _credentials(values["password_file"], raws["password_file"].label, environ)
+    return Settings(**values, username=username, password=password)
+
+
+def _find(
+    setting: Setting,
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    file: _File | None,
+) -> _Raw:
+    if setting.name in flags:
+        return _Raw(flags[setting.name], setting.flag)
+    text = environ.get(setting.env_var, "")
+    # An empty variable counts as unset: unit files and compose files write FOO= to clear one.
+    if text.strip():
+        value = [item for item in text.split(",") if item.strip()] if setting.repeatable else text
+        return _Raw(value, setting.env_var)
+    if file is not None and setting.name in file.values:
+        return _Raw(file.values[setting.name], file.label)
+    return _Raw(setting.default, "default")
+
+
+def _parse(setting: Setting, raw: _Raw) -> Any:
+    try:
+        if setting.repeatable:
+            if not isinstance(raw.value, (list, tuple)):
+                raise ValueError(f'expected a list such as ["a", "b"], got {_show(raw.value)}')
+            return setting.parse(list(raw.value))
+        return None if raw.value is None else setting.parse(raw.value)
+    except ValueError as error:
+        raise ConfigError(f"{setting.name} in {raw.label}: {error}") from error
+
+
+def _read_file(path: Path, label: str) -> _File:
+    try:
+        with path.open("rb") as stream:
+            values = tomllib.load(stream)
+    except OSError as error:
+        raise ConfigError(
+            f"config in {label}: cannot read {path}: {error.strerror or error}"
+        ) from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config in {label}: {path} is not UTF-8 text") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config in {label}: {path} is not valid TOML: {error}") from error
+    for key in values:
+        if key not in _FILE_KEYS:
+            raise ConfigError(_unknown_key(key, path))
+    return _File(str(path), values)
+
+
+def _unknown_key(key: str, path: Path) -> str:
+    close = difflib.get_close_matches(key, _FILE_KEYS, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"{key} in {path}: unknown key{hint}"
+
+
+def _check_history(values: Mapping[str, Any], raws: Mapping[str, _Raw]) -> None:
+    # A cycle of max_period calls repeated `repeats` times must fit in the remembered calls,
+    # or the longest loops could never be seen.
+    need = values["max_period"] * values["repeats"]
+    if values["history"] < need:
+        raise ConfigError(
+            f"history in {raws['history'].label}: must be at least max_period * repeats so a "
+            f"whole loop fits; history {values['history']} < max_period {values['max_period']} "
+            f"({raws['max_period'].label}) * repeats {values['repeats']} "
+            f"({raws['repeats'].label}) = {need}"
+        )
+
+
+def _credentials(
+    password_file: Path | None, label: str, environ: Mapping[str, str]
+) -> tuple[str, str | None]:
+    username = environ.get(SERVER_USERNAME_VAR) or DEFAULT_USERNAME
+    if password_file is None:
+        return username, environ.get(SERVER_PASSWORD_VAR) or None
+    return username, _read_password(password_file, label)
+
+
+def _read_password(path: Path, label: str) -> str:
+    # Messages name the path only, and `from None` drops the cause: a UnicodeDecodeError
+    # carries the file's bytes, which may be the secret.
+    try:
+        with path.open(encoding="utf-8") as stream:
+            first_line = stream.readline()
+    except OSError as error:
+        raise ConfigError(
+            f"password_file in {label}: cannot read {path}: {error.strerror}"
+        ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"password_file in {label}: {path} is not UTF-8 text") from None
+    password = first_line.rstrip("\r\n")
+    if not password:
+        raise ConfigError(f"password_file in {label}: the first line of {path} is empty")
+    return password

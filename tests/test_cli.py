@@ -1,0 +1,282 @@
+"""The command line: given these arguments and this environment, this output and exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from monitor import __version__
+from monitor.cli import COMMANDS, main
+from monitor.config import SERVER_PASSWORD_VAR, SETTINGS_BY_NAME, Settings, settings_for
+from monitor.errors import EX_CONFIG, ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+SECRET = "hunter2-Zq9!secret"
+WATCH = next(command for command in COMMANDS if command.name == "watch")
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # main() reads os.environ; the developer's or CI's own settings must not leak in.
+    for name in list(os.environ):
+        if name.startswith("OPENCODE_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def run_watch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Callable[[Callable[[Settings], int]], list[Settings]]:
+    """Replace monitor.watch with a fake run_watch; returns the settings it was called with."""
+
+    def install(behaviour: Callable[[Settings], int]) -> list[Settings]:
+        calls: list[Settings] = []
+
+        def fake(settings: Settings) -> int:
+            calls.append(settings)
+            return behaviour(settings)
+
+        monkeypatch.setitem(sys.modules, "monitor.watch", types.SimpleNamespace(run_watch=fake))
+        return calls
+
+    return install
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"opencode-loop-monitor {__version__}\n"
+    assert __version__ == "0.1.0"
+
+
+def test_help_explains_the_tool_and_lists_commands(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "opencode serve" in out
+    for command in COMMANDS:
+        assert command.name in out and command.summary in out
+
+
+def test_watch_help_explains_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["watch", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
+    for setting in settings_for(WATCH.uses):
+        assert setting.flag in out
+        assert f"env {setting.env_var}; default: {setting.default_text}" in out
+    assert "--no-dry-run" in out
+
+
+def test_missing_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "COMMAND" in capsys.readouterr().err
+
+
+def test_watch_gets_the_settings_and_its_status_is_returned(
+    run_watch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = run_watch(lambda settings: 3)
+    monkeypatch.setenv("OPENCODE_LOOP_MONITOR_REPEATS", "2")
+    assert (
+        main(
+            [
+                "watch",
+                "--max-period",
+                "5",
+                "--ignore-tool",
+                "todowrite",
+                "--ignore-tool",
+                "question",
+            ]
+        )
+        == 3
+    )
+    [settings] = calls
+    assert (settings.max_period, settings.repeats) == (5, 2)
+    assert settings.ignore_tool == frozenset({"todowrite", "question"})
+
+
+def test_interrupt_exits_130_quietly(run_watch, capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(settings: Settings) -> int:
+        raise KeyboardInterrupt
+
+    run_watch(interrupted)
+    assert main(["watch"]) == 130
+    assert capsys.readouterr().err == ""
+
+
+def test_config_error_while_running_exits_78(run_watch, capsys: pytest.CaptureFixture[str]) -> None:
+    def rejected(settings: Settings) -> int:
+        raise ConfigError("server rejected the credentials for user opencode")
+
+    run_watch(rejected)
+    assert main(["watch"]) == EX_CONFIG
+    assert capsys.readouterr().err == (
+        "opencode-loop-monitor: config error: server rejected the credentials for user opencode\n"
+    )
+
+
+# (setting, value as text, part of the message) — each is tried as a flag, a variable and a
+# TOML string, and must stop the monitor with one line naming the setting and the source.
+BAD_VALUES = [
+    (
+        "url",
+        "ftp://example.com",
+        'expected an http:// or https:// URL such as http://127.0.0.1:4096, got "ftp://example.com"',
+    ),
+    ("url", "http://", 'got "http://"'),
+    ("url", "http://host:99999", 'got "http://host:99999"'),
+    ("url", "http://host/?x=1", "without ?query or #fragment"),
+    ("max_period", "abc", 'expected an integer from 1 to 10, got "abc"'),
+    ("max_period", "0", 'expected an integer from 1 to 10, got "0"'),
+    ("max_period", "11", 'expected an integer from 1 to 10, got "11"'),
+    ("repeats", "1", 'expected an integer >= 2, got "1"'),
+    ("history", "3", 'expected an integer >= 4, got "3"'),
+    ("history", "8", "must be at least max_period * repeats"),
+    ("match", "output", 'expected one of input, input+output, got "output"'),
+    (
+        "ignore_tool",
+        "two words",
+        'expected a tool name such as todowrite, got "two words"',
+    ),
+    ("ignore_arg", "bash", 'expected TOOL.KEY such as bash.description, got "bash"'),
+    ("ignore_arg", ".description", 'got ".description"'),
+    ("ignore_arg", "bash.", 'got "bash."'),
+    ("dry_run", "maybe", 'expected true or false (or 1/0, yes/no), got "maybe"'),
+    ("on_loop", "retry", 'expected one of resume, hold, got "retry"'),
+    ("max_interventions", "-1", 'expected an integer >= 0, got "-1"'),
+    ("log_format", "xml", 'expected one of auto, json, console, got "xml"'),
+    ("log_level", "trace", 'expected one of debug, info, warning, error, got "trace"'),
+    (
+        "metrics_addr",
+        "9464",
+        'expected HOST:PORT with a port from 0 to 65535, such as 127.0.0.1:9464, got "9464"',
+    ),
+    ("metrics_addr", "localhost:65536", 'got "localhost:65536"'),
+    ("metrics_addr", "::1:9464", 'got "::1:9464"'),
+]
+
+
+def _given_as(
+    source: str, name: str, text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], str]:
+    """Put the value in `source`; return the argv to run and the source's label in errors."""
+    setting = SETTINGS_BY_NAME[name]
+    if source == "flag":
+        return ["watch", setting.flag, text], setting.flag
+    if source == "env":
+        monkeypatch.setenv(setting.env_var, text)
+        return ["watch"], setting.env_var
+    path = tmp_path / "monitor.toml"
+    value = [text] if setting.repeatable else text
+    path.write_text(f"{name} = {json.dumps(value)}\n", encoding="utf-8")
+    return ["watch", "--config", str(path)], str(path)
+
+
+BAD_VALUE_CASES = [
+    (source, *case)
+    for case in BAD_VALUES
+    for source in ("flag", "env", "file")
+    if not (source == "flag" and SETTINGS_BY_NAME[case[0]].is_switch)  # --dry-run takes no value
+]
+
+
+@pytest.mark.parametrize(("source", "name", "text", "expected"), BAD_VALUE_CASES)
+def test_bad_value_names_setting_and_source_and_exits_78(
+    source: str,
+    name: str,
+    text: str,
+    expected: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv, label = _given_as(source, name, text, tmp_path, monkeypatch)
+    assert main(argv) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith(f"opencode-loop-monitor: config error: {name} in {label}: ")
+    assert expected in err
+    assert err.count("\n") == 1 and err.endswith("\n")
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "config in --config: cannot read {path}: No such file or directory"),
+        ("max_period = = 4\n", "config in --config: {path} is not valid TOML: "),
+        (
+            "max_perod = 4\n",
+            "max_perod in {path}: unknown key (did you mean max_period?)",
+        ),
+    ],
+)
+def test_config_file_problems_exit_78(
+    content: str | None,
+    expected: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "monitor.toml"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    assert main(["watch", "--config", str(path)]) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("opencode-loop-monitor: config error: " + expected.format(path=path))
+    assert err.count("\n") == 1
+
+
+# --- the password stays secret -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--help"],
+        ["watch", "--help"],
+        ["watch", "--max-period", "abc"],
+        ["watch", "--url", f"http://opencode:{SECRET}@127.0.0.1:4096"],
+        ["watch", "--password-file", "/nonexistent/password"],
+    ],
+)
+def test_password_never_printed(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(SERVER_PASSWORD_VAR, SECRET)
+    main(argv)
+    captured = capsys.readouterr()
+    assert captured.out or captured.err  # something was printed, and it holds no secret
+    assert SECRET not in captured.out + captured.err
+
+
+def test_password_file_content_never_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "password"
+    path.write_bytes(b"\n" + SECRET.encode())  # empty first line: rejected
+    assert main(["watch", "--password-file", str(path)]) == EX_CONFIG
+    err = capsys.readouterr().err
+    assert str(path) in err and SECRET not in err
+
+
+def test_python_dash_m_monitor_help_runs() -> None:
+    environment = {
+        name: value for name, value in os.environ.items() if not name.startswith("OPENCODE_")
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "monitor", "--help"],
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "watch" in result.stdout

@@ -1,0 +1,417 @@
+"""The settings layer: given flags, environment and a TOML file, these settings or this error."""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monitor.config import (
+    SERVER_PASSWORD_VAR,
+    SERVER_USERNAME_VAR,
+    SETTINGS,
+    SETTINGS_BY_NAME,
+    Group,
+    ListenAddress,
+    Settings,
+    load_settings,
+)
+from monitor.errors import ConfigError
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+SECRET = "hunter2-Zq9!secret"
+
+
+def load(
+    tmp_path: Path,
+    *,
+    flags: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    toml: str | None = None,
+    isatty: bool = False,
+    uses: tuple[Group, ...] = tuple(Group),
+) -> Settings:
+    flags = dict(flags or {})
+    if toml is not None:
+        path = tmp_path / "monitor.toml"
+        path.write_text(toml, encoding="utf-8")
+        flags["config"] = str(path)
+    return load_settings(flags, env or {}, isatty=isatty, uses=uses)
+
+
+def load_error(tmp_path: Path, **sources: Any) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, **sources)
+    return str(caught.value)
+
+
+# --- defaults and precedence -------------------------------------------------------------
+
+
+def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
+    settings = load(tmp_path)
+    assert dataclasses.asdict(settings) == {
+        "config": None,
+        "url": "http://127.0.0.1:4096",
+        "directory": None,
+        "password_file": None,
+        "max_period": 4,
+        "repeats": 3,
+        "history": 32,
+        "match": "input",
+        "ignore_tool": frozenset(),
+        "ignore_arg": {},
+        "dry_run": False,
+        "on_loop": "resume",
+        "max_interventions": 2,
+        "log_format": "json",
+        "log_level": "info",
+        "record": None,
+        "metrics_addr": None,
+        "username": "opencode",
+        "password": None,
+    }
+
+
+# (setting, flag value, env text, TOML line, which source should win)
+PRECEDENCE = [
+    ("max_period", "5", "6", "max_period = 7", "flag"),
+    ("max_period", None, "6", "max_period = 7", "env"),
+    ("max_period", None, None, "max_period = 7", "file"),
+    ("max_period", None, None, None, "default"),
+    ("ignore_tool", ["a"], "b,c", 'ignore_tool = ["d"]', "flag"),
+    ("ignore_tool", None, "b,c", 'ignore_tool = ["d"]', "env"),
+    ("ignore_tool", None, None, 'ignore_tool = ["d"]', "file"),
+    ("ignore_tool", None, None, None, "default"),
+    (
+        "dry_run",
+        False,
+        "yes",
+        "dry_run = true",
+        "flag",
+    ),  # --no-dry-run beats the others
+    ("dry_run", None, "no", "dry_run = true", "env"),
+    ("dry_run", None, None, "dry_run = true", "file"),
+]
+WINNERS = {
+    "max_period": {"flag": 5, "env": 6, "file": 7, "default": 4},
+    "ignore_tool": {
+        "flag": frozenset({"a"}),
+        "env": frozenset({"b", "c"}),
+        "file": frozenset({"d"}),
+        "default": frozenset(),
+    },
+    "dry_run": {"flag": False, "env": False, "file": True},
+}
+
+
+@pytest.mark.parametrize(("name", "flag", "env", "line", "winner"), PRECEDENCE)
+def test_flag_beats_env_beats_file_beats_default(
+    tmp_path: Path, name: str, flag: Any, env: str | None, line: str | None, winner: str
+) -> None:
+    setting = SETTINGS_BY_NAME[name]
+    settings = load(
+        tmp_path,
+        flags={} if flag is None else {name: flag},
+        env={} if env is None else {setting.env_var: env},
+        toml=line,
+    )
+    assert getattr(settings, name) == WINNERS[name][winner]
+
+
+@pytest.mark.parametrize("text", ["", "  "])
+def test_empty_variable_counts_as_unset(tmp_path: Path, text: str) -> None:
+    settings = load(tmp_path, env={"OPENCODE_LOOP_MONITOR_MAX_PERIOD": text}, toml="max_period = 7")
+    assert settings.max_period == 7
+
+
+def test_settings_of_unused_groups_keep_defaults(tmp_path: Path) -> None:
+    # A shared environment or file may carry values meant for another subcommand.
+    settings = load(
+        tmp_path,
+        env={"OPENCODE_LOOP_MONITOR_METRICS_ADDR": "not an address"},
+        toml='record = "frames.jsonl"',
+        uses=(Group.CONNECTION,),
+    )
+    assert (settings.metrics_addr, settings.record) == (None, None)
+
+
+# --- values that parse -------------------------------------------------------------------
+
+# (setting, text as in a flag or variable, parsed value)
+PARSED = [
+    ("url", "https://example.com:8443/opencode/", "https://example.com:8443/opencode"),
+    ("url", " http://[::1]:4096 ", "http://[::1]:4096"),
+    ("directory", "/srv/project", "/srv/project"),
+    ("dry_run", "1", True),
+    ("dry_run", "TRUE", True),
+    ("dry_run", "Yes", True),
+    ("dry_run", "0", False),
+    ("dry_run", "false", False),
+    ("dry_run", "NO", False),
+    ("max_period", "1", 1),
+    ("max_period", "10", 10),
+    ("repeats", "2", 2),
+    ("max_interventions", "0", 0),
+    ("match", "input+output", "input+output"),
+    ("on_loop", "hold", "hold"),
+    ("log_level", "DEBUG", "debug"),
+    ("ignore_tool", " todowrite , question,,", frozenset({"todowrite", "question"})),
+    (
+        "ignore_arg",
+        "bash.description,bash.timeout,read.offset",
+        {"bash": frozenset({"description", "timeout"}), "read": frozenset({"offset"})},
+    ),
+    ("metrics_addr", "127.0.0.1:9464", ListenAddress("127.0.0.1", 9464)),
+    ("metrics_addr", "0.0.0.0:0", ListenAddress("0.0.0.0", 0)),
+    ("metrics_addr", "[::1]:65535", ListenAddress("::1", 65535)),
+    ("record", "/var/lib/monitor/frames.jsonl", Path("/var/lib/monitor/frames.jsonl")),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), PARSED)
+def test_environment_values_parse(tmp_path: Path, name: str, text: str, expected: Any) -> None:
+    settings = load(tmp_path, env={SETTINGS_BY_NAME[name].env_var: text})
+    assert getattr(settings, name) == expected
+
+
+def test_toml_values_use_toml_types(tmp_path: Path) -> None:
+    settings = load(
+        tmp_path,
+        toml='max_period = 5\nrepeats = 2\ndry_run = true\nignore_arg = ["bash.description"]\n',
+    )
+    assert (settings.max_period, settings.repeats, settings.dry_run) == (5, 2, True)
+    assert settings.ignore_arg == {"bash": frozenset({"description"})}
+
+
+@pytest.mark.parametrize(
+    ("explicit", "isatty", "expected"),
+    [
+        (None, True, "console"),
+        (None, False, "json"),
+        ("json", True, "json"),
+        ("console", False, "console"),
+    ],
+)
+def test_log_format_auto_follows_the_terminal(
+    tmp_path: Path, explicit: str | None, isatty: bool, expected: str
+) -> None:
+    flags = {} if explicit is None else {"log_format": explicit}
+    assert load(tmp_path, flags=flags, isatty=isatty).log_format == expected
+
+
+# --- errors ------------------------------------------------------------------------------
+# Every value rejected from every source is in tests/test_cli.py, through main().
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            "max_period = true",
+            "max_period in {path}: expected an integer from 1 to 10, got true",
+        ),
+        (
+            "max_period = 4.0",
+            "max_period in {path}: expected an integer from 1 to 10, got 4.0",
+        ),
+        (
+            'ignore_tool = "todowrite"',
+            'ignore_tool in {path}: expected a list such as ["a", "b"], got "todowrite"',
+        ),
+        (
+            "ignore_tool = [1]",
+            "ignore_tool in {path}: expected a tool name such as todowrite, got 1",
+        ),
+        (
+            "max_perod = 4",
+            "max_perod in {path}: unknown key (did you mean max_period?)",
+        ),
+        ("config = 'other.toml'", "config in {path}: unknown key"),
+        ("[detection]\nmax_period = 4", "detection in {path}: unknown key"),
+    ],
+)
+def test_file_errors_name_key_and_file(tmp_path: Path, line: str, expected: str) -> None:
+    path = tmp_path / "monitor.toml"
+    assert load_error(tmp_path, toml=line) == expected.format(path=path)
+
+
+def test_bad_toml_syntax_names_the_file(tmp_path: Path) -> None:
+    message = load_error(tmp_path, toml="max_period = \n")
+    assert message.startswith(
+        f"config in --config: {tmp_path / 'monitor.toml'} is not valid TOML: "
+    )
+
+
+def test_unreadable_file_names_the_file_and_where_it_was_given(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.toml"
+    message = load_error(tmp_path, env={"OPENCODE_LOOP_MONITOR_CONFIG": str(missing)})
+    assert (
+        message
+        == f"config in OPENCODE_LOOP_MONITOR_CONFIG: cannot read {missing}: No such file or directory"
+    )
+
+
+def test_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'directory = "/srv/caf\xe9"\n')
+    message = load_error(tmp_path, flags={"config": str(path)})
+    assert message == f"config in --config: {path} is not UTF-8 text"
+
+
+@pytest.mark.parametrize(
+    ("sources", "expected"),
+    [
+        (
+            {"flags": {"history": "8"}},
+            "history in --history: must be at least max_period * repeats so a whole loop fits; "
+            "history 8 < max_period 4 (default) * repeats 3 (default) = 12",
+        ),
+        (
+            {
+                "flags": {"max_period": "10"},
+                "env": {"OPENCODE_LOOP_MONITOR_REPEATS": "4"},
+            },
+            "history in default: must be at least max_period * repeats so a whole loop fits; "
+            "history 32 < max_period 10 (--max-period) * repeats 4 "
+            "(OPENCODE_LOOP_MONITOR_REPEATS) = 40",
+        ),
+    ],
+)
+def test_history_must_hold_a_whole_loop(
+    tmp_path: Path, sources: dict[str, Any], expected: str
+) -> None:
+    assert load_error(tmp_path, **sources) == expected
+
+
+def test_history_exactly_max_period_times_repeats_is_enough(tmp_path: Path) -> None:
+    assert load(tmp_path, flags={"history": "12"}).history == 12
+
+
+# --- credentials -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "env", "expected"),
+    [
+        (None, {}, ("opencode", None)),
+        (
+            None,
+            {SERVER_PASSWORD_VAR: SECRET, SERVER_USERNAME_VAR: "alice"},
+            ("alice", SECRET),
+        ),
+        (None, {SERVER_PASSWORD_VAR: ""}, ("opencode", None)),
+        (f"{SECRET}\nsecond line\n", {}, ("opencode", SECRET)),
+        (f"{SECRET}\r\n", {}, ("opencode", SECRET)),
+        (
+            f" {SECRET} ",
+            {},
+            ("opencode", f" {SECRET} "),
+        ),  # only the line ending is removed
+        (
+            SECRET,
+            {SERVER_PASSWORD_VAR: "from-env"},
+            ("opencode", SECRET),
+        ),  # the file wins
+    ],
+)
+def test_credentials(
+    tmp_path: Path,
+    content: str | None,
+    env: dict[str, str],
+    expected: tuple[str, str | None],
+) -> None:
+    flags = {}
+    if content is not None:
+        path = tmp_path / "password"
+        path.write_bytes(content.encode())
+        flags["password_file"] = str(path)
+    settings = load(tmp_path, flags=flags, env=env)
+    assert (settings.username, settings.password) == expected
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (
+            None,
+            "password_file in --password-file: cannot read {path}: No such file or directory",
+        ),
+        (
+            b"\n" + SECRET.encode(),
+            "password_file in --password-file: the first line of {path} is empty",
+        ),
+        (
+            b"\xff" + SECRET.encode(),
+            "password_file in --password-file: {path} is not UTF-8 text",
+        ),
+    ],
+)
+def test_password_file_errors_name_the_path_not_the_content(
+    tmp_path: Path, content: bytes | None, expected: str
+) -> None:
+    path = tmp_path / "password"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, flags={"password_file": str(path)})
+    assert str(caught.value) == expected.format(path=path)
+    # A chained decode error would carry the file's bytes into any printed traceback.
+    printed = "".join(traceback.format_exception(caught.value))
+    assert "UnicodeDecodeError" not in printed and "During handling" not in printed
+
+
+def test_password_is_not_in_repr(tmp_path: Path) -> None:
+    settings = load(tmp_path, env={SERVER_PASSWORD_VAR: SECRET})
+    assert settings.password == SECRET
+    assert SECRET not in repr(settings)
+    assert SECRET not in str(settings)
+
+
+def test_password_in_url_is_rejected_without_echoing_it(tmp_path: Path) -> None:
+    message = load_error(tmp_path, flags={"url": f"http://opencode:{SECRET}@127.0.0.1:4096"})
+    assert message.startswith("url in --url: credentials in the URL are not supported")
+    assert SECRET not in message
+
+
+# --- one table ---------------------------------------------------------------------------
+
+
+def test_settings_fields_are_the_table() -> None:
+    fields = {field.name for field in dataclasses.fields(Settings)}
+    assert fields == {setting.name for setting in SETTINGS} | {"username", "password"}
+
+
+def doc_table() -> dict[str, dict[str, str]]:
+    """The rows of the table under '## Settings', by setting name, backticks removed."""
+    section = DOC.read_text(encoding="utf-8").split("\n## Settings\n", 1)[1]
+    lines = [line for line in section.split("\n## ", 1)[0].splitlines() if line.startswith("|")]
+    header, _separator, *rows = [
+        [cell.strip().replace("`", "") for cell in line.strip("|").split("|")] for line in lines
+    ]
+    table = [dict(zip(header, row, strict=True)) for row in rows]
+    return {row["Setting"]: row for row in table}
+
+
+def test_doc_lists_exactly_the_settings_in_code() -> None:
+    documented = doc_table()
+    assert sorted(set(SETTINGS_BY_NAME) - set(documented)) == [], "settings missing from the doc"
+    assert sorted(set(documented) - set(SETTINGS_BY_NAME)) == [], "doc rows with no setting"
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda setting: setting.name)
+def test_doc_row_agrees_with_code(setting: Any) -> None:
+    row = doc_table()[setting.name]
+    assert row["Flag"] == setting.flag
+    assert row["Variable"] == setting.env_var
+    assert row["TOML key"] == (setting.toml_key or "—")
+    assert row["Default"] == setting.default_text
+    assert row["Meaning"]
+
+
+def test_doc_names_the_server_variables() -> None:
+    text = DOC.read_text(encoding="utf-8")
+    assert SERVER_USERNAME_VAR in text and SERVER_PASSWORD_VAR in text
