@@ -1,0 +1,235 @@
+"""The systemd units: the settings the daemon relies on, and systemd's own verdict on them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+UNITS = Path(__file__).parent.parent / "systemd"
+SERVICE = UNITS / "opencode-loop-monitor.service"
+TEMPLATE = UNITS / "opencode-loop-monitor@.service"
+INSTALLED_BINARY = "/opt/opencode-loop-monitor/bin/opencode-loop-monitor"
+
+Unit = dict[str, list[tuple[str, str]]]
+
+
+def parse_unit(text: str) -> Unit:
+    """Sections of a unit file as (key, value) pairs in order.
+
+    Not configparser: systemd allows a key more than once (SystemCallFilter=, and an
+    empty assignment that resets a list), continues lines with a trailing backslash
+    and has no interpolation.
+    """
+    sections: Unit = {}
+    current: list[tuple[str, str]] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = pending + raw.strip()
+        pending = ""
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], [])
+            continue
+        key, _, value = line.partition("=")
+        current.append((key.strip(), " ".join(value.split())))
+    return sections
+
+
+def values(unit: Unit, section: str, key: str) -> list[str]:
+    return [value for k, value in unit[section] if k == key]
+
+
+def value(unit: Unit, section: str, key: str) -> str:
+    (only,) = values(unit, section, key)
+    return only
+
+
+def load(path: Path) -> Unit:
+    return parse_unit(path.read_text())
+
+
+both_units = pytest.mark.parametrize("path", [SERVICE, TEMPLATE], ids=["service", "template"])
+
+
+def test_parse_unit_joins_continuations_and_keeps_repeats() -> None:
+    unit = parse_unit(
+        "# comment\n[Service]\nExecStart=/bin/a \\\n    --b \\\n  c\nX=1\n; other\nX=\n"
+    )
+    assert unit == {"Service": [("ExecStart", "/bin/a --b c"), ("X", "1"), ("X", "")]}
+
+
+@both_units
+def test_notify_watchdog_and_restart_policy(path: Path) -> None:
+    unit = load(path)
+    assert value(unit, "Service", "Type") == "notify"
+    # Only the daemon itself may report readiness; nothing it might spawn.
+    assert value(unit, "Service", "NotifyAccess") == "main"
+    assert value(unit, "Service", "WatchdogSec") == "30s"
+    assert value(unit, "Service", "Restart") == "on-failure"
+    # 78 is the daemon's configuration error (bad settings, 401): restarting cannot help.
+    assert "78" in value(unit, "Service", "RestartPreventExitStatus").split()
+
+
+@both_units
+def test_runs_unprivileged_and_confined(path: Path) -> None:
+    unit = load(path)
+    expected = {
+        "DynamicUser": "yes",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "PrivateDevices": "yes",
+        "CapabilityBoundingSet": "",
+        "ProtectKernelTunables": "yes",
+        "ProtectKernelModules": "yes",
+        "ProtectControlGroups": "yes",
+        "RestrictNamespaces": "yes",
+        "RestrictRealtime": "yes",
+        "LockPersonality": "yes",
+        "MemoryDenyWriteExecute": "yes",
+    }
+    assert {key: value(unit, "Service", key) for key in expected} == expected
+    assert values(unit, "Service", "SystemCallFilter")[0] == "@system-service"
+    # AF_UNIX for $NOTIFY_SOCKET, AF_INET/AF_INET6 for the server; nothing else.
+    families = value(unit, "Service", "RestrictAddressFamilies").split()
+    assert sorted(families) == ["AF_INET", "AF_INET6", "AF_UNIX"]
+
+
+@both_units
+def test_password_comes_from_a_credential(path: Path) -> None:
+    unit = load(path)
+    credential_id, _, source = value(unit, "Service", "LoadCredential").partition(":")
+    assert source.startswith("/etc/opencode-loop-monitor/")
+    exec_start = value(unit, "Service", "ExecStart")
+    assert f"--password-file ${{CREDENTIALS_DIRECTORY}}/{credential_id}" in exec_start
+
+
+@both_units
+def test_exec_start_watches_and_logs_json(path: Path) -> None:
+    argv = value(load(path), "Service", "ExecStart").split()
+    assert argv[:2] == [INSTALLED_BINARY, "watch"]
+    assert argv[argv.index("--log-format") + 1] == "json"
+
+
+def test_service_watches_the_default_server() -> None:
+    argv = value(load(SERVICE), "Service", "ExecStart").split()
+    assert argv[argv.index("--url") + 1] == "http://127.0.0.1:4096"
+    # Optional overrides; "-" means a missing file is fine.
+    assert (
+        value(load(SERVICE), "Service", "EnvironmentFile")
+        == "-/etc/opencode-loop-monitor/monitor.env"
+    )
+
+
+def test_template_instance_selects_the_server() -> None:
+    unit = load(TEMPLATE)
+    # Required (no "-"): without it the instance would quietly watch the default URL.
+    assert value(unit, "Service", "EnvironmentFile") == "/etc/opencode-loop-monitor/%i.env"
+    assert (
+        value(unit, "Service", "LoadCredential")
+        == "opencode-password:/etc/opencode-loop-monitor/%i.password"
+    )
+    assert "--url" not in value(unit, "Service", "ExecStart").split()
+    assert "%i" in value(unit, "Unit", "Description")
+
+
+def test_template_differs_from_service_only_per_instance() -> None:
+    # The template is a copy; this keeps a hardening change from reaching only one of them.
+    per_instance = {
+        "Description",
+        "ExecStart",
+        "LoadCredential",
+        "EnvironmentFile",
+        "SyslogIdentifier",
+    }
+    service, template = load(SERVICE), load(TEMPLATE)
+    assert service.keys() == template.keys()
+    for section in service:
+        assert [kv for kv in service[section] if kv[0] not in per_instance] == [
+            kv for kv in template[section] if kv[0] not in per_instance
+        ], section
+
+
+# systemd's own check. Skipped only where the tool is missing; .ci/run installs it.
+
+systemd_analyze = shutil.which("systemd-analyze")
+needs_systemd_analyze = pytest.mark.skipif(
+    systemd_analyze is None, reason="systemd-analyze not installed (Debian package 'systemd')"
+)
+
+
+def verify_problems(unit_dir: Path, unit_name: str) -> list[str]:
+    """What ``systemd-analyze verify`` says is wrong with our unit.
+
+    verify exits 0 on most mistakes (an unknown key, an unparsable value) and only
+    prints "file:line: ..., ignoring", so the output is what counts. Lines that do not
+    name our unit come from the environment (other units on the machine, no running
+    systemd in a container) and are left out.
+    """
+    assert systemd_analyze is not None
+    result = subprocess.run(
+        [systemd_analyze, "verify", "--man=no", str(unit_dir / unit_name)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    lines = (result.stdout + result.stderr).splitlines()
+    problems = [line for line in lines if "opencode-loop-monitor" in line]
+    if result.returncode != 0:
+        problems.append(f"exit status {result.returncode}")
+    return problems
+
+
+def installable_copy(unit: Path, into: Path) -> Path:
+    """The unit, unchanged but for ExecStart pointing at an executable that exists here.
+
+    verify insists that the binary exists, and nothing is installed under /opt on a
+    test machine. The interpreter stands in for the console script it would run.
+    """
+    text = unit.read_text()
+    assert text.count(INSTALLED_BINARY) == 1
+    copy = into / unit.name
+    copy.write_text(text.replace(INSTALLED_BINARY, sys.executable))
+    return copy
+
+
+@needs_systemd_analyze
+@pytest.mark.parametrize(
+    ("unit", "name"),
+    [(SERVICE, SERVICE.name), (TEMPLATE, "opencode-loop-monitor@server1.service")],
+    ids=["service", "template-instance"],
+)
+def test_systemd_analyze_verify(unit: Path, name: str, tmp_path: Path) -> None:
+    # The template is verified as an instance so that %i is expanded as systemd would.
+    installable_copy(unit, tmp_path)
+    assert verify_problems(tmp_path, name) == []
+
+
+@needs_systemd_analyze
+@pytest.mark.parametrize(
+    ("setting", "broken", "reported"),
+    [
+        ("Type=notify", "Type=notfy", "notfy"),
+        ("ProtectHome=yes", "ProtectHom=yes", "ProtectHom"),
+        ("RestrictAddressFamilies=AF_UNIX", "RestrictAddressFamilies=AF_UNIKS", "AF_UNIKS"),
+    ],
+)
+def test_verify_reports_a_broken_setting(
+    setting: str, broken: str, reported: str, tmp_path: Path
+) -> None:
+    # Guards the filter above: if a systemd release changed its wording so that real
+    # errors were dropped as noise, test_systemd_analyze_verify would pass vacuously.
+    copy = installable_copy(SERVICE, tmp_path)
+    copy.write_text(copy.read_text().replace(setting, broken, 1))
+    problems = verify_problems(tmp_path, SERVICE.name)
+    assert any(reported in line for line in problems), problems
