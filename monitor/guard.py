@@ -118,3 +118,7 @@ class LoopGuard:
 
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._sessions
+
+    def __iter__(self) -> Iterator[str]:
+        """Ids of the sessions that have a history."""
+        return iter(self._sessions)

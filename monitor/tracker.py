@@ -22,6 +22,7 @@ from monitor.events import (
     parse_event,
 )
 from monitor.feedback import feedback_text
+from monitor.frames import FrameError, decode_frame
 from monitor.guard import LoopGuard, RecentMap
 
 MatchMode = Literal["input", "input+output"]
@@ -44,6 +45,7 @@ class Intervene:
     call_index: int
     prior_interventions: int
     hold: bool
+    escalated: bool
     feedback: str
 
 
@@ -90,6 +92,16 @@ class Tracker:
         self._default_directory = directory
         self._sessions: RecentMap[str, _Session] = RecentMap(detection.max_sessions)
         self.malformed: Counter[str] = Counter()
+        self.last_malformed: str | None = None
+
+    def feed_data(self, data: str) -> list[Intervene]:
+        """Take the data of one SSE event, as read from the stream or a recording."""
+        try:
+            frame = decode_frame(data)
+        except FrameError as exc:
+            self._malformed(str(exc))
+            return []
+        return self.feed(frame)
 
     def feed(self, frame: object) -> list[Intervene]:
         """Take one decoded frame (`/event` or `/global/event` form); return decisions."""
@@ -100,7 +112,7 @@ class Tracker:
             decision = self._tool_part(event)
             return [] if decision is None else [decision]
         if isinstance(event, Malformed):
-            self.malformed[event.reason] += 1
+            self._malformed(event.reason)
         elif isinstance(event, SessionIdle):
             self._seen(event.session_id, event.directory)
             self.end_run(event.session_id)
@@ -109,6 +121,10 @@ class Tracker:
         elif isinstance(event, SessionDeleted):
             self.forget(event.session_id)
         return []
+
+    def _malformed(self, reason: str) -> None:
+        self.malformed[reason] += 1
+        self.last_malformed = reason
 
     def directory_of(self, session_id: str) -> str | None:
         session = self._sessions.get(session_id)
@@ -195,7 +211,8 @@ class Tracker:
         prior = session.interventions
         session.interventions += 1
         detection = self.detection
-        hold = detection.on_loop == "hold" or prior >= detection.max_interventions
+        escalated = detection.on_loop == "resume" and prior >= detection.max_interventions
+        hold = escalated or detection.on_loop == "hold"
         return Intervene(
             session_id=part.session_id,
             directory=session.directory or self._default_directory,
@@ -205,5 +222,6 @@ class Tracker:
             call_index=session.calls,
             prior_interventions=prior,
             hold=hold,
+            escalated=escalated,
             feedback=feedback_text(cycle, tools, hold, prior + 1),
         )

@@ -50,7 +50,10 @@ def call(session: str, part: str, tool: str, input: Any, output: str = "ok") -> 
 
 
 def status(session: str, kind: str) -> dict:
-    return {"type": "session.status", "properties": {"sessionID": session, "status": {"type": kind}}}
+    return {
+        "type": "session.status",
+        "properties": {"sessionID": session, "status": {"type": kind}},
+    }
 
 
 def idle(session: str) -> dict:
@@ -58,7 +61,10 @@ def idle(session: str) -> dict:
 
 
 def deleted(session: str) -> dict:
-    return {"type": "session.deleted", "properties": {"sessionID": session, "info": {"id": session}}}
+    return {
+        "type": "session.deleted",
+        "properties": {"sessionID": session, "info": {"id": session}},
+    }
 
 
 def created(session: str, directory: str) -> dict:

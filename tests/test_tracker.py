@@ -79,7 +79,9 @@ def test_global_form_records_each_call_once_despite_sync_copies():
     tracker_partial = Tracker()
     frames = capture_frames("loop-abort-feedback.global.sse")
     first_idle = next(
-        i for i, f in enumerate(frames) if f.get("payload", {}).get("type") in ("session.idle", "session.status")
+        i
+        for i, f in enumerate(frames)
+        if f.get("payload", {}).get("type") in ("session.idle", "session.status")
         and f["payload"]["properties"].get("status", {}).get("type", "idle") == "idle"
     )
     feed_all(tracker_partial, frames[:first_idle])
@@ -239,13 +241,22 @@ def test_skipped_frames(frame):
         ({"payload": []}, "payload is not an object"),
         ({"directory": 5, "payload": {}}, "envelope directory is not a string"),
         ({"type": "session.idle"}, "session.idle: properties is not an object"),
-        ({"type": "session.idle", "properties": {}}, "session.idle: sessionID is not a non-empty string"),
-        ({"type": "message.part.updated", "properties": {"part": 1}}, "message.part.updated: part is not an object"),
+        (
+            {"type": "session.idle", "properties": {}},
+            "session.idle: sessionID is not a non-empty string",
+        ),
+        (
+            {"type": "message.part.updated", "properties": {"part": 1}},
+            "message.part.updated: part is not an object",
+        ),
         (
             {"type": "message.part.updated", "properties": {"part": {"type": "tool", "state": {}}}},
             "message.part.updated: sessionID is not a non-empty string",
         ),
-        ({"type": "session.status", "properties": {"sessionID": "s", "status": "idle"}}, "session.status: status is not an object"),
+        (
+            {"type": "session.status", "properties": {"sessionID": "s", "status": "idle"}},
+            "session.status: status is not an object",
+        ),
     ],
 )
 def test_malformed_frames_counted_not_raised(frame, reason):
@@ -314,15 +325,17 @@ def test_ignore_args():
 def test_escalation_holds_after_max_interventions():
     tracker = Tracker(Detection(max_interventions=2))
     decisions = feed_all(tracker, loop_of("s", 12))
-    assert [(d.prior_interventions, d.hold) for d in decisions] == [
-        (0, False), (1, False), (2, True),
+    assert [(d.prior_interventions, d.hold, d.escalated) for d in decisions] == [
+        (0, False, False),
+        (1, False, False),
+        (2, True, True),
     ]
     assert "on hold" in decisions[2].feedback and "on hold" not in decisions[0].feedback
 
 
 def test_on_loop_hold_always_holds():
     [decision] = feed_all(Tracker(Detection(on_loop="hold")), loop_of("s", 4))
-    assert decision.hold
+    assert decision.hold and not decision.escalated
 
 
 def test_decision_fields_and_feedback_text():
@@ -342,6 +355,7 @@ def test_decision_fields_and_feedback_text():
         call_index=9,
         prior_interventions=0,
         hold=False,
+        escalated=False,
         feedback=decision.feedback,
     )
     text = decision.feedback
@@ -351,3 +365,29 @@ def test_decision_fields_and_feedback_text():
     assert "expected" in text and "materially different action" in text
     assert "blocked" in text and "information you need" in text
     assert '"a"' not in text and "filePath" not in text
+
+
+# -- raw data -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        ("{not json", "frame is not JSON"),
+        ("[" * 100_000 + "]" * 100_000, "frame nested too deeply"),
+    ],
+)
+def test_feed_data_counts_undecodable_frames(data, reason):
+    tracker = Tracker()
+    assert tracker.feed_data(data) == []
+    assert tracker.malformed == {reason: 1} and tracker.last_malformed == reason
+
+
+def test_feed_data_decodes_and_feeds():
+    import json
+
+    tracker = Tracker()
+    decisions = []
+    for frame in loop_of("s", 4):
+        decisions += tracker.feed_data(json.dumps(frame))
+    assert [d.call_index for d in decisions] == [4]

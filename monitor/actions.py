@@ -1,0 +1,113 @@
+"""Carrying out `Intervene` decisions: abort the run, then give the model the feedback.
+
+Each session's actions run in order (never two aborts racing for one session), and each in
+its own task, so a slow or failing call for one session never delays reading the stream or
+acting on another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import structlog
+
+from monitor.api import OpencodeAPI
+from monitor.errors import ConfigError, ServerError, SessionGone
+from monitor.tracker import Intervene
+
+log = structlog.get_logger("monitor.actions")
+
+
+class Interventions:
+    """Runs decisions per session in order; `api=None` means dry run (log only)."""
+
+    def __init__(
+        self,
+        api: OpencodeAPI | None,
+        forget: Callable[[str], None],
+        on_fatal: Callable[[BaseException], None],
+        on_outcome: Callable[[Intervene, str], None] = lambda decision, outcome: None,
+    ) -> None:
+        self._api = api
+        self._forget = forget
+        self._on_fatal = on_fatal
+        self._on_outcome = on_outcome
+        self._tails: dict[str, asyncio.Task[None]] = {}
+
+    def submit(self, decision: Intervene) -> None:
+        session_id = decision.session_id
+        previous = self._tails.get(session_id)
+        task = asyncio.create_task(self._after(previous, decision))
+        self._tails[session_id] = task
+
+        def done(task: asyncio.Task[None]) -> None:
+            if self._tails.get(session_id) is task:
+                del self._tails[session_id]
+
+        task.add_done_callback(done)
+
+    async def drain(self, timeout: float) -> None:
+        """Let in-flight actions finish, up to `timeout` seconds; cancel what is left."""
+        tasks = list(self._tails.values())
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=timeout)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+
+    async def _after(self, previous: asyncio.Task[None] | None, decision: Intervene) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        try:
+            await self._act(decision)
+        except ConfigError as exc:
+            self._on_fatal(exc)
+
+    async def _act(self, decision: Intervene) -> None:
+        started = time.monotonic()
+        outcome, error = await self._abort(decision)
+        fields = dict(
+            session_id=decision.session_id,
+            directory=decision.directory,
+            part_id=decision.part_id,
+            call_index=decision.call_index,
+            cycle_length=decision.cycle.length,
+            repetitions=decision.cycle.repetitions,
+            tools=list(decision.tools),
+            interventions=decision.prior_interventions + 1,
+            escalated=decision.escalated,
+            outcome=outcome,
+            abort_ms=round((time.monotonic() - started) * 1000, 1),
+        )
+        if error is not None:
+            fields["error"] = error
+        log.warning("loop.detected", **fields)
+        self._on_outcome(decision, outcome)
+        if outcome in ("aborted", "held"):
+            await self._give_feedback(decision)
+
+    async def _abort(self, decision: Intervene) -> tuple[str, str | None]:
+        if self._api is None:
+            return "dry_run", None
+        try:
+            await self._api.abort(decision.session_id, decision.directory)
+        except SessionGone as exc:
+            self._forget(decision.session_id)
+            return "abort_failed", str(exc)
+        except ServerError as exc:
+            return "abort_failed", str(exc)
+        return ("held" if decision.hold else "aborted"), None
+
+    async def _give_feedback(self, decision: Intervene) -> None:
+        assert self._api is not None
+        try:
+            await self._api.prompt(
+                decision.session_id, decision.directory, decision.feedback, no_reply=decision.hold
+            )
+        except ServerError as exc:
+            log.error("feedback.failed", session_id=decision.session_id, error=str(exc))
+            return
+        log.info("feedback.sent", session_id=decision.session_id, hold=decision.hold)

@@ -1,0 +1,120 @@
+"""The OpenCode REST calls the monitor makes, with bounded retries.
+
+Transient failures (connection errors, timeouts, 5xx) are retried with backoff; a 404 means
+the session is gone (`SessionGone`), a 401 means our credentials are wrong (`ConfigError`,
+never retried), anything else is a `ServerError`. Only ids and status codes go into errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from monitor.backoff import Backoff
+from monitor.errors import ConfigError, ServerError, SessionGone
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    attempts: int = 4
+    backoff: Backoff = Backoff(initial=0.2, cap=2.0)
+    timeout: float = 10.0
+
+
+class _Transient(ServerError):
+    pass
+
+
+def _session_path(session_id: str, action: str) -> str:
+    # Session ids come from the stream: quoted so that no id can reach another endpoint.
+    return f"/session/{quote(session_id, safe='')}/{action}"
+
+
+class OpencodeAPI:
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        base_url: str,
+        retry: Retry = Retry(),
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._http = http
+        self._base = base_url.rstrip("/")
+        self._retry = retry
+        self._sleep = sleep
+
+    async def abort(self, session_id: str, directory: str | None) -> None:
+        await self._call("POST", _session_path(session_id, "abort"), directory)
+
+    async def prompt(
+        self, session_id: str, directory: str | None, text: str, no_reply: bool = False
+    ) -> None:
+        """Add a user message; with `no_reply` it is stored and no answer starts."""
+        body: dict[str, Any] = {"parts": [{"type": "text", "text": text}]}
+        if no_reply:
+            body["noReply"] = True
+        await self._call("POST", _session_path(session_id, "prompt_async"), directory, body)
+
+    async def busy_sessions(self, directory: str | None) -> set[str]:
+        """Ids of the sessions the server is running right now."""
+        statuses = await self._call("GET", "/session/status", directory)
+        if not isinstance(statuses, dict):
+            raise ServerError("/session/status did not answer an object")
+        return {
+            session_id
+            for session_id, status in statuses.items()
+            if not (isinstance(status, dict) and status.get("type") == "idle")
+        }
+
+    async def messages(self, session_id: str, directory: str | None) -> list[Any]:
+        messages = await self._call("GET", _session_path(session_id, "message"), directory)
+        if not isinstance(messages, list):
+            raise ServerError("/session/{id}/message did not answer a list")
+        return messages
+
+    async def _call(
+        self, method: str, path: str, directory: str | None, body: object = None
+    ) -> Any:
+        params = {"directory": directory} if directory else None
+        attempt = 0
+        while True:
+            try:
+                return await self._once(method, path, params, body)
+            except _Transient:
+                attempt += 1
+                if attempt >= self._retry.attempts:
+                    raise
+                await self._sleep(self._retry.backoff.delay(attempt - 1))
+
+    async def _once(
+        self, method: str, path: str, params: dict[str, str] | None, body: object
+    ) -> Any:
+        what = f"{method} {path}"
+        try:
+            async with self._http.request(
+                method,
+                self._base + path,
+                params=params,
+                json=body,
+                timeout=aiohttp.ClientTimeout(total=self._retry.timeout),
+            ) as response:
+                if response.status == 401:
+                    raise ConfigError(f"{what}: the server refused our credentials (401)")
+                if response.status == 404:
+                    raise SessionGone(f"{what}: not found (404)")
+                if response.status >= 500:
+                    raise _Transient(f"{what}: server error {response.status}")
+                if response.status >= 400:
+                    raise ServerError(f"{what}: refused ({response.status})")
+                if response.status == 204 or response.content_length == 0:
+                    return None
+                return await response.json(content_type=None)
+        except (aiohttp.ContentTypeError, ValueError) as exc:
+            raise ServerError(f"{what}: unreadable answer ({type(exc).__name__})") from None
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _Transient(f"{what}: {type(exc).__name__}") from None

@@ -1,0 +1,186 @@
+"""The watch daemon: stream in, tracker decides, interventions act.
+
+This is the asyncio shell around the pure core. It moves frames from the stream into the
+tracker, hands decisions to `Interventions`, resyncs after every reconnect, tells systemd
+how it is doing, and shuts down in bounded time on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import structlog
+
+from monitor import __version__
+from monitor.actions import Interventions
+from monitor.api import OpencodeAPI, Retry
+from monitor.backoff import Backoff
+from monitor.config import Settings
+from monitor.errors import ConfigError, ServerError
+from monitor.logs import configure_logging
+from monitor.notify import Notifier, watchdog_interval, watchdog_pings
+from monitor.stream import READ_BUFSIZE, READ_TIMEOUT_S, EventStream, stream_url
+from monitor.tracker import Detection, Tracker
+
+log = structlog.get_logger("monitor.watch")
+
+# SIGTERM to exit must stay under 5 s: in-flight aborts get this long to finish.
+DRAIN_S = 3.0
+MALFORMED_LOG_EVERY_S = 10.0
+
+
+def detection_of(settings: Settings) -> Detection:
+    return Detection(
+        max_period=settings.max_period,
+        repeats=settings.repeats,
+        history=settings.history,
+        match=settings.match,
+        ignore_tools=settings.ignore_tool,
+        ignore_args=settings.ignore_arg,
+        on_loop=settings.on_loop,
+        max_interventions=settings.max_interventions,
+    )
+
+
+def http_session(settings: Settings) -> aiohttp.ClientSession:
+    auth = None
+    if settings.password is not None:
+        auth = aiohttp.BasicAuth(settings.username, settings.password)
+    return aiohttp.ClientSession(auth=auth, read_bufsize=READ_BUFSIZE)
+
+
+def run_watch(settings: Settings) -> int:
+    configure_logging(settings.log_format, settings.log_level)
+    return asyncio.run(Watch(settings).run())
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The waits of the shell; tests shorten them, the defaults suit a real server."""
+
+    read_timeout: float = READ_TIMEOUT_S
+    reconnect: Backoff = Backoff()
+    retry: Retry = Retry()
+
+
+class Watch:
+    def __init__(
+        self, settings: Settings, notifier: Notifier | None = None, timing: Timing = Timing()
+    ) -> None:
+        self.settings = settings
+        self.timing = timing
+        self.notifier = notifier or Notifier.from_environ()
+        self.tracker = Tracker(detection_of(settings), directory=settings.directory)
+        self._stop = asyncio.Event()
+        self._fatal: BaseException | None = None
+        self._malformed_logged_at = float("-inf")
+        self._ready_sent = False
+
+    async def run(self) -> int:
+        settings = self.settings
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._stop.set)
+        log.info(
+            "monitor.started",
+            version=__version__,
+            url=settings.url,
+            directory=settings.directory,
+            dry_run=settings.dry_run,
+            match=settings.match,
+            max_period=settings.max_period,
+            repeats=settings.repeats,
+            history=settings.history,
+            on_loop=settings.on_loop,
+            max_interventions=settings.max_interventions,
+        )
+        async with http_session(settings) as http:
+            self.api = OpencodeAPI(http, settings.url, self.timing.retry)
+            self.interventions = Interventions(
+                None if settings.dry_run else self.api,
+                forget=self.tracker.forget,
+                on_fatal=self._fail,
+            )
+            stream = EventStream(
+                http,
+                stream_url(settings.url, settings.directory),
+                on_frame=self._on_frame,
+                on_connect=self._on_connect,
+                on_disconnect=self._on_disconnect,
+                backoff=self.timing.reconnect,
+                read_timeout=self.timing.read_timeout,
+            )
+            await self._until_stopped(stream)
+            self.notifier.stopping()
+            await self.interventions.drain(DRAIN_S)
+        log.info("monitor.stopped")
+        if self._fatal is not None:
+            raise self._fatal
+        return 0
+
+    async def _until_stopped(self, stream: EventStream) -> None:
+        tasks = [asyncio.create_task(stream.run()), asyncio.create_task(self._stop.wait())]
+        interval = watchdog_interval()
+        if interval is not None:
+            tasks.append(asyncio.create_task(watchdog_pings(self.notifier, interval)))
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in done:
+            if not task.cancelled() and isinstance(task.exception(), ConfigError):
+                self._fatal = task.exception()
+
+    def _fail(self, exc: BaseException) -> None:
+        self._fatal = exc
+        self._stop.set()
+
+    def _on_frame(self, data: str) -> None:
+        tracker = self.tracker
+        for decision in tracker.feed_data(data):
+            self.interventions.submit(decision)
+        if tracker.last_malformed is not None:
+            self._log_malformed(time.monotonic())
+
+    def _log_malformed(self, now: float) -> None:
+        tracker = self.tracker
+        reason = tracker.last_malformed
+        tracker.last_malformed = None
+        # A broken proxy can send thousands of bad frames a second: one line per interval.
+        if now - self._malformed_logged_at >= MALFORMED_LOG_EVERY_S:
+            self._malformed_logged_at = now
+            log.warning("frame.malformed", reason=reason, count=sum(tracker.malformed.values()))
+
+    async def _on_connect(self) -> None:
+        self.notifier.status("streaming events")
+        if not self._ready_sent:
+            self._ready_sent = True
+            self.notifier.ready()
+        await self._resync()
+
+    def _on_disconnect(self, reason: str) -> None:
+        self.notifier.status(f"reconnecting: {reason}")
+
+    async def _resync(self) -> None:
+        """Events missed while away are gone: forget every run the server no longer runs."""
+        tracker = self.tracker
+        tracked = list(tracker.guard)
+        if not tracked:
+            return
+        directories = {tracker.directory_of(session_id) for session_id in tracked}
+        busy: set[str] = set()
+        try:
+            for directory in directories:
+                busy |= await self.api.busy_sessions(directory)
+        except ServerError as exc:
+            # Without an answer we cannot tell finished runs from live ones: keep them all.
+            log.warning("stream.resync_failed", error=str(exc))
+            return
+        tracker.keep_runs(busy)
+        log.info("stream.resynced", tracked=len(tracked), busy=len(busy & set(tracked)))

@@ -1,0 +1,110 @@
+"""A stand-in OpenCode server for faults a real one cannot be made to show on demand.
+
+Each connection to the event stream plays the next script in `streams`; every request is
+recorded in `requests` so tests assert on what the monitor actually sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+StreamScript = Callable[[web.Request, web.StreamResponse], Awaitable[None]]
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    query: dict[str, str]
+    body: object
+    at: float
+
+
+def frames(*events: object) -> bytes:
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+
+
+def play(*chunks: bytes, then: str = "hang") -> StreamScript:
+    """A stream that writes `chunks`, then hangs (silent), ends, or breaks mid-read."""
+
+    async def script(request: web.Request, response: web.StreamResponse) -> None:
+        await response.prepare(request)
+        await response.write(frames({"type": "server.connected", "properties": {}}))
+        for chunk in chunks:
+            await response.write(chunk)
+        if then == "end":
+            return
+        if then == "break":
+            await response.write(b"data: {\"type\":\"sess")
+            assert request.transport is not None
+            request.transport.abort()
+            return
+        await asyncio.sleep(3600)
+
+    return script
+
+
+async def no_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """What a server still starting up can do: accept the request and never answer it."""
+    await asyncio.sleep(3600)
+
+
+@dataclass
+class FakeOpencode:
+    streams: list[StreamScript] = field(default_factory=list)
+    # Per action a list of statuses to answer in turn; the last one repeats.
+    answers: dict[str, list[int]] = field(default_factory=dict)
+    delays: dict[str, float] = field(default_factory=dict)
+    busy: dict[str, dict] = field(default_factory=dict)
+    requests: list[Received] = field(default_factory=list)
+    connections: int = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/global/event", self._stream)
+        app.router.add_get("/event", self._stream)
+        app.router.add_get("/session/status", self._status)
+        app.router.add_post("/session/{id}/{action}", self._action)
+        return app
+
+    def of(self, action: str) -> list[Received]:
+        return [r for r in self.requests if r.path.endswith("/" + action)]
+
+    async def _record(self, request: web.Request) -> None:
+        body = await request.json() if request.can_read_body else None
+        loop = asyncio.get_running_loop()
+        self.requests.append(
+            Received(request.method, request.path, dict(request.query), body, loop.time())
+        )
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        index = self.connections
+        self.connections += 1
+        script = self.streams[index] if index < len(self.streams) else play()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await script(request, response)
+        return response
+
+    async def _status(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response(self.busy)
+
+    async def _action(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        action = request.match_info["action"]
+        # Delays keyed by action ("abort") or by session and action ("s1/abort").
+        session_action = f"{request.match_info['id']}/{action}"
+        await asyncio.sleep(self.delays.get(session_action, self.delays.get(action, 0)))
+        statuses = self.answers.get(action, [200])
+        status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
+        if status == 200:
+            return web.json_response(True)
+        if status == 204:
+            return web.Response(status=204)
+        return web.json_response({"error": "nope"}, status=status)

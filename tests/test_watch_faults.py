@@ -1,0 +1,298 @@
+"""The watch shell against a stand-in server that misbehaves on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from structlog.testing import capture_logs
+
+from monitor.api import Retry
+from monitor.backoff import Backoff
+from monitor.config import load_settings
+from monitor.errors import ConfigError
+from monitor.notify import Notifier
+from monitor.watch import Timing, Watch
+from tests.fake_opencode import FakeOpencode, frames, no_headers, play
+from tests.frames_factory import call, envelope
+
+READ = {"filePath": "README.md"}
+FAST = Timing(
+    read_timeout=0.5,
+    reconnect=Backoff(initial=0.05, cap=0.1),
+    retry=Retry(attempts=3, backoff=Backoff(initial=0.01, cap=0.02), timeout=0.5),
+)
+
+
+def loop_frames(session: str, calls: int, directory: str = "/w", prefix: str = "p") -> bytes:
+    events = []
+    for n in range(calls):
+        events += [envelope(f, directory) for f in call(session, f"{prefix}{n}", "read", READ)]
+    return frames(*events)
+
+
+async def start(fake: FakeOpencode, **flags):
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    settings = load_settings(
+        {"url": str(server.make_url("")).rstrip("/"), **flags}, {}, isatty=False
+    )
+    watch = Watch(settings, notifier=Notifier(None), timing=FAST)
+    task = asyncio.create_task(watch.run())
+    return server, watch, task
+
+
+async def stop(server, watch, task) -> int:
+    watch._stop.set()
+    code = await asyncio.wait_for(task, 5)
+    await server.close()
+    return code
+
+
+async def wait_for(condition, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+def events(logs, name):
+    return [entry for entry in logs if entry["event"] == name]
+
+
+async def test_loop_is_aborted_and_feedback_posted():
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("prompt_async"))
+        assert await stop(*running) == 0
+    [abort] = fake.of("abort")
+    [prompt] = fake.of("prompt_async")
+    assert abort.path == "/session/s1/abort" and abort.query == {"directory": "/w"}
+    assert prompt.query == {"directory": "/w"}
+    assert "noReply" not in prompt.body
+    assert "1 call (read) repeated 4 times" in prompt.body["parts"][0]["text"]
+    [detected] = events(logs, "loop.detected")
+    assert {k: detected[k] for k in ("session_id", "directory", "cycle_length", "repetitions")} == {
+        "session_id": "s1",
+        "directory": "/w",
+        "cycle_length": 1,
+        "repetitions": 4,
+    }
+    assert detected["tools"] == ["read"] and detected["outcome"] == "aborted"
+    assert detected["part_id"] == "p3"
+    assert events(logs, "feedback.sent")[0]["session_id"] == "s1"
+
+
+async def test_clean_end_reconnects_and_resyncs():
+    fake = FakeOpencode(
+        streams=[play(loop_frames("s1", 3), then="end"), play(loop_frames("s1", 1, prefix="q"))],
+        busy={},  # after the reconnect the server says nothing runs: s1's run is over
+    )
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.connections == 2 and len(fake.of("status")) == 1)
+        await asyncio.sleep(0.2)
+        await stop(*running)
+    assert fake.of("abort") == []  # 3 calls before, 1 after: the history was dropped
+    [disconnected] = events(logs, "stream.disconnected")
+    assert disconnected["reason"] == "stream ended" and disconnected["retry_in_s"] <= 0.1
+    assert len(events(logs, "stream.connected")) == 2
+
+
+async def test_resync_keeps_busy_sessions():
+    fake = FakeOpencode(
+        streams=[play(loop_frames("s1", 3), then="end"), play(loop_frames("s1", 1, prefix="q"))],
+        busy={"s1": {"type": "busy"}},
+    )
+    running = await start(fake)
+    await wait_for(lambda: fake.of("abort"))
+    await stop(*running)
+    [status] = fake.of("status")
+    assert status.query == {"directory": "/w"}
+    assert fake.of("abort")[0].path == "/session/s1/abort"
+
+
+async def test_error_in_mid_read_reconnects():
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 2), then="break")])
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.connections >= 2)
+        await stop(*running)
+    reason = events(logs, "stream.disconnected")[0]["reason"]
+    assert reason in ("ClientPayloadError", "ServerDisconnectedError")
+
+
+async def test_silent_stream_hits_read_timeout_and_reconnects():
+    fake = FakeOpencode(streams=[play()])
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.connections >= 2, timeout=3)
+        await stop(*running)
+    first, second = [r.at for r in fake.requests if r.path == "/global/event"][:2]
+    assert 0.5 <= second - first < 1.5
+    assert events(logs, "stream.disconnected")[0]["reason"] == "read timeout"
+
+
+async def test_stream_without_headers_hits_read_timeout():
+    fake = FakeOpencode(streams=[no_headers])
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.connections >= 2, timeout=3)
+        await stop(*running)
+    assert events(logs, "stream.disconnected")[0]["reason"] == "read timeout"
+
+
+async def test_garbage_frames_are_counted_and_the_loop_still_caught():
+    garbage = (
+        b"data: not json\n\n"
+        b"data: [1, 2]\n\n"
+        + frames({"type": "some.future.event", "properties": {}})
+        + frames({"type": "message.part.updated", "properties": {"part": {"type": "tool"}}})
+        + b": a comment\n\n"
+        + b"event: odd\nid: 7\nretry: x\ndata: {\"type\": \"session.idle\"}\n\n"
+        + b"data: {\"half\": \n\n"
+    )
+    fake = FakeOpencode(streams=[play(garbage + loop_frames("s1", 4))])
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("prompt_async"))
+        watch = running[1]
+        await stop(*running)
+    assert sum(watch.tracker.malformed.values()) == 5
+    [logged] = events(logs, "frame.malformed")  # rate limited: one line for the burst
+    assert logged["reason"] == "frame is not JSON" and logged["count"] == 1
+    assert len(fake.of("abort")) == 1 and fake.connections == 1
+
+
+async def test_abort_500_then_200_is_retried():
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))], answers={"abort": [500, 200]})
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("prompt_async"))
+        await stop(*running)
+    assert [r.path for r in fake.requests if r.method == "POST"] == [
+        "/session/s1/abort",
+        "/session/s1/abort",
+        "/session/s1/prompt_async",
+    ]
+    assert events(logs, "loop.detected")[0]["outcome"] == "aborted"
+
+
+async def test_abort_failing_every_time_is_logged_and_the_daemon_goes_on():
+    fake = FakeOpencode(
+        streams=[play(loop_frames("s1", 4) + loop_frames("s2", 4))], answers={"abort": [503]}
+    )
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: len(events(logs, "loop.detected")) == 2)
+        await stop(*running)
+    assert len(fake.of("abort")) == 2 * FAST.retry.attempts
+    assert fake.of("prompt_async") == []
+    detected = events(logs, "loop.detected")
+    assert [d["outcome"] for d in detected] == ["abort_failed", "abort_failed"]
+    assert "503" in detected[0]["error"]
+
+
+async def test_prompt_timeout_does_not_stop_the_daemon():
+    fake = FakeOpencode(
+        streams=[play(loop_frames("s1", 4) + loop_frames("s2", 4))],
+        delays={"prompt_async": 2.0},
+    )
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: len(events(logs, "feedback.failed")) == 2, timeout=8)
+        await stop(*running)
+    assert sorted(r.path for r in fake.of("abort")) == ["/session/s1/abort", "/session/s2/abort"]
+    assert len(fake.of("prompt_async")) == 2 * FAST.retry.attempts
+    assert "TimeoutError" in events(logs, "feedback.failed")[0]["error"]
+
+
+async def test_abort_404_drops_the_session_and_sends_no_feedback():
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))], answers={"abort": [404]})
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: events(logs, "loop.detected"))
+        watch = running[1]
+        await stop(*running)
+    assert len(fake.of("abort")) == 1 and fake.of("prompt_async") == []
+    assert events(logs, "loop.detected")[0]["outcome"] == "abort_failed"
+    assert watch.tracker.interventions("s1") == 0  # forgotten
+
+
+async def test_slow_abort_of_one_session_does_not_delay_another():
+    fake = FakeOpencode(
+        streams=[play(loop_frames("slow", 4) + loop_frames("fast", 4))],
+        delays={"slow/abort": 0.4},
+    )
+    running = await start(fake)
+    await wait_for(lambda: len(fake.of("prompt_async")) == 2)
+    await stop(*running)
+    order = [r.path for r in fake.requests if r.method == "POST"]
+    assert order.index("/session/fast/prompt_async") < order.index("/session/slow/prompt_async")
+
+
+async def test_dry_run_calls_no_api():
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    with capture_logs() as logs:
+        running = await start(fake, dry_run=True)
+        await wait_for(lambda: events(logs, "loop.detected"))
+        await stop(*running)
+    assert [r.method for r in fake.requests] == ["GET"]
+    assert events(logs, "loop.detected")[0]["outcome"] == "dry_run"
+
+
+async def test_escalation_third_intervention_holds():
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 12))])
+    with capture_logs() as logs:
+        running = await start(fake, max_interventions=2)
+        await wait_for(lambda: len(fake.of("prompt_async")) == 3)
+        await stop(*running)
+    bodies = [r.body for r in fake.of("prompt_async")]
+    assert ["noReply" in b for b in bodies] == [False, False, True]
+    assert "on hold" in bodies[2]["parts"][0]["text"]
+    outcomes = [(d["outcome"], d["escalated"]) for d in events(logs, "loop.detected")]
+    assert outcomes == [("aborted", False), ("aborted", False), ("held", True)]
+
+
+async def test_unauthorized_stream_is_a_config_error():
+    async def refuse(request, response):
+        raise web.HTTPUnauthorized()
+
+    fake = FakeOpencode(streams=[refuse])
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    settings = load_settings({"url": str(server.make_url("")).rstrip("/")}, {}, isatty=False)
+    with pytest.raises(ConfigError, match="401"):
+        await asyncio.wait_for(Watch(settings, Notifier(None), FAST).run(), 5)
+    await server.close()
+    assert fake.connections == 1
+
+
+async def test_directory_mode_reads_the_project_stream():
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    running = await start(fake, directory="/proj")
+    await wait_for(lambda: fake.of("abort"))
+    await stop(*running)
+    stream_request = fake.requests[0]
+    assert (stream_request.path, stream_request.query) == ("/event", {"directory": "/proj"})
+
+
+async def test_large_frame_is_read():
+    big = "x" * 3_000_000
+    events_ = [envelope(f) for n in range(4) for f in call("s1", f"p{n}", "write", {"c": big})]
+    fake = FakeOpencode(streams=[play(frames(*events_))])
+    running = await start(fake)
+    await wait_for(lambda: fake.of("abort"), timeout=10)
+    await stop(*running)
+    assert fake.connections == 1
+
+
+def test_timing_defaults_suit_the_real_server():
+    timing = Timing()
+    assert timing.read_timeout == 25.0 and timing.reconnect.cap == 30.0
+    assert dataclasses.is_dataclass(timing)
