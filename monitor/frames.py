@@ -58,6 +58,11 @@ class SSEDecoder:
         return self.feed_line("")
 
 
+def encode_sse(data: str) -> str:
+    """The SSE text of one event carrying `data`: what `SSEDecoder` turns back into `data`."""
+    return "".join(f"data: {line}\n" for line in data.split("\n")) + "\n"
+
+
 def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
     decoder = SSEDecoder()
     for line in lines:

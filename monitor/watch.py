@@ -8,9 +8,12 @@ how it is doing, and shuts down in bounded time on SIGTERM or SIGINT.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
 
 import aiohttp
 import structlog
@@ -21,6 +24,7 @@ from monitor.api import OpencodeAPI, Retry
 from monitor.backoff import Backoff
 from monitor.config import Settings
 from monitor.errors import ConfigError, ServerError
+from monitor.frames import encode_sse
 from monitor.logs import configure_logging
 from monitor.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.stream import READ_BUFSIZE, READ_TIMEOUT_S, EventStream, stream_url
@@ -53,6 +57,13 @@ def http_session(settings: Settings) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(auth=auth, read_bufsize=READ_BUFSIZE)
 
 
+def open_record(path: Path) -> TextIO:
+    try:
+        return open(path, "a", encoding="utf-8", newline="\n")
+    except OSError as exc:
+        raise ConfigError(f"record {path}: cannot append ({exc.strerror})") from None
+
+
 def run_watch(settings: Settings) -> int:
     configure_logging(settings.log_format, settings.log_level)
     return asyncio.run(Watch(settings).run())
@@ -79,8 +90,15 @@ class Watch:
         self._fatal: BaseException | None = None
         self._malformed_logged_at = float("-inf")
         self._ready_sent = False
+        self._record: TextIO | None = None
 
     async def run(self) -> int:
+        with contextlib.ExitStack() as files:
+            if self.settings.record is not None:
+                self._record = files.enter_context(open_record(self.settings.record))
+            return await self._run()
+
+    async def _run(self) -> int:
         settings = self.settings
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -142,6 +160,11 @@ class Watch:
         self._stop.set()
 
     def _on_frame(self, data: str) -> None:
+        if self._record is not None:
+            self._record.write(encode_sse(data))
+            # Flushed per frame: a recording that stops short of the crash it should explain
+            # is worthless, and a write per frame is cheap next to the network read.
+            self._record.flush()
         tracker = self.tracker
         for decision in tracker.feed_data(data):
             self.interventions.submit(decision)

@@ -296,3 +296,39 @@ def test_timing_defaults_suit_the_real_server():
     timing = Timing()
     assert timing.read_timeout == 25.0 and timing.reconnect.cap == 30.0
     assert dataclasses.is_dataclass(timing)
+
+
+async def test_record_appends_every_raw_frame(tmp_path):
+    from monitor.frames import iter_sse_data
+
+    path = tmp_path / "day.sse"
+    path.write_text("data: {\"earlier\": true}\n\n", encoding="utf-8")
+    body = b"data: not json\n\n" + b"data: {\"a\":\ndata: 1}\n\n" + loop_frames("s1", 4)
+    fake = FakeOpencode(streams=[play(body)])
+    running = await start(fake, record=str(path))
+    await wait_for(lambda: fake.of("abort"))
+    await stop(*running)
+    with open(path, encoding="utf-8") as lines:
+        recorded = list(iter_sse_data(lines))
+    assert recorded[:4] == [
+        '{"earlier": true}',
+        '{"type": "server.connected", "properties": {}}',
+        "not json",
+        '{"a":\n1}',
+    ]
+    assert len(recorded) == 4 + 12
+
+
+async def test_record_to_an_unwritable_path_is_a_config_error(tmp_path):
+    fake = FakeOpencode()
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    settings = load_settings(
+        {"url": str(server.make_url("")).rstrip("/"), "record": str(tmp_path / "no" / "f.sse")},
+        {},
+        isatty=False,
+    )
+    with pytest.raises(ConfigError, match="record .*f.sse: cannot append"):
+        await Watch(settings, Notifier(None), FAST).run()
+    await server.close()
+    assert fake.connections == 0
