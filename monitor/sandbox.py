@@ -1,0 +1,523 @@
+"""A real `opencode serve`, isolated on loopback, for tests and the demo.
+
+`OpencodeServer` gives the server its own HOME and XDG folders, a config that points at a
+scripted model (see `monitor.scripted_model`), and a small git project to work in.
+`OpencodeClient` drives its sessions over REST the way a user's client would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp
+
+OPENCODE_VERSION = "1.18.33"
+NPM_PACKAGE = f"opencode-ai@{OPENCODE_VERSION}"
+MODEL_ID = "fake/looper"
+
+START_TIMEOUT = 60.0
+READY_TRY_TIMEOUT = 0.5
+STOP_GRACE = 5.0
+LOG_TAIL_BYTES = 4000
+
+Process = tuple[int, int, int, str]  # pid, ppid, pgid, state letter
+
+
+class SandboxError(Exception):
+    """The sandbox could not provide a working OpenCode server."""
+
+
+class InstallError(SandboxError):
+    """The opencode binary is missing and could not be installed."""
+
+
+class ServerStartError(SandboxError):
+    """The server did not come up; the message carries the tail of its log."""
+
+
+class ApiError(SandboxError):
+    """The server answered a REST call with an unexpected status."""
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "opencode-loop-monitor"
+
+
+def find_or_install_opencode(cache_dir: Path) -> Path:
+    """The opencode binary: ``$OPENCODE_BIN``, a cached install, the right one on PATH, or npm."""
+    if explicit := os.environ.get("OPENCODE_BIN"):
+        if not Path(explicit).is_file():
+            raise InstallError(f"OPENCODE_BIN={explicit} is not a file")
+        return Path(explicit)
+    cached = cache_dir / "node_modules" / ".bin" / "opencode"
+    if cached.exists():
+        return cached
+    # Event shapes differ between releases: a PATH binary is only good at the pinned version.
+    on_path = shutil.which("opencode")
+    if on_path and _version_of(Path(on_path)) == OPENCODE_VERSION:
+        return Path(on_path)
+    return _npm_install(cache_dir, cached)
+
+
+def _version_of(binary: Path) -> str | None:
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _npm_install(cache_dir: Path, expected: Path) -> Path:
+    npm = shutil.which("npm")
+    if npm is None:
+        raise InstallError(
+            f"npm not found: install Node.js, or set OPENCODE_BIN to opencode {OPENCODE_VERSION}"
+        )
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    command = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache_dir), NPM_PACKAGE]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0 or not expected.exists():
+        raise InstallError(
+            f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-LOG_TAIL_BYTES:]}"
+        )
+    return expected
+
+
+def basic_auth_header(user: str, password: str) -> dict[str, str]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def opencode_config(model_url: str) -> dict[str, Any]:
+    """Config for a server that only knows the scripted model and never asks permission."""
+    return {
+        "$schema": "https://opencode.ai/config.json",
+        "autoupdate": False,
+        "share": "disabled",
+        "model": MODEL_ID,
+        # Title generation uses the small model: keep it on the scripted one, and keep other
+        # providers (enabled by API keys in the caller's environment) from being loaded.
+        "small_model": MODEL_ID,
+        "enabled_providers": ["fake"],
+        # A pending permission stalls a scripted session for good. Within the project the
+        # defaults already allow read, edit and bash; paths outside it would ask.
+        "permission": "allow",
+        "provider": {
+            "fake": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Fake",
+                "options": {"baseURL": model_url, "apiKey": "x"},
+                "models": {"looper": {"name": "Looper", "tool_call": True}},
+            }
+        },
+    }
+
+
+class OpencodeServer:
+    """``opencode serve`` in a throwaway HOME; an async context manager.
+
+    `stop` and `start` may be repeated: the port and the data folders stay, so a restart
+    looks to clients like the same server coming back.
+    """
+
+    def __init__(
+        self,
+        binary: Path,
+        model_url: str,
+        port: int | None = None,
+        env_extra: Mapping[str, str] | None = None,
+    ) -> None:
+        self.binary = binary
+        self.model_url = model_url
+        self.port = port
+        self.env_extra = dict(env_extra or {})
+        self._root: Path | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._directory: str | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise SandboxError("server was never started")
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def root(self) -> Path:
+        if self._root is None:
+            raise SandboxError("server was never started")
+        return self._root
+
+    @property
+    def project(self) -> Path:
+        return self.root / "project"
+
+    @property
+    def directory(self) -> str:
+        """The project folder as the server reports it (the ``directory`` of its sessions)."""
+        if self._directory is None:
+            raise SandboxError("server was never started")
+        return self._directory
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / "opencode.log"
+
+    @property
+    def pid(self) -> int | None:
+        """Process id of the server, also its process group id; None when stopped."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The Authorization header clients need when the server has a password."""
+        password = self.env_extra.get("OPENCODE_SERVER_PASSWORD")
+        if password is None:
+            return {}
+        return basic_auth_header(
+            self.env_extra.get("OPENCODE_SERVER_USERNAME", "opencode"), password
+        )
+
+    def client(self, http: aiohttp.ClientSession) -> OpencodeClient:
+        """A REST client for this server's project, with its credentials."""
+        return OpencodeClient(http, self.url, self.directory, self.headers)
+
+    async def start(self) -> None:
+        if self._process is not None:
+            return
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="opencode-sandbox-"))
+            self._prepare_root()
+        if self.port is None:
+            self.port = free_loopback_port()
+        self._process = self._spawn()
+        try:
+            await self._wait_ready()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        await _end_process_tree(process)
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            self._remove_root()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.stop()
+        finally:
+            self._remove_root()
+
+    def _remove_root(self) -> None:
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+    def _prepare_root(self) -> None:
+        for name in ("home", "config", "data", "cache", "state"):
+            (self.root / name).mkdir()
+        config_dir = self.root / "config" / "opencode"
+        config_dir.mkdir()
+        (config_dir / "opencode.json").write_text(
+            json.dumps(opencode_config(self.model_url), indent=2)
+        )
+        _make_project(self.project, self._environment())
+
+    def _environment(self) -> dict[str, str]:
+        # Drop the caller's OPENCODE_* settings (a password, another config) so that only
+        # what this sandbox sets applies.
+        env = {key: value for key, value in os.environ.items() if not key.startswith("OPENCODE_")}
+        env.update(
+            HOME=str(self.root / "home"),
+            XDG_CONFIG_HOME=str(self.root / "config"),
+            XDG_DATA_HOME=str(self.root / "data"),
+            XDG_CACHE_HOME=str(self.root / "cache"),
+            XDG_STATE_HOME=str(self.root / "state"),
+            OPENCODE_DISABLE_AUTOUPDATE="1",
+            OPENCODE_DISABLE_MODELS_FETCH="1",
+            OPENCODE_DISABLE_SHARE="1",
+        )
+        env.update(self.env_extra)
+        return env
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        command = [str(self.binary), "serve", "--hostname", "127.0.0.1", "--port", str(self.port)]
+        with self.log_path.open("ab") as log:
+            return subprocess.Popen(
+                command,
+                cwd=self.project,
+                env=self._environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    async def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        # A request sent while the server is still starting may never be answered, so each
+        # try gets a short timeout instead of the whole start timeout.
+        timeout = aiohttp.ClientTimeout(total=READY_TRY_TIMEOUT)
+        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as http:
+            while True:
+                self._raise_if_exited()
+                try:
+                    await _request(http, "GET", f"{self.url}/session")
+                    break
+                except (TimeoutError, aiohttp.ClientError, ApiError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerStartError(
+                        f"opencode serve not ready after {START_TIMEOUT:.0f} s\n{self._log_tail()}"
+                    )
+                await asyncio.sleep(0.05)
+            paths = await _request(http, "GET", f"{self.url}/path")
+            self._directory = str(paths["directory"])
+
+    def _raise_if_exited(self) -> None:
+        if self._process is not None and self._process.poll() is not None:
+            raise ServerStartError(
+                f"opencode serve exited with {self._process.returncode}\n{self._log_tail()}"
+            )
+
+    def _log_tail(self) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return "(no server log)"
+        return data[-LOG_TAIL_BYTES:].decode(errors="replace")
+
+
+def _make_project(project: Path, env: Mapping[str, str]) -> None:
+    project.mkdir()
+    (project / "README.md").write_text(
+        "# Sandbox project\n\nA small project for scripted OpenCode sessions.\n"
+    )
+    git = [
+        "git",
+        "-c",
+        "user.name=sandbox",
+        "-c",
+        "user.email=sandbox@localhost",
+        "-c",
+        "init.defaultBranch=main",
+    ]
+    for args in (["init", "-q"], ["add", "README.md"], ["commit", "-q", "-m", "initial"]):
+        subprocess.run([*git, *args], cwd=project, env=env, check=True, capture_output=True)
+
+
+async def _end_process_tree(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server and everything it spawned, SIGKILL what outlives the grace time.
+
+    Its own process group is not enough: the bash tool starts each command in a session of
+    its own, which would outlive the server (and keep its output files open).
+    """
+    table = _processes()
+    spawned = _descendants(process.pid, table)
+    groups = {process.pid} | {pgid for pid, _, pgid, _ in table if pid in spawned}
+    for signum, grace in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, STOP_GRACE)):
+        for pgid in groups:
+            _signal_group(pgid, signum)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            # The server is our child: until it is reaped it lingers as a zombie in its group.
+            if process.poll() is not None and not _live_groups(groups):
+                return
+            await asyncio.sleep(0.05)
+    raise SandboxError(f"processes survived SIGKILL in groups {sorted(_live_groups(groups))}")
+
+
+def _descendants(root: int, table: list[Process]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, ppid, _, _ in table:
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    pending = [root]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            if child not in found:
+                found.add(child)
+                pending.append(child)
+    return found
+
+
+def _live_groups(groups: set[int]) -> set[int]:
+    # Zombies are dead: orphans are reaped by init, which in a container may never happen.
+    return {
+        pgid for _, _, pgid, state in _processes() if pgid in groups and state not in ("Z", "X")
+    }
+
+
+def _processes() -> list[Process]:
+    """Every process: from /proc, else from ps (macOS)."""
+    return _processes_from_proc() if Path("/proc/self/stat").exists() else _processes_from_ps()
+
+
+def _processes_from_proc() -> list[Process]:
+    table = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # ended while we looked
+        # The command name may hold spaces and parentheses; the fields after the last ")" do not.
+        state, ppid, pgid = stat.rsplit(")", 1)[1].split()[:3]
+        table.append((int(entry.name), int(ppid), int(pgid), state))
+    return table
+
+
+def _processes_from_ps() -> list[Process]:
+    out = subprocess.run(
+        ["ps", "-A", "-o", "pid=,ppid=,pgid=,stat="], capture_output=True, text=True, check=True
+    )
+    table = []
+    for line in out.stdout.splitlines():
+        pid, ppid, pgid, stat = line.split()[:4]
+        table.append((int(pid), int(ppid), int(pgid), stat[0]))
+    return table
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+async def _request(
+    http: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    *,
+    params: Mapping[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
+    body: Any = None,
+    expect: int = 200,
+) -> Any:
+    async with http.request(method, url, params=params, json=body, headers=headers) as response:
+        if response.status != expect:
+            text = await response.text()
+            raise ApiError(f"{method} {url}: {response.status} {text[:500]}")
+        return await response.json() if expect == 200 else None
+
+
+@dataclass(frozen=True, slots=True)
+class OpencodeClient:
+    """The REST calls a user's client makes to drive sessions, for tests and the demo.
+
+    `directory` selects the project instance on the server; `headers` carry the
+    credentials a server with OPENCODE_SERVER_PASSWORD wants (see `basic_auth_header`).
+    """
+
+    http: aiohttp.ClientSession
+    url: str
+    directory: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    async def create_session(self, title: str | None = None) -> dict[str, Any]:
+        session: dict[str, Any] = await self._call(
+            "POST", "/session", body={"title": title} if title else {}
+        )
+        return session
+
+    async def prompt_async(self, session_id: str, text: str) -> None:
+        """Post a user message and return at once; the model answers in the background.
+
+        The server answers before it has stored the message: right after this call the
+        session can still look idle and unchanged.
+        """
+        body = {"parts": [{"type": "text", "text": text}]}
+        await self._call("POST", f"/session/{session_id}/prompt_async", body=body, expect=204)
+
+    async def messages(self, session_id: str) -> list[dict[str, Any]]:
+        """Every message of the session as ``{"info": ..., "parts": [...]}``, oldest first."""
+        messages: list[dict[str, Any]] = await self._call("GET", f"/session/{session_id}/message")
+        return messages
+
+    async def status(self) -> dict[str, dict[str, Any]]:
+        """Status by session id of the busy (or retrying) sessions; idle ones are left out."""
+        status: dict[str, dict[str, Any]] = await self._call("GET", "/session/status")
+        return status
+
+    async def wait_idle(
+        self, session_id: str, timeout: float, *, user_messages: int = 1
+    ) -> list[dict[str, Any]]:
+        """Wait until the session has answered its `user_messages`-th user message; its messages.
+
+        Counting user messages is what tells a finished second run from the finished first
+        one while the second prompt is not stored yet (see `prompt_async`).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            status = (await self.status()).get(session_id, {"type": "idle"})
+            if status["type"] == "idle":
+                messages = await self.messages(session_id)
+                if run_finished(messages, user_messages):
+                    return messages
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"session {session_id} not idle after {timeout} s (status {status})"
+                )
+            await asyncio.sleep(0.1)
+
+    async def _call(self, method: str, path: str, *, body: Any = None, expect: int = 200) -> Any:
+        params = {"directory": self.directory} if self.directory else None
+        return await _request(
+            self.http,
+            method,
+            self.url + path,
+            params=params,
+            headers=self.headers,
+            body=body,
+            expect=expect,
+        )
+
+
+def run_finished(messages: list[dict[str, Any]], user_messages: int = 1) -> bool:
+    """True when the answer to the `user_messages`-th user message has completed."""
+    users = sum(1 for message in messages if message["info"].get("role") == "user")
+    if users < user_messages or not messages:
+        return False
+    last = messages[-1]["info"]
+    return last.get("role") == "assistant" and "completed" in last.get("time", {})
+
+
+def tool_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tool parts of all messages, in the order they ran."""
+    return [part for message in messages for part in message["parts"] if part.get("type") == "tool"]

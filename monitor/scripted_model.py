@@ -1,0 +1,306 @@
+"""An OpenAI-compatible model that follows a script, for driving a real OpenCode server.
+
+The script is the first user message of a conversation, a JSON object such as
+``{"pattern": [["read", {"filePath": "README.md"}]], "calls": 8}`` (build it with
+`script`). The model answers every step of that conversation from the script alone, so
+one model serves any number of sessions and needs no per-test setup:
+
+- ``pattern``: ``[tool, args]`` pairs; the i-th tool call is ``pattern[i % len(pattern)]``
+  with call id ``call_{i}``, so ids repeat across sessions as they do with local models.
+- ``calls``: how many tool calls to make before answering with text.
+- ``delay``: seconds to wait before each response, to simulate model latency.
+- ``answer``: the text of the final answer.
+- ``after_feedback``: what to do once a later user message (a monitor's feedback) arrived:
+  ``"answer"`` replies with the answer text, ``"loop"`` runs the pattern again from its
+  start, counting tool results after that last user message.
+
+Requests that carry no script or no tools (OpenCode's title generation) get a short text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, Self
+
+from aiohttp import web
+
+DEFAULT_ANSWER = "Understood. I will stop repeating and change approach."
+UNSCRIPTED_ANSWER = "Scripted session"
+
+AfterFeedback = Literal["answer", "loop"]
+
+
+def script(
+    pattern: Sequence[tuple[str, Mapping[str, Any]] | list[Any]],
+    calls: int,
+    *,
+    delay: float = 0.0,
+    answer: str = DEFAULT_ANSWER,
+    after_feedback: AfterFeedback = "answer",
+) -> str:
+    """The prompt text that makes the scripted model follow this script."""
+    body: dict[str, Any] = {
+        "pattern": [[tool, dict(args)] for tool, args in pattern],
+        "calls": calls,
+    }
+    if delay:
+        body["delay"] = delay
+    if answer != DEFAULT_ANSWER:
+        body["answer"] = answer
+    if after_feedback != "answer":
+        body["after_feedback"] = after_feedback
+    return json.dumps(body)
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    pattern: tuple[tuple[str, dict[str, Any]], ...]
+    calls: int
+    delay: float = 0.0
+    answer: str = DEFAULT_ANSWER
+    after_feedback: AfterFeedback = "answer"
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        pattern = tuple((str(tool), dict(args)) for tool, args in data["pattern"])
+        after_feedback = data.get("after_feedback", "answer")
+        if not pattern or after_feedback not in ("answer", "loop"):
+            raise ValueError(f"not a usable script: {data!r}")
+        return cls(
+            pattern=pattern,
+            calls=int(data["calls"]),
+            delay=float(data.get("delay", 0.0)),
+            answer=str(data.get("answer", DEFAULT_ANSWER)),
+            after_feedback=after_feedback,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    call_id: str
+    tool: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Text:
+    text: str
+
+
+Reply = ToolCall | Text
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    """One request the model answered, for tests to inspect."""
+
+    at: float  # time.monotonic() when the request arrived
+    conversation: str  # the user message holding the script (also for titles), else the first
+    last_user: str  # text of the last user message: differs once feedback was injected
+    scripted: bool  # False for requests answered with the unscripted text (titles etc.)
+    reply: Reply
+
+
+def find_script(text: str) -> Script | None:
+    """The script inside a user message, which may be JSON-quoted or wrapped in other text."""
+    decoded: Any = text
+    # OpenCode clients may send the prompt JSON-quoted; peel off quoting layers first.
+    while isinstance(decoded, str):
+        try:
+            decoded = json.loads(decoded)
+        except ValueError:
+            break
+    if isinstance(decoded, dict):
+        return _script_or_none(decoded)
+    if isinstance(decoded, str):
+        return _first_embedded_script(decoded)
+    return None
+
+
+def _first_embedded_script(text: str) -> Script | None:
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    while start != -1:
+        try:
+            candidate, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            candidate = None
+        if isinstance(candidate, dict) and (found := _script_or_none(candidate)):
+            return found
+        start = text.find("{", start + 1)
+    return None
+
+
+def _script_or_none(data: Mapping[str, Any]) -> Script | None:
+    try:
+        return Script.from_json(data)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _message_text(message: Mapping[str, Any]) -> str:
+    """The text of a chat message whose content is a string or a list of parts."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text", "")
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""
+
+
+def decide(script_: Script, messages: Sequence[Mapping[str, Any]]) -> Reply:
+    """The next step of a scripted conversation, from the messages sent so far."""
+    user_indexes = [i for i, message in enumerate(messages) if message.get("role") == "user"]
+    after_last_user = messages[user_indexes[-1] + 1 :]
+    feedback_arrived = len(user_indexes) > 1
+    if feedback_arrived and script_.after_feedback == "answer":
+        return Text(script_.answer)
+    # Each finished tool call comes back as one `tool` message: their number since the last
+    # user message is how far this run of the pattern has got.
+    done = sum(1 for message in after_last_user if message.get("role") == "tool")
+    if done >= script_.calls:
+        return Text(script_.answer)
+    tool, args = script_.pattern[done % len(script_.pattern)]
+    return ToolCall(call_id=f"call_{done}", tool=tool, args=args)
+
+
+def _chunk(
+    completion_id: str, model: str, delta: dict[str, Any], finish_reason: str | None
+) -> bytes:
+    body = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+    }
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+def _stream_chunks(reply: Reply, model: str) -> list[bytes]:
+    """The SSE frames of one streamed answer, ending with ``[DONE]``."""
+    completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
+    if isinstance(reply, ToolCall):
+        call = {
+            "index": 0,
+            "id": reply.call_id,
+            "type": "function",
+            "function": {"name": reply.tool, "arguments": json.dumps(reply.args)},
+        }
+        delta: dict[str, Any] = {"role": "assistant", "tool_calls": [call]}
+        finish_reason = "tool_calls"
+    else:
+        delta = {"role": "assistant", "content": reply.text}
+        finish_reason = "stop"
+    return [
+        _chunk(completion_id, model, delta, None),
+        _chunk(completion_id, model, {}, finish_reason),
+        b"data: [DONE]\n\n",
+    ]
+
+
+@dataclass
+class ScriptedModel:
+    """The scripted model served on a free loopback port; use as an async context manager."""
+
+    host: str = "127.0.0.1"
+    requests: list[ModelRequest] = field(default_factory=list, init=False)
+    _runner: web.AppRunner | None = field(default=None, init=False, repr=False)
+    _port: int | None = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        """Base URL for OpenAI-compatible clients, ending in ``/v1``."""
+        if self._port is None:
+            raise RuntimeError("scripted model is not running")
+        return f"http://{self.host}:{self._port}/v1"
+
+    def steps(self, prompt: str) -> list[ModelRequest]:
+        """The scripted requests of every conversation this prompt started, oldest first."""
+        return [r for r in self.requests if r.scripted and r.conversation == prompt]
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, 0)
+        await site.start()
+        self._port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+            self._port = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            # OpenCode streams every request, the title request included.
+            raise web.HTTPBadRequest(text="the scripted model only answers stream: true")
+        messages: list[dict[str, Any]] = body.get("messages", [])
+        users = [_message_text(m) for m in messages if m.get("role") == "user"]
+        script_ = find_script(users[0]) if users and body.get("tools") else None
+        if script_ is not None:
+            conversation, reply = users[0], decide(script_, messages)
+        else:
+            # Title generation offers no tools; its first user message is its own instruction
+            # and the user's script follows it.
+            conversation, reply = _first_script_text(users), Text(UNSCRIPTED_ANSWER)
+        self.requests.append(
+            ModelRequest(
+                at=time.monotonic(),
+                conversation=conversation,
+                last_user=users[-1] if users else "",
+                scripted=script_ is not None,
+                reply=reply,
+            )
+        )
+        if script_ is not None and script_.delay:
+            await asyncio.sleep(script_.delay)
+        return await _stream(request, _stream_chunks(reply, str(body.get("model", "looper"))))
+
+
+def _first_script_text(users: Sequence[str]) -> str:
+    """The user message that names an unscripted request's conversation."""
+    for text in users:
+        if find_script(text) is not None:
+            return text
+    return users[0] if users else ""
+
+
+async def _stream(request: web.Request, frames: list[bytes]) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    try:
+        await response.prepare(request)
+        for frame in frames:
+            await response.write(frame)
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # OpenCode hung up: the session was aborted while the model "thought".
+    return response

@@ -1,0 +1,175 @@
+"""`opencode-loop-monitor watch` against the real `opencode serve`, checked on the server.
+
+The model is scripted (monitor/scripted_model.py): its first user message says which tool
+calls to make. Every assertion reads the server's own record of the session (its messages
+and parts) or the monitor's JSON log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from monitor.sandbox import tool_parts
+from monitor.scripted_model import DEFAULT_ANSWER, script
+
+pytestmark = pytest.mark.real_server
+
+# Distinctive argument values: test 7 checks that none reaches the monitor's logs.
+SECRET_FILE = "notes-4f7c2a91.md"
+SECRET_COMMAND = "echo canary-81d3b6e0"
+READ = ("read", {"filePath": SECRET_FILE})
+BASH = ("bash", {"command": SECRET_COMMAND, "description": "print a word"})
+# A model takes time to answer; without any, the race between the abort and the next call
+# is not one a real loop runs.
+MODEL_DELAY = 0.2
+
+
+def user_texts(messages):
+    return [
+        "".join(p.get("text", "") for p in m["parts"] if p.get("type") == "text")
+        for m in messages
+        if m["info"]["role"] == "user"
+    ]
+
+
+def assistant_texts(messages):
+    return [
+        p["text"]
+        for m in messages
+        if m["info"]["role"] == "assistant"
+        for p in m["parts"]
+        if p.get("type") == "text"
+    ]
+
+
+def watch_args(server, *flags):
+    return ["watch", "--url", server.url, "--log-format", "json", "--log-level", "debug", *flags]
+
+
+async def start_watching(start_monitor, server, *flags):
+    monitor = start_monitor(*watch_args(server, *flags))
+    await monitor.wait_event("stream.connected")
+    return monitor
+
+
+async def test_two_call_cycle_aborted_on_its_sixth_call(
+    opencode_server, start_monitor, http, scripted_model
+):
+    monitor = await start_watching(start_monitor, opencode_server)
+    client = opencode_server.client(http)
+    session = await client.create_session("loop")
+    await client.prompt_async(session["id"], script([READ, BASH], 30, delay=MODEL_DELAY))
+    messages = await client.wait_idle(session["id"], 60, user_messages=2)
+
+    parts = tool_parts(messages)
+    assert [p["tool"] for p in parts] == ["read", "bash"] * 3  # no call after the 6th
+    [detected] = monitor.events("loop.detected")
+    assert detected["part_id"] == parts[5]["id"]
+    assert (detected["cycle_length"], detected["repetitions"], detected["tools"]) == (
+        2,
+        3,
+        ["read", "bash"],
+    )
+    assert detected["outcome"] == "aborted" and detected["session_id"] == session["id"]
+    assert detected["directory"] == opencode_server.directory
+    users = user_texts(messages)
+    assert len(users) == 2 and "2 calls (read, bash) repeated 3 times" in users[1]
+    assert messages[-1]["info"]["role"] == "assistant"
+    assert assistant_texts(messages)[-1] == DEFAULT_ANSWER
+    assert monitor.events("feedback.sent")[0]["session_id"] == session["id"]
+    code, took = await monitor.stop()
+    assert code == 0 and took < 5
+    assert monitor.events("monitor.stopped")
+
+
+async def test_varied_calls_run_to_the_end(opencode_server, start_monitor, http):
+    monitor = await start_watching(start_monitor, opencode_server)
+    client = opencode_server.client(http)
+    session = await client.create_session("varied")
+    pattern = [("read", {"filePath": f"file-{n}.md"}) for n in range(10)]
+    await client.prompt_async(session["id"], script(pattern, 10))
+    messages = await client.wait_idle(session["id"], 60)
+    assert len(tool_parts(messages)) == 10
+    assert len(user_texts(messages)) == 1
+    await asyncio.sleep(0.3)
+    assert monitor.events("loop.detected") == []
+
+
+async def test_two_sessions_only_the_looping_one_is_aborted(
+    opencode_server, start_monitor, http
+):
+    monitor = await start_watching(start_monitor, opencode_server)
+    client = opencode_server.client(http)
+    looping = await client.create_session("looping")
+    varied = await client.create_session("varied")
+    pattern = [("read", {"filePath": f"file-{n}.md"}) for n in range(12)]
+    await asyncio.gather(
+        client.prompt_async(looping["id"], script([READ], 20, delay=MODEL_DELAY)),
+        client.prompt_async(varied["id"], script(pattern, 12, delay=MODEL_DELAY)),
+    )
+    looped = await client.wait_idle(looping["id"], 60, user_messages=2)
+    finished = await client.wait_idle(varied["id"], 60)
+    assert len(tool_parts(looped)) == 4
+    assert len(tool_parts(finished)) == 12 and len(user_texts(finished)) == 1
+    assert [d["session_id"] for d in monitor.events("loop.detected")] == [looping["id"]]
+
+
+async def test_loop_caught_after_the_server_restarts(opencode_server, start_monitor, http):
+    monitor = await start_watching(start_monitor, opencode_server)
+    await opencode_server.stop()
+    await monitor.wait_event("stream.disconnected")
+    await opencode_server.start()
+    await monitor.wait_event("stream.connected", count=2, timeout=40)
+    client = opencode_server.client(http)
+    session = await client.create_session("after restart")
+    await client.prompt_async(session["id"], script([READ], 20, delay=MODEL_DELAY))
+    messages = await client.wait_idle(session["id"], 60, user_messages=2)
+    assert len(tool_parts(messages)) == 4
+    [detected] = monitor.events("loop.detected")
+    assert detected["outcome"] == "aborted" and detected["session_id"] == session["id"]
+
+
+async def test_dry_run_leaves_the_loop_running(opencode_server, start_monitor, http):
+    monitor = await start_watching(start_monitor, opencode_server, "--dry-run")
+    client = opencode_server.client(http)
+    session = await client.create_session("dry")
+    await client.prompt_async(session["id"], script([READ, BASH], 8))
+    messages = await client.wait_idle(session["id"], 60)
+    assert len(tool_parts(messages)) == 8 and len(user_texts(messages)) == 1
+    [detected] = monitor.events("loop.detected")
+    assert detected["outcome"] == "dry_run" and detected["call_index"] == 6
+
+
+async def test_third_intervention_holds(opencode_server, start_monitor, http, scripted_model):
+    monitor = await start_watching(start_monitor, opencode_server, "--max-interventions", "2")
+    client = opencode_server.client(http)
+    session = await client.create_session("stubborn")
+    await client.prompt_async(
+        session["id"], script([READ], 20, delay=MODEL_DELAY, after_feedback="loop")
+    )
+    await monitor.wait_event("feedback.sent", count=3, timeout=90)
+    await asyncio.sleep(1.5)  # a held session must stay quiet: nothing may start
+    assert session["id"] not in await client.status()
+    messages = await client.messages(session["id"])
+    outcomes = [(d["outcome"], d["escalated"]) for d in monitor.events("loop.detected")]
+    assert outcomes == [("aborted", False), ("aborted", False), ("held", True)]
+    assert len(tool_parts(messages)) == 12
+    users = user_texts(messages)
+    assert len(users) == 4 and "on hold" in users[3] and "on hold" not in users[2]
+    assert messages[-1]["info"]["role"] == "user"  # the held feedback got no answer
+    assert [r["hold"] for r in monitor.events("feedback.sent")] == [False, False, True]
+
+
+async def test_logs_hold_no_argument_value(opencode_server, start_monitor, http):
+    monitor = await start_watching(start_monitor, opencode_server)
+    client = opencode_server.client(http)
+    session = await client.create_session("canary")
+    await client.prompt_async(session["id"], script([BASH, READ], 30, delay=MODEL_DELAY))
+    await client.wait_idle(session["id"], 60, user_messages=2)
+    await monitor.stop()
+    output = monitor.output()
+    assert monitor.events("loop.detected") and monitor.events("feedback.sent")
+    for value in (SECRET_FILE, SECRET_COMMAND, "canary-81d3b6e0", "print a word", "notes-4f7c"):
+        assert value not in output

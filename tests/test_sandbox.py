@@ -1,0 +1,321 @@
+"""The sandbox: a scripted model and a real OpenCode server that other tests build on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from monitor.sandbox import (
+    InstallError,
+    OpencodeServer,
+    ServerStartError,
+    default_cache_dir,
+    find_or_install_opencode,
+    tool_parts,
+)
+from monitor.scripted_model import (
+    DEFAULT_ANSWER,
+    UNSCRIPTED_ANSWER,
+    ScriptedModel,
+    Text,
+    ToolCall,
+    decide,
+    find_script,
+    script,
+)
+
+READ = ("read", {"filePath": "README.md"})
+ECHO = ("bash", {"command": "echo hi", "description": "Say hi"})
+LOOP = script([READ], 2, after_feedback="loop")
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def step(n: int) -> list[dict[str, Any]]:
+    """An assistant tool call and its result, as OpenCode sends them back to the model."""
+    return [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": f"call_{n}", "type": "function"}],
+        },
+        {"role": "tool", "tool_call_id": f"call_{n}", "content": "output"},
+    ]
+
+
+# The scripted model's decisions, without a network.
+
+
+@pytest.mark.parametrize(
+    ("done", "expected"),
+    [
+        (0, ToolCall("call_0", *READ)),
+        (1, ToolCall("call_1", *ECHO)),
+        (2, ToolCall("call_2", *READ)),
+        (3, Text(DEFAULT_ANSWER)),
+    ],
+)
+def test_the_ith_call_follows_the_pattern_until_calls_are_spent(
+    done: int, expected: object
+) -> None:
+    script_ = find_script(script([READ, ECHO], 3))
+    assert script_ is not None
+    messages = [{"role": "system", "content": "prompt"}, user("s")] + [
+        m for n in range(done) for m in step(n)
+    ]
+    assert decide(script_, messages) == expected
+
+
+def test_feedback_gets_the_answer_by_default() -> None:
+    script_ = find_script(script([READ], 5, answer="Changing approach."))
+    assert script_ is not None
+    assert decide(script_, [user("s"), *step(0), user("you are looping")]) == Text(
+        "Changing approach."
+    )
+
+
+def test_feedback_restarts_the_pattern_when_told_to_loop() -> None:
+    script_ = find_script(LOOP)
+    assert script_ is not None
+    feedback = [user(LOOP), *step(0), *step(1), user("you are looping")]
+    assert decide(script_, feedback) == ToolCall("call_0", *READ)
+    assert decide(script_, [*feedback, *step(0)]) == ToolCall("call_1", *READ)
+    assert decide(script_, [*feedback, *step(0), *step(1)]) == Text(DEFAULT_ANSWER)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        LOOP,
+        json.dumps(LOOP),  # how `opencode run` delivers it
+        f"Please follow this script:\n{LOOP}\nThanks.",
+    ],
+)
+def test_script_is_found_quoted_or_wrapped(text: str) -> None:
+    assert find_script(text) == find_script(LOOP)
+
+
+@pytest.mark.parametrize(
+    "text", ["read the readme", '{"pattern": [], "calls": 3}', '{"calls": 3}', '"just text"']
+)
+def test_text_without_a_usable_script_is_not_one(text: str) -> None:
+    assert find_script(text) is None
+
+
+# The scripted model over HTTP, in-process.
+
+
+async def sse_data(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> list[Any]:
+    async with http.post(f"{url}/chat/completions", json=body) as response:
+        assert response.status == 200
+        assert response.content_type == "text/event-stream"
+        text = await response.text()
+    frames = [line.removeprefix("data: ") for line in text.split("\n\n") if line]
+    assert frames[-1] == "[DONE]"
+    return [json.loads(frame) for frame in frames[:-1]]
+
+
+async def test_model_streams_a_tool_call_then_its_finish(
+    scripted_model: ScriptedModel, http: aiohttp.ClientSession
+) -> None:
+    body = {
+        "model": "looper",
+        "stream": True,
+        "tools": [{"type": "function"}],
+        "messages": [user(LOOP)],
+    }
+    chunks = await sse_data(http, scripted_model.url, body)
+    assert [chunk["object"] for chunk in chunks] == ["chat.completion.chunk"] * 2
+    call = chunks[0]["choices"][0]["delta"]["tool_calls"][0]
+    assert (call["id"], call["function"]["name"], json.loads(call["function"]["arguments"])) == (
+        "call_0",
+        *READ,
+    )
+    assert [chunk["choices"][0]["finish_reason"] for chunk in chunks] == [None, "tool_calls"]
+
+
+async def test_model_answers_a_title_request_with_text_and_keeps_the_script(
+    scripted_model: ScriptedModel, http: aiohttp.ClientSession
+) -> None:
+    # What OpenCode 1.18.33 sends: its instruction as first user message, then the prompt; no tools.
+    messages = [
+        {"role": "system", "content": "You are a title generator."},
+        user("Generate a title:\n"),
+        user(LOOP),
+    ]
+    chunks = await sse_data(
+        http, scripted_model.url, {"model": "looper", "stream": True, "messages": messages}
+    )
+    assert chunks[0]["choices"][0]["delta"]["content"] == UNSCRIPTED_ANSWER
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    [request] = scripted_model.requests
+    assert (request.conversation, request.scripted) == (LOOP, False)
+
+
+# A real server.
+
+
+@pytest.mark.real_server
+async def test_scripted_session_runs_each_tool_in_order(
+    opencode_server: OpencodeServer, scripted_model: ScriptedModel, http: aiohttp.ClientSession
+) -> None:
+    client = opencode_server.client(http)
+    session = await client.create_session()
+    assert session["directory"] == opencode_server.directory
+    prompt = script([READ, ECHO], 6)
+    await client.prompt_async(session["id"], prompt)
+
+    messages = await client.wait_idle(session["id"], timeout=60)
+
+    ran = [
+        (part["tool"], part["state"]["status"], part["state"]["input"])
+        for part in tool_parts(messages)
+    ]
+    assert ran == [("read", "completed", READ[1]), ("bash", "completed", ECHO[1])] * 3
+    assert [part["state"]["output"] for part in tool_parts(messages)][1::2] == ["hi\n"] * 3
+    assert messages[-1]["parts"][-2]["text"] == DEFAULT_ANSWER
+    assert [request.reply for request in scripted_model.steps(prompt)][-1] == Text(DEFAULT_ANSWER)
+    assert len(scripted_model.steps(prompt)) == 7
+
+
+@pytest.mark.real_server
+async def test_model_loops_again_after_feedback_when_scripted_to(
+    opencode_server: OpencodeServer, scripted_model: ScriptedModel, http: aiohttp.ClientSession
+) -> None:
+    client = opencode_server.client(http)
+    session = await client.create_session()
+    await client.prompt_async(session["id"], LOOP)
+    await client.wait_idle(session["id"], timeout=60)
+    await client.prompt_async(session["id"], "You are repeating yourself.")
+
+    messages = await client.wait_idle(session["id"], timeout=60, user_messages=2)
+
+    assert [part["callID"] for part in tool_parts(messages)] == ["call_0", "call_1"] * 2
+    assert [request.last_user for request in scripted_model.steps(LOOP)] == [LOOP] * 3 + [
+        "You are repeating yourself."
+    ] * 3
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs; a zombie does not (init in a container may never reap it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def read_pid_file(path: Path, timeout: float) -> int:
+    async def poll() -> int:
+        while not (text := path.read_text().strip() if path.exists() else ""):
+            await asyncio.sleep(0.05)
+        return int(text)
+
+    return await asyncio.wait_for(poll(), timeout)
+
+
+@pytest.mark.real_server
+async def test_stop_ends_the_server_group_and_the_commands_it_runs(
+    opencode_server: OpencodeServer, http: aiohttp.ClientSession
+) -> None:
+    client = opencode_server.client(http)
+    session = await client.create_session()
+    # The bash tool runs its command in a session of its own, outside the server's group.
+    sleeper = ("bash", {"command": "echo $$ > sleeper.pid; exec sleep 300", "description": "Sleep"})
+    await client.prompt_async(session["id"], script([sleeper], 1))
+    sleeper_pid = await read_pid_file(opencode_server.project / "sleeper.pid", timeout=30)
+    pgid = opencode_server.pid
+    assert pgid is not None and alive(sleeper_pid)
+
+    await opencode_server.stop()
+    await opencode_server.stop()
+
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+    assert not alive(sleeper_pid)
+    assert opencode_server.pid is None
+
+
+@pytest.mark.real_server
+async def test_restart_keeps_url_and_sessions(
+    opencode_server: OpencodeServer, http: aiohttp.ClientSession
+) -> None:
+    client = opencode_server.client(http)
+    session = await client.create_session()
+    url = opencode_server.url
+
+    await opencode_server.stop()
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await client.status()
+    await opencode_server.start()
+
+    assert opencode_server.url == url
+    assert await client.status() == {}
+    async with http.get(
+        f"{url}/session/{session['id']}", params={"directory": opencode_server.directory}
+    ) as found:
+        assert (found.status, (await found.json())["id"]) == (200, session["id"])
+
+
+@pytest.mark.real_server
+async def test_password_is_required_and_the_client_sends_it(
+    opencode_bin: Path, scripted_model: ScriptedModel, http: aiohttp.ClientSession
+) -> None:
+    env = {"OPENCODE_SERVER_PASSWORD": "sesame"}
+    async with OpencodeServer(opencode_bin, scripted_model.url, env_extra=env) as server:
+        async with http.get(f"{server.url}/session/status") as anonymous:
+            assert anonymous.status == 401
+        assert await server.client(http).status() == {}
+        root = server.root
+    assert not root.exists()
+
+
+async def test_a_server_that_exits_at_once_fails_start_with_its_log(
+    scripted_model: ScriptedModel,
+) -> None:
+    server = OpencodeServer(Path("/bin/false"), scripted_model.url)
+    with pytest.raises(ServerStartError, match="exited with 1"):
+        async with server:
+            pass
+    assert server.pid is None
+
+
+def test_opencode_bin_overrides_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    binary = tmp_path / "my-opencode"
+    binary.touch()
+    monkeypatch.setenv("OPENCODE_BIN", str(binary))
+    assert find_or_install_opencode(tmp_path) == binary
+    monkeypatch.setenv("OPENCODE_BIN", str(tmp_path / "missing"))
+    with pytest.raises(InstallError, match="missing is not a file"):
+        find_or_install_opencode(tmp_path)
+
+
+def test_a_cached_install_is_used(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("OPENCODE_BIN", raising=False)
+    cached = tmp_path / "node_modules" / ".bin" / "opencode"
+    cached.parent.mkdir(parents=True)
+    cached.touch()
+    assert find_or_install_opencode(tmp_path) == cached
+
+
+def test_without_npm_the_install_fails_clearly(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("OPENCODE_BIN", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(InstallError, match="npm not found"):
+        find_or_install_opencode(tmp_path / "cache")
+
+
+def test_the_default_cache_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "opencode-loop-monitor"
