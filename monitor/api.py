@@ -8,6 +8,7 @@ never retried), anything else is a `ServerError`. Only ids and status codes go i
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,15 @@ class Retry:
 
 class _Transient(ServerError):
     pass
+
+
+def basic_auth_header(user: str, password: str) -> dict[str, str]:
+    """The header `opencode serve` wants when it runs with OPENCODE_SERVER_PASSWORD.
+
+    Built by hand: aiohttp 3.14 deprecates its BasicAuth helper.
+    """
+    token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    return {"Authorization": f"Basic {token}"}
 
 
 def _session_path(session_id: str, action: str) -> str:

@@ -8,7 +8,6 @@ scripted model (see `monitor.scripted_model`), and a small git project to work i
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import shutil
@@ -24,6 +23,8 @@ from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
+
+from monitor.api import basic_auth_header
 
 OPENCODE_VERSION = "1.18.33"
 NPM_PACKAGE = f"opencode-ai@{OPENCODE_VERSION}"
@@ -96,11 +97,6 @@ def _npm_install(cache_dir: Path, expected: Path) -> Path:
             f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-LOG_TAIL_BYTES:]}"
         )
     return expected
-
-
-def basic_auth_header(user: str, password: str) -> dict[str, str]:
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return {"Authorization": f"Basic {token}"}
 
 
 def free_loopback_port() -> int:

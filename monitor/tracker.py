@@ -93,14 +93,19 @@ class Tracker:
         self._sessions: RecentMap[str, _Session] = RecentMap(detection.max_sessions)
         self.malformed: Counter[str] = Counter()
         self.last_malformed: str | None = None
+        # The shell's metrics label frames by type; kept rather than typed here, so frames cost
+        # nothing extra when metrics are off.
+        self.last_frame: object = None
 
     def feed_data(self, data: str) -> list[Intervene]:
         """Take the data of one SSE event, as read from the stream or a recording."""
         try:
             frame = decode_frame(data)
         except FrameError as exc:
+            self.last_frame = None
             self._malformed(str(exc))
             return []
+        self.last_frame = frame
         return self.feed(frame)
 
     def feed(self, frame: object) -> list[Intervene]:

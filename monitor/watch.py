@@ -20,15 +20,16 @@ import structlog
 
 from monitor import __version__
 from monitor.actions import Interventions
-from monitor.api import OpencodeAPI, Retry
+from monitor.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.backoff import Backoff
 from monitor.config import Settings
 from monitor.errors import ConfigError, ServerError
 from monitor.frames import encode_sse
 from monitor.logs import configure_logging
+from monitor.metrics import Metrics, MetricsServer, event_type, start_metrics_server
 from monitor.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.stream import READ_BUFSIZE, READ_TIMEOUT_S, EventStream, stream_url
-from monitor.tracker import Detection, Tracker
+from monitor.tracker import Detection, Intervene, Tracker
 
 log = structlog.get_logger("monitor.watch")
 
@@ -51,10 +52,10 @@ def detection_of(settings: Settings) -> Detection:
 
 
 def http_session(settings: Settings) -> aiohttp.ClientSession:
-    auth = None
+    headers = {}
     if settings.password is not None:
-        auth = aiohttp.BasicAuth(settings.username, settings.password)
-    return aiohttp.ClientSession(auth=auth, read_bufsize=READ_BUFSIZE)
+        headers = basic_auth_header(settings.username, settings.password)
+    return aiohttp.ClientSession(headers=headers, read_bufsize=READ_BUFSIZE)
 
 
 def open_record(path: Path) -> TextIO:
@@ -91,12 +92,41 @@ class Watch:
         self._malformed_logged_at = float("-inf")
         self._ready_sent = False
         self._record: TextIO | None = None
+        self._stream: EventStream | None = None
+        self._last_frame_at: float | None = None
+        self.metrics: Metrics | None = None
+        if settings.metrics_addr is not None:
+            self.metrics = Metrics(
+                connected=lambda: self._stream is not None and self._stream.connected,
+                sessions=lambda: len(self.tracker.guard),
+                last_frame_at=lambda: self._last_frame_at,
+                read_limit=timing.read_timeout,
+            )
+        self.metrics_server: MetricsServer | None = None
 
     async def run(self) -> int:
         with contextlib.ExitStack() as files:
             if self.settings.record is not None:
                 self._record = files.enter_context(open_record(self.settings.record))
-            return await self._run()
+            if self.metrics is not None:
+                self.metrics_server = await self._serve_metrics(self.metrics)
+            try:
+                return await self._run()
+            finally:
+                if self.metrics_server is not None:
+                    await self.metrics_server.close()
+
+    async def _serve_metrics(self, metrics: Metrics) -> MetricsServer:
+        address = self.settings.metrics_addr
+        assert address is not None
+        try:
+            server = await start_metrics_server(metrics, address.host, address.port)
+        except OSError as exc:
+            raise ConfigError(
+                f"metrics_addr {address.host}:{address.port}: cannot listen ({exc.strerror})"
+            ) from None
+        log.info("metrics.listening", host=address.host, port=server.port)
+        return server
 
     async def _run(self) -> int:
         settings = self.settings
@@ -122,8 +152,9 @@ class Watch:
                 None if settings.dry_run else self.api,
                 forget=self.tracker.forget,
                 on_fatal=self._fail,
+                on_outcome=self._on_outcome,
             )
-            stream = EventStream(
+            stream = self._stream = EventStream(
                 http,
                 stream_url(settings.url, settings.directory),
                 on_frame=self._on_frame,
@@ -166,10 +197,23 @@ class Watch:
             # is worthless, and a write per frame is cheap next to the network read.
             self._record.flush()
         tracker = self.tracker
-        for decision in tracker.feed_data(data):
+        decisions = tracker.feed_data(data)
+        for decision in decisions:
             self.interventions.submit(decision)
+        metrics = self.metrics
+        if metrics is not None:
+            self._last_frame_at = time.monotonic()
+            metrics.frame(event_type(tracker.last_frame))
+            for decision in decisions:
+                metrics.loop(decision.cycle.length)
+            if tracker.last_malformed is not None:
+                metrics.malformed()
         if tracker.last_malformed is not None:
             self._log_malformed(time.monotonic())
+
+    def _on_outcome(self, decision: Intervene, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.intervention(outcome)
 
     def _log_malformed(self, now: float) -> None:
         tracker = self.tracker
@@ -189,6 +233,8 @@ class Watch:
 
     def _on_disconnect(self, reason: str) -> None:
         self.notifier.status(f"reconnecting: {reason}")
+        if self.metrics is not None:
+            self.metrics.reconnect()
 
     async def _resync(self) -> None:
         """Events missed while away are gone: forget every run the server no longer runs."""

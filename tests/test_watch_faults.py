@@ -332,3 +332,36 @@ async def test_record_to_an_unwritable_path_is_a_config_error(tmp_path):
         await Watch(settings, Notifier(None), FAST).run()
     await server.close()
     assert fake.connections == 0
+
+
+async def test_metrics_scraped_from_a_running_monitor():
+    import aiohttp
+
+    fake = FakeOpencode(
+        streams=[play(b"data: nope\n\n" + loop_frames("s1", 4) + loop_frames("s2", 2), then="end")],
+        busy={"s2": {"type": "busy"}},
+    )
+    running = await start(fake, metrics_addr="127.0.0.1:0")
+    watch = running[1]
+    await wait_for(lambda: fake.of("prompt_async") and fake.of("status"))
+    port = watch.metrics_server.port
+    async with aiohttp.ClientSession() as http:
+        base = f"http://127.0.0.1:{port}"
+        async with http.get(base + "/metrics") as response:
+            text = await response.text()
+        async with http.get(base + "/healthz") as response:
+            health = response.status
+        async with http.get(base + "/readyz") as response:
+            ready = response.status
+    await stop(*running)
+    lines = set(text.splitlines())
+    prefix = "opencode_loop_monitor_"
+    assert f'{prefix}loops_detected_total{{cycle_length="1"}} 1.0' in lines
+    assert f'{prefix}interventions_total{{outcome="aborted"}} 1.0' in lines
+    assert f"{prefix}malformed_frames_total 1.0" in lines
+    assert f'{prefix}frames_total{{event_type="message.part.updated"}} 18.0' in lines
+    assert f"{prefix}stream_connected 1.0" in lines
+    assert f"{prefix}sessions_tracked 1.0" in lines  # s1 was reset, s2 holds 2 calls
+    assert any(line.startswith(f"{prefix}stream_reconnects_total 1.0") for line in lines)
+    assert "session" not in text.replace("sessions_tracked", "")
+    assert (health, ready) == (200, 200)

@@ -1,0 +1,278 @@
+"""Metrics and health: Prometheus `/metrics`, `/healthz` and `/readyz` over HTTP.
+
+Off unless `--metrics-addr` is set. The shell calls one cheap method per thing that happened
+(a frame, a malformed frame, a reconnect, a loop, an intervention); the values that are a
+state rather than a count (connected, sessions tracked, seconds since the last frame) are read
+from small callables when Prometheus scrapes, so they cost nothing per frame.
+
+Every label takes its values from a bounded set: a hostile or buggy server picks the event
+types it sends, so unknown types count as "other", and no session id ever becomes a label.
+Each `Metrics` owns its registry, never the process-wide default one, so tests and several
+monitors in one process do not clash.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import prometheus_client
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from monitor.stream import READ_TIMEOUT_S
+
+PREFIX = "opencode_loop_monitor_"
+
+# Event types OpenCode sends on `/event` and inside `/global/event` envelopes. Anything else
+# is counted as "other": the label set stays this size whatever the server sends.
+KNOWN_EVENT_TYPES = frozenset(
+    {
+        "server.connected",
+        "server.heartbeat",
+        "server.instance.disposed",
+        "global.disposed",
+        "installation.updated",
+        "installation.update-available",
+        "project.updated",
+        "lsp.updated",
+        "lsp.client.diagnostics",
+        "file.edited",
+        "file.watcher.updated",
+        "vcs.branch.updated",
+        "message.updated",
+        "message.removed",
+        "message.part.updated",
+        "message.part.delta",
+        "message.part.removed",
+        "permission.updated",
+        "permission.asked",
+        "permission.replied",
+        "question.asked",
+        "question.replied",
+        "session.created",
+        "session.updated",
+        "session.deleted",
+        "session.status",
+        "session.idle",
+        "session.error",
+        "session.diff",
+        "session.compacted",
+        "todo.updated",
+        "command.executed",
+        "pty.created",
+        "pty.updated",
+        "pty.exited",
+        "pty.deleted",
+        "tui.prompt.append",
+        "tui.command.execute",
+        "tui.toast.show",
+        "ide.installed",
+        "sync",  # /global/event's copy of every stored event
+    }
+)
+# Our own values, not the server's: a frame without a usable type, and everything unknown.
+MALFORMED = "malformed"
+OTHER = "other"
+
+OUTCOMES = ("aborted", "held", "dry_run", "abort_failed")
+
+
+def event_type(frame: object) -> str:
+    """The event type of one decoded frame of either stream form, as a bounded label value.
+
+    `{"type": ...}` (`/event`) and `{"payload": {"type": ...}}` (`/global/event`) give their
+    type when it is a known one, "other" when it is not, and "malformed" when there is none.
+    Pure and cheap (two dict lookups), with no dependencies, so it can move into the core.
+    """
+    if not isinstance(frame, dict):
+        return MALFORMED
+    if "payload" in frame:
+        frame = frame["payload"]
+        if not isinstance(frame, dict):
+            return MALFORMED
+    kind = frame.get("type")
+    if not isinstance(kind, str):
+        return MALFORMED
+    return kind if kind in KNOWN_EVENT_TYPES else OTHER
+
+
+def readiness(connected: bool, last_frame_at: float | None, now: float, limit: float) -> str | None:
+    """Why the monitor is not ready, or None when it is.
+
+    Ready means the stream is connected and a frame came within `limit` seconds: the server
+    sends a heartbeat every 10 s, so a quiet stream past the read limit is a dead one that the
+    read timeout has not noticed yet.
+    """
+    if not connected:
+        return "event stream not connected"
+    if last_frame_at is None:
+        return "no frame received yet"
+    if now - last_frame_at > limit:
+        return f"no frame for {now - last_frame_at:.0f} s"
+    return None
+
+
+class Metrics:
+    """The monitor's metrics, in a registry of their own.
+
+    `connected`, `sessions` and `last_frame_at` are read at scrape time; `last_frame_at` and
+    `clock` share one timebase (monotonic seconds). Before the first frame, the seconds since
+    the last frame count from the creation of this object, so an alert on a large value fires
+    for a monitor that never received anything, and not for one that has just started.
+    """
+
+    def __init__(
+        self,
+        connected: Callable[[], bool],
+        sessions: Callable[[], int],
+        last_frame_at: Callable[[], float | None],
+        clock: Callable[[], float] = time.monotonic,
+        read_limit: float = READ_TIMEOUT_S,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self._connected = connected
+        self._last_frame_at = last_frame_at
+        self._clock = clock
+        self._read_limit = read_limit
+        self._started_at = clock()
+        registry = self.registry
+        self._frames = Counter(
+            PREFIX + "frames",
+            "Frames read from the event stream, by event type (unknown types as 'other').",
+            ["event_type"],
+            registry=registry,
+        )
+        self._malformed = Counter(
+            PREFIX + "malformed_frames",
+            "Frames that were not usable JSON or lacked the fields their type needs.",
+            registry=registry,
+        )
+        self._reconnects = Counter(
+            PREFIX + "stream_reconnects",
+            "Times the event stream was lost or could not be opened; each is retried.",
+            registry=registry,
+        )
+        self._loops = Counter(
+            PREFIX + "loops_detected",
+            "Tool-call loops detected, by cycle length in tool calls.",
+            ["cycle_length"],
+            registry=registry,
+        )
+        self._interventions = Counter(
+            PREFIX + "interventions",
+            "Interventions carried out, by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in OUTCOMES:
+            # Present from the start at 0, so rate() and absence alerts work before the first.
+            self._interventions.labels(outcome)
+        Gauge(
+            PREFIX + "stream_connected",
+            "1 while the event stream is connected, else 0.",
+            registry=registry,
+        ).set_function(lambda: 1.0 if connected() else 0.0)
+        Gauge(
+            PREFIX + "sessions_tracked",
+            "Sessions whose tool calls the monitor currently remembers.",
+            registry=registry,
+        ).set_function(lambda: float(sessions()))
+        Gauge(
+            PREFIX + "seconds_since_last_frame",
+            "Seconds since the last frame arrived (since start, before the first frame).",
+            registry=registry,
+        ).set_function(self._seconds_since_last_frame)
+
+    def frame(self, event_type: str) -> None:
+        """Count one frame; `event_type` as `event_type()` returns it (unknowns become other)."""
+        if event_type not in KNOWN_EVENT_TYPES and event_type != MALFORMED:
+            event_type = OTHER
+        self._frames.labels(event_type).inc()
+
+    def malformed(self) -> None:
+        self._malformed.inc()
+
+    def reconnect(self) -> None:
+        self._reconnects.inc()
+
+    def loop(self, cycle_length: int) -> None:
+        # Bounded by the max_period setting (1 to 10).
+        self._loops.labels(str(cycle_length)).inc()
+
+    def intervention(self, outcome: str) -> None:
+        self._interventions.labels(outcome if outcome in OUTCOMES else OTHER).inc()
+
+    def not_ready(self) -> str | None:
+        """Why `/readyz` answers 503, or None when it answers 200."""
+        return readiness(self._connected(), self._last_frame_at(), self._clock(), self._read_limit)
+
+    def exposition(self) -> bytes:
+        """The text Prometheus scrapes."""
+        return prometheus_client.generate_latest(self.registry)
+
+    def _seconds_since_last_frame(self) -> float:
+        last = self._last_frame_at()
+        since = self._started_at if last is None else last
+        return max(self._clock() - since, 0.0)
+
+
+def metrics_app(
+    metrics: Metrics, not_ready: Callable[[], str | None] | None = None
+) -> web.Application:
+    """`/metrics`, `/healthz` and `/readyz`; `not_ready` defaults to `metrics.not_ready`."""
+    why_not_ready = metrics.not_ready if not_ready is None else not_ready
+
+    async def serve_metrics(request: web.Request) -> web.Response:
+        return web.Response(
+            body=metrics.exposition(),
+            headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST},
+        )
+
+    async def healthz(request: web.Request) -> web.Response:
+        # Answering at all is the check: this runs on the event loop the monitor runs on.
+        return web.Response(text="ok\n")
+
+    async def readyz(request: web.Request) -> web.Response:
+        reason = why_not_ready()
+        if reason is None:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text=f"not ready: {reason}\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve_metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsServer:
+    """A running metrics server; `port` is the bound one (useful when asked for port 0)."""
+
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_metrics_server(
+    metrics: Metrics,
+    host: str,
+    port: int,
+    not_ready: Callable[[], str | None] | None = None,
+) -> MetricsServer:
+    """Listen on `host:port` (port 0 picks a free one); raises OSError if it cannot bind."""
+    # No access log: a scrape every few seconds would drown the monitor's own lines.
+    runner = web.AppRunner(metrics_app(metrics, not_ready), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0][1]
+    return MetricsServer(runner, host, bound)
