@@ -53,12 +53,53 @@ def _run_watch(settings: Settings, args: argparse.Namespace) -> int:
     return run_watch(settings)
 
 
+REPLAY_DESCRIPTION = """\
+Runs the loop detection of `watch` offline over recordings and prints one JSON line per
+loop it would have stopped (file, session, part id, position of the call in the session,
+cycle length, repetitions, tools; never arguments or outputs), then a summary line.
+Try thresholds on real traces with the detection flags below.
+
+A FILE is told apart by its first line: an event stream (`data:` lines from /event or
+/global/event, as `watch --record` writes them), JSON Lines of events, or a session export
+(the JSON of GET /session/{id}/message, which is read whole). `-` reads standard input.
+Each file is replayed on its own, as an independent recording."""
+
+REPLAY_EPILOG = """\
+exit status: 0 replayed (loops found or not, without --fail-on-detect), 1 a loop was found
+with --fail-on-detect, 2 a FILE could not be read or is not a recording (it is named on
+stderr and the other files are still replayed), 78 configuration error."""
+
+
+def _replay_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = REPLAY_DESCRIPTION
+    parser.epilog = REPLAY_EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("files", nargs="+", metavar="FILE", help="recording to replay")
+    # A plain argument, not a setting: it only means something for this one run.
+    parser.add_argument(
+        "--fail-on-detect", action="store_true", help="exit with status 1 when a loop is found"
+    )
+
+
+def _run_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from monitor.replay import run_replay
+
+    return run_replay(settings, args.files, fail_on_detect=args.fail_on_detect)
+
+
 COMMANDS: tuple[Command, ...] = (
     Command(
         "watch",
         "follow the server's events and stop sessions that loop",
         _run_watch,
         frozenset(Group),  # the daemon itself takes every setting
+    ),
+    Command(
+        "replay",
+        "find loops offline in recorded streams and session exports",
+        _run_replay,
+        frozenset({Group.DETECTION}),
+        _replay_arguments,
     ),
 )
 
