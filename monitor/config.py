@@ -24,6 +24,7 @@ from typing import Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit
 
 from monitor.errors import ConfigError
+from monitor.tracker import MatchMode, OnLoop
 
 ENV_PREFIX = "OPENCODE_LOOP_MONITOR_"
 # The server's own variables: the operator sets them once for `opencode serve` and for us,
@@ -32,8 +33,6 @@ SERVER_USERNAME_VAR = "OPENCODE_SERVER_USERNAME"
 SERVER_PASSWORD_VAR = "OPENCODE_SERVER_PASSWORD"
 DEFAULT_USERNAME = "opencode"
 
-MatchMode = Literal["input", "input+output"]
-OnLoop = Literal["resume", "hold"]
 LogFormat = Literal["json", "console"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 
