@@ -1,0 +1,71 @@
+"""The daemon, started as systemd starts it, speaks the notify protocol at the right moments."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from aiohttp.test_utils import TestServer
+
+from tests.fake_opencode import FakeOpencode, play
+
+
+async def collect(sock: socket.socket, into: list[tuple[float, bytes]]) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        data = await loop.sock_recv(sock, 4096)
+        into.append((loop.time(), data))
+
+
+async def wait_for(received, datagram: bytes, timeout: float = 15.0) -> float:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        for at, data in received:
+            if data == datagram:
+                return at
+        assert loop.time() < deadline, f"no {datagram!r} in {received}"
+        await asyncio.sleep(0.01)
+
+
+async def test_ready_status_watchdog_and_stopping(tmp_path, start_monitor):
+    fake = FakeOpencode(streams=[play(then="end"), play()])
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    path = str(tmp_path / "notify.sock")
+    received: list[tuple[float, bytes]] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        sock.setblocking(False)
+        collector = asyncio.create_task(collect(sock, received))
+        monitor = start_monitor(
+            "watch",
+            "--url",
+            str(server.make_url("")).rstrip("/"),
+            "--log-format",
+            "json",
+            env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "400000"},
+        )
+        ready_at = await wait_for(received, b"READY=1")
+        await asyncio.sleep(1.5)
+        stop_requested = asyncio.get_running_loop().time()
+        code, took = await monitor.stop()
+        stopping_at = await wait_for(received, b"STOPPING=1")
+        collector.cancel()
+    await server.close()
+
+    datagrams = [data for _, data in received]
+    assert ready_at >= fake.requests[0].at  # READY only once the stream answered
+    assert datagrams.count(b"READY=1") == 1
+    statuses = [d for d in datagrams if d.startswith(b"STATUS=")]
+    assert statuses[:3] == [
+        b"STATUS=streaming events",
+        b"STATUS=reconnecting: stream ended",
+        b"STATUS=streaming events",
+    ]
+    pings = [at for at, data in received if data == b"WATCHDOG=1" and at < stop_requested]
+    # WATCHDOG_USEC/2 = 0.2 s between pings, from the start to the stop.
+    assert len(pings) >= 6
+    assert max(b - a for a, b in zip(pings, pings[1:], strict=False)) < 0.45
+    assert stopping_at >= stop_requested and datagrams[-1] == b"STOPPING=1"
+    assert code == 0 and took < 5
