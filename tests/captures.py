@@ -1,4 +1,4 @@
-"""Reading the recordings of the real server in ../shared/opencode/captures."""
+"""Reading the recordings of the real server (tests/recordings, from ../shared/opencode)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from monitor.frames import decode_frame, iter_sse_data
 
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "opencode" / "captures"
+CAPTURES = Path(__file__).resolve().parent / "recordings"
 
 
 def capture_frames(name: str) -> list[object]:
