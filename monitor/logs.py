@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TextIO
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any, TextIO
 
 import structlog
 
@@ -20,20 +21,40 @@ LEVELS = {
 }
 
 
-def configure_logging(log_format: str, level: str, stream: TextIO | None = None) -> None:
-    renderer: structlog.typing.Processor
+def configure_logging(
+    log_format: str,
+    level: str,
+    stream: TextIO | None = None,
+    observe: Callable[[Mapping[str, Any]], None] | None = None,
+) -> None:
+    """Log at `level` and above to `stream` (stdout by default).
+
+    `observe`, if given, sees every record from info up, whatever `level` says: the demo
+    tells its story from them while the file keeps only what was asked for.
+    """
+    threshold = LEVELS[level]
+    processors: list[structlog.typing.Processor] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
+    ]
+    if observe is not None:
+
+        def forward(_: Any, method: str, record: MutableMapping[str, Any]) -> Any:
+            observe(record)
+            if LEVELS.get(method, logging.INFO) < threshold:
+                raise structlog.DropEvent
+            return record
+
+        processors.append(forward)
+        threshold = min(threshold, logging.INFO)
+    processors.append(structlog.processors.format_exc_info)
     if log_format == "json":
-        renderer = structlog.processors.JSONRenderer()
+        processors.append(structlog.processors.JSONRenderer())
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=False)
+        processors.append(structlog.dev.ConsoleRenderer(colors=False))
     structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
         logger_factory=structlog.PrintLoggerFactory(stream or sys.stdout),
         # Not cached: tests swap the configuration (structlog.testing.capture_logs), and the
         # monitor logs rarely enough that the lookup costs nothing.

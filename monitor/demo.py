@@ -1,0 +1,430 @@
+"""`opencode-loop-monitor demo`: the monitor stopping a real loop, with nothing to set up.
+
+Everything runs in this one process but the server: a scripted model that loops
+(`monitor.scripted_model`), a real `opencode serve` isolated on loopback (`monitor.sandbox`),
+the monitor itself (`Watch`, in-process, with the user's detection and action settings), and
+a `Printer` that tells a person what happens, from two sources:
+
+- the server's own event stream: the tool calls, the abort, the feedback, the answer;
+- the monitor's log records, taken from the structlog chain by a processor before they are
+  written to a log file, so the monitor's logs never interleave with the story.
+
+At the end the server's record of the session (its messages) says how many calls ran and
+whether any started after the one that completed the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import aiohttp
+
+from monitor.config import Settings
+from monitor.frames import FrameError, SSEDecoder, decode_frame
+from monitor.logs import configure_logging
+from monitor.notify import Notifier
+from monitor.sandbox import (
+    NPM_PACKAGE,
+    OPENCODE_VERSION,
+    OpencodeClient,
+    OpencodeServer,
+    SandboxError,
+    find_or_install_opencode,
+    free_loopback_port,
+    tool_parts,
+)
+from monitor.scripted_model import ScriptedModel, script
+from monitor.stream import READ_BUFSIZE, stream_timeout, stream_url
+from monitor.watch import Watch
+
+PREFIX = "opencode-loop-monitor demo"
+LOG_NAME = "demo-monitor.log"
+
+# The scripted agent: read the README, list the files, and again, for up to CALLS calls.
+CALLS = 30
+# A real model takes time to answer; without any, the race between the abort and the next
+# call is not one a real loop runs.
+MODEL_DELAY = 0.2
+STORY = "read README.md, then run `ls`, again and again"
+
+REST_TIMEOUT = 30.0
+HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
+CONNECT_TIMEOUT = 30.0
+RUN_TIMEOUT = 60.0
+# How long a log record may trail the server event it is about (the abort call's answer).
+RECORD_GRACE = 5.0
+SUMMARY_WIDTH = 60
+FEEDBACK_WIDTH = 160
+
+
+class DemoError(Exception):
+    """The demo could not show the monitor at work; the message says why."""
+
+
+def run_demo(settings: Settings, cache_dir: Path, out: TextIO = sys.stdout) -> int:
+    """The `demo` command: 0 when the loop was caught and handled, 1 when the demo failed."""
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        log_path = cache_dir / LOG_NAME
+        _say(
+            out,
+            f"{PREFIX}: finding opencode {OPENCODE_VERSION} "
+            f"(if needed, npm installs {NPM_PACKAGE} into {cache_dir}: about 185 MB, once)",
+        )
+        binary = find_or_install_opencode(cache_dir)
+        _say(out, f"{PREFIX}: using {binary}")
+        with log_path.open("w", encoding="utf-8") as log_file:
+            printer = Printer(out)
+            configure_logging(
+                settings.log_format, settings.log_level, log_file, printer.monitor_record
+            )
+            summary = asyncio.run(_demo(settings, binary, printer, log_path))
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM: the context managers have stopped the server and the model.
+        print(f"{PREFIX}: interrupted; everything it started is stopped", file=sys.stderr)
+        raise
+    except (SandboxError, DemoError, OSError, aiohttp.ClientError) as error:
+        # OSError includes TimeoutError: a session that did not finish in time.
+        reason = str(error) or type(error).__name__
+        print(f"{PREFIX}: failed: {reason}", file=sys.stderr, flush=True)
+        return 1
+    _say(out, f"{summary} Everything stopped.")
+    return 0
+
+
+def _say(out: TextIO, line: str) -> None:
+    print(line, file=out, flush=True)
+
+
+def _shape(record: Mapping[str, Any]) -> str:
+    calls = "1 call" if record["cycle_length"] == 1 else f"{record['cycle_length']} calls"
+    return f"{calls} ({', '.join(record['tools'])}) repeated {record['repetitions']} times"
+
+
+def _clip(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _call_summary(tool: str, args: Mapping[str, Any], directory: str | None) -> str:
+    """A few words on what a call does; the demo's own calls hold nothing secret."""
+    if tool == "read":
+        path = str(args.get("filePath", ""))
+        if directory and path.startswith(directory.rstrip("/") + "/"):
+            path = path[len(directory.rstrip("/")) + 1 :]
+        return _clip(path, SUMMARY_WIDTH)
+    if tool == "bash":
+        return _clip(str(args.get("command", "")), SUMMARY_WIDTH)
+    return ""
+
+
+class Printer:
+    """Turns server events and monitor log records into lines for a person, as they come.
+
+    It also keeps what the demo waits on: the monitor's stream connection, its detection,
+    the feedback and the model's answer.
+    """
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.session_id: str | None = None
+        self.directory: str | None = None
+        self.server_connected = asyncio.Event()
+        self.monitor_connected = asyncio.Event()
+        self.detected = asyncio.Event()
+        self.feedback_done = asyncio.Event()
+        self.answered = asyncio.Event()
+        self.detection: dict[str, Any] | None = None
+        self.feedback_error: str | None = None
+        self.calls: dict[str, int] = {}  # part id -> call number, in the order they started
+        self._roles: dict[str, str] = {}  # message id -> user or assistant
+        self._first_user: str | None = None
+        self._texts_shown: set[str] = set()
+        # The server reports the abort before the monitor logs its detection (the record
+        # waits for the abort call's answer): the abort line waits for the detection line.
+        self._abort_line: str | None = None
+
+    def say(self, line: str) -> None:
+        self._flush_abort()
+        _say(self.out, line)
+
+    def _flush_abort(self) -> None:
+        if self._abort_line is not None:
+            _say(self.out, self._abort_line)
+            self._abort_line = None
+
+    def monitor_record(self, record: Mapping[str, Any]) -> None:
+        event = record.get("event")
+        if event == "stream.connected":
+            self.monitor_connected.set()
+        elif event == "stream.disconnected":
+            self.say(f"monitor: lost the event stream ({record.get('reason')}), reconnecting")
+        elif event == "loop.detected" and record.get("session_id") == self.session_id:
+            self._detected(record)
+        elif event == "feedback.sent" and record.get("session_id") == self.session_id:
+            self.feedback_done.set()
+        elif event == "feedback.failed" and record.get("session_id") == self.session_id:
+            self.feedback_error = str(record.get("error"))
+            self.say(f"monitor: could not send the feedback: {self.feedback_error}")
+            self.feedback_done.set()
+
+    def _detected(self, record: Mapping[str, Any]) -> None:
+        if self.detection is None:
+            self.detection = dict(record)
+        call = self.calls.get(str(record.get("part_id")), record.get("call_index"))
+        outcome = record.get("outcome")
+        done = {
+            "aborted": f"session aborted ({record.get('abort_ms')} ms)",
+            "held": "session aborted and put on hold for a person",
+            "dry_run": "dry run, so the session goes on",
+            "abort_failed": f"the abort failed ({record.get('error')})",
+        }.get(str(outcome), str(outcome))
+        _say(self.out, f"monitor: loop detected on call {call}: {_shape(record)}; {done}")
+        self._flush_abort()
+        self.detected.set()
+
+    def server_frame(self, frame: object) -> None:
+        if not isinstance(frame, dict):
+            return
+        kind = frame.get("type")
+        props = frame.get("properties")
+        if not isinstance(props, dict):
+            return
+        if kind == "server.connected":
+            self.server_connected.set()
+        elif props.get("sessionID") != self.session_id or self.session_id is None:
+            return
+        elif kind == "message.updated":
+            self._message(props.get("info") or {})
+        elif kind == "message.part.updated":
+            self._part(props.get("part") or {})
+        elif kind == "session.error":
+            name = (props.get("error") or {}).get("name", "unknown error")
+            verb = "run aborted" if name == "MessageAbortedError" else "run failed"
+            if self.detection is None and name == "MessageAbortedError":
+                self._abort_line = f"server: {verb} ({name})"
+            else:
+                self.say(f"server: {verb} ({name})")
+
+    def _message(self, info: Mapping[str, Any]) -> None:
+        message_id, role = info.get("id"), info.get("role")
+        if isinstance(message_id, str) and isinstance(role, str):
+            self._roles[message_id] = role
+            if role == "user" and self._first_user is None:
+                self._first_user = message_id
+
+    def _part(self, part: Mapping[str, Any]) -> None:
+        if part.get("type") == "tool":
+            self._tool(part)
+        elif part.get("type") == "text":
+            self._text(part)
+
+    def _tool(self, part: Mapping[str, Any]) -> None:
+        part_id = str(part.get("id"))
+        state = part.get("state") or {}
+        # A part is first sent as pending with empty input: show it once it runs.
+        if part_id in self.calls or state.get("status") == "pending":
+            return
+        number = self.calls[part_id] = len(self.calls) + 1
+        tool = str(part.get("tool"))
+        summary = _call_summary(tool, state.get("input") or {}, self.directory)
+        self.say(f"  call {number:<2}  {tool:<5}  {summary}".rstrip())
+
+    def _text(self, part: Mapping[str, Any]) -> None:
+        part_id, message_id = str(part.get("id")), part.get("messageID")
+        role = self._roles.get(str(message_id))
+        if part_id in self._texts_shown or message_id == self._first_user:
+            return
+        if role == "user":
+            # The only user message after the script is the monitor's feedback.
+            self._texts_shown.add(part_id)
+            first = str(part.get("text", "")).split("\n\n")[0]
+            self.say(f'monitor: feedback sent to the model: "{_clip(first, FEEDBACK_WIDTH)}"')
+        elif role == "assistant" and "end" in (part.get("time") or {}):
+            self._texts_shown.add(part_id)
+            self.say(f'model: "{_clip(str(part.get("text", "")), FEEDBACK_WIDTH)}"')
+            self.answered.set()
+
+
+async def follow_events(http: aiohttp.ClientSession, url: str, printer: Printer) -> None:
+    """Hand every frame of the server's event stream to the printer, until cancelled."""
+    async with http.get(url, timeout=stream_timeout()) as response:
+        if response.status != 200:
+            raise DemoError(f"GET {url} answered {response.status}")
+        decoder = SSEDecoder()
+        async for line in response.content:
+            data = decoder.feed_line(line.decode("utf-8", errors="replace"))
+            if data is None:
+                continue
+            try:
+                printer.server_frame(decode_frame(data))
+            except FrameError:
+                continue
+    raise DemoError("the server ended its event stream")
+
+
+async def _demo(settings: Settings, binary: Path, printer: Printer, log_path: Path) -> str:
+    async with ScriptedModel() as model:
+        port = free_loopback_port()
+        printer.say(
+            f"{PREFIX}: starting opencode on http://127.0.0.1:{port}"
+            " (isolated, with a scripted model: no network, no API key)"
+        )
+        async with OpencodeServer(binary, model.url, port=port) as server:
+            printer.directory = server.directory
+            settings = dataclasses.replace(settings, url=server.url, directory=server.directory)
+            try:
+                return await _with_monitor(settings, server, printer, log_path)
+            finally:
+                printer.say("stopping the server, the model and the monitor")
+
+
+async def _with_monitor(
+    settings: Settings, server: OpencodeServer, printer: Printer, log_path: Path
+) -> str:
+    watch = Watch(settings, notifier=Notifier(None))
+    timeout = aiohttp.ClientTimeout(total=REST_TIMEOUT)
+    async with aiohttp.ClientSession(timeout=timeout, read_bufsize=READ_BUFSIZE) as http:
+        version = await _server_version(http, server.url)
+        printer.say(f"  opencode {version} is up: pid {server.pid}, sandbox {server.root}")
+        url = stream_url(server.url, server.directory)
+        events = asyncio.create_task(follow_events(http, url, printer))
+        watching = asyncio.create_task(watch.run())
+        story = asyncio.create_task(_story(server.client(http), settings, printer, log_path))
+        tasks = {events, watching, story}
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if story in done:
+                return story.result()
+            if events in done:
+                events.result()  # raises why the stream ended
+            watching.result()  # raises a fatal monitor error
+            # The monitor stops early only on SIGINT or SIGTERM, which it caught for us.
+            raise KeyboardInterrupt
+        finally:
+            watch.stop()
+            for task in (events, story):
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _server_version(http: aiohttp.ClientSession, url: str) -> str:
+    try:
+        async with http.get(f"{url}/global/health", timeout=HEALTH_TIMEOUT) as response:
+            return str((await response.json())["version"])
+    except (TimeoutError, aiohttp.ClientError, ValueError, KeyError, TypeError):
+        return "(version unknown)"
+
+
+async def _story(
+    client: OpencodeClient, settings: Settings, printer: Printer, log_path: Path
+) -> str:
+    """Start the looping session, follow it to its end, and sum it up."""
+    try:
+        await asyncio.wait_for(printer.server_connected.wait(), CONNECT_TIMEOUT)
+        await asyncio.wait_for(printer.monitor_connected.wait(), CONNECT_TIMEOUT)
+    except TimeoutError:
+        raise DemoError("could not follow the server's event stream") from None
+    printer.say(
+        f"monitor: watching (cycles of up to {settings.max_period} calls, "
+        f"{settings.repeats} repetitions; on a loop: {_on_loop(settings)}); its log: {log_path}"
+    )
+    readme = f"{client.directory}/README.md"
+    pattern = [
+        ("read", {"filePath": readme}),
+        ("bash", {"command": "ls", "description": "List the project's files"}),
+    ]
+    session = await client.create_session("loop-monitor demo")
+    session_id = printer.session_id = session["id"]
+    printer.say(f"session {session_id}: the model is scripted to {STORY}")
+    await client.prompt_async(session_id, script(pattern, CALLS, delay=MODEL_DELAY))
+
+    first_run = asyncio.create_task(client.wait_idle(session_id, RUN_TIMEOUT))
+    detected = asyncio.create_task(printer.detected.wait())
+    try:
+        await asyncio.wait({first_run, detected}, return_when=asyncio.FIRST_COMPLETED)
+        if not detected.done():
+            # The detection is logged once the abort call returned: it may trail the run's end.
+            await asyncio.wait({detected}, timeout=RECORD_GRACE)
+        if not detected.done():
+            calls = len(tool_parts(first_run.result()))  # raises if the run did not end
+            raise DemoError(
+                f"the monitor saw no loop in {calls} calls (with these detection settings "
+                "the demo's 2-call cycle is not a loop)"
+            )
+        assert printer.detection is not None
+        return await _after_detection(client, session_id, printer.detection, printer, first_run)
+    finally:
+        for task in (first_run, detected):
+            task.cancel()
+
+
+def _on_loop(settings: Settings) -> str:
+    if settings.dry_run:
+        return "log only (dry run)"
+    if settings.on_loop == "hold":
+        return "abort and hold"
+    return "abort and tell the model"
+
+
+async def _after_detection(
+    client: OpencodeClient,
+    session_id: str,
+    detection: Mapping[str, Any],
+    printer: Printer,
+    first_run: asyncio.Task[list[dict[str, Any]]],
+) -> str:
+    outcome = detection["outcome"]
+    if outcome == "abort_failed":
+        raise DemoError(f"the monitor could not abort the session: {detection.get('error')}")
+    if outcome == "dry_run":
+        messages = await first_run
+    else:
+        try:
+            await asyncio.wait_for(printer.feedback_done.wait(), RUN_TIMEOUT)
+        except TimeoutError:
+            raise DemoError("the monitor never sent its feedback") from None
+        if printer.feedback_error is not None:
+            raise DemoError(f"the monitor could not send its feedback: {printer.feedback_error}")
+        if outcome == "held":
+            messages = await _wait_stored(client, session_id, user_messages=2)
+        else:
+            messages = await client.wait_idle(session_id, RUN_TIMEOUT, user_messages=2)
+            try:
+                await asyncio.wait_for(printer.answered.wait(), RECORD_GRACE)
+            except TimeoutError:
+                raise DemoError("the model's answer never showed on the event stream") from None
+    return _summary(detection, tool_parts(messages))
+
+
+async def _wait_stored(
+    client: OpencodeClient, session_id: str, user_messages: int
+) -> list[dict[str, Any]]:
+    """The messages once the session is idle with `user_messages` stored (a held session)."""
+    deadline = asyncio.get_running_loop().time() + RUN_TIMEOUT
+    while asyncio.get_running_loop().time() < deadline:
+        if session_id not in await client.status():
+            messages = await client.messages(session_id)
+            users = [m for m in messages if m["info"].get("role") == "user"]
+            if len(users) >= user_messages:
+                return messages
+        await asyncio.sleep(0.1)
+    raise DemoError(f"session {session_id} did not store the feedback in {RUN_TIMEOUT:.0f} s")
+
+
+def _summary(detection: Mapping[str, Any], parts: list[dict[str, Any]]) -> str:
+    ids = [part["id"] for part in parts]
+    if detection["part_id"] not in ids:
+        raise DemoError("the call that completed the loop is not in the session")
+    at = ids.index(detection["part_id"]) + 1
+    ran = f"demo finished: {len(parts)} calls ran"
+    if detection["outcome"] == "dry_run":
+        return f"{ran}; the loop was detected on call {at} and left running (dry run)."
+    after = len(parts) - at
+    overshoot = "no call" if after == 0 else ("1 call" if after == 1 else f"{after} calls")
+    return f"{ran}, the loop was stopped on call {at}, {overshoot} started after it."

@@ -1,0 +1,133 @@
+"""`opencode-loop-monitor demo` run as a user runs it, against the real `opencode serve`.
+
+The demo starts its own server and scripted model; the test only lends it the opencode
+binary (OPENCODE_BIN) so nothing is installed, then reads what it printed and checks that
+nothing it started outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from monitor.scripted_model import DEFAULT_ANSWER
+from tests.monitor_process import MonitorProcess
+
+pytestmark = pytest.mark.real_server
+
+DEMO_TIMEOUT = 90.0
+SHAPE = "2 calls (read, bash) repeated 3 times"
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of a process (Z for a zombie), None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses; the fields after the last ")" do not.
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def live(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if process_state(pid) not in (None, "Z", "X")]
+
+
+def all_pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def live_group_members(pgid: int) -> list[int]:
+    def in_group(pid: int) -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2] == str(pgid)
+        except OSError:
+            return False
+
+    return live([pid for pid in all_pids() if in_group(pid)])
+
+
+def live_processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line or environment holds `text` (e.g. a sandbox path)."""
+
+    def mentions(pid: int) -> bool:
+        try:
+            seen = Path(f"/proc/{pid}/cmdline").read_bytes()
+            return text.encode() in seen + Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return False  # ended while we looked, or not ours to read
+
+    return live([pid for pid in all_pids() if mentions(pid)])
+
+
+def started(output: str) -> tuple[int, str]:
+    """The server's pid and sandbox folder, from the demo's `is up` line."""
+    found = re.search(r"is up: pid (\d+), sandbox (\S+)", output)
+    assert found, output
+    return int(found[1]), found[2]
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def test_demo_stops_the_loop_and_everything_it_started(opencode_bin, tmp_path):
+    demo = MonitorProcess(
+        ["demo", "--cache-dir", str(tmp_path / "cache")],
+        tmp_path,
+        env={"OPENCODE_BIN": str(opencode_bin)},
+    ).start()
+    assert demo.process is not None
+    code = None
+    try:
+        code = await demo.wait_exit(DEMO_TIMEOUT)
+        left_in_group = live_group_members(demo.process.pid)
+    finally:
+        demo.kill()
+        if code != 0:
+            # A demo killed before its cleanup leaves its server, a session of its own.
+            for pid in re.findall(r"is up: pid (\d+)", demo.output()):
+                kill_group(int(pid))
+    output = demo.stdout_path.read_text(encoding="utf-8")
+    assert code == 0, demo.output()
+    assert left_in_group == []
+
+    # "Everything stopped": the server, whatever its tools started, and its sandbox.
+    server_pid, sandbox = started(output)
+    left_running = live_processes_mentioning(sandbox)
+    for pid in left_running:
+        kill_group(pid)
+    assert left_running == []
+    assert process_state(server_pid) in (None, "Z", "X")
+    assert not Path(sandbox).exists()
+
+    lines = output.splitlines()
+    calls = [line.split()[2] for line in lines if line.startswith("  call ")]
+    assert calls == ["read", "bash"] * 3
+    detected = next(i for i, line in enumerate(lines) if line.startswith("monitor: loop detected"))
+    assert lines[detected].startswith(f"monitor: loop detected on call 6: {SHAPE}; session aborted")
+    assert lines[detected - 1].startswith("  call 6 ")
+    assert lines[detected + 1] == "server: run aborted (MessageAbortedError)"
+    assert lines[detected + 2] == (
+        'monitor: feedback sent to the model: "Loop guard: a repeated tool-call cycle was '
+        f'detected and your run was stopped at this call: {SHAPE} with the same arguments."'
+    )
+    assert lines[detected + 3] == f'model: "{DEFAULT_ANSWER}"'
+    assert lines[-1] == (
+        "demo finished: 6 calls ran, the loop was stopped on call 6, "
+        "no call started after it. Everything stopped."
+    )
+
+    # The monitor's own log went to its file, not into the story.
+    assert '"event"' not in output
+    records = [json.loads(line) for line in (tmp_path / "cache" / "demo-monitor.log").open()]
+    [loop] = [r for r in records if r["event"] == "loop.detected"]
+    assert (loop["outcome"], loop["call_index"], loop["tools"]) == ("aborted", 6, ["read", "bash"])
