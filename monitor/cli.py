@@ -87,6 +87,72 @@ def _run_replay(settings: Settings, args: argparse.Namespace) -> int:
     return run_replay(settings, args.files, fail_on_detect=args.fail_on_detect)
 
 
+DEMO_DESCRIPTION = """\
+Shows the monitor stopping a loop on a real server, with no internet and no API key: finds
+opencode (or installs opencode-ai from npm into --cache-dir), starts it isolated on
+loopback with a scripted model that loops, runs the monitor on it and prints, as it
+happens, the calls, the detection, the abort, the feedback and the model's answer. Then it
+stops everything it started. The monitor's own log goes to CACHE_DIR/demo-monitor.log.
+Try the detection and action flags below on it, e.g. --repeats 4 or --dry-run."""
+
+DEMO_EPILOG = """\
+exit status: 0 the loop was caught, 1 the demo failed (opencode could not be installed or
+started, or no loop was stopped), 78 configuration error, 130 interrupted."""
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = DEMO_DESCRIPTION
+    parser.epilog = DEMO_EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="where opencode is installed and the log is written "
+        "[default: $XDG_CACHE_HOME/opencode-loop-monitor]; $OPENCODE_BIN skips the install",
+    )
+
+
+def _run_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from monitor.demo import run_demo
+    from monitor.sandbox import default_cache_dir
+
+    return run_demo(settings, Path(args.cache_dir) if args.cache_dir else default_cache_dir())
+
+
+ATTACH_DESCRIPTION = """\
+Watches one session that is already running. Reads its messages (GET
+/session/{id}/message), takes the tool calls of its current run (those after its last
+user message) as if they had been seen live, and stops the session at once if they already
+complete a cycle. Then follows that session alone on its project's event stream, with the
+detection and action rules of `watch`, until the session is deleted."""
+
+ATTACH_EPILOG = """\
+exit status: 0 the session was deleted (or stopped with SIGTERM/SIGINT), 66 no such
+session on the server, 69 the server could not be asked, 78 configuration error
+(including credentials the server refused), 130 interrupted."""
+
+
+def _session_id(text: str) -> str:
+    if not text or any(char.isspace() or not char.isprintable() for char in text):
+        raise argparse.ArgumentTypeError("expected a session id such as ses_...")
+    return text
+
+
+def _attach_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ATTACH_DESCRIPTION
+    parser.epilog = ATTACH_EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("session_id", type=_session_id, metavar="SESSION_ID", help="ses_...")
+
+
+def _run_attach(settings: Settings, args: argparse.Namespace) -> int:
+    from monitor.attach import run_attach
+
+    return run_attach(settings, args.session_id)
+
+
 COMMANDS: tuple[Command, ...] = (
     Command(
         "watch",
@@ -95,11 +161,25 @@ COMMANDS: tuple[Command, ...] = (
         frozenset(Group),  # the daemon itself takes every setting
     ),
     Command(
+        "attach",
+        "watch one running session, seeded with its current run",
+        _run_attach,
+        frozenset({Group.CONNECTION, Group.DETECTION, Group.ACTION, Group.LOGGING}),
+        _attach_arguments,
+    ),
+    Command(
         "replay",
         "find loops offline in recorded streams and session exports",
         _run_replay,
         frozenset({Group.DETECTION}),
         _replay_arguments,
+    ),
+    Command(
+        "demo",
+        "show the monitor stop a looping agent on a real, isolated server",
+        _run_demo,
+        frozenset({Group.DETECTION, Group.ACTION, Group.LOGGING}),
+        _demo_arguments,
     ),
 )
 

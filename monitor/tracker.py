@@ -3,6 +3,9 @@
 Fed decoded frames of either stream form, it returns decisions and never raises on what the
 server sends. It is the whole policy of the monitor; the asyncio shell only carries out the
 `Intervene` decisions it returns.
+
+For `attach` it follows one session only (`only_session`), takes that session's past through
+`seed` under the same rules, and says when the session is deleted (`followed_deleted`).
 """
 
 from __future__ import annotations
@@ -64,6 +67,15 @@ class Detection:
     max_sessions: int = 10_000
 
 
+class _Seeding:
+    """State of one `Tracker.seed` call."""
+
+    __slots__ = ("decided",)
+
+    def __init__(self) -> None:
+        self.decided = False
+
+
 class _Session:
     __slots__ = ("directory", "interventions", "calls", "in_flight")
 
@@ -79,7 +91,12 @@ class _Session:
 class Tracker:
     """Feeds frames through the loop guard; see `feed`."""
 
-    def __init__(self, detection: Detection = Detection(), directory: str | None = None) -> None:
+    def __init__(
+        self,
+        detection: Detection = Detection(),
+        directory: str | None = None,
+        only_session: str | None = None,
+    ) -> None:
         self.detection = detection
         self.guard = LoopGuard(
             max_history=detection.history,
@@ -91,6 +108,11 @@ class Tracker:
         self._record_at_running = detection.match == "input"
         self._default_directory = directory
         self._sessions: RecentMap[str, _Session] = RecentMap(detection.max_sessions)
+        # Events of every other session are ignored, as if the stream did not carry them.
+        self.only_session = only_session
+        # Set once `only_session` is deleted: nothing is left to follow.
+        self.followed_deleted = False
+        self._seeding: _Seeding | None = None
         self.malformed: Counter[str] = Counter()
         self.last_malformed: str | None = None
         # The shell's metrics label frames by type; kept rather than typed here, so frames cost
@@ -113,6 +135,12 @@ class Tracker:
         event = parse_event(frame)
         if event is None:
             return []
+        if (
+            self.only_session is not None
+            and not isinstance(event, Malformed)
+            and event.session_id != self.only_session
+        ):
+            return []
         if isinstance(event, ToolPart):
             decision = self._tool_part(event)
             return [] if decision is None else [decision]
@@ -125,7 +153,40 @@ class Tracker:
             self._seen(event.session_id, event.directory)
         elif isinstance(event, SessionDeleted):
             self.forget(event.session_id)
+            if event.session_id == self.only_session:
+                self.followed_deleted = True
         return []
+
+    def seed(self, frames: Iterable[object]) -> list[Intervene]:
+        """Take the past of a session's current run before following it live (`attach`).
+
+        `frames` are what `monitor.replay.export_frames` makes of the run's messages: each
+        part in the state it had when the messages were read. They go through `feed`, so the
+        rules are those of the live stream, with two differences:
+
+        - Every part recorded here is kept in flight, also a finished one. The shell connects
+          the stream before it reads the messages, so that nothing happening in between is
+          lost; but then an update made in that gap reaches us twice, in the messages and on
+          the stream, and must count once. A part that was `running` when read is recorded
+          now and its `completed` on the stream is its final update, as live; a `completed`
+          part's copy from the gap is dropped the same way. A part still `pending` (no input
+          yet) is not recorded here: its `running` on the stream will be.
+        - At most one decision: a run that already looped several times before we came is
+          stopped once, at the first call where `watch` would have stopped it. Later calls
+          of the seed are counted (positions stay call numbers) but not recorded.
+        """
+        seeding = self._seeding = _Seeding()
+        decisions: list[Intervene] = []
+        try:
+            for frame in frames:
+                if isinstance(frame, Malformed):  # export_frames' unusable entries
+                    self._malformed(frame.reason)
+                    continue
+                decisions += self.feed(frame)
+                seeding.decided = bool(decisions)
+        finally:
+            self._seeding = None
+        return decisions
 
     def _malformed(self, reason: str) -> None:
         self.malformed[reason] += 1
@@ -172,6 +233,11 @@ class Tracker:
         if not self._first_full_update(session, part):
             return None
         session.calls += 1
+        seeding = self._seeding
+        if seeding is not None:
+            _hold_in_flight(session, part.part_id)
+            if seeding.decided:
+                return None
         cycle = self.guard.record(part.session_id, part.tool, self._call_args(part))
         if cycle is None:
             return None
@@ -185,13 +251,9 @@ class Tracker:
             del in_flight[part.part_id]
             return False
         if part.status == "running" and self._record_at_running:
-            if in_flight is None:
-                in_flight = session.in_flight = {}
-            elif part.part_id in in_flight:
+            if in_flight is not None and part.part_id in in_flight:
                 return False  # bash re-sends `running` while it streams output
-            if len(in_flight) >= _MAX_IN_FLIGHT:
-                del in_flight[next(iter(in_flight))]
-            in_flight[part.part_id] = None
+            _hold_in_flight(session, part.part_id)
             return True
         # `completed` or `error` of a part whose `running` we never saw (or, in input+output
         # mode, never record at): this is its one full update.
@@ -230,3 +292,15 @@ class Tracker:
             escalated=escalated,
             feedback=feedback_text(cycle, tools, hold, prior + 1),
         )
+
+
+def _hold_in_flight(session: _Session, part_id: str) -> None:
+    """Remember a recorded part until its final update comes."""
+    in_flight = session.in_flight
+    if in_flight is None:
+        in_flight = session.in_flight = {}
+    elif part_id in in_flight:
+        return
+    if len(in_flight) >= _MAX_IN_FLIGHT:
+        del in_flight[next(iter(in_flight))]
+    in_flight[part_id] = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import time
 from dataclasses import dataclass
@@ -81,12 +82,18 @@ class Timing:
 
 class Watch:
     def __init__(
-        self, settings: Settings, notifier: Notifier | None = None, timing: Timing = Timing()
+        self,
+        settings: Settings,
+        notifier: Notifier | None = None,
+        timing: Timing = Timing(),
+        tracker: Tracker | None = None,
     ) -> None:
         self.settings = settings
         self.timing = timing
         self.notifier = notifier or Notifier.from_environ()
-        self.tracker = Tracker(detection_of(settings), directory=settings.directory)
+        if tracker is None:
+            tracker = Tracker(detection_of(settings), directory=settings.directory)
+        self.tracker = tracker
         self._stop = asyncio.Event()
         self._fatal: BaseException | None = None
         self._malformed_logged_at = float("-inf")
@@ -116,6 +123,10 @@ class Watch:
                 if self.metrics_server is not None:
                     await self.metrics_server.close()
 
+    def stop(self) -> None:
+        """Make `run` return as SIGTERM does: stop reading, let in-flight actions finish."""
+        self._stop.set()
+
     async def _serve_metrics(self, metrics: Metrics) -> MetricsServer:
         address = self.settings.metrics_addr
         assert address is not None
@@ -130,6 +141,10 @@ class Watch:
 
     async def _run(self) -> int:
         settings = self.settings
+        # aiohttp-sse-client reports each failed connect (a 401 too) through stdlib logging,
+        # which with no handler prints a bare line on stderr. `stream.disconnected` and the
+        # config error already say it, in our format: one line per failure, not two.
+        logging.getLogger("aiohttp_sse_client").setLevel(logging.CRITICAL)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._stop.set)

@@ -1,0 +1,217 @@
+"""The pure core of `attach`: one session only, a seed from its messages, its deletion.
+
+Given a session's messages (as `GET /session/{id}/message` answers) and then stream frames,
+these are the decisions the tracker must make. The real-server behaviour is in
+test_real_attach.py.
+"""
+
+import pytest
+
+from monitor.attach import current_run
+from monitor.cycle import Cycle
+from monitor.replay import export_frames
+from monitor.tracker import Detection, Tracker
+from tests.frames_factory import call, deleted, tool_part
+
+S = "ses_followed"
+OTHER = "ses_other"
+READ = {"filePath": "README.md"}
+
+
+def feed_all(tracker, frames):
+    decisions = []
+    for frame in frames:
+        decisions += tracker.feed(frame)
+    return decisions
+
+
+def loop_of(session, count, prefix="p"):
+    frames = []
+    for n in range(count):
+        frames += call(session, f"{prefix}{n + 1}", "read", READ)
+    return frames
+
+
+def user(text="go"):
+    return {
+        "info": {"id": f"msg_u_{text}", "role": "user", "sessionID": S},
+        "parts": [{"type": "text", "text": text}],
+    }
+
+
+def part(part_id, status, input=READ, tool="read"):
+    state = {"status": status, "input": {} if status == "pending" else input}
+    if status == "completed":
+        state["output"] = "ok"
+    return {"id": part_id, "type": "tool", "tool": tool, "sessionID": S, "state": state}
+
+
+def assistant(*parts):
+    return {"info": {"role": "assistant", "sessionID": S}, "parts": list(parts)}
+
+
+def reads(count, prefix="p", status="completed"):
+    """One assistant message per call, as a model step makes them."""
+    return [assistant(part(f"{prefix}{n + 1}", status)) for n in range(count)]
+
+
+def seeded(messages, **detection):
+    tracker = Tracker(Detection(**detection), directory="/project", only_session=S)
+    decisions = tracker.seed(export_frames(current_run(messages)))
+    return tracker, decisions
+
+
+# -- one session only -----------------------------------------------------------------------
+
+
+def test_other_sessions_are_ignored():
+    tracker = Tracker(only_session=S)
+    assert feed_all(tracker, loop_of(OTHER, 8)) == []
+    assert tracker.guard.history_length(OTHER) == 0
+    [decision] = feed_all(tracker, loop_of(S, 4))
+    assert (decision.session_id, decision.part_id, decision.call_index) == (S, "p4", 4)
+
+
+def test_without_only_session_every_session_counts():
+    tracker = Tracker()
+    assert [d.session_id for d in feed_all(tracker, loop_of(OTHER, 4) + loop_of(S, 4))] == [
+        OTHER,
+        S,
+    ]
+
+
+def test_deletion_of_the_followed_session_is_reported():
+    tracker = Tracker(only_session=S)
+    feed_all(tracker, loop_of(S, 2))
+    tracker.feed(deleted(OTHER))
+    assert tracker.followed_deleted is False
+    tracker.feed(deleted(S))
+    assert tracker.followed_deleted is True
+    assert tracker.guard.history_length(S) == 0
+
+
+def test_watch_tracker_never_reports_a_deletion():
+    tracker = Tracker()
+    tracker.feed(deleted(S))
+    assert tracker.followed_deleted is False
+
+
+# -- the current run ------------------------------------------------------------------------
+
+
+def test_current_run_starts_at_the_last_user_message():
+    messages = [user("a"), *reads(2, "a"), user("b"), *reads(3, "b")]
+    assert current_run(messages) == messages[3:]
+    assert current_run([user("a")]) == [user("a")]
+    assert current_run([]) == []
+    # No user message at all (a truncated export): everything is the current run.
+    assert current_run(reads(2)) == reads(2)
+
+
+def test_current_run_skips_malformed_entries():
+    messages = [user("a"), "junk", {"info": None}, *reads(1)]
+    assert current_run(messages) == messages
+
+
+# -- the seed -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [3, 1, 0])
+def test_seed_short_of_a_cycle_decides_nothing(count):
+    tracker, decisions = seeded([user(), *reads(count)])
+    assert decisions == []
+    assert tracker.guard.history_length(S) == count
+
+
+def test_seed_that_completes_a_cycle_acts_at_once():
+    tracker, [decision] = seeded([user(), *reads(4)])
+    assert (decision.session_id, decision.part_id, decision.call_index) == (S, "p4", 4)
+    assert decision.cycle == Cycle(1, 4) and decision.tools == ("read",)
+    assert decision.directory == "/project" and not decision.hold
+    assert tracker.interventions(S) == 1
+
+
+def test_seed_of_a_run_that_looped_long_acts_once_at_the_first_cycle():
+    tracker, decisions = seeded([user(), *reads(9)])
+    assert [(d.part_id, d.call_index) for d in decisions] == [("p4", 4)]
+    assert tracker.interventions(S) == 1
+    # Live calls go on counting from where the seed left off.
+    feed_all(tracker, loop_of(S, 4, prefix="live"))
+    assert tracker.interventions(S) == 2
+
+
+def test_seed_ignores_runs_that_are_over():
+    # The first run looped 6 times; the user then prompted again, and 2 calls followed.
+    messages = [user("a"), *reads(6, "a"), user("b"), *reads(2, "b")]
+    tracker, decisions = seeded(messages)
+    assert decisions == []
+    assert tracker.guard.history_length(S) == 2
+    [decision] = feed_all(tracker, loop_of(S, 2, prefix="live"))
+    assert decision.part_id == "live2" and decision.call_index == 4
+
+
+def test_seeded_calls_and_live_calls_make_one_cycle():
+    tracker, _ = seeded([user(), *reads(3)])
+    [decision] = feed_all(tracker, call(S, "p4", "read", READ))
+    assert (decision.part_id, decision.call_index) == ("p4", 4)
+
+
+def test_seeded_parts_are_not_recorded_again_when_the_stream_repeats_them():
+    # p1, p2 completed and p3 running when the messages were read; the stream, connected
+    # just before, then brings p2's completion (made in the gap) and p3's own updates.
+    tracker, _ = seeded([user(), *reads(2), assistant(part("p3", "running"))])
+    repeated = [
+        tool_part(S, "p2", "read", "completed", READ, output="ok"),
+        tool_part(S, "p3", "read", "running", READ),
+        tool_part(S, "p3", "read", "completed", READ, output="ok"),
+    ]
+    assert feed_all(tracker, repeated) == []
+    assert tracker.guard.history_length(S) == 3
+    [decision] = feed_all(tracker, call(S, "p4", "read", READ))
+    assert (decision.part_id, decision.call_index) == ("p4", 4)
+
+
+def test_pending_part_in_the_seed_is_recorded_when_it_runs():
+    tracker, _ = seeded([user(), *reads(3), assistant(part("p4", "pending"))])
+    assert tracker.guard.history_length(S) == 3
+    [decision] = tracker.feed(tool_part(S, "p4", "read", "running", READ))
+    assert (decision.part_id, decision.call_index) == ("p4", 4)
+
+
+def test_input_output_mode_records_a_seeded_running_part_at_its_completion():
+    messages = [user(), *reads(3), assistant(part("p4", "running"))]
+    tracker, decisions = seeded(messages, match="input+output")
+    assert decisions == [] and tracker.guard.history_length(S) == 3
+    [decision] = tracker.feed(tool_part(S, "p4", "read", "completed", READ, output="ok"))
+    assert (decision.part_id, decision.call_index) == ("p4", 4)
+    # ... and a completed part of the seed is not recorded again in this mode either.
+    tracker, _ = seeded([user(), *reads(3)], match="input+output")
+    assert tracker.feed(tool_part(S, "p3", "read", "completed", READ, output="ok")) == []
+    assert tracker.guard.history_length(S) == 3
+
+
+def test_seed_obeys_the_detection_settings():
+    _, decisions = seeded([user(), *reads(4)], ignore_tools=frozenset({"read"}))
+    assert decisions == []
+    _, decisions = seeded([user(), *reads(4)], on_loop="hold")
+    assert [d.hold for d in decisions] == [True]
+
+
+def test_seed_counts_malformed_entries_and_goes_on():
+    tracker, [decision] = seeded([user(), "junk", *reads(4)])
+    assert decision.part_id == "p4"
+    assert sum(tracker.malformed.values()) == 1
+
+
+def test_parts_of_other_sessions_in_the_seed_are_ignored():
+    stray = assistant({**part("x1", "completed"), "sessionID": OTHER})
+    tracker, decisions = seeded([user(), *reads(3), stray])
+    assert decisions == [] and tracker.guard.history_length(S) == 3
+
+
+def test_live_feed_after_seed_is_plain_live_feed():
+    # Outside a seed, a finished part whose running was never seen is recorded once, as
+    # before: the seed's in-flight rule must not leak into live feeding.
+    tracker, [_] = seeded([user(), *reads(4)])
+    frames = [tool_part(S, f"q{n}", "read", "completed", READ, output="x") for n in range(4)]
+    assert [d.part_id for d in feed_all(tracker, frames)] == ["q3"]

@@ -1,0 +1,129 @@
+"""`opencode-loop-monitor attach` against the real `opencode serve`, checked on the server.
+
+The scripted model (monitor/scripted_model.py) makes the calls; its `delay` leaves time to
+attach while a run is under way. Assertions read the server's record of the session (its
+messages and tool parts) and the monitor's JSON log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from monitor.sandbox import tool_parts
+from monitor.scripted_model import script
+
+pytestmark = pytest.mark.real_server
+
+READ = ("read", {"filePath": "README.md"})
+
+
+def attach_args(server, session_id, *flags):
+    return [
+        "attach",
+        session_id,
+        "--url",
+        server.url,
+        "--log-format",
+        "json",
+        "--log-level",
+        "debug",
+        *flags,
+    ]
+
+
+def user_count(messages):
+    return sum(m["info"]["role"] == "user" for m in messages)
+
+
+async def wait_tool_parts(client, session_id, count, timeout=30.0):
+    """Wait until the session's current messages hold at least `count` tool parts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        parts = tool_parts(await client.messages(session_id))
+        if len(parts) >= count:
+            return parts
+        if time.monotonic() > deadline:
+            raise AssertionError(f"only {len(parts)} tool parts after {timeout} s")
+        await asyncio.sleep(0.05)
+
+
+async def test_attached_mid_run_aborts_at_the_fourth_call(opencode_server, start_monitor, http):
+    client = opencode_server.client(http)
+    session = await client.create_session("slow loop")
+    await client.prompt_async(session["id"], script([READ], 20, delay=0.8))
+    await wait_tool_parts(client, session["id"], 1)
+    monitor = start_monitor(*attach_args(opencode_server, session["id"]))
+    [seeded] = await monitor.wait_event("attach.seeded")
+    assert seeded["busy"] is True and seeded["loop"] is False
+    assert 1 <= seeded["calls"] <= 3  # attached before the cycle was complete
+
+    messages = await client.wait_idle(session["id"], 60, user_messages=2)
+    parts = tool_parts(messages)
+    assert len(parts) == 4  # nothing ran after the 4th call
+    [detected] = monitor.events("loop.detected")
+    assert detected["part_id"] == parts[3]["id"] and detected["call_index"] == 4
+    assert detected["outcome"] == "aborted" and detected["session_id"] == session["id"]
+    assert detected["directory"] == opencode_server.directory
+    assert user_count(messages) == 2  # the feedback
+    assert monitor.events("feedback.sent")[0]["session_id"] == session["id"]
+    code, took = await monitor.stop()
+    assert code == 0 and took < 5
+
+
+async def test_attached_after_the_loop_acts_at_once(opencode_server, start_monitor, http):
+    client = opencode_server.client(http)
+    session = await client.create_session("looped already")
+    await client.prompt_async(session["id"], script([READ], 20, delay=1.0))
+    before = await wait_tool_parts(client, session["id"], 5)
+    monitor = start_monitor(*attach_args(opencode_server, session["id"]))
+    [seeded] = await monitor.wait_event("attach.seeded")
+    assert seeded["busy"] is True and seeded["loop"] is True and seeded["calls"] >= 5
+
+    messages = await client.wait_idle(session["id"], 60, user_messages=2)
+    parts = tool_parts(messages)
+    # Stopped at once: at most the call that was already on its way when we attached.
+    assert len(parts) <= seeded["calls"] + 1 < 20
+    [detected] = monitor.events("loop.detected")
+    # The position where `watch` would have stopped it: the 4th identical call.
+    assert detected["part_id"] == before[3]["id"] == parts[3]["id"]
+    assert detected["call_index"] == 4 and detected["outcome"] == "aborted"
+    assert user_count(messages) == 2
+    assert monitor.events("feedback.sent")[0]["session_id"] == session["id"]
+
+
+async def test_other_sessions_ignored_and_deletion_exits_0(opencode_server, start_monitor, http):
+    client = opencode_server.client(http)
+    followed = await client.create_session("followed")
+    other = await client.create_session("other")
+    monitor = start_monitor(*attach_args(opencode_server, followed["id"]))
+    [seeded] = await monitor.wait_event("attach.seeded")
+    assert seeded["busy"] is False and seeded["calls"] == 0
+
+    await client.prompt_async(other["id"], script([READ], 8))
+    messages = await client.wait_idle(other["id"], 60)
+    assert len(tool_parts(messages)) == 8 and user_count(messages) == 1  # nobody stopped it
+    await asyncio.sleep(0.3)
+    assert monitor.process.poll() is None
+    assert monitor.events("loop.detected") == []
+
+    async with http.delete(
+        f"{opencode_server.url}/session/{followed['id']}",
+        params={"directory": opencode_server.directory},
+    ) as response:
+        assert response.status == 200
+    assert await monitor.wait_exit(10) == 0
+    assert [r["session_id"] for r in monitor.events("attach.session_deleted")] == [followed["id"]]
+    assert monitor.events("monitor.stopped")
+
+
+async def test_unknown_session_exits_66(opencode_server, start_monitor):
+    missing = "ses_0000000000000000000000000"
+    monitor = start_monitor(*attach_args(opencode_server, missing))
+    assert await monitor.wait_exit(15) == 66
+    assert monitor.stderr_path.read_text().splitlines() == [
+        f"opencode-loop-monitor: session {missing} not found on {opencode_server.url}"
+    ]
+    assert monitor.stdout_path.read_text() == ""
