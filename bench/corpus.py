@@ -1,0 +1,52 @@
+"""The frames the throughput benchmark streams: the recordings of the real server, repeated.
+
+Each replay of a recording gets its own session, message and part ids, so the tracker sees
+thousands of distinct sessions instead of one session replayed; the recordings are loop
+tests, so every replay also carries a few loops and the tracker decides now and then.
+Replays are interleaved in groups, as the runs of several sessions are on a live server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from monitor.frames import iter_sse_data
+
+CAPTURES = Path(__file__).resolve().parents[1] / "tests" / "recordings"
+# Sessions running at once: replays interleaved frame by frame.
+CONCURRENT = 8
+_ID = re.compile(r"\b((?:ses|msg|prt)_[A-Za-z0-9]+)")
+
+
+def recordings(captures: Path = CAPTURES) -> list[list[str]]:
+    """The data of every event of every recording, one list per recording."""
+    out = []
+    for path in sorted(captures.glob("*.sse")):
+        with open(path, encoding="utf-8") as lines:
+            out.append(list(iter_sse_data(lines)))
+    return out
+
+
+def _replays(recorded: list[list[str]]) -> Iterator[list[str]]:
+    for n in itertools.count():
+        for frames in recorded:
+            yield [_ID.sub(rf"\1x{n}", data) for data in frames]
+
+
+def frame_data(count: int, captures: Path = CAPTURES) -> list[str]:
+    """`count` event payloads built from the recordings (deterministic)."""
+    replays = _replays(recordings(captures))
+    out: list[str] = []
+    while len(out) < count:
+        group = [next(replays) for _ in range(CONCURRENT)]
+        for row in itertools.zip_longest(*group):
+            out.extend(data for data in row if data is not None)
+    return out[:count]
+
+
+def sse_bytes(data: list[str]) -> bytes:
+    """The stream as the server writes it: one `data:` line and a blank line per event."""
+    return "".join(f"data: {item}\n\n" for item in data).encode()

@@ -1,0 +1,110 @@
+"""Memory: what the tracker holds per session once every session has a full history.
+
+    python -m bench.memory rss|tracemalloc [--sessions 10000] [--calls 32] [--arg-bytes 2048]
+
+Fills one `Tracker` (the daemon's default settings) with `sessions` sessions, each making
+`calls` different `write` calls whose arguments are about `arg-bytes` long, fed as the
+decoded `running` and `completed` updates the server sends (no loop, so no history is ever
+cleared). Then it reports the growth per session: `rss` from /proc/self/statm, what the
+operating system sees, including allocator slack; `tracemalloc` the Python objects that
+stay allocated. Run each in a fresh process: tracemalloc inflates the resident size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import tracemalloc
+from collections.abc import Callable
+
+from monitor.config import load_settings
+from monitor.tracker import Tracker
+from monitor.watch import detection_of
+
+DIRECTORY = "/home/dev/project"
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def tool_update(session: str, part: str, status: str, args: dict) -> dict:
+    state: dict = {"status": status, "input": args, "time": {"start": 1795991774368}}
+    if status == "completed":
+        state["output"] = "Wrote file successfully."
+    return {
+        "directory": DIRECTORY,
+        "project": "global",
+        "payload": {
+            "type": "message.part.updated",
+            "properties": {
+                "sessionID": session,
+                "part": {
+                    "id": part,
+                    "messageID": f"msg_{session}",
+                    "sessionID": session,
+                    "type": "tool",
+                    "tool": "write",
+                    "callID": part,
+                    "state": state,
+                },
+            },
+        },
+    }
+
+
+def fill(tracker: Tracker, sessions: int, calls: int, arg_bytes: int) -> None:
+    filler = "x" * arg_bytes
+    for s in range(sessions):
+        session = f"ses_{s:08d}memorybenchAAAAAA"  # as long as a real id (30 characters)
+        for c in range(calls):
+            part = f"prt_{s:08d}{c:03d}memorybenchAAA"
+            # A new string per call, as each decoded frame brings its own.
+            args = {"filePath": f"{DIRECTORY}/src/module_{c}.py", "content": f"{c}\n" + filler}
+            for status in ("running", "completed"):
+                if tracker.feed(tool_update(session, part, status, args)):
+                    raise AssertionError("the benchmark's calls must not loop")
+
+
+def measure(how: str, sessions: int, calls: int, arg_bytes: int) -> dict:
+    settings = load_settings({"url": "http://unused"}, {}, isatty=False)
+    tracker = Tracker(detection_of(settings))
+    fill(tracker, 1, calls, arg_bytes)  # warm up code paths and interned names
+    tracker.forget("ses_00000000memorybenchAAAAAA")
+    if calls > tracker.detection.history:
+        raise SystemExit(f"calls must be at most the history ({tracker.detection.history})")
+    gc.collect()
+    size: Callable[[], int]
+    if how == "tracemalloc":
+        tracemalloc.start()
+
+        def size() -> int:
+            return tracemalloc.get_traced_memory()[0]
+    else:
+        size = resident_bytes
+    before = size()
+    fill(tracker, sessions, calls, arg_bytes)
+    gc.collect()
+    grown = size() - before
+    tracked = len(tracker.guard)
+    full = all(tracker.guard.history_length(sid) == calls for sid in tracker.guard)
+    if tracked != sessions or not full:
+        raise SystemExit(f"expected {sessions} full histories, found {tracked} (full: {full})")
+    return {"how": how, "sessions": sessions, "calls": calls, "bytes_per_session": grown / sessions}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.memory")
+    parser.add_argument("how", choices=("rss", "tracemalloc"))
+    parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument("--calls", type=int, default=32)
+    parser.add_argument("--arg-bytes", type=int, default=2048)
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.how, args.sessions, args.calls, args.arg_bytes)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Run every benchmark and print one table: `python -m bench.run` (about two minutes).
+
+Each measurement runs in a fresh process: the throughput server in one of its own for the
+whole run, each throughput reader, the latency run (server here, monitor in a child) and
+each memory run. The throughput readers take turns, round after round, in a rotating
+order, so a burst of load on this shared machine hits all of them alike; what the table
+reports are medians, and the ratio is the median of each round's own ratio.
+
+`--profile` adds one profiled run of the whole pipeline (cProfile, top entries by own
+time); it is slower than the others and not part of the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from bench.throughput import READERS
+
+ROOT = Path(__file__).resolve().parents[1]
+# Where the real-server suite may leave its figure (see docs/performance.md).
+OVERSHOOT_ENV = "BENCH_OVERSHOOT"
+OVERSHOOT_SOURCE = "see tests/test_real_watch.py (measured in CI)"
+# Latency runs; the table shows the one with the median p99, so one burst of load elsewhere
+# on the machine does not decide the figure.
+LATENCY_RUNS = 3
+
+
+def python(*args: str) -> dict:
+    """Run `python -m ...` from the repository root; its last output line is JSON."""
+    done = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed ({done.returncode}):\n{done.stderr}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def installed(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def machine() -> dict[str, str]:
+    model = "unknown"
+    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpus": str(os.cpu_count()),
+        "cpu": model,
+        "python": platform.python_version(),
+        "aiohttp": installed("aiohttp"),
+        "aiohttp-sse-client": installed("aiohttp-sse-client"),
+        "load": " ".join(f"{load:.2f}" for load in os.getloadavg()),
+    }
+
+
+def throughput(frames: int, rounds: int, profile: bool) -> tuple[dict, str | None]:
+    """Each reader's results, round by round; and the profile of one more pipeline run."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.throughput", "serve", str(frames)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        if not url:
+            raise SystemExit("the throughput server did not start")
+        runs: dict[str, list[dict]] = {reader: [] for reader in READERS}
+        for round_ in range(rounds):
+            shift = round_ % len(READERS)
+            for reader in READERS[shift:] + READERS[:shift]:
+                runs[reader].append(python("bench.throughput", "read", reader, url))
+            print(
+                f"  round {round_ + 1}/{rounds} (frames/s): "
+                + ", ".join(f"{reader} {done[-1]['fps']:,.0f}" for reader, done in runs.items()),
+                file=sys.stderr,
+            )
+        profiled = None
+        if profile:
+            profiled = python("bench.throughput", "read", "watch", url, "--profile")["profile"]
+    finally:
+        server.terminate()
+        server.wait()
+    return runs, profiled
+
+
+def ratio(runs: dict[str, list[dict]], reader: str, key: str) -> tuple[float, float, float]:
+    """Median, lowest and highest over the rounds of `reader`'s figure over the baseline's."""
+    each = [r[key] / b[key] for r, b in zip(runs[reader], runs["baseline"], strict=True)]
+    return statistics.median(each), min(each), max(each)
+
+
+def overshoot() -> tuple[str, str]:
+    """The real-server figure if the suite left one (the value, or a file holding it)."""
+    value = os.environ.get(OVERSHOOT_ENV, "").strip()
+    if value and Path(value).is_file():
+        value = Path(value).read_text(encoding="utf-8").strip()
+    if not value:
+        return OVERSHOOT_SOURCE, ""
+    return f"{value} calls", "yes" if value == "0" else "NO"
+
+
+def table(rows: list[tuple[str, str, str, str]]) -> str:
+    header = ("measure", "result", "goal", "met")
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
+    lines = [
+        " | ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in [header, *rows]
+    ]
+    lines.insert(1, "-+-".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--frames", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--loops", type=int, default=1000)
+    parser.add_argument("--sessions", type=int, default=10_000)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args(argv)
+
+    print("machine: " + ", ".join(f"{k} {v}" for k, v in machine().items()))
+    print(f"throughput: {args.frames:,} frames x {args.rounds} rounds...", file=sys.stderr)
+    runs, profiled = throughput(args.frames, args.rounds, args.profile)
+    print(f"latency: {LATENCY_RUNS} x {args.loops} loops...", file=sys.stderr)
+    latencies = sorted(
+        (python("bench.latency", "--loops", str(args.loops)) for _ in range(LATENCY_RUNS)),
+        key=lambda run: run["p99_ms"],
+    )
+    latency = latencies[len(latencies) // 2]
+    print(f"memory: {args.sessions:,} sessions...", file=sys.stderr)
+    rss = python("bench.memory", "rss", "--sessions", str(args.sessions))
+    traced = python("bench.memory", "tracemalloc", "--sessions", str(args.sessions))
+
+    rows = []
+    for reader, label in (
+        ("baseline", "baseline reader: aiohttp lines + json.loads"),
+        ("sse-client", "reference: aiohttp-sse-client + json.loads"),
+        ("watch", "whole pipeline: Watch, dry run"),
+    ):
+        if reader not in runs:
+            continue
+        wall = statistics.median(r["fps"] for r in runs[reader])
+        cpu = statistics.median(r["cpu_fps"] for r in runs[reader])
+        rows.append((label, f"{wall:,.0f} frames/s ({cpu:,.0f} per CPU second)", "", ""))
+    for reader in ("sse-client", "watch"):
+        if reader not in runs:
+            continue
+        wall_ratio, low, high = ratio(runs, reader, "fps")
+        cpu_ratio = ratio(runs, reader, "cpu_fps")[0]
+        goal = reader == "watch"
+        rows.append(
+            (
+                f"{reader} / baseline, median of rounds",
+                f"{wall_ratio:.2f} (rounds {low:.2f}-{high:.2f}; by CPU time {cpu_ratio:.2f})",
+                ">= 0.75" if goal else "",
+                ("yes" if wall_ratio >= 0.75 else "NO") if goal else "",
+            )
+        )
+    per_session = rss["bytes_per_session"]
+    rows += [
+        ("abort latency p50 (median run)", f"{latency['p50_ms']:.2f} ms", "", ""),
+        (
+            "abort latency p99 (median run)",
+            f"{latency['p99_ms']:.2f} ms (runs: "
+            + ", ".join(f"{run['p99_ms']:.2f}" for run in latencies)
+            + f"; max {latency['max_ms']:.1f}; {latency['aborted']}/{latency['loops']} aborted)",
+            "< 5 ms",
+            "yes" if latency["p99_ms"] < 5 and latency["aborted"] == latency["loops"] else "NO",
+        ),
+        (
+            f"memory per session, RSS ({rss['sessions']:,} x {rss['calls']} calls of 2 KB)",
+            f"{per_session:,.0f} B",
+            "< 4 KB",
+            "yes" if per_session < 4096 else "NO",
+        ),
+        ("memory per session, tracemalloc", f"{traced['bytes_per_session']:,.0f} B", "", ""),
+        ("overshoot on the real server", overshoot()[0], "0", overshoot()[1]),
+    ]
+    print(table(rows))
+    print(f"load average at the end: {machine()['load']}")
+    if profiled is not None:
+        print("\nprofile of the watch pipeline (cProfile, by own time):\n" + profiled)
+
+
+if __name__ == "__main__":
+    main()
