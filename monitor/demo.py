@@ -25,7 +25,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from monitor.config import Settings
-from monitor.frames import FrameError, SSEDecoder, decode_frame
+from monitor.frames import FrameError, SSEChunkDecoder, decode_frame
 from monitor.logs import configure_logging
 from monitor.notify import Notifier
 from monitor.sandbox import (
@@ -256,15 +256,13 @@ async def follow_events(http: aiohttp.ClientSession, url: str, printer: Printer)
     async with http.get(url, timeout=stream_timeout()) as response:
         if response.status != 200:
             raise DemoError(f"GET {url} answered {response.status}")
-        decoder = SSEDecoder()
-        async for line in response.content:
-            data = decoder.feed_line(line.decode("utf-8", errors="replace"))
-            if data is None:
-                continue
-            try:
-                printer.server_frame(decode_frame(data))
-            except FrameError:
-                continue
+        decoder = SSEChunkDecoder()
+        async for chunk in response.content.iter_any():
+            for data in decoder.feed(chunk):
+                try:
+                    printer.server_frame(decode_frame(data))
+                except FrameError:
+                    continue
     raise DemoError("the server ended its event stream")
 
 

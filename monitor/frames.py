@@ -1,7 +1,8 @@
 """Decoding frames: SSE `data:` payloads to JSON values, and SSE text to payloads.
 
-The live stream is split into events by aiohttp-sse-client; `SSEDecoder` does the same for
-recorded files, so `replay` and the tests read exactly what the daemon would have read.
+`SSEChunkDecoder` splits the live stream's bytes into events as they arrive; `iter_sse_data`
+runs the lines of recorded files through it, so `replay` and the tests read exactly what the
+daemon would have read.
 """
 
 from __future__ import annotations
@@ -30,45 +31,89 @@ def decode_frame(data: str) -> object:
         raise FrameError("frame is not JSON") from None
 
 
-class SSEDecoder:
-    """Feed lines of an event stream, get the data of each complete event.
+_BOM = b"\xef\xbb\xbf"
+# The longest line the live decoder holds: a `data:` line carrying the largest frame we take.
+MAX_LINE_BYTES = MAX_FRAME_BYTES + len(b"data: ")
 
-    Follows the WHATWG rules that matter for OpenCode: `data:` lines of one event join with
-    newlines, a blank line ends the event, comments and other fields are ignored.
+
+class SSEChunkDecoder:
+    """Feed the bytes of a live event stream in any chunks, get the data of each event.
+
+    The WHATWG rules that matter for OpenCode, applied to bytes: lines end at LF, CRLF or
+    CR (exactly what `bytes.splitlines` splits on), `data:` lines of one event join with
+    newlines, a blank line ends the event, comments and other fields are ignored, a leading
+    byte order mark is dropped. A line longer than `max_line` raises FrameError rather than
+    growing without bound. Invalid UTF-8 becomes U+FFFD, as in a browser's EventSource.
     """
 
-    def __init__(self) -> None:
-        self._data: list[str] = []
+    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
+        self._max_line = max_line
+        self._data: list[bytes] = []
+        self._data_size = 0
+        # The start of a line whose end has not arrived yet, in the chunks that brought it.
+        self._partial: list[bytes] = []
+        self._partial_size = 0
+        # A chunk that ended in CR: an LF starting the next one belongs to that line end.
+        self._after_cr = False
+        self._started = False
 
-    def feed_line(self, line: str) -> str | None:
-        line = line.rstrip("\r\n")
-        if not line:
-            if not self._data:
-                return None
-            data = "\n".join(self._data)
-            self._data.clear()
-            return data
-        field, _, value = line.partition(":")
-        if field == "data":
-            self._data.append(value[1:] if value.startswith(" ") else value)
-        return None
-
-    def flush(self) -> str | None:
-        """The data of an event left unterminated at the end of the input, if any."""
-        return self.feed_line("")
+    def feed(self, chunk: bytes) -> list[str]:
+        if not self._started and chunk:
+            self._started = True
+            if chunk.startswith(_BOM):
+                chunk = chunk[len(_BOM) :]
+        if self._after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        if not chunk:
+            return []
+        last = chunk[-1]
+        self._after_cr = last == 0x0D
+        ends_line = last == 0x0A or last == 0x0D
+        if not ends_line and b"\n" not in chunk and b"\r" not in chunk:
+            # Part of one long line: keep the pieces, join them once the line is complete.
+            self._partial.append(chunk)
+            self._partial_size += len(chunk)
+            if self._partial_size > self._max_line:
+                raise FrameError("line too long")
+            return []
+        if self._partial:
+            self._partial.append(chunk)
+            chunk = b"".join(self._partial)
+            self._partial.clear()
+        lines = chunk.splitlines()
+        self._partial_size = 0
+        if not ends_line:
+            tail = lines.pop()
+            self._partial.append(tail)
+            self._partial_size = len(tail)
+        events: list[str] = []
+        data = self._data
+        for line in lines:
+            if not line:
+                if data:
+                    events.append(b"\n".join(data).decode("utf-8", "replace"))
+                    data.clear()
+                    self._data_size = 0
+            elif line.startswith(b"data:"):
+                value = line[6:] if line.startswith(b"data: ") else line[5:]
+                # Many data lines without the blank line that ends the event would otherwise
+                # grow it without bound, line limit or not.
+                self._data_size += len(value) + 1
+                if self._data_size > self._max_line:
+                    raise FrameError("event too large")
+                data.append(value)
+            elif line == b"data":
+                data.append(b"")
+        return events
 
 
 def encode_sse(data: str) -> str:
-    """The SSE text of one event carrying `data`: what `SSEDecoder` turns back into `data`."""
+    """The SSE text of one event carrying `data`: what the decoders turn back into `data`."""
     return "".join(f"data: {line}\n" for line in data.split("\n")) + "\n"
 
 
 def iter_sse_data(lines: Iterable[str]) -> Iterator[str]:
-    decoder = SSEDecoder()
+    """The data of each event in the lines of a recorded stream, by the live stream's rules."""
+    decoder = SSEChunkDecoder()
     for line in lines:
-        data = decoder.feed_line(line)
-        if data is not None:
-            yield data
-    tail = decoder.flush()
-    if tail is not None:
-        yield tail
+        yield from decoder.feed(line.encode("utf-8", "surrogatepass"))

@@ -2,7 +2,7 @@
 
 Three kinds of recording are read, told apart by their first non-blank line:
 - an event stream as `watch --record` writes it or as in ../shared/opencode/captures
-  (`data:` lines, either stream form), read with the same `SSEDecoder` as the daemon;
+  (`data:` lines, either stream form), read by the same decoder as the daemon's stream;
 - JSON Lines, one event of either stream form per line;
 - a session export, the JSON array `GET /session/{id}/message` answers, turned into the
   frames the live stream would have carried for it (`export_frames`).
@@ -297,6 +297,8 @@ def _read_lines(stream: IO[bytes], on_read: Callable[[int], None]) -> Iterator[s
             while (rest := _readline(stream)) and not rest.endswith(b"\n"):
                 done += len(rest)
             done += len(rest)
+            # The cut line still ends where the long one did: it fails as JSON, alone.
+            line += b"\n"
         on_read(done)
         yield line.decode("utf-8", "replace")
 

@@ -1,10 +1,14 @@
 """Following the server's event stream for as long as the monitor runs.
 
-aiohttp-sse-client parses the stream; around it sits our own reconnect loop, because the
-library reconnects only after a clean end (and then without telling us, so we could not
-resync), while an error in mid-read reaches the caller. The session's read timeout, keyed to
-the server's 10 s heartbeat, is what notices a stream that never sends headers or goes silent
+aiohttp reads the response; `SSEChunkDecoder` (monitor/frames.py) splits its bytes into
+events. Around them sits our reconnect loop: every end of a connection, clean or not, is
+reported, and the next connection resyncs. The session's read timeout, keyed to the
+server's 10 s heartbeat, is what notices a stream that never sends headers or goes silent
 without a FIN.
+
+The stream is decoded in whatever chunks have arrived rather than line by line: at tens of
+thousands of frames a second, a coroutine round trip per line cost more than decoding the
+JSON (docs/performance.md has the profile).
 """
 
 from __future__ import annotations
@@ -15,17 +19,17 @@ from urllib.parse import urlencode
 
 import aiohttp
 import structlog
-from aiohttp_sse_client.client import READY_STATE_CONNECTING, EventSource
 
 from monitor.backoff import Backoff
 from monitor.errors import ConfigError
+from monitor.frames import SSEChunkDecoder
 
 log = structlog.get_logger("monitor.stream")
 
 HEARTBEAT_S = 10.0
 READ_TIMEOUT_S = 2.5 * HEARTBEAT_S
 CONNECT_TIMEOUT_S = 10.0
-# Lines longer than twice this make aiohttp give up on the stream; a tool part carries the
+# How far aiohttp may read ahead of us (it buffers up to twice this); a tool part carries the
 # whole output of the call, which can be a large file.
 READ_BUFSIZE = 8 * 1024 * 1024
 
@@ -44,20 +48,20 @@ def stream_url(base_url: str, directory: str | None) -> str:
     return f"{base}/event?{urlencode({'directory': directory})}"
 
 
-class _StreamEnded(Exception):
-    """The server ended the response cleanly."""
+class _NotAStream(Exception):
+    """The server answered, but not with an event stream; the message is safe to log."""
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, _StreamEnded):
-        return "stream ended"
+    if isinstance(exc, _NotAStream):
+        return str(exc)
     if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return "read timeout"
     # Only the exception type and aiohttp's own text: never frame content.
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"cannot connect ({exc.os_error.strerror or type(exc.os_error).__name__})"
     if isinstance(exc, OSError) and not isinstance(exc, aiohttp.ClientError):
-        return str(exc)  # aiohttp-sse-client's own: "fetch URL failed: 500", no frame content
+        return str(exc)  # the operating system's text, never frame content
     return type(exc).__name__
 
 
@@ -110,35 +114,20 @@ class EventStream:
             self.reconnects += 1
 
     async def _read_once(self) -> None:
-        holder: list[EventSource] = []
-
-        def on_error() -> None:
-            # The library is about to reconnect by itself after a clean end; stop it so our
-            # loop reconnects and resyncs instead.
-            if holder and holder[0].ready_state == READY_STATE_CONNECTING:
-                raise _StreamEnded
-
-        source = EventSource(
-            self.url,
-            session=self._http,
-            max_connect_retry=0,
-            on_error=on_error,
-            timeout=self._timeout,
-        )
-        holder.append(source)
-        try:
-            async with source:
-                self.connected = True
-                log.info("stream.connected", url=self.url)
-                await self._on_connect()
-                async for event in source:
+        headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
+        async with self._http.get(self.url, headers=headers, timeout=self._timeout) as response:
+            if response.status in (401, 407):
+                raise ConfigError(f"the server refused our credentials ({response.status})")
+            if response.status != 200:
+                raise _NotAStream(f"server answered {response.status}")
+            if response.content_type != "text/event-stream":
+                raise _NotAStream(f"not an event stream ({response.content_type})")
+            self.connected = True
+            log.info("stream.connected", url=self.url)
+            await self._on_connect()
+            decoder = SSEChunkDecoder()
+            on_frame = self._on_frame
+            async for chunk in response.content.iter_any():
+                for data in decoder.feed(chunk):
                     self.frames += 1
-                    self._on_frame(event.data)
-        except _StreamEnded:
-            pass
-        except ConnectionRefusedError as exc:
-            # aiohttp-sse-client signals 401/407 this way (aiohttp's own connection errors
-            # are ClientError subclasses).
-            if isinstance(exc, aiohttp.ClientError):
-                raise
-            raise ConfigError("the server refused our credentials (401)") from None
+                    on_frame(data)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 import time
 from dataclasses import dataclass
@@ -141,10 +140,6 @@ class Watch:
 
     async def _run(self) -> int:
         settings = self.settings
-        # aiohttp-sse-client reports each failed connect (a 401 too) through stdlib logging,
-        # which with no handler prints a bare line on stderr. `stream.disconnected` and the
-        # config error already say it, in our format: one line per failure, not two.
-        logging.getLogger("aiohttp_sse_client").setLevel(logging.CRITICAL)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._stop.set)
