@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from monitor.sandbox import OpencodeServer, find_or_install_opencode
 from monitor.scripted_model import ScriptedModel
 from tests.monitor_process import MonitorProcess
+from tests.overshoot import overshoot
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,3 +56,30 @@ def start_monitor(tmp_path: Path) -> Iterator[Callable[..., MonitorProcess]]:
     yield start
     for monitor in started:
         monitor.kill()
+
+
+OVERSHOOT_FILE = REPO / ".cache" / "overshoot.jsonl"
+
+
+@pytest.fixture(scope="session")
+def _overshoot_file() -> Path:
+    # One file per test run: bench/run.py reports its sum (docs/performance.md).
+    OVERSHOOT_FILE.parent.mkdir(parents=True, exist_ok=True)
+    OVERSHOOT_FILE.write_text("")
+    return OVERSHOOT_FILE
+
+
+@pytest.fixture
+def measure_overshoot(
+    request: pytest.FixtureRequest, _overshoot_file: Path
+) -> Callable[[list[dict], list[str]], int]:
+    """Count the overshoot of a real-server loop and keep it for the benchmark table."""
+
+    def measure(messages: list[dict], part_ids: list[str]) -> int:
+        calls = overshoot(messages, part_ids)
+        record = {"test": request.node.nodeid, "loops": len(part_ids), "overshoot": calls}
+        with _overshoot_file.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")
+        return calls
+
+    return measure

@@ -55,7 +55,7 @@ async def start_watching(start_monitor, server, *flags):
 
 
 async def test_two_call_cycle_aborted_on_its_sixth_call(
-    opencode_server, start_monitor, http, scripted_model
+    opencode_server, start_monitor, http, scripted_model, measure_overshoot
 ):
     monitor = await start_watching(start_monitor, opencode_server)
     client = opencode_server.client(http)
@@ -67,6 +67,7 @@ async def test_two_call_cycle_aborted_on_its_sixth_call(
     assert [p["tool"] for p in parts] == ["read", "bash"] * 3  # no call after the 6th
     [detected] = monitor.events("loop.detected")
     assert detected["part_id"] == parts[5]["id"]
+    assert measure_overshoot(messages, [detected["part_id"]]) == 0
     assert (detected["cycle_length"], detected["repetitions"], detected["tools"]) == (
         2,
         3,
@@ -98,7 +99,7 @@ async def test_varied_calls_run_to_the_end(opencode_server, start_monitor, http)
 
 
 async def test_two_sessions_only_the_looping_one_is_aborted(
-    opencode_server, start_monitor, http
+    opencode_server, start_monitor, http, measure_overshoot
 ):
     monitor = await start_watching(start_monitor, opencode_server)
     client = opencode_server.client(http)
@@ -113,10 +114,14 @@ async def test_two_sessions_only_the_looping_one_is_aborted(
     finished = await client.wait_idle(varied["id"], 60)
     assert len(tool_parts(looped)) == 4
     assert len(tool_parts(finished)) == 12 and len(user_texts(finished)) == 1
-    assert [d["session_id"] for d in monitor.events("loop.detected")] == [looping["id"]]
+    [detected] = monitor.events("loop.detected")
+    assert detected["session_id"] == looping["id"]
+    assert measure_overshoot(looped, [detected["part_id"]]) == 0
 
 
-async def test_loop_caught_after_the_server_restarts(opencode_server, start_monitor, http):
+async def test_loop_caught_after_the_server_restarts(
+    opencode_server, start_monitor, http, measure_overshoot
+):
     monitor = await start_watching(start_monitor, opencode_server)
     await opencode_server.stop()
     await monitor.wait_event("stream.disconnected")
@@ -129,6 +134,7 @@ async def test_loop_caught_after_the_server_restarts(opencode_server, start_moni
     assert len(tool_parts(messages)) == 4
     [detected] = monitor.events("loop.detected")
     assert detected["outcome"] == "aborted" and detected["session_id"] == session["id"]
+    assert measure_overshoot(messages, [detected["part_id"]]) == 0
 
 
 async def test_dry_run_leaves_the_loop_running(opencode_server, start_monitor, http):
@@ -142,7 +148,9 @@ async def test_dry_run_leaves_the_loop_running(opencode_server, start_monitor, h
     assert detected["outcome"] == "dry_run" and detected["call_index"] == 6
 
 
-async def test_third_intervention_holds(opencode_server, start_monitor, http, scripted_model):
+async def test_third_intervention_holds(
+    opencode_server, start_monitor, http, scripted_model, measure_overshoot
+):
     monitor = await start_watching(start_monitor, opencode_server, "--max-interventions", "2")
     client = opencode_server.client(http)
     session = await client.create_session("stubborn")
@@ -156,6 +164,8 @@ async def test_third_intervention_holds(opencode_server, start_monitor, http, sc
     outcomes = [(d["outcome"], d["escalated"]) for d in monitor.events("loop.detected")]
     assert outcomes == [("aborted", False), ("aborted", False), ("held", True)]
     assert len(tool_parts(messages)) == 12
+    parts = [d["part_id"] for d in monitor.events("loop.detected")]
+    assert measure_overshoot(messages, parts) == 0
     users = user_texts(messages)
     assert len(users) == 4 and "on hold" in users[3] and "on hold" not in users[2]
     assert messages[-1]["info"]["role"] == "user"  # the held feedback got no answer
