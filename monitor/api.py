@@ -40,9 +40,11 @@ def basic_auth_header(user: str, password: str) -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
-def _session_path(session_id: str, action: str) -> str:
-    # Session ids come from the stream: quoted so that no id can reach another endpoint.
-    return f"/session/{quote(session_id, safe='')}/{action}"
+def _session_path(session_id: str, action: str = "") -> str:
+    # Session ids come from the stream or the command line: quoted so that no id can reach
+    # another endpoint.
+    path = f"/session/{quote(session_id, safe='')}"
+    return f"{path}/{action}" if action else path
 
 
 class OpencodeAPI:
@@ -80,6 +82,13 @@ class OpencodeAPI:
             for session_id, status in statuses.items()
             if not (isinstance(status, dict) and status.get("type") == "idle")
         }
+
+    async def session(self, session_id: str, directory: str | None) -> dict[str, Any]:
+        """The session's info (with its `directory`); `SessionGone` when the server has none."""
+        info = await self._call("GET", _session_path(session_id), directory)
+        if not isinstance(info, dict) or not isinstance(info.get("directory"), str):
+            raise ServerError("/session/{id} did not answer an object with a directory")
+        return info
 
     async def messages(self, session_id: str, directory: str | None) -> list[Any]:
         messages = await self._call("GET", _session_path(session_id, "message"), directory)

@@ -15,7 +15,6 @@ import asyncio
 import dataclasses
 import sys
 from typing import Any
-from urllib.parse import quote
 
 import structlog
 
@@ -49,19 +48,6 @@ def current_run(messages: list[Any]) -> list[Any]:
         if isinstance(info, dict) and info.get("role") == "user":
             return messages[index:]
     return messages
-
-
-class SessionAPI(OpencodeAPI):
-    """The REST calls plus the one only `attach` needs."""
-
-    async def session(self, session_id: str, directory: str | None) -> dict[str, Any]:
-        """The session's info; raises `SessionGone` when the server does not know it."""
-        if not session_id.startswith(SESSION_ID_PREFIX):
-            raise SessionGone("not an OpenCode session id")
-        info = await self._call("GET", f"/session/{quote(session_id, safe='')}", directory)
-        if not isinstance(info, dict) or not isinstance(info.get("directory"), str):
-            raise ServerError("/session/{id} did not answer an object with a directory")
-        return info
 
 
 class Attach(Watch):
@@ -135,8 +121,11 @@ class Attach(Watch):
 
 
 async def look_up(settings: Settings, session_id: str) -> dict[str, Any]:
+    # The server answers 500, not 404, for an id that is not an OpenCode session id.
+    if not session_id.startswith(SESSION_ID_PREFIX):
+        raise SessionGone("not an OpenCode session id")
     async with http_session(settings) as http:
-        return await SessionAPI(http, settings.url).session(session_id, settings.directory)
+        return await OpencodeAPI(http, settings.url).session(session_id, settings.directory)
 
 
 async def attach(settings: Settings, session_id: str) -> int:

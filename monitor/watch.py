@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import time
 from dataclasses import dataclass
@@ -49,6 +50,19 @@ def detection_of(settings: Settings) -> Detection:
         on_loop=settings.on_loop,
         max_interventions=settings.max_interventions,
     )
+
+
+def log_fields(detection: Detection) -> dict[str, object]:
+    """The detection settings as JSON-friendly log fields (names and numbers only)."""
+    fields: dict[str, object] = {}
+    for field in dataclasses.fields(detection):
+        value = getattr(detection, field.name)
+        if isinstance(value, frozenset):
+            value = sorted(value)
+        elif field.name == "ignore_args":
+            value = {tool: sorted(keys) for tool, keys in (value or {}).items()}
+        fields[field.name] = value
+    return fields
 
 
 def http_session(settings: Settings) -> aiohttp.ClientSession:
@@ -149,12 +163,7 @@ class Watch:
             url=settings.url,
             directory=settings.directory,
             dry_run=settings.dry_run,
-            match=settings.match,
-            max_period=settings.max_period,
-            repeats=settings.repeats,
-            history=settings.history,
-            on_loop=settings.on_loop,
-            max_interventions=settings.max_interventions,
+            **log_fields(self.tracker.detection),
         )
         async with http_session(settings) as http:
             self.api = OpencodeAPI(http, settings.url, self.timing.retry)
@@ -202,10 +211,7 @@ class Watch:
 
     def _on_frame(self, data: str) -> None:
         if self._record is not None:
-            self._record.write(encode_sse(data))
-            # Flushed per frame: a recording that stops short of the crash it should explain
-            # is worthless, and a write per frame is cheap next to the network read.
-            self._record.flush()
+            self._write_record(self._record, data)
         tracker = self.tracker
         decisions = tracker.feed_data(data)
         for decision in decisions:
@@ -220,6 +226,17 @@ class Watch:
                 metrics.malformed()
         if tracker.last_malformed is not None:
             self._log_malformed(time.monotonic())
+
+    def _write_record(self, record: TextIO, data: str) -> None:
+        try:
+            record.write(encode_sse(data))
+            # Flushed per frame: a recording that stops short of the crash it should explain
+            # is worthless, and a write per frame is cheap next to the network read.
+            record.flush()
+        except OSError as exc:
+            # A full disk must not stop the guard: recording stops, watching goes on.
+            log.error("record.failed", path=str(self.settings.record), error=exc.strerror)
+            self._record = None
 
     def _on_outcome(self, decision: Intervene, outcome: str) -> None:
         if self.metrics is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 
 import pytest
 from aiohttp import web
@@ -365,3 +366,43 @@ async def test_metrics_scraped_from_a_running_monitor():
     assert any(line.startswith(f"{prefix}stream_reconnects_total 1.0") for line in lines)
     assert "session" not in text.replace("sessions_tracked", "")
     assert (health, ready) == (200, 200)
+
+
+async def test_started_log_lists_the_detection_settings():
+    fake = FakeOpencode(streams=[play()])
+    with capture_logs() as logs:
+        running = await start(fake, ignore_tool=["todowrite"], ignore_arg=["bash.description"])
+        await wait_for(lambda: events(logs, "stream.connected"))
+        await stop(*running)
+    [started] = events(logs, "monitor.started")
+    assert {k: v for k, v in started.items() if k not in ("url", "version")} == {
+        "event": "monitor.started",
+        "log_level": "info",
+        "directory": None,
+        "dry_run": False,
+        "max_period": 4,
+        "repeats": 3,
+        "history": 32,
+        "match": "input",
+        "ignore_tools": ["todowrite"],
+        "ignore_args": {"bash": ["description"]},
+        "on_loop": "resume",
+        "max_interventions": 2,
+        "max_sessions": 10_000,
+    }
+
+
+async def test_a_failing_record_stops_recording_not_watching(tmp_path, monkeypatch):
+    class FullDisk(io.StringIO):
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("monitor.watch.open_record", lambda path: FullDisk())
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    with capture_logs() as logs:
+        running = await start(fake, record=str(tmp_path / "r.sse"))
+        await wait_for(lambda: fake.of("abort"))
+        await stop(*running)
+    [failed] = events(logs, "record.failed")
+    assert failed["error"] == "No space left on device" and failed["path"].endswith("r.sse")
+    assert fake.connections == 1 and len(fake.of("prompt_async")) == 1
