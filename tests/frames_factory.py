@@ -76,3 +76,22 @@ def created(session: str, directory: str) -> dict:
 
 def envelope(frame: dict, directory: str = "/home/dev/project") -> dict:
     return {"directory": directory, "project": "global", "payload": frame}
+
+
+READ = {"filePath": "README.md"}
+
+
+def loop_of(session: str, count: int, tool: str = "read", input: Any = READ, prefix: str = "p"):
+    """`count` identical calls, part ids `{prefix}1`, `{prefix}2`, ..."""
+    frames = []
+    for n in range(count):
+        frames += call(session, f"{prefix}{n + 1}", tool, input)
+    return frames
+
+
+def feed_all(tracker, frames) -> list:
+    """Every decision the tracker returns for `frames`, in order."""
+    decisions = []
+    for frame in frames:
+        decisions += tracker.feed(frame)
+    return decisions

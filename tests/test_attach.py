@@ -11,25 +11,10 @@ from monitor.attach import current_run
 from monitor.cycle import Cycle
 from monitor.replay import export_frames
 from monitor.tracker import Detection, Tracker
-from tests.frames_factory import call, deleted, tool_part
+from tests.frames_factory import READ, call, deleted, feed_all, loop_of, tool_part
 
 S = "ses_followed"
 OTHER = "ses_other"
-READ = {"filePath": "README.md"}
-
-
-def feed_all(tracker, frames):
-    decisions = []
-    for frame in frames:
-        decisions += tracker.feed(frame)
-    return decisions
-
-
-def loop_of(session, count, prefix="p"):
-    frames = []
-    for n in range(count):
-        frames += call(session, f"{prefix}{n + 1}", "read", READ)
-    return frames
 
 
 def user(text="go"):

@@ -3,24 +3,18 @@ import pytest
 from monitor.cycle import Cycle
 from monitor.tracker import Detection, Intervene, Tracker
 from tests.captures import capture_frames
-from tests.frames_factory import call, created, deleted, envelope, idle, status, tool_part
-
-READ = {"filePath": "README.md"}
-
-
-def feed_all(tracker, frames):
-    decisions = []
-    for frame in frames:
-        decisions += tracker.feed(frame)
-    return decisions
-
-
-def loop_of(session, count, tool="read", input=READ, prefix="p"):
-    frames = []
-    for n in range(count):
-        frames += call(session, f"{prefix}{n + 1}", tool, input)
-    return frames
-
+from tests.frames_factory import (
+    READ,
+    call,
+    created,
+    deleted,
+    envelope,
+    feed_all,
+    idle,
+    loop_of,
+    status,
+    tool_part,
+)
 
 # -- the recordings of the real server ------------------------------------------------------
 
