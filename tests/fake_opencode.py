@@ -40,7 +40,7 @@ def play(*chunks: bytes, then: str = "hang") -> StreamScript:
         if then == "end":
             return
         if then == "break":
-            await response.write(b"data: {\"type\":\"sess")
+            await response.write(b'data: {"type":"sess')
             assert request.transport is not None
             request.transport.abort()
             return

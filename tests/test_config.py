@@ -250,8 +250,8 @@ def test_unreadable_file_names_the_file_and_where_it_was_given(tmp_path: Path) -
     missing = tmp_path / "missing.toml"
     message = load_error(tmp_path, env={"OPENCODE_LOOP_MONITOR_CONFIG": str(missing)})
     assert (
-        message
-        == f"config in OPENCODE_LOOP_MONITOR_CONFIG: cannot read {missing}: No such file or directory"
+        message == f"config in OPENCODE_LOOP_MONITOR_CONFIG: cannot read {missing}: "
+        "No such file or directory"
     )
 
 

@@ -16,6 +16,8 @@ def logged_events() -> set[str]:
 
 
 def test_every_logged_event_is_documented_and_nothing_else():
-    documented = set(re.findall(r"^### `([a-z_.]+)`", (ROOT / "docs" / "logs.md").read_text(), re.M))
+    documented = set(
+        re.findall(r"^### `([a-z_.]+)`", (ROOT / "docs" / "logs.md").read_text(), re.M)
+    )
     assert logged_events() == documented
     assert {"monitor.started", "loop.detected", "frame.malformed"} <= documented

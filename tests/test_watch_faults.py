@@ -155,8 +155,8 @@ async def test_garbage_frames_are_counted_and_the_loop_still_caught():
         + frames({"type": "some.future.event", "properties": {}})
         + frames({"type": "message.part.updated", "properties": {"part": {"type": "tool"}}})
         + b": a comment\n\n"
-        + b"event: odd\nid: 7\nretry: x\ndata: {\"type\": \"session.idle\"}\n\n"
-        + b"data: {\"half\": \n\n"
+        + b'event: odd\nid: 7\nretry: x\ndata: {"type": "session.idle"}\n\n'
+        + b'data: {"half": \n\n'
     )
     fake = FakeOpencode(streams=[play(garbage + loop_frames("s1", 4))])
     with capture_logs() as logs:
@@ -303,8 +303,8 @@ async def test_record_appends_every_raw_frame(tmp_path):
     from monitor.frames import iter_sse_data
 
     path = tmp_path / "day.sse"
-    path.write_text("data: {\"earlier\": true}\n\n", encoding="utf-8")
-    body = b"data: not json\n\n" + b"data: {\"a\":\ndata: 1}\n\n" + loop_frames("s1", 4)
+    path.write_text('data: {"earlier": true}\n\n', encoding="utf-8")
+    body = b"data: not json\n\n" + b'data: {"a":\ndata: 1}\n\n' + loop_frames("s1", 4)
     fake = FakeOpencode(streams=[play(body)])
     running = await start(fake, record=str(path))
     await wait_for(lambda: fake.of("abort"))
