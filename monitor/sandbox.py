@@ -32,7 +32,9 @@ MODEL_ID = "fake/looper"
 
 START_TIMEOUT = 60.0
 READY_TRY_TIMEOUT = 0.5
-STOP_GRACE = 5.0
+# After a session has run, opencode 1.18.33 often outlives SIGTERM by seconds; its data is
+# thrown away with the sandbox, so it gets little time before SIGKILL.
+STOP_GRACE = 1.5
 LOG_TAIL_BYTES = 4000
 
 Process = tuple[int, int, int, str]  # pid, ppid, pgid, state letter
