@@ -46,6 +46,28 @@ class Command:
     add_arguments: Callable[[argparse.ArgumentParser], object] = lambda parser: None
 
 
+WATCH_DESCRIPTION = """\
+Runs beside `opencode serve` and follows every tool call of every session on its event
+stream (one project with --directory). When a session repeats the same block of 1 to
+--max-period calls --repeats full times (a single call: on its 4th identical repetition),
+it aborts the run and posts feedback telling the model to change approach; after
+--max-interventions in one session, the next one holds the session for a person.
+
+It runs until SIGTERM or SIGINT, waits for the server while it is away (reconnecting with
+backoff), and logs one JSON object per line when stdout is not a terminal (docs/logs.md).
+Under systemd it speaks the notify protocol (READY, STATUS, WATCHDOG, STOPPING)."""
+
+WATCH_EPILOG = """\
+exit status: 0 stopped by SIGTERM or SIGINT, 78 configuration error (a bad setting, a
+refused password: not worth restarting)."""
+
+
+def _watch_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = WATCH_DESCRIPTION
+    parser.epilog = WATCH_EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
 def _run_watch(settings: Settings, args: argparse.Namespace) -> int:
     # Imported here so --help and --version neither pay for nor depend on the asyncio stack.
     from monitor.watch import run_watch
@@ -159,6 +181,7 @@ COMMANDS: tuple[Command, ...] = (
         "follow the server's events and stop sessions that loop",
         _run_watch,
         frozenset(Group),  # the daemon itself takes every setting
+        _watch_arguments,
     ),
     Command(
         "attach",
