@@ -48,6 +48,10 @@ class Interventions:
 
         task.add_done_callback(done)
 
+    def acting_on(self, session_id: str) -> bool:
+        """True while an action for this session is queued or running."""
+        return session_id in self._tails
+
     async def drain(self, timeout: float) -> None:
         """Let in-flight actions finish, up to `timeout` seconds; cancel what is left."""
         tasks = list(self._tails.values())

@@ -2,11 +2,11 @@
 
 `attach SESSION_ID` looks the session up (`GET /session/{id}`, which also gives its project
 directory), follows that directory's `/event` stream with a tracker that ignores every other
-session, seeds the tracker with the tool calls of the session's current run, and from there
-behaves like `watch`. It ends by itself, with status 0, when the session is deleted.
+session, and from there behaves like `watch`, whose resync seeds the tracker with the calls
+of the session's current run. It ends by itself, with status 0, when the session is deleted.
 
-The core is the tracker (`only_session`, `seed`, `followed_deleted`) and `current_run`; this
-module is the thin shell around them, a `Watch` with its own start and its own resync.
+The core is the tracker (`only_session`, `seed`, `followed_deleted`); this module is the thin
+shell around it, a `Watch` with its own start and a deletion check on every connect.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from monitor.api import OpencodeAPI
 from monitor.config import Settings
 from monitor.errors import ServerError, SessionGone
 from monitor.logs import configure_logging
-from monitor.replay import export_frames
 from monitor.tracker import Tracker
 from monitor.watch import Watch, detection_of, http_session
 
@@ -36,20 +35,6 @@ EX_UNAVAILABLE = 69  # the server could not be asked (down, or failing)
 SESSION_ID_PREFIX = "ses_"
 
 
-def current_run(messages: list[Any]) -> list[Any]:
-    """The messages of the session's current run: from its last user message on.
-
-    A user message (a prompt, or the monitor's own feedback) starts a new run, so the calls
-    before it belong to runs that are over and must not count.
-    """
-    for index in range(len(messages) - 1, -1, -1):
-        message = messages[index]
-        info = message.get("info") if isinstance(message, dict) else None
-        if isinstance(info, dict) and info.get("role") == "user":
-            return messages[index:]
-    return messages
-
-
 class Attach(Watch):
     """`Watch` restricted to one session, seeded with that session's current run."""
 
@@ -59,65 +44,29 @@ class Attach(Watch):
         )
         super().__init__(settings, tracker=tracker, **kwargs)
         self.session_id = session_id
-        self._seeded = False
 
     def _on_frame(self, data: str) -> None:
         super()._on_frame(data)
-        if self.tracker.followed_deleted and not self._stop.is_set():
+        if self.tracker.followed_deleted:
+            self._deleted()
+
+    def _deleted(self) -> None:
+        if not self._stop.is_set():
             log.info("attach.session_deleted", session_id=self.session_id)
             self._stop.set()
 
     async def _resync(self) -> None:
-        # Called on every (re)connect, after the stream answered and before its first frame
-        # is read: frames that arrive meanwhile wait in the socket, so the seed goes first.
+        # On every (re)connect: away from the stream, the deletion may have gone by unseen.
+        # Then `watch`'s resync seeds the session's current run, if it has one.
         try:
-            if not self._seeded:
-                await self._seed()
-                return
-            await self._check_exists()
+            await self.api.session(self.session_id, self.settings.directory)
         except SessionGone:
-            log.info("attach.session_deleted", session_id=self.session_id)
-            self._stop.set()
+            self._deleted()
             return
-        await super()._resync()
-
-    async def _check_exists(self) -> None:
-        """Away from the stream, we may have missed the deletion (raises `SessionGone`)."""
-        try:
-            await self.api.messages(self.session_id, self.settings.directory)
-        except SessionGone:
-            raise
         except ServerError as exc:
             # Cannot tell: keep following; the next reconnect asks again.
             log.warning("stream.resync_failed", error=str(exc))
-
-    async def _seed(self) -> None:
-        """Record the calls of the session's current run, and act if they already loop.
-
-        The stream is connected before the messages are read, so that no update made in
-        between is lost; the tracker's seed keeps every part it recorded in flight, so that
-        those updates, arriving on the stream as well, are not recorded twice. Busy is asked
-        before the messages: a run that ends in between still leaves its `session.idle` on
-        the stream, which ends the seeded run; the other order could take the last, finished
-        run for a current one. An idle session has no current run: nothing is seeded, its
-        next prompt starts clean. A failure here (other than a 404) fails this connection;
-        the stream reconnects and the seed is tried again.
-        """
-        directory = self.settings.directory
-        busy = self.session_id in await self.api.busy_sessions(directory)
-        messages = await self.api.messages(self.session_id, directory)
-        frames = list(export_frames(current_run(messages))) if busy else []
-        decisions = self.tracker.seed(frames)
-        self._seeded = True
-        log.info(
-            "attach.seeded",
-            session_id=self.session_id,
-            busy=busy,
-            calls=sum(isinstance(frame, dict) for frame in frames),
-            loop=bool(decisions),
-        )
-        for decision in decisions:
-            self.interventions.submit(decision)
+        await super()._resync()
 
 
 async def look_up(settings: Settings, session_id: str) -> dict[str, Any]:

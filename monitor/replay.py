@@ -7,7 +7,8 @@ Three kinds of recording are read, told apart by their first non-blank line:
 - a session export, the JSON array `GET /session/{id}/message` answers, turned into the
   frames the live stream would have carried for it (`export_frames`).
 
-The core (`sniff_format`, `export_frames`, `FileReplay`, the records) is pure and synchronous;
+The core (`sniff_format`, `FileReplay`, the records; `export_frames` in monitor/export.py) is
+pure and synchronous;
 `replay_files` is the thin shell that reads files, prints JSON lines and draws the progress
 line. Streams are read a line at a time, so memory follows the largest frame and the number
 of sessions, not the size of the file; only a session export, being one JSON document, is
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from monitor.events import Malformed, parse_event
+from monitor.export import export_frames
 from monitor.frames import MAX_FRAME_BYTES, FrameError, decode_frame, iter_sse_data
 from monitor.tracker import Detection, Intervene, Tracker
 
@@ -90,33 +92,6 @@ def sniff_format(first_line: str) -> Format:
         "not a recording: expected an event stream (data: lines), JSON Lines of events, "
         "or a session export (a JSON array)"
     )
-
-
-def export_frames(messages: object) -> Iterator[object]:
-    """The frames the live stream would have carried for a session export, in message order.
-
-    Only tool parts matter to the tracker; each is sent once in its final state, which the
-    tracker records like a call whose `running` update it missed. A user message after the
-    first starts a new run, as a prompt does on the server, so a `session.idle` frame goes
-    before it and the history resets as it would have live. Unusable entries come out as
-    `Malformed`, to be counted, never raised.
-    """
-    if not isinstance(messages, list):
-        raise RecordingError("a session export is a JSON array of {info, parts}")
-    for index, message in enumerate(messages):
-        info = message.get("info") if isinstance(message, dict) else None
-        parts = message.get("parts") if isinstance(message, dict) else None
-        if not isinstance(info, dict) or not isinstance(parts, list):
-            yield Malformed("export: message is not {info, parts}")
-            continue
-        if info.get("role") == "user" and index > 0:
-            yield {"type": "session.idle", "properties": {"sessionID": info.get("sessionID")}}
-        for part in parts:
-            if isinstance(part, dict) and part.get("type") == "tool":
-                yield {
-                    "type": "message.part.updated",
-                    "properties": {"sessionID": part.get("sessionID"), "part": part},
-                }
 
 
 def detection_record(file: str, decision: Intervene) -> dict[str, Any]:

@@ -77,12 +77,18 @@ class _Seeding:
 
 
 class _Session:
-    __slots__ = ("directory", "interventions", "calls", "in_flight")
+    __slots__ = ("directory", "interventions", "calls", "run_start", "intervened_part", "in_flight")
 
     def __init__(self) -> None:
         self.directory: str | None = None
         self.interventions = 0
         self.calls = 0
+        # `calls` when the current run began, so a run read back again (`seed`) is not
+        # counted twice.
+        self.run_start = 0
+        # The part that completed the last cycle: a seed that replays the same run must not
+        # act on it a second time (the feedback may not be stored yet when we read back).
+        self.intervened_part: str | None = None
         # Part ids recorded at `running` whose final update has not come yet: their later
         # updates must not be recorded a second time. None until needed, to stay small.
         self.in_flight: dict[str, None] | None = None
@@ -157,12 +163,16 @@ class Tracker:
                 self.followed_deleted = True
         return []
 
-    def seed(self, frames: Iterable[object]) -> list[Intervene]:
-        """Take the past of a session's current run before following it live (`attach`).
+    def seed(
+        self, session_id: str, frames: Iterable[object], directory: str | None = None
+    ) -> list[Intervene]:
+        """Read a session's current run back from the server before following it live.
 
-        `frames` are what `monitor.replay.export_frames` makes of the run's messages: each
-        part in the state it had when the messages were read. They go through `feed`, so the
-        rules are those of the live stream, with two differences:
+        After a reconnect, at start, and for `attach`: events missed while away are gone, so
+        the run is rebuilt from `frames`, what `monitor.export.export_frames` makes of its
+        messages (each part in the state it had when they were read). The run starts over
+        (its history and in-flight parts go; its intervention count stays) and the frames go
+        through `feed`, so the rules are those of the live stream, with three differences:
 
         - Every part recorded here is kept in flight, also a finished one. The shell connects
           the stream before it reads the messages, so that nothing happening in between is
@@ -174,7 +184,13 @@ class Tracker:
         - At most one decision: a run that already looped several times before we came is
           stopped once, at the first call where `watch` would have stopped it. Later calls
           of the seed are counted (positions stay call numbers) but not recorded.
+        - No decision on the part we already intervened on: the run read back may be the
+          one we just stopped, if its feedback is not stored yet.
         """
+        session = self._seen(session_id, directory)
+        self.guard.clear(session_id)
+        session.in_flight = None
+        session.calls = session.run_start
         seeding = self._seeding = _Seeding()
         decisions: list[Intervene] = []
         try:
@@ -183,10 +199,14 @@ class Tracker:
                     self._malformed(frame.reason)
                     continue
                 decisions += self.feed(frame)
-                seeding.decided = bool(decisions)
+                seeding.decided = seeding.decided or bool(decisions)
         finally:
             self._seeding = None
         return decisions
+
+    def follows(self, session_id: str) -> bool:
+        """False for the sessions `only_session` leaves out."""
+        return self.only_session is None or session_id == self.only_session
 
     def _malformed(self, reason: str) -> None:
         self.malformed[reason] += 1
@@ -208,6 +228,7 @@ class Tracker:
         session = self._sessions.get(session_id)
         if session is not None:
             session.in_flight = None
+            session.run_start = session.calls
 
     def keep_runs(self, busy: Iterable[str]) -> None:
         """After a reconnect: end the run of every session the server does not call busy."""
@@ -237,6 +258,10 @@ class Tracker:
         if seeding is not None:
             _hold_in_flight(session, part.part_id)
             if seeding.decided:
+                return None
+            if part.part_id == session.intervened_part:
+                self.guard.clear(part.session_id)
+                seeding.decided = True
                 return None
         cycle = self.guard.record(part.session_id, part.tool, self._call_args(part))
         if cycle is None:
@@ -277,6 +302,7 @@ class Tracker:
         self.guard.clear(part.session_id)
         prior = session.interventions
         session.interventions += 1
+        session.intervened_part = part.part_id
         detection = self.detection
         escalated = detection.on_loop == "resume" and prior >= detection.max_interventions
         hold = escalated or detection.on_loop == "hold"

@@ -24,7 +24,8 @@ from monitor.actions import Interventions
 from monitor.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.backoff import Backoff
 from monitor.config import Settings
-from monitor.errors import ConfigError, ServerError
+from monitor.errors import ConfigError, ServerError, SessionGone
+from monitor.export import current_run, export_frames
 from monitor.frames import encode_sse
 from monitor.logs import configure_logging
 from monitor.metrics import Metrics, MetricsServer, event_type, start_metrics_server
@@ -264,19 +265,61 @@ class Watch:
             self.metrics.reconnect()
 
     async def _resync(self) -> None:
-        """Events missed while away are gone: forget every run the server no longer runs."""
+        """Events missed while away are gone: rebuild every run from the server's record.
+
+        The server is asked which sessions are busy, in every directory we know of. The runs
+        of the others are over: their histories go. Each busy session's current run is read
+        back from its messages and seeded, so calls made while we were away still count and
+        a loop completed meanwhile is stopped now; on the first connect this takes in the
+        runs already under way when the monitor started.
+
+        This runs after the stream answered and before its first frame is read, so nothing
+        that happens meanwhile is lost (it waits in the socket; `Tracker.seed` explains how
+        parts seen twice count once). Busy is asked before the messages: a run that ends in
+        between still leaves its `session.idle` on the stream, which ends the seeded run;
+        the other order could take a finished run for a current one.
+        """
         tracker = self.tracker
-        tracked = list(tracker.guard)
-        if not tracked:
-            return
-        directories = {tracker.directory_of(session_id) for session_id in tracked}
-        busy: set[str] = set()
+        directories = {tracker.directory_of(session_id) for session_id in tracker.guard}
+        directories.add(self.settings.directory)
+        busy: dict[str, str | None] = {}
         try:
             for directory in directories:
-                busy |= await self.api.busy_sessions(directory)
+                for session_id in await self.api.busy_sessions(directory):
+                    # The stream told us where a session lives; otherwise, where we asked.
+                    known = tracker.directory_of(session_id)
+                    busy[session_id] = directory if known is None else known
         except ServerError as exc:
             # Without an answer we cannot tell finished runs from live ones: keep them all.
             log.warning("stream.resync_failed", error=str(exc))
             return
         tracker.keep_runs(busy)
-        log.info("stream.resynced", tracked=len(tracked), busy=len(busy & set(tracked)))
+        seeded = 0
+        for session_id, directory in busy.items():
+            # A session we are acting on is being stopped: reading back the run we are
+            # stopping would only find the same loop again.
+            if tracker.follows(session_id) and not self.interventions.acting_on(session_id):
+                seeded += await self._seed(session_id, directory)
+        log.info("stream.resynced", busy=len(busy), seeded=seeded)
+
+    async def _seed(self, session_id: str, directory: str | None) -> int:
+        """Seed one busy session's current run from its messages; 1 if it was seeded."""
+        try:
+            messages = await self.api.messages(session_id, directory)
+        except SessionGone:
+            self.tracker.forget(session_id)
+            return 0
+        except ServerError as exc:
+            log.warning("session.seed_failed", session_id=session_id, error=str(exc))
+            return 0
+        frames = list(export_frames(current_run(messages)))
+        decisions = self.tracker.seed(session_id, frames, directory)
+        log.info(
+            "session.seeded",
+            session_id=session_id,
+            calls=sum(isinstance(frame, dict) for frame in frames),
+            loop=bool(decisions),
+        )
+        for decision in decisions:
+            self.interventions.submit(decision)
+        return 1

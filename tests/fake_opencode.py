@@ -61,6 +61,8 @@ class FakeOpencode:
     answers: dict[str, list[int]] = field(default_factory=dict)
     delays: dict[str, float] = field(default_factory=dict)
     busy: dict[str, dict] = field(default_factory=dict)
+    # What GET /session/{id}/message answers, per session (an empty list when not given).
+    messages: dict[str, list] = field(default_factory=dict)
     requests: list[Received] = field(default_factory=list)
     connections: int = 0
 
@@ -69,6 +71,7 @@ class FakeOpencode:
         app.router.add_get("/global/event", self._stream)
         app.router.add_get("/event", self._stream)
         app.router.add_get("/session/status", self._status)
+        app.router.add_get("/session/{id}/message", self._messages)
         app.router.add_post("/session/{id}/{action}", self._action)
         return app
 
@@ -94,6 +97,10 @@ class FakeOpencode:
     async def _status(self, request: web.Request) -> web.Response:
         await self._record(request)
         return web.json_response(self.busy)
+
+    async def _messages(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response(self.messages.get(request.match_info["id"], []))
 
     async def _action(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)

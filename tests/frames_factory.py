@@ -95,3 +95,32 @@ def feed_all(tracker, frames) -> list:
     for frame in frames:
         decisions += tracker.feed(frame)
     return decisions
+
+
+# -- session exports: what GET /session/{id}/message answers ---------------------------------
+
+
+def export_part(session: str, part_id: str, status: str, input: Any = READ, tool: str = "read"):
+    state: dict[str, Any] = {"status": status, "input": {} if status == "pending" else input}
+    if status == "completed":
+        state["output"] = "ok"
+    return {"id": part_id, "type": "tool", "tool": tool, "sessionID": session, "state": state}
+
+
+def user_message(session: str, text: str = "go") -> dict:
+    return {
+        "info": {"id": f"msg_u_{text}", "role": "user", "sessionID": session},
+        "parts": [{"type": "text", "text": text}],
+    }
+
+
+def assistant_message(session: str, *parts: dict) -> dict:
+    return {"info": {"role": "assistant", "sessionID": session}, "parts": list(parts)}
+
+
+def export_reads(session: str, count: int, prefix: str = "p", status: str = "completed"):
+    """One assistant message per identical read, as a model step makes them."""
+    return [
+        assistant_message(session, export_part(session, f"{prefix}{n + 1}", status))
+        for n in range(count)
+    ]

@@ -7,42 +7,35 @@ test_real_attach.py.
 
 import pytest
 
-from monitor.attach import current_run
 from monitor.cycle import Cycle
-from monitor.replay import export_frames
+from monitor.export import current_run, export_frames
 from monitor.tracker import Detection, Tracker
-from tests.frames_factory import READ, call, deleted, feed_all, loop_of, tool_part
+from tests import frames_factory as ff
+from tests.frames_factory import READ, call, deleted, feed_all, idle, loop_of, tool_part
 
 S = "ses_followed"
 OTHER = "ses_other"
 
 
 def user(text="go"):
-    return {
-        "info": {"id": f"msg_u_{text}", "role": "user", "sessionID": S},
-        "parts": [{"type": "text", "text": text}],
-    }
+    return ff.user_message(S, text)
 
 
 def part(part_id, status, input=READ, tool="read"):
-    state = {"status": status, "input": {} if status == "pending" else input}
-    if status == "completed":
-        state["output"] = "ok"
-    return {"id": part_id, "type": "tool", "tool": tool, "sessionID": S, "state": state}
+    return ff.export_part(S, part_id, status, input, tool)
 
 
 def assistant(*parts):
-    return {"info": {"role": "assistant", "sessionID": S}, "parts": list(parts)}
+    return ff.assistant_message(S, *parts)
 
 
 def reads(count, prefix="p", status="completed"):
-    """One assistant message per call, as a model step makes them."""
-    return [assistant(part(f"{prefix}{n + 1}", status)) for n in range(count)]
+    return ff.export_reads(S, count, prefix, status)
 
 
 def seeded(messages, **detection):
     tracker = Tracker(Detection(**detection), directory="/project", only_session=S)
-    decisions = tracker.seed(export_frames(current_run(messages)))
+    decisions = tracker.seed(S, export_frames(current_run(messages)))
     return tracker, decisions
 
 
@@ -200,3 +193,38 @@ def test_live_feed_after_seed_is_plain_live_feed():
     tracker, [_] = seeded([user(), *reads(4)])
     frames = [tool_part(S, f"q{n}", "read", "completed", READ, output="x") for n in range(4)]
     assert [d.part_id for d in feed_all(tracker, frames)] == ["q3"]
+
+
+# -- seeding again: after a reconnect, and after an intervention -------------------------------
+
+
+def test_seed_again_after_live_calls_counts_each_call_once():
+    tracker = Tracker()
+    feed_all(tracker, loop_of(S, 3))  # seen live, then the stream broke
+    # Read back: the same three calls and one made while we were away.
+    [decision] = tracker.seed(S, export_frames(current_run([user(), *reads(4)])))
+    assert (decision.part_id, decision.call_index) == ("p4", 4)
+
+
+def test_seed_of_the_run_just_stopped_does_not_act_again():
+    tracker = Tracker()
+    [decision] = feed_all(tracker, loop_of(S, 4))
+    assert decision.part_id == "p4"
+    # Read back before the feedback is stored: the same run, the same loop.
+    assert tracker.seed(S, export_frames(current_run([user(), *reads(6)]))) == []
+    assert tracker.interventions(S) == 1
+
+
+def test_positions_go_on_across_runs_and_seeds():
+    tracker = Tracker()
+    feed_all(tracker, loop_of(S, 2, prefix="a"))
+    tracker.feed(idle(S))
+    feed_all(tracker, loop_of(S, 1, prefix="b"))
+    [decision] = tracker.seed(S, export_frames(current_run([user(), *reads(4)])))
+    assert decision.call_index == 2 + 4
+
+
+def test_seed_keeps_the_directory():
+    tracker = Tracker(directory="/default")
+    [decision] = tracker.seed(S, export_frames(current_run([user(), *reads(4)])), "/srv/p")
+    assert decision.directory == "/srv/p"

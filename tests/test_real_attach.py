@@ -56,8 +56,8 @@ async def test_attached_mid_run_aborts_at_the_fourth_call(opencode_server, start
     await client.prompt_async(session["id"], script([READ], 20, delay=0.8))
     await wait_tool_parts(client, session["id"], 1)
     monitor = start_monitor(*attach_args(opencode_server, session["id"]))
-    [seeded] = await monitor.wait_event("attach.seeded")
-    assert seeded["busy"] is True and seeded["loop"] is False
+    [seeded] = await monitor.wait_event("session.seeded")
+    assert seeded["session_id"] == session["id"] and seeded["loop"] is False
     assert 1 <= seeded["calls"] <= 3  # attached before the cycle was complete
 
     messages = await client.wait_idle(session["id"], 60, user_messages=2)
@@ -79,8 +79,8 @@ async def test_attached_after_the_loop_acts_at_once(opencode_server, start_monit
     await client.prompt_async(session["id"], script([READ], 20, delay=1.0))
     before = await wait_tool_parts(client, session["id"], 5)
     monitor = start_monitor(*attach_args(opencode_server, session["id"]))
-    [seeded] = await monitor.wait_event("attach.seeded")
-    assert seeded["busy"] is True and seeded["loop"] is True and seeded["calls"] >= 5
+    [seeded] = await monitor.wait_event("session.seeded")
+    assert seeded["loop"] is True and seeded["calls"] >= 5
 
     messages = await client.wait_idle(session["id"], 60, user_messages=2)
     parts = tool_parts(messages)
@@ -99,8 +99,8 @@ async def test_other_sessions_ignored_and_deletion_exits_0(opencode_server, star
     followed = await client.create_session("followed")
     other = await client.create_session("other")
     monitor = start_monitor(*attach_args(opencode_server, followed["id"]))
-    [seeded] = await monitor.wait_event("attach.seeded")
-    assert seeded["busy"] is False and seeded["calls"] == 0
+    [resynced] = await monitor.wait_event("stream.resynced")
+    assert (resynced["busy"], resynced["seeded"]) == (0, 0)  # idle: no current run to read
 
     await client.prompt_async(other["id"], script([READ], 8))
     messages = await client.wait_idle(other["id"], 60)

@@ -125,8 +125,8 @@ async def test_attach_with_the_right_password_follows_the_session(
         *monitor_args("attach", secured_server, session["id"]),
         env={SERVER_PASSWORD_VAR: PASSWORD},
     )
-    [seeded] = await monitor.wait_event("attach.seeded")
-    assert seeded["session_id"] == session["id"]
+    [resynced] = await monitor.wait_event("stream.resynced")
+    assert resynced["busy"] == 0  # the lookup and the status query passed the password
     async with http.delete(
         f"{secured_server.url}/session/{session['id']}",
         params={"directory": secured_server.directory},

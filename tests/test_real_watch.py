@@ -183,3 +183,26 @@ async def test_logs_hold_no_argument_value(opencode_server, start_monitor, http)
     assert monitor.events("loop.detected") and monitor.events("feedback.sent")
     for value in (SECRET_FILE, SECRET_COMMAND, "canary-81d3b6e0", "print a word", "notes-4f7c"):
         assert value not in output
+
+
+async def test_a_loop_under_way_before_the_monitor_starts_is_caught_on_time(
+    opencode_server, start_monitor, http, measure_overshoot
+):
+    client = opencode_server.client(http)
+    session = await client.create_session("early")
+    await client.prompt_async(session["id"], script([READ], 20, delay=1.0))
+    deadline = asyncio.get_running_loop().time() + 30
+    while len(tool_parts(await client.messages(session["id"]))) < 2:
+        assert asyncio.get_running_loop().time() < deadline, "the run did not start"
+        await asyncio.sleep(0.1)
+    # All projects (/global/event): the server's own directory is asked at start.
+    monitor = start_monitor(*watch_args(opencode_server))
+    messages = await client.wait_idle(session["id"], 60, user_messages=2)
+    parts = tool_parts(messages)
+    [detected] = monitor.events("loop.detected")
+    # The calls made before the monitor started count: stopped on the 4th, not the 6th.
+    assert detected["part_id"] == parts[3]["id"] and detected["call_index"] == 4
+    assert len(parts) == 4
+    assert measure_overshoot(messages, [detected["part_id"]]) == 0
+    [seeded] = monitor.events("session.seeded")
+    assert seeded["session_id"] == session["id"] and seeded["calls"] >= 2

@@ -18,6 +18,7 @@ import pytest
 import monitor.replay as replay_module
 from monitor.cli import main
 from monitor.events import Malformed
+from monitor.export import export_frames
 from monitor.frames import iter_sse_data
 from monitor.replay import (
     EX_FOUND,
@@ -26,7 +27,6 @@ from monitor.replay import (
     Format,
     Progress,
     RecordingError,
-    export_frames,
     progress_text,
     replay_files,
     sniff_format,

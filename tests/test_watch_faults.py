@@ -17,6 +17,7 @@ from monitor.config import load_settings
 from monitor.errors import ConfigError
 from monitor.notify import Notifier
 from monitor.watch import Timing, Watch
+from tests import frames_factory as ff
 from tests.fake_opencode import FakeOpencode, frames, no_headers, play
 from tests.frames_factory import call, envelope
 
@@ -31,7 +32,7 @@ FAST = Timing(
 def loop_frames(session: str, calls: int, directory: str = "/w", prefix: str = "p") -> bytes:
     events = []
     for n in range(calls):
-        events += [envelope(f, directory) for f in call(session, f"{prefix}{n}", "read", READ)]
+        events += [envelope(f, directory) for f in call(session, f"{prefix}{n + 1}", "read", READ)]
     return frames(*events)
 
 
@@ -85,7 +86,7 @@ async def test_loop_is_aborted_and_feedback_posted():
         "repetitions": 4,
     }
     assert detected["tools"] == ["read"] and detected["outcome"] == "aborted"
-    assert detected["part_id"] == "p3"
+    assert detected["part_id"] == "p4"
     assert events(logs, "feedback.sent")[0]["session_id"] == "s1"
 
 
@@ -96,7 +97,8 @@ async def test_clean_end_reconnects_and_resyncs():
     )
     with capture_logs() as logs:
         running = await start(fake)
-        await wait_for(lambda: fake.connections == 2 and len(fake.of("status")) == 1)
+        # Asked at the first connect, and at the reconnect for s1's directory and ours.
+        await wait_for(lambda: fake.connections == 2 and len(fake.of("status")) == 3)
         await asyncio.sleep(0.2)
         await stop(*running)
     assert fake.of("abort") == []  # 3 calls before, 1 after: the history was dropped
@@ -105,17 +107,79 @@ async def test_clean_end_reconnects_and_resyncs():
     assert len(events(logs, "stream.connected")) == 2
 
 
-async def test_resync_keeps_busy_sessions():
+async def test_resync_reads_busy_runs_back():
     fake = FakeOpencode(
         streams=[play(loop_frames("s1", 3), then="end"), play(loop_frames("s1", 1, prefix="q"))],
         busy={"s1": {"type": "busy"}},
+        # The server's record of the run: the three calls we saw.
+        messages={"s1": [ff.user_message("s1"), *ff.export_reads("s1", 3)]},
+    )
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("abort"))
+        await stop(*running)
+    # After the reconnect the server is asked about the directory the stream showed.
+    assert {"directory": "/w"} in [r.query for r in fake.of("status")]
+    read_back = fake.of("message")[-1]
+    assert (read_back.path, read_back.query) == ("/session/s1/message", {"directory": "/w"})
+    [detected] = events(logs, "loop.detected")
+    assert (detected["part_id"], detected["call_index"]) == ("q1", 4)
+    assert events(logs, "session.seeded")[-1] == {
+        "event": "session.seeded",
+        "log_level": "info",
+        "session_id": "s1",
+        "calls": 3,
+        "loop": False,
+    }
+
+
+async def test_calls_made_while_away_count():
+    fake = FakeOpencode(
+        streams=[play(loop_frames("s1", 2), then="end"), play()],
+        busy={"s1": {"type": "busy"}},
+        # Two more identical calls ran while the stream was down: the loop is complete.
+        messages={"s1": [ff.user_message("s1"), *ff.export_reads("s1", 4)]},
+    )
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("prompt_async"))
+        await stop(*running)
+    [detected] = events(logs, "loop.detected")
+    assert (detected["part_id"], detected["call_index"]) == ("p4", 4)
+    assert fake.of("abort")[0].path == "/session/s1/abort"
+
+
+async def test_a_run_under_way_at_start_is_read_back():
+    fake = FakeOpencode(
+        streams=[play(loop_frames("s1", 1, prefix="q"))],
+        busy={"s1": {"type": "busy"}},
+        messages={"s1": [ff.user_message("s1"), *ff.export_reads("s1", 3)]},
+    )
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("abort"))
+        await stop(*running)
+    assert fake.of("status")[0].query == {}  # the server's own directory: we know no other
+    [detected] = events(logs, "loop.detected")
+    assert (detected["part_id"], detected["call_index"]) == ("q1", 4)
+
+
+async def test_a_session_being_stopped_is_not_read_back():
+    fake = FakeOpencode(
+        streams=[play(loop_frames("s1", 4), then="end"), play()], delays={"abort": 0.3}
     )
     running = await start(fake)
-    await wait_for(lambda: fake.of("abort"))
+    await wait_for(lambda: fake.of("status"))
+    # Busy from now on, with the loop in its record: only the abort in flight tells.
+    fake.busy = {"s1": {"type": "busy"}}
+    fake.messages = {"s1": [ff.user_message("s1"), *ff.export_reads("s1", 4)]}
+    await wait_for(lambda: fake.of("prompt_async"))
     await stop(*running)
-    [status] = fake.of("status")
-    assert status.query == {"directory": "/w"}
-    assert fake.of("abort")[0].path == "/session/s1/abort"
+    [abort] = fake.of("abort")
+    prompt = fake.of("prompt_async")[0]
+    # The stream came back while the abort was under way; the run was not read back then.
+    assert [r for r in fake.of("status") if abort.at < r.at < prompt.at]
+    assert [r for r in fake.of("message") if r.at < prompt.at] == []
 
 
 async def test_error_in_mid_read_reconnects():
@@ -243,7 +307,7 @@ async def test_dry_run_calls_no_api():
         running = await start(fake, dry_run=True)
         await wait_for(lambda: events(logs, "loop.detected"))
         await stop(*running)
-    assert [r.method for r in fake.requests] == ["GET"]
+    assert [r.path for r in fake.requests if r.method == "POST"] == []
     assert events(logs, "loop.detected")[0]["outcome"] == "dry_run"
 
 
@@ -341,10 +405,11 @@ async def test_metrics_scraped_from_a_running_monitor():
     fake = FakeOpencode(
         streams=[play(b"data: nope\n\n" + loop_frames("s1", 4) + loop_frames("s2", 2), then="end")],
         busy={"s2": {"type": "busy"}},
+        messages={"s2": [ff.user_message("s2"), *ff.export_reads("s2", 2)]},
     )
     running = await start(fake, metrics_addr="127.0.0.1:0")
     watch = running[1]
-    await wait_for(lambda: fake.of("prompt_async") and fake.of("status"))
+    await wait_for(lambda: fake.of("prompt_async") and len(fake.of("status")) == 3)
     port = watch.metrics_server.port
     async with aiohttp.ClientSession() as http:
         base = f"http://127.0.0.1:{port}"

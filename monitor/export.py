@@ -1,0 +1,54 @@
+"""Session exports: what `GET /session/{id}/message` answers, as the frames the stream carried.
+
+Used to seed the tracker with what a session did before we could see it (after a reconnect,
+at start, for `attach`) and to replay exported sessions offline. Pure: data in, frames out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from monitor.events import Malformed
+
+
+def current_run(messages: list[Any]) -> list[Any]:
+    """The messages of the session's current run: from its last user message on.
+
+    A user message (a prompt, or the monitor's own feedback) starts a new run, so the calls
+    before it belong to runs that are over and must not count.
+    """
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        info = message.get("info") if isinstance(message, dict) else None
+        if isinstance(info, dict) and info.get("role") == "user":
+            return messages[index:]
+    return messages
+
+
+def export_frames(messages: object) -> Iterator[object]:
+    """The frames the live stream would have carried for a session export, in message order.
+
+    Only tool parts matter to the tracker; each is sent once in the state it had when the
+    export was read, which the tracker records like a call whose `running` update it missed.
+    A user message after the first starts a new run, as a prompt does on the server, so a
+    `session.idle` frame goes before it and the history resets as it would have live.
+    Unusable entries come out as `Malformed`, to be counted, never raised.
+    """
+    if not isinstance(messages, list):
+        yield Malformed("export: not a JSON array of {info, parts}")
+        return
+    for index, message in enumerate(messages):
+        info = message.get("info") if isinstance(message, dict) else None
+        parts = message.get("parts") if isinstance(message, dict) else None
+        if not isinstance(info, dict) or not isinstance(parts, list):
+            yield Malformed("export: message is not {info, parts}")
+            continue
+        if info.get("role") == "user" and index > 0:
+            yield {"type": "session.idle", "properties": {"sessionID": info.get("sessionID")}}
+        for part in parts:
+            if isinstance(part, dict) and part.get("type") == "tool":
+                yield {
+                    "type": "message.part.updated",
+                    "properties": {"sessionID": part.get("sessionID"), "part": part},
+                }
