@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from monitor.events import Malformed
+from monitor.feedback import MARK
 
 
 def current_run(messages: list[Any]) -> list[Any]:
@@ -24,6 +25,23 @@ def current_run(messages: list[Any]) -> list[Any]:
         if isinstance(info, dict) and info.get("role") == "user":
             return messages[index:]
     return messages
+
+
+def feedback_count(messages: list[Any]) -> int:
+    """How many of the monitor's feedback messages the session holds: its interventions."""
+    return sum(
+        1
+        for message in messages
+        if isinstance(message, dict)
+        and isinstance(message.get("info"), dict)
+        and message["info"].get("role") == "user"
+        and any(
+            isinstance(part, dict)
+            and part.get("type") == "text"
+            and str(part.get("text", "")).startswith(MARK)
+            for part in message.get("parts") or ()
+        )
+    )
 
 
 def export_frames(messages: object) -> Iterator[object]:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from monitor.cycle import Cycle
 
+# How every feedback message starts: the monitor finds its own earlier interventions in a
+# session's messages by it (escalation survives a restart of the monitor).
+MARK = "Loop guard: "
+
 
 def describe_cycle(cycle: Cycle, tools: tuple[str, ...]) -> str:
     """`3 calls (read, edit, bash) repeated 3 times`; `1 call (read) repeated 4 times`."""
@@ -19,7 +23,7 @@ def describe_cycle(cycle: Cycle, tools: tuple[str, ...]) -> str:
 def feedback_text(cycle: Cycle, tools: tuple[str, ...], hold: bool, interventions: int) -> str:
     """The feedback for one intervention; `interventions` counts this one too."""
     lines = [
-        "Loop guard: a repeated tool-call cycle was detected and your run was stopped at this "
+        f"{MARK}a repeated tool-call cycle was detected and your run was stopped at this "
         f"call: {describe_cycle(cycle, tools)} with the same arguments.",
         "Do not retry the same sequence unchanged. Compare what you expected each earlier "
         "attempt to do with what it actually returned. Then either take a materially "

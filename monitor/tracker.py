@@ -164,7 +164,11 @@ class Tracker:
         return []
 
     def seed(
-        self, session_id: str, frames: Iterable[object], directory: str | None = None
+        self,
+        session_id: str,
+        frames: Iterable[object],
+        directory: str | None = None,
+        interventions: int = 0,
     ) -> list[Intervene]:
         """Read a session's current run back from the server before following it live.
 
@@ -186,8 +190,12 @@ class Tracker:
           of the seed are counted (positions stay call numbers) but not recorded.
         - No decision on the part we already intervened on: the run read back may be the
           one we just stopped, if its feedback is not stored yet.
+
+        `interventions` is how many feedback messages the session's record holds, so that
+        escalation counts the interventions of an earlier monitor process too.
         """
         session = self._seen(session_id, directory)
+        session.interventions = max(session.interventions, interventions)
         self.guard.clear(session_id)
         session.in_flight = None
         session.calls = session.run_start

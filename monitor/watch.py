@@ -25,7 +25,7 @@ from monitor.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.backoff import Backoff
 from monitor.config import Settings
 from monitor.errors import ConfigError, ServerError, SessionGone
-from monitor.export import current_run, export_frames
+from monitor.export import current_run, export_frames, feedback_count
 from monitor.frames import encode_sse
 from monitor.logs import configure_logging
 from monitor.metrics import Metrics, MetricsServer, event_type, start_metrics_server
@@ -313,7 +313,7 @@ class Watch:
             log.warning("session.seed_failed", session_id=session_id, error=str(exc))
             return 0
         frames = list(export_frames(current_run(messages)))
-        decisions = self.tracker.seed(session_id, frames, directory)
+        decisions = self.tracker.seed(session_id, frames, directory, feedback_count(messages))
         log.info(
             "session.seeded",
             session_id=session_id,

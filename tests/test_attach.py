@@ -228,3 +228,22 @@ def test_seed_keeps_the_directory():
     tracker = Tracker(directory="/default")
     [decision] = tracker.seed(S, export_frames(current_run([user(), *reads(4)])), "/srv/p")
     assert decision.directory == "/srv/p"
+
+
+def test_feedback_in_the_record_counts_as_earlier_interventions():
+    from monitor.export import feedback_count
+    from monitor.feedback import feedback_text
+
+    first = feedback_text(Cycle(1, 4), ("read",), hold=False, interventions=1)
+    messages = [user(), *reads(4), user(first), *reads(4, prefix="q"), user(first), *reads(3, "r")]
+    assert feedback_count(messages) == 2
+    tracker = Tracker(Detection(max_interventions=2))
+    frames = export_frames(current_run([*messages, *reads(1, "s")]))
+    [decision] = tracker.seed(S, frames, interventions=feedback_count(messages))
+    assert (decision.prior_interventions, decision.hold, decision.escalated) == (2, True, True)
+
+
+def test_feedback_count_ignores_other_user_messages():
+    from monitor.export import feedback_count
+
+    assert feedback_count([user("Loop guards are nice"), user("go"), *reads(2)]) == 0

@@ -471,3 +471,27 @@ async def test_a_failing_record_stops_recording_not_watching(tmp_path, monkeypat
     [failed] = events(logs, "record.failed")
     assert failed["error"] == "No space left on device" and failed["path"].endswith("r.sse")
     assert fake.connections == 1 and len(fake.of("prompt_async")) == 1
+
+
+async def test_escalation_counts_the_interventions_of_an_earlier_monitor():
+    from monitor.feedback import MARK
+
+    feedback = ff.user_message("s1", MARK + "a repeated tool-call cycle was detected ...")
+    record = [ff.user_message("s1"), *ff.export_reads("s1", 4, prefix="a")]
+    record += [feedback, *ff.export_reads("s1", 4, prefix="b"), feedback]
+    fake = FakeOpencode(
+        streams=[play(loop_frames("s1", 4, prefix="c"))],
+        busy={"s1": {"type": "busy"}},
+        messages={"s1": record},  # a monitor before us intervened twice
+    )
+    with capture_logs() as logs:
+        running = await start(fake, max_interventions=2)
+        await wait_for(lambda: fake.of("prompt_async"))
+        await stop(*running)
+    [detected] = events(logs, "loop.detected")
+    assert (detected["outcome"], detected["escalated"], detected["interventions"]) == (
+        "held",
+        True,
+        3,
+    )
+    assert fake.of("prompt_async")[0].body["noReply"] is True
