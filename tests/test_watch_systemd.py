@@ -69,3 +69,25 @@ async def test_ready_status_watchdog_and_stopping(tmp_path, start_monitor):
     assert max(b - a for a, b in zip(pings, pings[1:], strict=False)) < 0.45
     assert stopping_at >= stop_requested and datagrams[-1] == b"STOPPING=1"
     assert code == 0 and took < 5
+
+
+async def test_sigint_stops_the_daemon_cleanly(start_monitor):
+    import os
+    import signal
+    import time
+
+    fake = FakeOpencode(streams=[play()])
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    monitor = start_monitor(
+        "watch", "--url", str(server.make_url("")).rstrip("/"), "--log-format", "json"
+    )
+    await monitor.wait_event("stream.connected")
+    started = time.monotonic()
+    os.killpg(monitor.process.pid, signal.SIGINT)
+    code = await monitor.wait_exit(5)
+    took = time.monotonic() - started
+    await server.close()
+    assert code == 0 and took < 5
+    assert monitor.events("monitor.stopped")
+    assert monitor.stderr_path.read_text() == ""  # no traceback
