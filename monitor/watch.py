@@ -294,12 +294,14 @@ class Watch:
             log.warning("stream.resync_failed", error=str(exc))
             return
         tracker.keep_runs(busy)
-        seeded = 0
-        for session_id, directory in busy.items():
-            # A session we are acting on is being stopped: reading back the run we are
-            # stopping would only find the same loop again.
-            if tracker.follows(session_id) and not self.interventions.acting_on(session_id):
-                seeded += await self._seed(session_id, directory)
+        # A session we are acting on is being stopped: reading back the run we are stopping
+        # would only find the same loop again. The others are read at once (the frames wait).
+        seeds = [
+            self._seed(session_id, directory)
+            for session_id, directory in busy.items()
+            if tracker.follows(session_id) and not self.interventions.acting_on(session_id)
+        ]
+        seeded = sum(await asyncio.gather(*seeds))
         log.info("stream.resynced", busy=len(busy), seeded=seeded)
 
     async def _seed(self, session_id: str, directory: str | None) -> int:
