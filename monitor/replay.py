@@ -28,9 +28,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from monitor.events import Malformed, parse_event
 from monitor.export import export_frames
-from monitor.frames import MAX_FRAME_BYTES, FrameError, decode_frame, iter_sse_data
+from monitor.frames import MAX_FRAME_BYTES, iter_sse_data
 from monitor.tracker import Detection, Intervene, Tracker
 
 if TYPE_CHECKING:
@@ -122,39 +121,28 @@ class FileReplay:
         self.tracker = Tracker(detection)
         self.frames = 0
         self.detections = 0
-        self._undecodable = 0
-        # Session ids only, so memory grows with the sessions of the recording, not its frames.
-        self._sessions: set[str] = set()
 
     @property
     def malformed(self) -> int:
-        return self._undecodable + sum(self.tracker.malformed.values())
+        return sum(self.tracker.malformed.values())
 
     @property
     def sessions(self) -> int:
-        return len(self._sessions)
+        return self.tracker.sessions_seen
 
     def feed_data(self, data: str) -> list[dict[str, Any]]:
         """Take the data of one event, as an SSE event's data or a line of JSON Lines."""
-        try:
-            frame = decode_frame(data)
-        except FrameError:
-            self.frames += 1
-            self._undecodable += 1
-            return []
-        return self.feed_frame(frame)
+        self.frames += 1
+        return self._records(self.tracker.feed_data(data))
 
     def feed_frame(self, frame: object) -> list[dict[str, Any]]:
+        """Take one frame of `export_frames` (a decoded frame, or a `Malformed`)."""
         self.frames += 1
-        if isinstance(frame, Malformed):
-            self._undecodable += 1
-            return []
-        event = parse_event(frame)
-        if event is not None and not isinstance(event, Malformed):
-            self._sessions.add(event.session_id)
-        records = [detection_record(self.file, decision) for decision in self.tracker.feed(frame)]
-        self.detections += len(records)
-        return records
+        return self._records(self.tracker.feed(frame))
+
+    def _records(self, decisions: list[Intervene]) -> list[dict[str, Any]]:
+        self.detections += len(decisions)
+        return [detection_record(self.file, decision) for decision in decisions]
 
 
 @dataclass(frozen=True, slots=True)

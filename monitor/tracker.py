@@ -121,6 +121,8 @@ class Tracker:
         self._seeding: _Seeding | None = None
         self.malformed: Counter[str] = Counter()
         self.last_malformed: str | None = None
+        # Sessions taken in since the start (one forgotten and seen again counts twice).
+        self.sessions_seen = 0
         # The shell's metrics label frames by type; kept rather than typed here, so frames cost
         # nothing extra when metrics are off.
         self.last_frame: object = None
@@ -137,8 +139,12 @@ class Tracker:
         return self.feed(frame)
 
     def feed(self, frame: object) -> list[Intervene]:
-        """Take one decoded frame (`/event` or `/global/event` form); return decisions."""
-        event = parse_event(frame)
+        """Take one decoded frame (`/event` or `/global/event` form); return decisions.
+
+        A `Malformed` in place of a frame (what `export_frames` makes of an unusable entry)
+        is counted like any other malformed frame.
+        """
+        event = frame if isinstance(frame, Malformed) else parse_event(frame)
         if event is None:
             return []
         if (
@@ -203,9 +209,6 @@ class Tracker:
         decisions: list[Intervene] = []
         try:
             for frame in frames:
-                if isinstance(frame, Malformed):  # export_frames' unusable entries
-                    self._malformed(frame.reason)
-                    continue
                 decisions += self.feed(frame)
                 seeding.decided = seeding.decided or bool(decisions)
         finally:
@@ -250,6 +253,8 @@ class Tracker:
         self._sessions.pop(session_id)
 
     def _seen(self, session_id: str, directory: str | None) -> _Session:
+        if session_id not in self._sessions:
+            self.sessions_seen += 1
         session = self._sessions.touch(session_id, _Session)
         if directory is not None:
             session.directory = directory

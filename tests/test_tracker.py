@@ -385,3 +385,17 @@ def test_feed_data_decodes_and_feeds():
     for frame in loop_of("s", 4):
         decisions += tracker.feed_data(json.dumps(frame))
     assert [d.call_index for d in decisions] == [4]
+
+
+def test_a_malformed_in_place_of_a_frame_is_counted():
+    from monitor.events import Malformed
+
+    tracker = Tracker()
+    assert tracker.feed(Malformed("export: message is not {info, parts}")) == []
+    assert tracker.malformed == {"export: message is not {info, parts}": 1}
+
+
+def test_sessions_seen_counts_each_session_once():
+    tracker = Tracker()
+    feed_all(tracker, loop_of("a", 3) + loop_of("b", 1) + [idle("a"), status("b", "busy")])
+    assert tracker.sessions_seen == 2
