@@ -42,7 +42,10 @@ class Command:
     summary: str
     run: Callable[[Settings, argparse.Namespace], int]
     uses: frozenset[Group]
-    # Positional arguments of its own (e.g. a session id); settings are added separately.
+    # What `COMMAND --help` says above and below the flags.
+    description: str
+    epilog: str
+    # Arguments of its own (e.g. a session id); settings are added separately.
     add_arguments: Callable[[argparse.ArgumentParser], object] = lambda parser: None
 
 
@@ -60,12 +63,6 @@ Under systemd it speaks the notify protocol (READY, STATUS, WATCHDOG, STOPPING).
 WATCH_EPILOG = """\
 exit status: 0 stopped by SIGTERM or SIGINT, 78 configuration error (a bad setting, a
 refused password: not worth restarting)."""
-
-
-def _watch_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = WATCH_DESCRIPTION
-    parser.epilog = WATCH_EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def _run_watch(settings: Settings, args: argparse.Namespace) -> int:
@@ -93,9 +90,6 @@ stderr and the other files are still replayed), 78 configuration error."""
 
 
 def _replay_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = REPLAY_DESCRIPTION
-    parser.epilog = REPLAY_EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("files", nargs="+", metavar="FILE", help="recording to replay")
     # A plain argument, not a setting: it only means something for this one run.
     parser.add_argument(
@@ -123,9 +117,6 @@ started, or no loop was stopped), 78 configuration error, 130 interrupted."""
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = DEMO_DESCRIPTION
-    parser.epilog = DEMO_EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
         "--cache-dir",
         metavar="DIR",
@@ -163,9 +154,6 @@ def _session_id(text: str) -> str:
 
 
 def _attach_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ATTACH_DESCRIPTION
-    parser.epilog = ATTACH_EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("session_id", type=_session_id, metavar="SESSION_ID", help="ses_...")
 
 
@@ -181,13 +169,16 @@ COMMANDS: tuple[Command, ...] = (
         "follow the server's events and stop sessions that loop",
         _run_watch,
         frozenset(Group),  # the daemon itself takes every setting
-        _watch_arguments,
+        WATCH_DESCRIPTION,
+        WATCH_EPILOG,
     ),
     Command(
         "attach",
         "watch one running session, seeded with its current run",
         _run_attach,
         frozenset({Group.CONNECTION, Group.DETECTION, Group.ACTION, Group.LOGGING}),
+        ATTACH_DESCRIPTION,
+        ATTACH_EPILOG,
         _attach_arguments,
     ),
     Command(
@@ -195,6 +186,8 @@ COMMANDS: tuple[Command, ...] = (
         "find loops offline in recorded streams and session exports",
         _run_replay,
         frozenset({Group.DETECTION}),
+        REPLAY_DESCRIPTION,
+        REPLAY_EPILOG,
         _replay_arguments,
     ),
     Command(
@@ -202,6 +195,8 @@ COMMANDS: tuple[Command, ...] = (
         "show the monitor stop a looping agent on a real, isolated server",
         _run_demo,
         frozenset({Group.DETECTION, Group.ACTION, Group.LOGGING}),
+        DEMO_DESCRIPTION,
+        DEMO_EPILOG,
         _demo_arguments,
     ),
 )
@@ -220,7 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for command in COMMANDS:
         subparser = commands.add_parser(
-            command.name, help=command.summary, description=command.summary
+            command.name,
+            help=command.summary,
+            description=command.description,
+            epilog=command.epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         command.add_arguments(subparser)
         _add_setting_flags(subparser, command.uses)
