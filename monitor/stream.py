@@ -88,7 +88,6 @@ class EventStream:
         self._timeout = stream_timeout(read_timeout)
         self._sleep = sleep
         self.connected = False
-        self.reconnects = 0
         self.frames = 0
 
     async def run(self) -> None:
@@ -111,7 +110,6 @@ class EventStream:
             log.warning("stream.disconnected", reason=reason, retry_in_s=round(delay, 2))
             self._on_disconnect(reason)
             await self._sleep(delay)
-            self.reconnects += 1
 
     async def _read_once(self) -> None:
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}

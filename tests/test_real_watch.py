@@ -55,7 +55,7 @@ async def start_watching(start_monitor, server, *flags):
 
 
 async def test_two_call_cycle_aborted_on_its_sixth_call(
-    opencode_server, start_monitor, http, scripted_model, measure_overshoot
+    opencode_server, start_monitor, http, measure_overshoot
 ):
     monitor = await start_watching(start_monitor, opencode_server)
     client = opencode_server.client(http)
@@ -148,9 +148,7 @@ async def test_dry_run_leaves_the_loop_running(opencode_server, start_monitor, h
     assert detected["outcome"] == "dry_run" and detected["call_index"] == 6
 
 
-async def test_third_intervention_holds(
-    opencode_server, start_monitor, http, scripted_model, measure_overshoot
-):
+async def test_third_intervention_holds(opencode_server, start_monitor, http, measure_overshoot):
     monitor = await start_watching(start_monitor, opencode_server, "--max-interventions", "2")
     client = opencode_server.client(http)
     session = await client.create_session("stubborn")
