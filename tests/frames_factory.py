@@ -124,3 +124,8 @@ def export_reads(session: str, count: int, prefix: str = "p", status: str = "com
         assistant_message(session, export_part(session, f"{prefix}{n + 1}", status))
         for n in range(count)
     ]
+
+
+def run_record(session: str, count: int, prefix: str = "p") -> list[dict]:
+    """A session's messages: a prompt, then `count` identical reads (the current run)."""
+    return [user_message(session), *export_reads(session, count, prefix)]

@@ -112,7 +112,7 @@ async def test_resync_reads_busy_runs_back():
         streams=[play(loop_frames("s1", 3), then="end"), play(loop_frames("s1", 1, prefix="q"))],
         busy={"s1": {"type": "busy"}},
         # The server's record of the run: the three calls we saw.
-        messages={"s1": [ff.user_message("s1"), *ff.export_reads("s1", 3)]},
+        messages={"s1": ff.run_record("s1", 3)},
     )
     with capture_logs() as logs:
         running = await start(fake)
@@ -138,7 +138,7 @@ async def test_calls_made_while_away_count():
         streams=[play(loop_frames("s1", 2), then="end"), play()],
         busy={"s1": {"type": "busy"}},
         # Two more identical calls ran while the stream was down: the loop is complete.
-        messages={"s1": [ff.user_message("s1"), *ff.export_reads("s1", 4)]},
+        messages={"s1": ff.run_record("s1", 4)},
     )
     with capture_logs() as logs:
         running = await start(fake)
@@ -153,7 +153,7 @@ async def test_a_run_under_way_at_start_is_read_back():
     fake = FakeOpencode(
         streams=[play(loop_frames("s1", 1, prefix="q"))],
         busy={"s1": {"type": "busy"}},
-        messages={"s1": [ff.user_message("s1"), *ff.export_reads("s1", 3)]},
+        messages={"s1": ff.run_record("s1", 3)},
     )
     with capture_logs() as logs:
         running = await start(fake)
@@ -172,7 +172,7 @@ async def test_a_session_being_stopped_is_not_read_back():
     await wait_for(lambda: fake.of("status"))
     # Busy from now on, with the loop in its record: only the abort in flight tells.
     fake.busy = {"s1": {"type": "busy"}}
-    fake.messages = {"s1": [ff.user_message("s1"), *ff.export_reads("s1", 4)]}
+    fake.messages = {"s1": ff.run_record("s1", 4)}
     await wait_for(lambda: fake.of("prompt_async"))
     await stop(*running)
     [abort] = fake.of("abort")
@@ -405,7 +405,7 @@ async def test_metrics_scraped_from_a_running_monitor():
     fake = FakeOpencode(
         streams=[play(b"data: nope\n\n" + loop_frames("s1", 4) + loop_frames("s2", 2), then="end")],
         busy={"s2": {"type": "busy"}},
-        messages={"s2": [ff.user_message("s2"), *ff.export_reads("s2", 2)]},
+        messages={"s2": ff.run_record("s2", 2)},
     )
     running = await start(fake, metrics_addr="127.0.0.1:0")
     watch = running[1]
@@ -477,7 +477,7 @@ async def test_escalation_counts_the_interventions_of_an_earlier_monitor():
     from monitor.feedback import MARK
 
     feedback = ff.user_message("s1", MARK + "a repeated tool-call cycle was detected ...")
-    record = [ff.user_message("s1"), *ff.export_reads("s1", 4, prefix="a")]
+    record = ff.run_record("s1", 4, prefix="a")
     record += [feedback, *ff.export_reads("s1", 4, prefix="b"), feedback]
     fake = FakeOpencode(
         streams=[play(loop_frames("s1", 4, prefix="c"))],
