@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from monitor.frames import iter_sse_data
+from monitor.core.frames import iter_sse_data
 
 CAPTURES = Path(__file__).resolve().parents[1] / "tests" / "recordings"
 # Sessions running at once: replays interleaved frame by frame.

@@ -27,7 +27,7 @@ from pathlib import Path
 from aiohttp import web
 
 from bench.corpus import CAPTURES
-from monitor.frames import iter_sse_data
+from monitor.core.frames import iter_sse_data
 
 TEMPLATE = CAPTURES / "loop-abort-feedback.global.sse"
 CALLS = 4

@@ -20,8 +20,8 @@ import tracemalloc
 from collections.abc import Callable
 
 from monitor.config import load_settings
-from monitor.tracker import Tracker
-from monitor.watch import detection_of
+from monitor.core.tracker import Tracker
+from monitor.shell.watch import detection_of
 
 DIRECTORY = "/home/dev/project"
 

@@ -36,10 +36,10 @@ from aiohttp import web
 
 from bench.corpus import frame_data, sse_bytes
 from monitor.config import Settings, load_settings
-from monitor.notify import Notifier
-from monitor.stream import READ_BUFSIZE
-from monitor.tracker import Tracker
-from monitor.watch import Watch, detection_of
+from monitor.core.tracker import Tracker
+from monitor.shell.notify import Notifier
+from monitor.shell.stream import READ_BUFSIZE
+from monitor.shell.watch import Watch, detection_of
 
 CHUNK = 256 * 1024
 # The sse-client reader is a reference, measured while the library is installed.

@@ -67,7 +67,7 @@ refused password: not worth restarting)."""
 
 def _run_watch(settings: Settings, args: argparse.Namespace) -> int:
     # Imported here so --help and --version neither pay for nor depend on the asyncio stack.
-    from monitor.watch import run_watch
+    from monitor.shell.watch import run_watch
 
     return run_watch(settings)
 
@@ -98,7 +98,7 @@ def _replay_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from monitor.replay import run_replay
+    from monitor.shell.replay import run_replay
 
     return run_replay(settings, args.files, fail_on_detect=args.fail_on_detect)
 
@@ -128,8 +128,8 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_demo(settings: Settings, args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from monitor.demo import run_demo
-    from monitor.sandbox import default_cache_dir
+    from monitor.kit.demo import run_demo
+    from monitor.kit.sandbox import default_cache_dir
 
     return run_demo(settings, Path(args.cache_dir) if args.cache_dir else default_cache_dir())
 
@@ -158,7 +158,7 @@ def _attach_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_attach(settings: Settings, args: argparse.Namespace) -> int:
-    from monitor.attach import run_attach
+    from monitor.shell.attach import run_attach
 
     return run_attach(settings, args.session_id)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit
 
+from monitor.core.tracker import MatchMode, OnLoop
 from monitor.errors import ConfigError
-from monitor.tracker import MatchMode, OnLoop
 
 ENV_PREFIX = "OPENCODE_LOOP_MONITOR_"
 # The server's own variables: the operator sets them once for `opencode serve` and for us,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from monitor.frames import decode_frame, iter_sse_data
+from monitor.core.frames import decode_frame, iter_sse_data
 
 CAPTURES = Path(__file__).resolve().parent / "recordings"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from monitor.sandbox import OpencodeServer, find_or_install_opencode
-from monitor.scripted_model import ScriptedModel
+from monitor.kit.sandbox import OpencodeServer, find_or_install_opencode
+from monitor.kit.scripted_model import ScriptedModel
 from tests.monitor_process import MonitorProcess
 from tests.overshoot import overshoot
 

@@ -7,9 +7,9 @@ test_real_attach.py.
 
 import pytest
 
-from monitor.cycle import Cycle
-from monitor.export import current_run, export_frames
-from monitor.tracker import Detection, Tracker
+from monitor.core.export import current_run, export_frames
+from monitor.core.rules.cycle import Cycle
+from monitor.core.tracker import Detection, Tracker
 from tests import frames_factory as ff
 from tests.frames_factory import READ, call, deleted, feed_all, idle, loop_of, tool_part
 
@@ -231,8 +231,8 @@ def test_seed_keeps_the_directory():
 
 
 def test_feedback_in_the_record_counts_as_earlier_interventions():
-    from monitor.export import feedback_count
-    from monitor.feedback import feedback_text
+    from monitor.core.export import feedback_count
+    from monitor.core.feedback import feedback_text
 
     first = feedback_text(Cycle(1, 4), ("read",), hold=False, interventions=1)
     messages = [user(), *reads(4), user(first), *reads(4, prefix="q"), user(first), *reads(3, "r")]
@@ -244,6 +244,6 @@ def test_feedback_in_the_record_counts_as_earlier_interventions():
 
 
 def test_feedback_count_ignores_other_user_messages():
-    from monitor.export import feedback_count
+    from monitor.core.export import feedback_count
 
     assert feedback_count([user("Loop guards are nice"), user("go"), *reads(2)]) == 0

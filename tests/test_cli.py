@@ -34,7 +34,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def run_watch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> Callable[[Callable[[Settings], int]], list[Settings]]:
-    """Replace monitor.watch with a fake run_watch; returns the settings it was called with."""
+    """Replace monitor.shell.watch with a fake run_watch; returns the settings it got."""
 
     def install(behaviour: Callable[[Settings], int]) -> list[Settings]:
         calls: list[Settings] = []
@@ -43,7 +43,9 @@ def run_watch(
             calls.append(settings)
             return behaviour(settings)
 
-        monkeypatch.setitem(sys.modules, "monitor.watch", types.SimpleNamespace(run_watch=fake))
+        monkeypatch.setitem(
+            sys.modules, "monitor.shell.watch", types.SimpleNamespace(run_watch=fake)
+        )
         return calls
 
     return install

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.cycle import Cycle, detect_cycle, window_size
+from monitor.core.rules.cycle import Cycle, detect_cycle, window_size
 
 
 def first_detection(calls, **kw):

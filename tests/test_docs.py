@@ -10,7 +10,7 @@ def logged_events() -> set[str]:
     pattern = re.compile(r'log\.(?:debug|info|warning|error)\(\s*"([a-z_.]+)"')
     return {
         name
-        for path in (ROOT / "monitor").glob("*.py")
+        for path in (ROOT / "monitor").rglob("*.py")
         for name in pattern.findall(path.read_text(encoding="utf-8"))
     }
 

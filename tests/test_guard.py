@@ -2,8 +2,8 @@ import sys
 
 import pytest
 
-from monitor.cycle import Cycle
-from monitor.guard import LoopGuard, RecentMap
+from monitor.core.guard import LoopGuard, RecentMap
+from monitor.core.rules.cycle import Cycle
 
 
 def calls_until_detection(guard, session, calls):

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.metrics import (
+from monitor.shell.metrics import (
     KNOWN_EVENT_TYPES,
     Metrics,
     MetricsServer,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from monitor import notify
-from monitor.notify import Notifier, encode, socket_address, watchdog_interval, watchdog_pings
+from monitor.shell import notify
+from monitor.shell.notify import Notifier, encode, socket_address, watchdog_interval, watchdog_pings
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """`opencode-loop-monitor attach` against the real `opencode serve`, checked on the server.
 
-The scripted model (monitor/scripted_model.py) makes the calls; its `delay` leaves time to
+The scripted model (monitor/kit/scripted_model.py) makes the calls; its `delay` leaves time to
 attach while a run is under way. Assertions read the server's record of the session (its
 messages and tool parts) and the monitor's JSON log.
 """
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from monitor.sandbox import tool_parts
-from monitor.scripted_model import script
+from monitor.kit.sandbox import tool_parts
+from monitor.kit.scripted_model import script
 
 pytestmark = pytest.mark.real_server
 

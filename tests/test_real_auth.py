@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from monitor.config import SERVER_PASSWORD_VAR, SERVER_USERNAME_VAR
-from monitor.sandbox import OpencodeServer, tool_parts
-from monitor.scripted_model import ScriptedModel, script
+from monitor.kit.sandbox import OpencodeServer, tool_parts
+from monitor.kit.scripted_model import ScriptedModel, script
 
 pytestmark = pytest.mark.real_server
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.scripted_model import DEFAULT_ANSWER
+from monitor.kit.scripted_model import DEFAULT_ANSWER
 from tests.monitor_process import MonitorProcess
 
 pytestmark = pytest.mark.real_server

@@ -1,6 +1,6 @@
 """`opencode-loop-monitor watch` against the real `opencode serve`, checked on the server.
 
-The model is scripted (monitor/scripted_model.py): its first user message says which tool
+The model is scripted (monitor/kit/scripted_model.py): its first user message says which tool
 calls to make. Every assertion reads the server's own record of the session (its messages
 and parts) or the monitor's JSON log.
 """
@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from monitor.sandbox import tool_parts
-from monitor.scripted_model import DEFAULT_ANSWER, script
+from monitor.kit.sandbox import tool_parts
+from monitor.kit.scripted_model import DEFAULT_ANSWER, script
 
 pytestmark = pytest.mark.real_server
 

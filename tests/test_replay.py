@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
-import monitor.replay as replay_module
+import monitor.shell.replay as replay_module
 from monitor.cli import main
-from monitor.events import Malformed
-from monitor.export import export_frames
-from monitor.frames import iter_sse_data
-from monitor.replay import (
+from monitor.core.events import Malformed
+from monitor.core.export import export_frames
+from monitor.core.frames import iter_sse_data
+from monitor.core.tracker import Detection
+from monitor.shell.replay import (
     EX_FOUND,
     EX_USAGE,
     FileReplay,
@@ -31,7 +32,6 @@ from monitor.replay import (
     replay_files,
     sniff_format,
 )
-from monitor.tracker import Detection
 from tests import frames_factory as ff
 from tests.captures import CAPTURES, capture_frames
 

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from monitor.sandbox import (
+from monitor.kit.sandbox import (
     InstallError,
     OpencodeServer,
     ServerStartError,
@@ -19,7 +19,7 @@ from monitor.sandbox import (
     find_or_install_opencode,
     tool_parts,
 )
-from monitor.scripted_model import (
+from monitor.kit.scripted_model import (
     DEFAULT_ANSWER,
     UNSCRIPTED_ANSWER,
     ScriptedModel,

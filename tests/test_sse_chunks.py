@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monitor.frames import FrameError, SSEChunkDecoder
+from monitor.core.frames import FrameError, SSEChunkDecoder
 
 
 def decode(*chunks: bytes) -> list[str]:

@@ -1,7 +1,7 @@
 import pytest
 
-from monitor.cycle import Cycle
-from monitor.tracker import Detection, Intervene, Tracker
+from monitor.core.rules.cycle import Cycle
+from monitor.core.tracker import Detection, Intervene, Tracker
 from tests.captures import capture_frames
 from tests.frames_factory import (
     READ,
@@ -388,7 +388,7 @@ def test_feed_data_decodes_and_feeds():
 
 
 def test_a_malformed_in_place_of_a_frame_is_counted():
-    from monitor.events import Malformed
+    from monitor.core.events import Malformed
 
     tracker = Tracker()
     assert tracker.feed(Malformed("export: message is not {info, parts}")) == []

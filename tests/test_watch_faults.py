@@ -11,12 +11,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
-from monitor.api import Retry
-from monitor.backoff import Backoff
 from monitor.config import load_settings
 from monitor.errors import ConfigError
-from monitor.notify import Notifier
-from monitor.watch import Timing, Watch
+from monitor.shell.api import Retry
+from monitor.shell.backoff import Backoff
+from monitor.shell.notify import Notifier
+from monitor.shell.watch import Timing, Watch
 from tests import frames_factory as ff
 from tests.fake_opencode import FakeOpencode, frames, no_headers, play
 from tests.frames_factory import call, envelope
@@ -364,7 +364,7 @@ def test_timing_defaults_suit_the_real_server():
 
 
 async def test_record_appends_every_raw_frame(tmp_path):
-    from monitor.frames import iter_sse_data
+    from monitor.core.frames import iter_sse_data
 
     path = tmp_path / "day.sse"
     path.write_text('data: {"earlier": true}\n\n', encoding="utf-8")
@@ -462,7 +462,7 @@ async def test_a_failing_record_stops_recording_not_watching(tmp_path, monkeypat
         def write(self, text):
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("monitor.watch.open_record", lambda path: FullDisk())
+    monkeypatch.setattr("monitor.shell.watch.open_record", lambda path: FullDisk())
     fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
     with capture_logs() as logs:
         running = await start(fake, record=str(tmp_path / "r.sse"))
@@ -474,7 +474,7 @@ async def test_a_failing_record_stops_recording_not_watching(tmp_path, monkeypat
 
 
 async def test_escalation_counts_the_interventions_of_an_earlier_monitor():
-    from monitor.feedback import MARK
+    from monitor.core.feedback import MARK
 
     feedback = ff.user_message("s1", MARK + "a repeated tool-call cycle was detected ...")
     record = ff.run_record("s1", 4, prefix="a")

@@ -15,8 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from monitor.cycle import Cycle
-from monitor.events import (
+from monitor.core.events import (
     Malformed,
     SessionDeleted,
     SessionIdle,
@@ -24,9 +23,10 @@ from monitor.events import (
     ToolPart,
     parse_event,
 )
-from monitor.feedback import feedback_text
-from monitor.frames import FrameError, decode_frame
-from monitor.guard import LoopGuard, RecentMap
+from monitor.core.feedback import feedback_text
+from monitor.core.frames import FrameError, decode_frame
+from monitor.core.guard import LoopGuard, RecentMap
+from monitor.core.rules.cycle import Cycle
 
 MatchMode = Literal["input", "input+output"]
 OnLoop = Literal["resume", "hold"]
@@ -179,7 +179,7 @@ class Tracker:
         """Read a session's current run back from the server before following it live.
 
         After a reconnect, at start, and for `attach`: events missed while away are gone, so
-        the run is rebuilt from `frames`, what `monitor.export.export_frames` makes of its
+        the run is rebuilt from `frames`, what `monitor.core.export.export_frames` makes of its
         messages (each part in the state it had when they were read). The run starts over
         (its history and in-flight parts go; its intervention count stays) and the frames go
         through `feed`, so the rules are those of the live stream, with three differences:

@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import structlog
 
-from monitor.api import OpencodeAPI
+from monitor.core.tracker import Intervene
 from monitor.errors import ConfigError, ServerError, SessionGone
-from monitor.tracker import Intervene
+from monitor.shell.api import OpencodeAPI
 
-log = structlog.get_logger("monitor.actions")
+log = structlog.get_logger("monitor.shell.actions")
 
 
 class Interventions:

@@ -1,9 +1,9 @@
 """`opencode-loop-monitor demo`: the monitor stopping a real loop, with nothing to set up.
 
 Everything runs in this one process but the server: a scripted model that loops
-(`monitor.scripted_model`), a real `opencode serve` isolated on loopback (`monitor.sandbox`),
-the monitor itself (`Watch`, in-process, with the user's detection and action settings), and
-a `Printer` that tells a person what happens, from two sources:
+(`monitor.kit.scripted_model`), a real `opencode serve` isolated on loopback
+(`monitor.kit.sandbox`), the monitor itself (`Watch`, in-process, with the user's detection
+and action settings), and a `Printer` that tells a person what happens, from two sources:
 
 - the server's own event stream: the tool calls, the abort, the feedback, the answer;
 - the monitor's log records, taken from the structlog chain by a processor before they are
@@ -25,10 +25,8 @@ from typing import Any, TextIO
 import aiohttp
 
 from monitor.config import Settings
-from monitor.frames import FrameError, SSEChunkDecoder, decode_frame
-from monitor.logs import configure_logging
-from monitor.notify import Notifier
-from monitor.sandbox import (
+from monitor.core.frames import FrameError, SSEChunkDecoder, decode_frame
+from monitor.kit.sandbox import (
     NPM_PACKAGE,
     OPENCODE_VERSION,
     OpencodeClient,
@@ -38,9 +36,11 @@ from monitor.sandbox import (
     free_loopback_port,
     tool_parts,
 )
-from monitor.scripted_model import ScriptedModel, script
-from monitor.stream import READ_BUFSIZE, stream_timeout, stream_url
-from monitor.watch import Watch
+from monitor.kit.scripted_model import ScriptedModel, script
+from monitor.shell.logs import configure_logging
+from monitor.shell.notify import Notifier
+from monitor.shell.stream import READ_BUFSIZE, stream_timeout, stream_url
+from monitor.shell.watch import Watch
 
 PREFIX = "opencode-loop-monitor demo"
 LOG_NAME = "demo-monitor.log"

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from monitor.events import Malformed
-from monitor.feedback import MARK
+from monitor.core.events import Malformed
+from monitor.core.feedback import MARK
 
 
 def current_run(messages: list[Any]) -> list[Any]:

@@ -1,7 +1,7 @@
 """A real `opencode serve`, isolated on loopback, for tests and the demo.
 
 `OpencodeServer` gives the server its own HOME and XDG folders, a config that points at a
-scripted model (see `monitor.scripted_model`), and a small git project to work in.
+scripted model (see `monitor.kit.scripted_model`), and a small git project to work in.
 `OpencodeClient` drives its sessions over REST the way a user's client would.
 """
 
@@ -24,7 +24,7 @@ from typing import Any, Self
 
 import aiohttp
 
-from monitor.api import basic_auth_header
+from monitor.shell.api import basic_auth_header
 
 OPENCODE_VERSION = "1.18.33"
 NPM_PACKAGE = f"opencode-ai@{OPENCODE_VERSION}"

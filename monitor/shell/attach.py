@@ -18,14 +18,14 @@ from typing import Any
 
 import structlog
 
-from monitor.api import OpencodeAPI
 from monitor.config import Settings
+from monitor.core.tracker import Tracker
 from monitor.errors import ServerError, SessionGone
-from monitor.logs import configure_logging
-from monitor.tracker import Tracker
-from monitor.watch import Watch, detection_of, http_session
+from monitor.shell.api import OpencodeAPI
+from monitor.shell.logs import configure_logging
+from monitor.shell.watch import Watch, detection_of, http_session
 
-log = structlog.get_logger("monitor.attach")
+log = structlog.get_logger("monitor.shell.attach")
 
 PROG = "opencode-loop-monitor"
 EX_NOINPUT = 66  # the session does not exist

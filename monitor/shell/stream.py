@@ -1,6 +1,6 @@
 """Following the server's event stream for as long as the monitor runs.
 
-aiohttp reads the response; `SSEChunkDecoder` (monitor/frames.py) splits its bytes into
+aiohttp reads the response; `SSEChunkDecoder` (monitor/core/frames.py) splits its bytes into
 events. Around them sits our reconnect loop: every end of a connection, clean or not, is
 reported, and the next connection resyncs. The session's read timeout, keyed to the
 server's 10 s heartbeat, is what notices a stream that never sends headers or goes silent
@@ -20,11 +20,11 @@ from urllib.parse import urlencode
 import aiohttp
 import structlog
 
-from monitor.backoff import Backoff
+from monitor.core.frames import SSEChunkDecoder
 from monitor.errors import ConfigError
-from monitor.frames import SSEChunkDecoder
+from monitor.shell.backoff import Backoff
 
-log = structlog.get_logger("monitor.stream")
+log = structlog.get_logger("monitor.shell.stream")
 
 HEARTBEAT_S = 10.0
 READ_TIMEOUT_S = 2.5 * HEARTBEAT_S

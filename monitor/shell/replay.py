@@ -7,7 +7,7 @@ Three kinds of recording are read, told apart by their first non-blank line:
 - a session export, the JSON array `GET /session/{id}/message` answers, turned into the
   frames the live stream would have carried for it (`export_frames`).
 
-The core (`sniff_format`, `FileReplay`, the records; `export_frames` in monitor/export.py) is
+The core (`sniff_format`, `FileReplay`, the records; `export_frames` in monitor/core/export.py) is
 pure and synchronous;
 `replay_files` is the thin shell that reads files, prints JSON lines and draws the progress
 line. Streams are read a line at a time, so memory follows the largest frame and the number
@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
-from monitor.export import export_frames
-from monitor.frames import MAX_FRAME_BYTES, iter_sse_data
-from monitor.tracker import Detection, Intervene, Tracker
+from monitor.core.export import export_frames
+from monitor.core.frames import MAX_FRAME_BYTES, iter_sse_data
+from monitor.core.tracker import Detection, Intervene, Tracker
 
 if TYPE_CHECKING:
     from monitor.config import Settings
@@ -371,7 +371,7 @@ def replay_files(
 
 def run_replay(settings: Settings, paths: list[str], *, fail_on_detect: bool) -> int:
     # The daemon's own translation of the settings, so replay judges exactly like `watch`.
-    from monitor.watch import detection_of
+    from monitor.shell.watch import detection_of
 
     try:
         return replay_files(

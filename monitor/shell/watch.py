@@ -20,20 +20,20 @@ import aiohttp
 import structlog
 
 from monitor import __version__
-from monitor.actions import Interventions
-from monitor.api import OpencodeAPI, Retry, basic_auth_header
-from monitor.backoff import Backoff
 from monitor.config import Settings
+from monitor.core.export import current_run, export_frames, feedback_count
+from monitor.core.frames import encode_sse
+from monitor.core.tracker import Detection, Intervene, Tracker
 from monitor.errors import ConfigError, ServerError, SessionGone
-from monitor.export import current_run, export_frames, feedback_count
-from monitor.frames import encode_sse
-from monitor.logs import configure_logging
-from monitor.metrics import Metrics, MetricsServer, event_type, start_metrics_server
-from monitor.notify import Notifier, watchdog_interval, watchdog_pings
-from monitor.stream import READ_BUFSIZE, READ_TIMEOUT_S, EventStream, stream_url
-from monitor.tracker import Detection, Intervene, Tracker
+from monitor.shell.actions import Interventions
+from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
+from monitor.shell.backoff import Backoff
+from monitor.shell.logs import configure_logging
+from monitor.shell.metrics import Metrics, MetricsServer, event_type, start_metrics_server
+from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
+from monitor.shell.stream import READ_BUFSIZE, READ_TIMEOUT_S, EventStream, stream_url
 
-log = structlog.get_logger("monitor.watch")
+log = structlog.get_logger("monitor.shell.watch")
 
 # SIGTERM to exit must stay under 5 s: in-flight aborts get this long to finish.
 DRAIN_S = 3.0

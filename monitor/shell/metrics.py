@@ -21,7 +21,7 @@ import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from monitor.stream import READ_TIMEOUT_S
+from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
 

@@ -16,8 +16,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from monitor.backoff import Backoff
 from monitor.errors import ConfigError, ServerError, SessionGone
+from monitor.shell.backoff import Backoff
 
 
 @dataclass(frozen=True, slots=True)

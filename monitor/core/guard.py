@@ -13,8 +13,8 @@ from array import array
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
-from monitor.cycle import Cycle, detect_cycle
-from monitor.signature import canonical_signature, signature_digest
+from monitor.core.rules.cycle import Cycle, detect_cycle
+from monitor.core.signature import canonical_signature, signature_digest
 
 K = TypeVar("K")
 V = TypeVar("V")

@@ -7,7 +7,7 @@ statement of what blocks it.
 
 from __future__ import annotations
 
-from monitor.cycle import Cycle
+from monitor.core.rules.cycle import Cycle
 
 # How every feedback message starts: the monitor finds its own earlier interventions in a
 # session's messages by it (escalation survives a restart of the monitor).

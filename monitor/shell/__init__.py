@@ -1,0 +1,7 @@
+"""The asyncio shell: moves bytes, runs timers and calls the server's API.
+
+`stream` reads the event feed, `watch` feeds it to the core's tracker and hands decisions to
+`actions`, which calls `api`. `attach` is `watch` filtered to one session. `notify`,
+`metrics` and `logs` tell systemd, Prometheus and the journal how it goes; `replay` runs the
+core over recordings, offline.
+"""
