@@ -19,9 +19,8 @@ import os
 import tracemalloc
 from collections.abc import Callable
 
-from monitor.config import load_settings
+from monitor.config import detection_of, load_settings
 from monitor.core.tracker import Tracker
-from monitor.shell.watch import detection_of
 
 DIRECTORY = "/home/dev/project"
 
@@ -65,7 +64,7 @@ def fill(tracker: Tracker, sessions: int, calls: int, arg_bytes: int) -> None:
             # A new string per call, as each decoded frame brings its own.
             args = {"filePath": f"{DIRECTORY}/src/module_{c}.py", "content": f"{c}\n" + filler}
             for status in ("running", "completed"):
-                if tracker.feed(tool_update(session, part, status, args)):
+                if tracker.feed(tool_update(session, part, status, args)).decisions:
                     raise AssertionError("the benchmark's calls must not loop")
 
 
@@ -89,8 +88,8 @@ def measure(how: str, sessions: int, calls: int, arg_bytes: int) -> dict:
     fill(tracker, sessions, calls, arg_bytes)
     gc.collect()
     grown = size() - before
-    tracked = len(tracker.guard)
-    full = all(tracker.guard.history_length(sid) == calls for sid in tracker.guard)
+    tracked = tracker.active_sessions
+    full = all(tracker.history_length(sid) == calls for sid in tracker.running())
     if tracked != sessions or not full:
         raise SystemExit(f"expected {sessions} full histories, found {tracked} (full: {full})")
     return {"how": how, "sessions": sessions, "calls": calls, "bytes_per_session": grown / sessions}

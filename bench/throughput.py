@@ -35,11 +35,11 @@ import structlog
 from aiohttp import web
 
 from bench.corpus import frame_data, sse_bytes
-from monitor.config import Settings, load_settings
+from monitor.config import Settings, detection_of, load_settings
 from monitor.core.tracker import Tracker
 from monitor.shell.notify import Notifier
 from monitor.shell.stream import READ_BUFSIZE
-from monitor.shell.watch import Watch, detection_of
+from monitor.shell.watch import Watch
 
 CHUNK = 256 * 1024
 # The sse-client reader is a reference, measured while the library is installed.
@@ -60,7 +60,7 @@ def serve(count: int) -> None:
     payload = sse_bytes(data)
     # What the daemon should decide on these frames, for the `watch` reader to check against.
     tracker = Tracker(detection_of(bench_settings("http://unused")))
-    decisions = sum(len(tracker.feed_data(item)) for item in data)
+    decisions = sum(len(tracker.feed_data(item).decisions) for item in data)
     info = {"frames": len(data), "bytes": len(payload), "decisions": decisions}
 
     async def stream(request: web.Request) -> web.StreamResponse:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit
 
-from monitor.core.tracker import MatchMode, OnLoop
+from monitor.core.tracker import Detection, MatchMode, OnLoop
 from monitor.errors import ConfigError
 
 ENV_PREFIX = "OPENCODE_LOOP_MONITOR_"
@@ -552,3 +552,17 @@ def _read_password(path: Path, label: str) -> str:
     if not password:
         raise ConfigError(f"password_file in {label}: the first line of {path} is empty")
     return password
+
+
+def detection_of(settings: Settings) -> Detection:
+    """The core's detection settings, as `watch`, `attach` and `replay` all judge."""
+    return Detection(
+        max_period=settings.max_period,
+        repeats=settings.repeats,
+        history=settings.history,
+        match=settings.match,
+        ignore_tools=settings.ignore_tool,
+        ignore_args=settings.ignore_arg,
+        on_loop=settings.on_loop,
+        max_interventions=settings.max_interventions,
+    )

@@ -93,7 +93,7 @@ def feed_all(tracker, frames) -> list:
     """Every decision the tracker returns for `frames`, in order."""
     decisions = []
     for frame in frames:
-        decisions += tracker.feed(frame)
+        decisions += tracker.feed(frame).decisions
     return decisions
 
 

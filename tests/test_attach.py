@@ -10,6 +10,7 @@ import pytest
 from monitor.core.export import current_run, export_frames
 from monitor.core.rules.cycle import Cycle
 from monitor.core.tracker import Detection, Tracker
+from monitor.shell.attach import OneSession
 from tests import frames_factory as ff
 from tests.frames_factory import READ, call, deleted, feed_all, idle, loop_of, tool_part
 
@@ -45,7 +46,7 @@ def seeded(messages, **detection):
 def test_other_sessions_are_ignored():
     tracker = Tracker(only_session=S)
     assert feed_all(tracker, loop_of(OTHER, 8)) == []
-    assert tracker.guard.history_length(OTHER) == 0
+    assert tracker.history_length(OTHER) == 0
     [decision] = feed_all(tracker, loop_of(S, 4))
     assert (decision.session_id, decision.part_id, decision.call_index) == (S, "p4", 4)
 
@@ -61,17 +62,15 @@ def test_without_only_session_every_session_counts():
 def test_deletion_of_the_followed_session_is_reported():
     tracker = Tracker(only_session=S)
     feed_all(tracker, loop_of(S, 2))
-    tracker.feed(deleted(OTHER))
-    assert tracker.followed_deleted is False
-    tracker.feed(deleted(S))
-    assert tracker.followed_deleted is True
-    assert tracker.guard.history_length(S) == 0
+    assert tracker.feed(deleted(OTHER)).deleted is None  # not followed: as if never sent
+    assert tracker.feed(deleted(S)).deleted == S
+    assert tracker.history_length(S) == 0
 
 
-def test_watch_tracker_never_reports_a_deletion():
-    tracker = Tracker()
-    tracker.feed(deleted(S))
-    assert tracker.followed_deleted is False
+def test_one_session_scope_ends_on_its_deletion_only():
+    scope = OneSession(S, "/project")
+    assert scope.ended(Tracker(only_session=S).feed(deleted(S))) is True
+    assert OneSession(S, None).ended(Tracker().feed(deleted(OTHER))) is False
 
 
 # -- the current run ------------------------------------------------------------------------
@@ -98,7 +97,7 @@ def test_current_run_skips_malformed_entries():
 def test_seed_short_of_a_cycle_decides_nothing(count):
     tracker, decisions = seeded([user(), *reads(count)])
     assert decisions == []
-    assert tracker.guard.history_length(S) == count
+    assert tracker.history_length(S) == count
 
 
 def test_seed_that_completes_a_cycle_acts_at_once():
@@ -123,7 +122,7 @@ def test_seed_ignores_runs_that_are_over():
     messages = [user("a"), *reads(6, "a"), user("b"), *reads(2, "b")]
     tracker, decisions = seeded(messages)
     assert decisions == []
-    assert tracker.guard.history_length(S) == 2
+    assert tracker.history_length(S) == 2
     [decision] = feed_all(tracker, loop_of(S, 2, prefix="live"))
     assert decision.part_id == "live2" and decision.call_index == 4
 
@@ -144,28 +143,28 @@ def test_seeded_parts_are_not_recorded_again_when_the_stream_repeats_them():
         tool_part(S, "p3", "read", "completed", READ, output="ok"),
     ]
     assert feed_all(tracker, repeated) == []
-    assert tracker.guard.history_length(S) == 3
+    assert tracker.history_length(S) == 3
     [decision] = feed_all(tracker, call(S, "p4", "read", READ))
     assert (decision.part_id, decision.call_index) == ("p4", 4)
 
 
 def test_pending_part_in_the_seed_is_recorded_when_it_runs():
     tracker, _ = seeded([user(), *reads(3), assistant(part("p4", "pending"))])
-    assert tracker.guard.history_length(S) == 3
-    [decision] = tracker.feed(tool_part(S, "p4", "read", "running", READ))
+    assert tracker.history_length(S) == 3
+    [decision] = tracker.feed(tool_part(S, "p4", "read", "running", READ)).decisions
     assert (decision.part_id, decision.call_index) == ("p4", 4)
 
 
 def test_input_output_mode_records_a_seeded_running_part_at_its_completion():
     messages = [user(), *reads(3), assistant(part("p4", "running"))]
     tracker, decisions = seeded(messages, match="input+output")
-    assert decisions == [] and tracker.guard.history_length(S) == 3
-    [decision] = tracker.feed(tool_part(S, "p4", "read", "completed", READ, output="ok"))
+    assert decisions == [] and tracker.history_length(S) == 3
+    [decision] = tracker.feed(tool_part(S, "p4", "read", "completed", READ, output="ok")).decisions
     assert (decision.part_id, decision.call_index) == ("p4", 4)
     # ... and a completed part of the seed is not recorded again in this mode either.
     tracker, _ = seeded([user(), *reads(3)], match="input+output")
-    assert tracker.feed(tool_part(S, "p3", "read", "completed", READ, output="ok")) == []
-    assert tracker.guard.history_length(S) == 3
+    assert tracker.feed(tool_part(S, "p3", "read", "completed", READ, output="ok")).decisions == ()
+    assert tracker.history_length(S) == 3
 
 
 def test_seed_obeys_the_detection_settings():
@@ -184,7 +183,7 @@ def test_seed_counts_malformed_entries_and_goes_on():
 def test_parts_of_other_sessions_in_the_seed_are_ignored():
     stray = assistant({**part("x1", "completed"), "sessionID": OTHER})
     tracker, decisions = seeded([user(), *reads(3), stray])
-    assert decisions == [] and tracker.guard.history_length(S) == 3
+    assert decisions == [] and tracker.history_length(S) == 3
 
 
 def test_live_feed_after_seed_is_plain_live_feed():

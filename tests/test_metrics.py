@@ -9,11 +9,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from monitor.core.events import KNOWN_EVENT_TYPES, parse_event
 from monitor.shell.metrics import (
-    KNOWN_EVENT_TYPES,
     Metrics,
     MetricsServer,
-    event_type,
     readiness,
     start_metrics_server,
 )
@@ -30,6 +29,11 @@ class State:
     sessions: int = 0
     last_frame_at: float | None = None
     now: float = 1000.0
+
+
+def event_type(frame: object) -> str:
+    """The bounded label the tracker gives a frame, which metrics count frames by."""
+    return parse_event(frame)[0]
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 import pytest
 
 from monitor.core.rules.cycle import Cycle
-from monitor.core.tracker import Detection, Intervene, Tracker
+from monitor.core.tracker import Detection, Fed, Intervene, Tracker
 from tests.captures import capture_frames
 from tests.frames_factory import (
     READ,
@@ -79,8 +79,8 @@ def test_global_form_records_each_call_once_despite_sync_copies():
         and f["payload"]["properties"].get("status", {}).get("type", "idle") == "idle"
     )
     feed_all(tracker_partial, frames[:first_idle])
-    assert tracker_partial.guard.history_length("ses_dd68c5d38ffeOh7wqOyc1zavTS") == 7
-    assert tracker.guard.history_length("ses_dd68c5d38ffeOh7wqOyc1zavTS") == 0
+    assert tracker_partial.history_length("ses_dd68c5d38ffeOh7wqOyc1zavTS") == 7
+    assert tracker.history_length("ses_dd68c5d38ffeOh7wqOyc1zavTS") == 0
 
 
 # -- recording rules ------------------------------------------------------------------------
@@ -104,10 +104,10 @@ def test_recorded_at_running_once_per_part():
 def test_decision_comes_on_the_running_update_of_the_fourth_call():
     tracker = Tracker()
     feed_all(tracker, loop_of("s", 3))
-    assert tracker.feed(tool_part("s", "p4", "read", "pending")) == []
-    [decision] = tracker.feed(tool_part("s", "p4", "read", "running", READ))
+    assert tracker.feed(tool_part("s", "p4", "read", "pending")).decisions == ()
+    [decision] = tracker.feed(tool_part("s", "p4", "read", "running", READ)).decisions
     assert decision.part_id == "p4"
-    assert tracker.feed(tool_part("s", "p4", "read", "completed", READ, output="x")) == []
+    assert tracker.feed(tool_part("s", "p4", "read", "completed", READ, output="x")).decisions == ()
 
 
 def test_completed_counts_when_running_was_never_seen():
@@ -126,15 +126,15 @@ def test_keyed_by_part_id_not_call_id():
     # Every part in frames_factory has callID "call_0"; two sessions share it.
     tracker = Tracker()
     feed_all(tracker, loop_of("s1", 3) + loop_of("s2", 3))
-    assert tracker.guard.history_length("s1") == 3
-    assert tracker.guard.history_length("s2") == 3
+    assert tracker.history_length("s1") == 3
+    assert tracker.history_length("s2") == 3
 
 
 def test_history_resets_after_intervention():
     tracker = Tracker()
     decisions = feed_all(tracker, loop_of("s", 7))
     assert [d.call_index for d in decisions] == [4]
-    assert tracker.guard.history_length("s") == 3
+    assert tracker.history_length("s") == 3
 
 
 def test_changing_argument_prevents_detection():
@@ -152,9 +152,9 @@ def test_changing_argument_prevents_detection():
 def test_idle_clears_history_but_keeps_interventions(end):
     tracker = Tracker()
     feed_all(tracker, loop_of("s", 4) + loop_of("s", 2, prefix="q"))
-    assert tracker.guard.history_length("s") == 2
+    assert tracker.history_length("s") == 2
     tracker.feed(end)
-    assert "s" not in tracker.guard
+    assert tracker.history_length("s") == 0
     assert tracker.interventions("s") == 1
     [decision] = feed_all(tracker, loop_of("s", 4, prefix="r"))
     assert decision.prior_interventions == 1
@@ -164,28 +164,28 @@ def test_deleted_clears_everything():
     tracker = Tracker()
     feed_all(tracker, loop_of("s", 5))
     tracker.feed(deleted("s"))
-    assert "s" not in tracker.guard and tracker.interventions("s") == 0
+    assert tracker.history_length("s") == 0 and tracker.interventions("s") == 0
 
 
 def test_busy_status_keeps_history():
     tracker = Tracker()
     feed_all(tracker, loop_of("s", 3))
     tracker.feed(status("s", "busy"))
-    assert tracker.guard.history_length("s") == 3
+    assert tracker.history_length("s") == 3
 
 
-def test_keep_runs_ends_every_run_not_listed_busy():
+def test_end_runs_ends_the_runs_named_and_no_other():
     tracker = Tracker()
     feed_all(tracker, loop_of("a", 3) + loop_of("b", 3))
-    tracker.keep_runs({"b"})
-    assert "a" not in tracker.guard and tracker.guard.history_length("b") == 3
+    tracker.end_runs(["a"])
+    assert tracker.history_length("a") == 0 and tracker.history_length("b") == 3
 
 
 def test_sessions_bounded():
     tracker = Tracker(Detection(max_sessions=3))
     for n in range(10):
         feed_all(tracker, loop_of(f"s{n}", 1))
-    assert len(tracker.guard) == 3
+    assert tracker.active_sessions == 3
 
 
 # -- directories ----------------------------------------------------------------------------
@@ -220,8 +220,8 @@ def test_directory_from_session_info_and_default():
 )
 def test_skipped_frames(frame):
     tracker = Tracker()
-    assert tracker.feed(frame) == []
-    assert not tracker.malformed and len(tracker.guard) == 0
+    assert tracker.feed(frame).decisions == ()
+    assert not tracker.malformed and tracker.active_sessions == 0
 
 
 @pytest.mark.parametrize(
@@ -255,7 +255,7 @@ def test_skipped_frames(frame):
 )
 def test_malformed_frames_counted_not_raised(frame, reason):
     tracker = Tracker()
-    assert tracker.feed(frame) == []
+    assert tracker.feed(frame).decisions == ()
     assert tracker.malformed == {reason: 1}
 
 
@@ -264,7 +264,7 @@ def test_deeply_nested_frame_is_harmless():
     for _ in range(100_000):
         nested = {"a": nested}
     tracker = Tracker()
-    assert tracker.feed({"type": "message.part.updated", "properties": nested}) == []
+    assert tracker.feed({"type": "message.part.updated", "properties": nested}).decisions == ()
     assert sum(tracker.malformed.values()) == 1
 
 
@@ -301,7 +301,7 @@ def test_ignore_tools():
     tracker = Tracker(Detection(ignore_tools=frozenset({"todowrite"})))
     frames = loop_of("s", 8, tool="todowrite", input={"todos": []})
     assert feed_all(tracker, frames) == []
-    assert "s" not in tracker.guard
+    assert tracker.history_length("s") == 0
 
 
 def test_ignore_args():
@@ -341,6 +341,7 @@ def test_decision_fields_and_feedback_text():
         frames += call("s", f"p{n + 1}", tool, args)
     [decision] = feed_all(tracker, [envelope(f, "/w") for f in frames])
     assert decision == Intervene(
+        rule="cycle",
         session_id="s",
         directory="/w",
         cycle=Cycle(3, 3),
@@ -373,8 +374,8 @@ def test_decision_fields_and_feedback_text():
 )
 def test_feed_data_counts_undecodable_frames(data, reason):
     tracker = Tracker()
-    assert tracker.feed_data(data) == []
-    assert tracker.malformed == {reason: 1} and tracker.last_malformed == reason
+    assert tracker.feed_data(data) == Fed(event_type="malformed", malformed=reason)
+    assert tracker.malformed == {reason: 1}
 
 
 def test_feed_data_decodes_and_feeds():
@@ -383,7 +384,7 @@ def test_feed_data_decodes_and_feeds():
     tracker = Tracker()
     decisions = []
     for frame in loop_of("s", 4):
-        decisions += tracker.feed_data(json.dumps(frame))
+        decisions += tracker.feed_data(json.dumps(frame)).decisions
     assert [d.call_index for d in decisions] == [4]
 
 
@@ -391,7 +392,7 @@ def test_a_malformed_in_place_of_a_frame_is_counted():
     from monitor.core.events import Malformed
 
     tracker = Tracker()
-    assert tracker.feed(Malformed("export: message is not {info, parts}")) == []
+    assert tracker.feed(Malformed("export: message is not {info, parts}")).decisions == ()
     assert tracker.malformed == {"export: message is not {info, parts}": 1}
 
 

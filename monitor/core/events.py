@@ -57,32 +57,94 @@ class Malformed:
 
 Event = ToolPart | SessionSeen | SessionIdle | SessionDeleted
 
+# Event types OpenCode sends on `/event` and inside `/global/event` envelopes. Anything else
+# is counted as "other": the label set stays this size whatever the server sends.
+KNOWN_EVENT_TYPES = frozenset(
+    {
+        "server.connected",
+        "server.heartbeat",
+        "server.instance.disposed",
+        "global.disposed",
+        "installation.updated",
+        "installation.update-available",
+        "project.updated",
+        "lsp.updated",
+        "lsp.client.diagnostics",
+        "file.edited",
+        "file.watcher.updated",
+        "vcs.branch.updated",
+        "message.updated",
+        "message.removed",
+        "message.part.updated",
+        "message.part.delta",
+        "message.part.removed",
+        "permission.updated",
+        "permission.asked",
+        "permission.replied",
+        "question.asked",
+        "question.replied",
+        "session.created",
+        "session.updated",
+        "session.deleted",
+        "session.status",
+        "session.idle",
+        "session.error",
+        "session.diff",
+        "session.compacted",
+        "todo.updated",
+        "command.executed",
+        "pty.created",
+        "pty.updated",
+        "pty.exited",
+        "pty.deleted",
+        "tui.prompt.append",
+        "tui.command.execute",
+        "tui.toast.show",
+        "ide.installed",
+        "sync",  # /global/event's copy of every stored event
+    }
+)
+# Our own values, not the server's: a frame without a usable type, and everything unknown.
+MALFORMED = "malformed"
+OTHER = "other"
 
-def parse_event(frame: object) -> Event | Malformed | None:
-    """Type one decoded frame; None for frames the monitor has no use for."""
+
+def event_label(kind: str) -> str:
+    """An event type as a bounded label value: a known type, or "other"."""
+    return kind if kind in KNOWN_EVENT_TYPES else OTHER
+
+
+def parse_event(frame: object) -> tuple[str, Event | Malformed | None]:
+    """Type one decoded frame: its event type as a bounded label, and the typed event.
+
+    The envelope is unwrapped here and nowhere else. The label is what metrics count frames
+    by: a known type, "other", or "malformed" when the frame has no usable type; the event is
+    None for frames the monitor has no use for.
+    """
     if not isinstance(frame, dict):
-        return Malformed("frame is not an object")
+        return MALFORMED, Malformed("frame is not an object")
     directory = None
     if "payload" in frame:
         directory = frame.get("directory")
         if directory is not None and not isinstance(directory, str):
-            return Malformed("envelope directory is not a string")
+            return MALFORMED, Malformed("envelope directory is not a string")
         frame = frame["payload"]
         if not isinstance(frame, dict):
-            return Malformed("payload is not an object")
+            return MALFORMED, Malformed("payload is not an object")
     kind = frame.get("type")
     if not isinstance(kind, str):
-        return Malformed("event type missing")
+        return MALFORMED, Malformed("event type missing")
+    label = event_label(kind)
     parse = _PARSERS.get(kind)
     if parse is None:
-        return None
+        return label, None
     props = frame.get("properties")
     if not isinstance(props, dict):
-        return Malformed(f"{kind}: properties is not an object")
+        return label, Malformed(f"{kind}: properties is not an object")
     try:
-        return parse(props, directory)
+        return label, parse(props, directory)
     except _Mistyped as exc:
-        return Malformed(f"{kind}: {exc}")
+        return label, Malformed(f"{kind}: {exc}")
 
 
 class _Mistyped(Exception):

@@ -1,11 +1,12 @@
 """Event tracker: follows every session's tool calls and decides when to intervene.
 
-Fed decoded frames of either stream form, it returns decisions and never raises on what the
-server sends. It is the whole policy of the monitor; the asyncio shell only carries out the
-`Intervene` decisions it returns.
+Fed decoded frames of either stream form, it returns a `Fed` result (the decisions, the
+event's type, why a frame was malformed) and never raises on what the server sends. It is the
+whole policy of the monitor; the asyncio shell only carries out the `Intervene` decisions it
+returns and counts what the result says.
 
-For `attach` it follows one session only (`only_session`), takes that session's past through
-`seed` under the same rules, and says when the session is deleted (`followed_deleted`).
+For `attach` it follows one session only (`only_session`) and takes that session's past
+through `seed` under the same rules.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from monitor.core.events import (
+    KNOWN_EVENT_TYPES,
+    MALFORMED,
+    OTHER,
     Malformed,
     SessionDeleted,
     SessionIdle,
@@ -38,8 +42,13 @@ _MAX_IN_FLIGHT = 64
 
 @dataclass(frozen=True, slots=True)
 class Intervene:
-    """Stop this session's run and give the model `feedback`."""
+    """Stop this session's run and give the model `feedback`.
 
+    `rule` names the rule that found the loop (`cycle`, ...): it goes into logs, metrics,
+    replay output and the feedback.
+    """
+
+    rule: str
     session_id: str
     directory: str | None
     cycle: Cycle
@@ -67,8 +76,27 @@ class Detection:
     max_sessions: int = 10_000
 
 
+@dataclass(frozen=True, slots=True)
+class Fed:
+    """What one frame did: the decisions it led to, and what the shell counts and logs.
+
+    `event_type` is a bounded label (a known type, "other" or "malformed"); `malformed` says
+    why the frame could not be used; `deleted` is the session the frame deleted.
+    """
+
+    decisions: tuple[Intervene, ...] = ()
+    event_type: str = OTHER
+    malformed: str | None = None
+    deleted: str | None = None
+
+
+# Most frames change nothing the shell must act on: one shared result per event type, so the
+# hot path allocates nothing for them.
+_QUIET = {label: Fed(event_type=label) for label in (*KNOWN_EVENT_TYPES, OTHER, MALFORMED)}
+
+
 class _Seeding:
-    """State of one `Tracker.seed` call."""
+    """State of one `Tracker.seed` call: whether it has decided yet."""
 
     __slots__ = ("decided",)
 
@@ -95,7 +123,7 @@ class _Session:
 
 
 class Tracker:
-    """Feeds frames through the loop guard; see `feed`."""
+    """Feeds frames through the loop rules; see `feed`."""
 
     def __init__(
         self,
@@ -104,7 +132,7 @@ class Tracker:
         only_session: str | None = None,
     ) -> None:
         self.detection = detection
-        self.guard = LoopGuard(
+        self._guard = LoopGuard(
             max_history=detection.history,
             max_sessions=detection.max_sessions,
             max_period=detection.max_period,
@@ -116,58 +144,25 @@ class Tracker:
         self._sessions: RecentMap[str, _Session] = RecentMap(detection.max_sessions)
         # Events of every other session are ignored, as if the stream did not carry them.
         self.only_session = only_session
-        # Set once `only_session` is deleted: nothing is left to follow.
-        self.followed_deleted = False
-        self._seeding: _Seeding | None = None
         self.malformed: Counter[str] = Counter()
-        self.last_malformed: str | None = None
         # Sessions taken in since the start (one forgotten and seen again counts twice).
         self.sessions_seen = 0
-        # The shell's metrics label frames by type; kept rather than typed here, so frames cost
-        # nothing extra when metrics are off.
-        self.last_frame: object = None
 
-    def feed_data(self, data: str) -> list[Intervene]:
+    def feed_data(self, data: str) -> Fed:
         """Take the data of one SSE event, as read from the stream or a recording."""
         try:
             frame = decode_frame(data)
         except FrameError as exc:
-            self.last_frame = None
-            self._malformed(str(exc))
-            return []
-        self.last_frame = frame
+            return self._malformed(MALFORMED, str(exc))
         return self.feed(frame)
 
-    def feed(self, frame: object) -> list[Intervene]:
-        """Take one decoded frame (`/event` or `/global/event` form); return decisions.
+    def feed(self, frame: object) -> Fed:
+        """Take one decoded frame (`/event` or `/global/event` form); say what it did.
 
         A `Malformed` in place of a frame (what `export_frames` makes of an unusable entry)
         is counted like any other malformed frame.
         """
-        event = frame if isinstance(frame, Malformed) else parse_event(frame)
-        if event is None:
-            return []
-        if (
-            self.only_session is not None
-            and not isinstance(event, Malformed)
-            and event.session_id != self.only_session
-        ):
-            return []
-        if isinstance(event, ToolPart):
-            decision = self._tool_part(event)
-            return [] if decision is None else [decision]
-        if isinstance(event, Malformed):
-            self._malformed(event.reason)
-        elif isinstance(event, SessionIdle):
-            self._seen(event.session_id, event.directory)
-            self.end_run(event.session_id)
-        elif isinstance(event, SessionSeen):
-            self._seen(event.session_id, event.directory)
-        elif isinstance(event, SessionDeleted):
-            self.forget(event.session_id)
-            if event.session_id == self.only_session:
-                self.followed_deleted = True
-        return []
+        return self._feed(frame, None)
 
     def seed(
         self,
@@ -182,46 +177,26 @@ class Tracker:
         the run is rebuilt from `frames`, what `monitor.core.export.export_frames` makes of its
         messages (each part in the state it had when they were read). The run starts over
         (its history and in-flight parts go; its intervention count stays) and the frames go
-        through `feed`, so the rules are those of the live stream, with three differences:
-
-        - Every part recorded here is kept in flight, also a finished one. The shell connects
-          the stream before it reads the messages, so that nothing happening in between is
-          lost; but then an update made in that gap reaches us twice, in the messages and on
-          the stream, and must count once. A part that was `running` when read is recorded
-          now and its `completed` on the stream is its final update, as live; a `completed`
-          part's copy from the gap is dropped the same way. A part still `pending` (no input
-          yet) is not recorded here: its `running` on the stream will be.
-        - At most one decision: a run that already looped several times before we came is
-          stopped once, at the first call where `watch` would have stopped it. Later calls
-          of the seed are counted (positions stay call numbers) but not recorded.
-        - No decision on the part we already intervened on: the run read back may be the
-          one we just stopped, if its feedback is not stored yet.
+        through the rules of the live stream, with the differences `_tool_part` explains.
 
         `interventions` is how many feedback messages the session's record holds, so that
         escalation counts the interventions of an earlier monitor process too.
         """
         session = self._seen(session_id, directory)
         session.interventions = max(session.interventions, interventions)
-        self.guard.clear(session_id)
+        self._guard.clear(session_id)
         session.in_flight = None
         session.calls = session.run_start
-        seeding = self._seeding = _Seeding()
+        seeding = _Seeding()
         decisions: list[Intervene] = []
-        try:
-            for frame in frames:
-                decisions += self.feed(frame)
-                seeding.decided = seeding.decided or bool(decisions)
-        finally:
-            self._seeding = None
+        for frame in frames:
+            decisions += self._feed(frame, seeding).decisions
+            seeding.decided = seeding.decided or bool(decisions)
         return decisions
 
     def follows(self, session_id: str) -> bool:
         """False for the sessions `only_session` leaves out."""
         return self.only_session is None or session_id == self.only_session
-
-    def _malformed(self, reason: str) -> None:
-        self.malformed[reason] += 1
-        self.last_malformed = reason
 
     def directory_of(self, session_id: str) -> str | None:
         session = self._sessions.get(session_id)
@@ -229,28 +204,77 @@ class Tracker:
             return self._default_directory
         return session.directory
 
+    def running(self) -> dict[str, str | None]:
+        """The sessions with a run under way (a history), with their directories."""
+        return {session_id: self.directory_of(session_id) for session_id in self._guard}
+
+    def known(self) -> dict[str, str | None]:
+        """Every session held, with the directory the stream told us (None if it did not)."""
+        known: dict[str, str | None] = {}
+        for session_id in self._sessions:
+            session = self._sessions.get(session_id)
+            known[session_id] = None if session is None else session.directory
+        return known
+
+    def end_runs(self, session_ids: Iterable[str]) -> None:
+        for session_id in session_ids:
+            self.end_run(session_id)
+
+    def history_length(self, session_id: str) -> int:
+        """Calls of the session's current run that the rules remember."""
+        return self._guard.history_length(session_id)
+
+    @property
+    def active_sessions(self) -> int:
+        """Sessions with a run under way: what the sessions gauge reports."""
+        return len(self._guard)
+
+    @property
+    def malformed_total(self) -> int:
+        return sum(self.malformed.values())
+
     def interventions(self, session_id: str) -> int:
         session = self._sessions.get(session_id)
         return 0 if session is None else session.interventions
 
     def end_run(self, session_id: str) -> None:
         """The session's run is over: its history goes, its intervention count stays."""
-        self.guard.clear(session_id)
+        self._guard.clear(session_id)
         session = self._sessions.get(session_id)
         if session is not None:
             session.in_flight = None
             session.run_start = session.calls
 
-    def keep_runs(self, busy: Iterable[str]) -> None:
-        """After a reconnect: end the run of every session the server does not call busy."""
-        keep = set(busy)
-        for session_id in self._sessions:
-            if session_id not in keep:
-                self.end_run(session_id)
-
     def forget(self, session_id: str) -> None:
-        self.guard.clear(session_id)
+        self._guard.clear(session_id)
         self._sessions.pop(session_id)
+
+    def _feed(self, frame: object, seeding: _Seeding | None) -> Fed:
+        if isinstance(frame, Malformed):
+            return self._malformed(MALFORMED, frame.reason)
+        label, event = parse_event(frame)
+        if event is None:
+            return _QUIET[label]
+        if isinstance(event, Malformed):
+            return self._malformed(label, event.reason)
+        if self.only_session is not None and event.session_id != self.only_session:
+            return _QUIET[label]
+        if isinstance(event, ToolPart):
+            decision = self._tool_part(event, seeding)
+            return _QUIET[label] if decision is None else Fed((decision,), label)
+        if isinstance(event, SessionIdle):
+            self._seen(event.session_id, event.directory)
+            self.end_run(event.session_id)
+        elif isinstance(event, SessionSeen):
+            self._seen(event.session_id, event.directory)
+        elif isinstance(event, SessionDeleted):
+            self.forget(event.session_id)
+            return Fed(event_type=label, deleted=event.session_id)
+        return _QUIET[label]
+
+    def _malformed(self, label: str, reason: str) -> Fed:
+        self.malformed[reason] += 1
+        return Fed(event_type=label, malformed=reason)
 
     def _seen(self, session_id: str, directory: str | None) -> _Session:
         if session_id not in self._sessions:
@@ -260,23 +284,33 @@ class Tracker:
             session.directory = directory
         return session
 
-    def _tool_part(self, part: ToolPart) -> Intervene | None:
+    def _tool_part(self, part: ToolPart, seeding: _Seeding | None) -> Intervene | None:
         if part.tool in self.detection.ignore_tools:
             return None
         session = self._seen(part.session_id, part.directory)
         if not self._first_full_update(session, part):
             return None
         session.calls += 1
-        seeding = self._seeding
         if seeding is not None:
+            # The shell connects the stream before it reads the messages back, so nothing
+            # that happens in between is lost; an update made in that gap then reaches us
+            # twice, in the messages and on the stream, and must count once. So every part
+            # read back is held in flight, also a finished one: its later updates on the
+            # stream are dropped as live. A part still `pending` (no input yet) is not
+            # recorded here (`_first_full_update`): its `running` on the stream will be.
             _hold_in_flight(session, part.part_id)
             if seeding.decided:
+                # A run that looped several times before we came is stopped once, at the
+                # first call where `watch` would have stopped it; later calls are counted
+                # (positions stay call numbers) but not recorded.
                 return None
             if part.part_id == session.intervened_part:
-                self.guard.clear(part.session_id)
+                # The run read back is the one we just stopped, its feedback not stored yet:
+                # the same loop must not be acted on twice.
+                self._guard.clear(part.session_id)
                 seeding.decided = True
                 return None
-        cycle = self.guard.record(part.session_id, part.tool, self._call_args(part))
+        cycle = self._guard.record(part.session_id, part.tool, self._call_args(part))
         if cycle is None:
             return None
         return self._intervene(session, part, cycle)
@@ -309,10 +343,10 @@ class Tracker:
         return {"input": args, "output": part.output}
 
     def _intervene(self, session: _Session, part: ToolPart, cycle: Cycle) -> Intervene:
-        tools = self.guard.tools(part.session_id, cycle.length)
+        tools = self._guard.tools(part.session_id, cycle.length)
         # Later updates of the parts already recorded must not fire again, so the history
         # starts over; the in-flight set stays to keep recognising those parts.
-        self.guard.clear(part.session_id)
+        self._guard.clear(part.session_id)
         prior = session.interventions
         session.interventions += 1
         session.intervened_part = part.part_id
@@ -320,6 +354,7 @@ class Tracker:
         escalated = detection.on_loop == "resume" and prior >= detection.max_interventions
         hold = escalated or detection.on_loop == "hold"
         return Intervene(
+            rule="cycle",
             session_id=part.session_id,
             directory=session.directory or self._default_directory,
             cycle=cycle,

@@ -1,12 +1,10 @@
 """Attach: watch one session that is already running, starting from what it did so far.
 
 `attach SESSION_ID` looks the session up (`GET /session/{id}`, which also gives its project
-directory), follows that directory's `/event` stream with a tracker that ignores every other
-session, and from there behaves like `watch`, whose resync seeds the tracker with the calls
-of the session's current run. It ends by itself, with status 0, when the session is deleted.
-
-The core is the tracker (`only_session`, `seed`, `followed_deleted`); this module is the thin
-shell around it, a `Watch` with its own start and a deletion check on every connect.
+directory), then runs a `Watch` on that directory's `/event` stream with a `OneSession`
+scope: the tracker ignores every other session, the watch's resync reads back only this
+session's current run, and the watch ends by itself, with status 0, when the session is
+deleted (seen on the stream, or found gone on a reconnect).
 """
 
 from __future__ import annotations
@@ -19,13 +17,13 @@ from typing import Any
 import structlog
 
 from monitor.config import Settings
-from monitor.core.tracker import Tracker
+from monitor.core.tracker import Fed
 from monitor.errors import ServerError, SessionGone
 from monitor.shell.api import OpencodeAPI
 from monitor.shell.logs import configure_logging
-from monitor.shell.watch import Watch, detection_of, http_session
+from monitor.shell.watch import Watch, http_session
 
-log = structlog.get_logger("monitor.shell.attach")
+log = structlog.get_logger("monitor.attach")
 
 PROG = "opencode-loop-monitor"
 EX_NOINPUT = 66  # the session does not exist
@@ -35,38 +33,34 @@ EX_UNAVAILABLE = 69  # the server could not be asked (down, or failing)
 SESSION_ID_PREFIX = "ses_"
 
 
-class Attach(Watch):
-    """`Watch` restricted to one session, seeded with that session's current run."""
+class OneSession:
+    """A watch's scope for `attach`: one session, until it is deleted."""
 
-    def __init__(self, settings: Settings, session_id: str, **kwargs: Any) -> None:
-        tracker = Tracker(
-            detection_of(settings), directory=settings.directory, only_session=session_id
-        )
-        super().__init__(settings, tracker=tracker, **kwargs)
-        self.session_id = session_id
+    def __init__(self, session_id: str, directory: str | None) -> None:
+        self.only_session = session_id
+        self._directory = directory
+        self._over = False
 
-    def _on_frame(self, data: str) -> None:
-        super()._on_frame(data)
-        if self.tracker.followed_deleted:
-            self._deleted()
-
-    def _deleted(self) -> None:
-        if not self._stop.is_set():
-            log.info("attach.session_deleted", session_id=self.session_id)
-            self._stop.set()
-
-    async def _resync(self) -> None:
+    async def still_there(self, api: OpencodeAPI) -> bool:
         # On every (re)connect: away from the stream, the deletion may have gone by unseen.
-        # Then `watch`'s resync seeds the session's current run, if it has one.
         try:
-            await self.api.session(self.session_id, self.settings.directory)
+            await api.session(self.only_session, self._directory)
         except SessionGone:
-            self._deleted()
-            return
+            return self._deleted()
         except ServerError as exc:
             # Cannot tell: keep following; the next reconnect asks again.
             log.warning("stream.resync_failed", error=str(exc))
-        await super()._resync()
+        return True
+
+    def ended(self, fed: Fed) -> bool:
+        return fed.deleted == self.only_session and not self._deleted()
+
+    def _deleted(self) -> bool:
+        """Log the deletion once; False, the answer to `still_there`."""
+        if not self._over:
+            self._over = True
+            log.info("attach.session_deleted", session_id=self.only_session)
+        return False
 
 
 async def look_up(settings: Settings, session_id: str) -> dict[str, Any]:
@@ -89,7 +83,7 @@ async def attach(settings: Settings, session_id: str) -> int:
     # The session's own project: its events come on that instance's /event stream, and its
     # abort and prompt calls go to that instance.
     settings = dataclasses.replace(settings, directory=info["directory"])
-    return await Attach(settings, session_id).run()
+    return await Watch(settings, scope=OneSession(session_id, settings.directory)).run()
 
 
 def run_attach(settings: Settings, session_id: str) -> int:

@@ -21,81 +21,12 @@ import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from monitor.core.events import KNOWN_EVENT_TYPES, MALFORMED, OTHER
 from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
 
-# Event types OpenCode sends on `/event` and inside `/global/event` envelopes. Anything else
-# is counted as "other": the label set stays this size whatever the server sends.
-KNOWN_EVENT_TYPES = frozenset(
-    {
-        "server.connected",
-        "server.heartbeat",
-        "server.instance.disposed",
-        "global.disposed",
-        "installation.updated",
-        "installation.update-available",
-        "project.updated",
-        "lsp.updated",
-        "lsp.client.diagnostics",
-        "file.edited",
-        "file.watcher.updated",
-        "vcs.branch.updated",
-        "message.updated",
-        "message.removed",
-        "message.part.updated",
-        "message.part.delta",
-        "message.part.removed",
-        "permission.updated",
-        "permission.asked",
-        "permission.replied",
-        "question.asked",
-        "question.replied",
-        "session.created",
-        "session.updated",
-        "session.deleted",
-        "session.status",
-        "session.idle",
-        "session.error",
-        "session.diff",
-        "session.compacted",
-        "todo.updated",
-        "command.executed",
-        "pty.created",
-        "pty.updated",
-        "pty.exited",
-        "pty.deleted",
-        "tui.prompt.append",
-        "tui.command.execute",
-        "tui.toast.show",
-        "ide.installed",
-        "sync",  # /global/event's copy of every stored event
-    }
-)
-# Our own values, not the server's: a frame without a usable type, and everything unknown.
-MALFORMED = "malformed"
-OTHER = "other"
-
 OUTCOMES = ("aborted", "held", "dry_run", "abort_failed")
-
-
-def event_type(frame: object) -> str:
-    """The event type of one decoded frame of either stream form, as a bounded label value.
-
-    `{"type": ...}` (`/event`) and `{"payload": {"type": ...}}` (`/global/event`) give their
-    type when it is a known one, "other" when it is not, and "malformed" when there is none.
-    Pure and cheap (two dict lookups), with no dependencies, so it can move into the core.
-    """
-    if not isinstance(frame, dict):
-        return MALFORMED
-    if "payload" in frame:
-        frame = frame["payload"]
-        if not isinstance(frame, dict):
-            return MALFORMED
-    kind = frame.get("type")
-    if not isinstance(kind, str):
-        return MALFORMED
-    return kind if kind in KNOWN_EVENT_TYPES else OTHER
 
 
 def readiness(connected: bool, last_frame_at: float | None, now: float, limit: float) -> str | None:
@@ -186,7 +117,7 @@ class Metrics:
         ).set_function(self._seconds_since_last_frame)
 
     def frame(self, event_type: str) -> None:
-        """Count one frame; `event_type` as `event_type()` returns it (unknowns become other)."""
+        """Count one frame; `event_type` as the tracker returns it (unknowns become other)."""
         if event_type not in KNOWN_EVENT_TYPES and event_type != MALFORMED:
             event_type = OTHER
         self._frames.labels(event_type).inc()

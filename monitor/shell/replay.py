@@ -24,7 +24,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
@@ -124,7 +124,7 @@ class FileReplay:
 
     @property
     def malformed(self) -> int:
-        return sum(self.tracker.malformed.values())
+        return self.tracker.malformed_total
 
     @property
     def sessions(self) -> int:
@@ -133,14 +133,14 @@ class FileReplay:
     def feed_data(self, data: str) -> list[dict[str, Any]]:
         """Take the data of one event, as an SSE event's data or a line of JSON Lines."""
         self.frames += 1
-        return self._records(self.tracker.feed_data(data))
+        return self._records(self.tracker.feed_data(data).decisions)
 
     def feed_frame(self, frame: object) -> list[dict[str, Any]]:
         """Take one frame of `export_frames` (a decoded frame, or a `Malformed`)."""
         self.frames += 1
-        return self._records(self.tracker.feed(frame))
+        return self._records(self.tracker.feed(frame).decisions)
 
-    def _records(self, decisions: list[Intervene]) -> list[dict[str, Any]]:
+    def _records(self, decisions: Sequence[Intervene]) -> list[dict[str, Any]]:
         self.detections += len(decisions)
         return [detection_record(self.file, decision) for decision in decisions]
 
@@ -370,8 +370,7 @@ def replay_files(
 
 
 def run_replay(settings: Settings, paths: list[str], *, fail_on_detect: bool) -> int:
-    # The daemon's own translation of the settings, so replay judges exactly like `watch`.
-    from monitor.shell.watch import detection_of
+    from monitor.config import detection_of
 
     try:
         return replay_files(

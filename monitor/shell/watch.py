@@ -12,24 +12,26 @@ import contextlib
 import dataclasses
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Protocol, TextIO
 
 import aiohttp
 import structlog
 
 from monitor import __version__
-from monitor.config import Settings
+from monitor.config import Settings, detection_of
 from monitor.core.export import current_run, export_frames, feedback_count
 from monitor.core.frames import encode_sse
-from monitor.core.tracker import Detection, Intervene, Tracker
+from monitor.core.resync import directories_to_ask, plan_resync
+from monitor.core.tracker import Detection, Fed, Intervene, Tracker
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.actions import Interventions
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.backoff import Backoff
 from monitor.shell.logs import configure_logging
-from monitor.shell.metrics import Metrics, MetricsServer, event_type, start_metrics_server
+from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.shell.stream import READ_BUFSIZE, READ_TIMEOUT_S, EventStream, stream_url
 
@@ -38,19 +40,6 @@ log = structlog.get_logger("monitor.shell.watch")
 # SIGTERM to exit must stay under 5 s: in-flight aborts get this long to finish.
 DRAIN_S = 3.0
 MALFORMED_LOG_EVERY_S = 10.0
-
-
-def detection_of(settings: Settings) -> Detection:
-    return Detection(
-        max_period=settings.max_period,
-        repeats=settings.repeats,
-        history=settings.history,
-        match=settings.match,
-        ignore_tools=settings.ignore_tool,
-        ignore_args=settings.ignore_arg,
-        on_loop=settings.on_loop,
-        max_interventions=settings.max_interventions,
-    )
 
 
 def log_fields(detection: Detection) -> dict[str, object]:
@@ -87,11 +76,41 @@ def run_watch(settings: Settings) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """The waits of the shell; tests shorten them, the defaults suit a real server."""
+    """The waits and the clock of the shell; tests shorten or replace them, the defaults suit
+    a real server."""
 
     read_timeout: float = READ_TIMEOUT_S
     reconnect: Backoff = Backoff()
     retry: Retry = Retry()
+    drain: float = DRAIN_S
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    clock: Callable[[], float] = time.monotonic
+
+
+class Scope(Protocol):
+    """Which sessions a watch follows, and when following them is over."""
+
+    only_session: str | None
+
+    async def still_there(self, api: OpencodeAPI) -> bool:
+        """On every (re)connect: False when there is nothing left to follow."""
+        ...
+
+    def ended(self, fed: Fed) -> bool:
+        """After every frame: True when there is nothing left to follow."""
+        ...
+
+
+class AllSessions:
+    """The daemon's scope: every session, for ever."""
+
+    only_session = None
+
+    async def still_there(self, api: OpencodeAPI) -> bool:
+        return True
+
+    def ended(self, fed: Fed) -> bool:
+        return False
 
 
 class Watch:
@@ -100,14 +119,15 @@ class Watch:
         settings: Settings,
         notifier: Notifier | None = None,
         timing: Timing = Timing(),
-        tracker: Tracker | None = None,
+        scope: Scope = AllSessions(),
     ) -> None:
         self.settings = settings
         self.timing = timing
+        self.scope = scope
         self.notifier = notifier or Notifier.from_environ()
-        if tracker is None:
-            tracker = Tracker(detection_of(settings), directory=settings.directory)
-        self.tracker = tracker
+        self.tracker = Tracker(
+            detection_of(settings), directory=settings.directory, only_session=scope.only_session
+        )
         self._stop = asyncio.Event()
         self._fatal: BaseException | None = None
         self._malformed_logged_at = float("-inf")
@@ -119,8 +139,9 @@ class Watch:
         if settings.metrics_addr is not None:
             self.metrics = Metrics(
                 connected=lambda: self._stream is not None and self._stream.connected,
-                sessions=lambda: len(self.tracker.guard),
+                sessions=lambda: self.tracker.active_sessions,
                 last_frame_at=lambda: self._last_frame_at,
+                clock=timing.clock,
                 read_limit=timing.read_timeout,
             )
         self.metrics_server: MetricsServer | None = None
@@ -167,7 +188,7 @@ class Watch:
             **log_fields(self.tracker.detection),
         )
         async with http_session(settings) as http:
-            self.api = OpencodeAPI(http, settings.url, self.timing.retry)
+            self.api = OpencodeAPI(http, settings.url, self.timing.retry, self.timing.sleep)
             self.interventions = Interventions(
                 None if settings.dry_run else self.api,
                 forget=self.tracker.forget,
@@ -182,10 +203,11 @@ class Watch:
                 on_disconnect=self._on_disconnect,
                 backoff=self.timing.reconnect,
                 read_timeout=self.timing.read_timeout,
+                sleep=self.timing.sleep,
             )
             await self._until_stopped(stream)
             self.notifier.stopping()
-            await self.interventions.drain(DRAIN_S)
+            await self.interventions.drain(self.timing.drain)
         log.info("monitor.stopped")
         if self._fatal is not None:
             raise self._fatal
@@ -213,20 +235,21 @@ class Watch:
     def _on_frame(self, data: str) -> None:
         if self._record is not None:
             self._write_record(self._record, data)
-        tracker = self.tracker
-        decisions = tracker.feed_data(data)
-        for decision in decisions:
+        fed = self.tracker.feed_data(data)
+        for decision in fed.decisions:
             self.interventions.submit(decision)
         metrics = self.metrics
         if metrics is not None:
-            self._last_frame_at = time.monotonic()
-            metrics.frame(event_type(tracker.last_frame))
-            for decision in decisions:
+            self._last_frame_at = self.timing.clock()
+            metrics.frame(fed.event_type)
+            for decision in fed.decisions:
                 metrics.loop(decision.cycle.length)
-            if tracker.last_malformed is not None:
+            if fed.malformed is not None:
                 metrics.malformed()
-        if tracker.last_malformed is not None:
-            self._log_malformed(time.monotonic())
+        if fed.malformed is not None:
+            self._log_malformed(fed.malformed)
+        if self.scope.ended(fed):
+            self._stop.set()
 
     def _write_record(self, record: TextIO, data: str) -> None:
         try:
@@ -243,14 +266,12 @@ class Watch:
         if self.metrics is not None:
             self.metrics.intervention(outcome)
 
-    def _log_malformed(self, now: float) -> None:
-        tracker = self.tracker
-        reason = tracker.last_malformed
-        tracker.last_malformed = None
+    def _log_malformed(self, reason: str) -> None:
+        now = self.timing.clock()
         # A broken proxy can send thousands of bad frames a second: one line per interval.
         if now - self._malformed_logged_at >= MALFORMED_LOG_EVERY_S:
             self._malformed_logged_at = now
-            log.warning("frame.malformed", reason=reason, count=sum(tracker.malformed.values()))
+            log.warning("frame.malformed", reason=reason, count=self.tracker.malformed_total)
 
     async def _on_connect(self) -> None:
         self.notifier.status("streaming events")
@@ -267,41 +288,33 @@ class Watch:
     async def _resync(self) -> None:
         """Events missed while away are gone: rebuild every run from the server's record.
 
-        The server is asked which sessions are busy, in every directory we know of. The runs
-        of the others are over: their histories go. Each busy session's current run is read
-        back from its messages and seeded, so calls made while we were away still count and
-        a loop completed meanwhile is stopped now; on the first connect this takes in the
-        runs already under way when the monitor started.
-
-        This runs after the stream answered and before its first frame is read, so nothing
-        that happens meanwhile is lost (it waits in the socket; `Tracker.seed` explains how
-        parts seen twice count once). Busy is asked before the messages: a run that ends in
-        between still leaves its `session.idle` on the stream, which ends the seeded run;
-        the other order could take a finished run for a current one.
+        `monitor.core.resync` plans it; this asks the server and carries the plan out.
         """
+        if not await self.scope.still_there(self.api):
+            self._stop.set()
+            return
         tracker = self.tracker
-        directories = {tracker.directory_of(session_id) for session_id in tracker.guard}
-        directories.add(self.settings.directory)
         busy: dict[str, str | None] = {}
         try:
-            for directory in directories:
+            for directory in directories_to_ask(tracker.running(), self.settings.directory):
                 for session_id in await self.api.busy_sessions(directory):
-                    # The stream told us where a session lives; otherwise, where we asked.
-                    known = tracker.directory_of(session_id)
-                    busy[session_id] = directory if known is None else known
+                    busy[session_id] = directory
         except ServerError as exc:
             # Without an answer we cannot tell finished runs from live ones: keep them all.
             log.warning("stream.resync_failed", error=str(exc))
             return
-        tracker.keep_runs(busy)
-        # A session we are acting on is being stopped: reading back the run we are stopping
-        # would only find the same loop again. The others are read at once (the frames wait).
-        seeds = [
-            self._seed(session_id, directory)
-            for session_id, directory in busy.items()
-            if tracker.follows(session_id) and not self.interventions.acting_on(session_id)
-        ]
-        seeded = sum(await asyncio.gather(*seeds))
+        only = self.scope.only_session
+        plan = plan_resync(
+            busy,
+            tracker.known(),
+            None if only is None else {only},
+            [session_id for session_id in busy if self.interventions.acting_on(session_id)],
+        )
+        tracker.end_runs(plan.end_runs)
+        # Read back at once, concurrently: the stream's frames wait in the socket meanwhile.
+        seeded = sum(
+            await asyncio.gather(*(self._seed(session, where) for session, where in plan.read_back))
+        )
         log.info("stream.resynced", busy=len(busy), seeded=seeded)
 
     async def _seed(self, session_id: str, directory: str | None) -> int:

@@ -1,0 +1,66 @@
+"""Resync planning: after a (re)connect, what to believe about the runs we were following.
+
+The stream does not replay what happened while we were away (OpenCode ignores
+`Last-Event-ID`), so after every connect the shell asks the server which sessions are busy
+and reads their current runs back. This module decides, from data only, where to ask and
+what to do with the answer; `monitor.shell.watch` makes the requests.
+
+The shell connects the stream before it asks, and asks before it reads the first frame, so
+nothing that happens meanwhile is lost (it waits in the socket). Busy is asked before the
+messages are read: a run that ends in between still leaves its `session.idle` on the stream,
+which ends the read-back run; the other order could take a finished run for a current one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ResyncPlan:
+    """`end_runs`: sessions whose run is over; `read_back`: (session, directory) to seed."""
+
+    end_runs: tuple[str, ...]
+    read_back: tuple[tuple[str, str | None], ...]
+
+
+def directories_to_ask(
+    running: Mapping[str, str | None], configured: str | None
+) -> set[str | None]:
+    """Where to ask which sessions are busy: every directory a run we follow lives in.
+
+    `configured` (`--directory`, or None for the server's own directory) is always asked, so
+    that on the first connect the runs already under way there are found too. Busy sessions
+    of other projects are picked up when their events show up: asking every project the
+    server knows could start a server instance for each.
+    """
+    return {*running.values(), configured}
+
+
+def plan_resync(
+    busy: Mapping[str, str | None],
+    known: Mapping[str, str | None],
+    follows: Collection[str] | None,
+    acting_on: Iterable[str],
+) -> ResyncPlan:
+    """What to do after a connect, given the server's answer.
+
+    `busy` maps each busy session to the directory it was found in; `known` maps the
+    sessions we know to their directories (what the stream told us, None if it did not);
+    `follows` is the only sessions we watch (attach), None for all; `acting_on` are the
+    sessions whose intervention is still under way.
+    """
+    # A run that the server no longer calls busy ended while we were away (its
+    # `session.idle` is lost): its history must go, or its calls would join the next run's.
+    end_runs = tuple(session_id for session_id in known if session_id not in busy)
+    acting = set(acting_on)
+    read_back = tuple(
+        # The stream told us where a session lives; otherwise, where we found it busy.
+        (session_id, known.get(session_id) or directory)
+        for session_id, directory in busy.items()
+        # A session we do not follow is not ours to read; one we are acting on is being
+        # stopped, and reading back the run we are stopping would find the same loop again.
+        if (follows is None or session_id in follows) and session_id not in acting
+    )
+    return ResyncPlan(end_runs, read_back)
