@@ -95,13 +95,17 @@ async def test_clean_end_reconnects_and_resyncs():
         streams=[play(loop_frames("s1", 3), then="end"), play(loop_frames("s1", 1, prefix="q"))],
         busy={},  # after the reconnect the server says nothing runs: s1's run is over
     )
+    # server.connected and three updates per call, on each connection.
+    frames_sent = (1 + 3 * 3) + (1 + 3 * 1)
     with capture_logs() as logs:
         running = await start(fake)
+        watch = running[1]
         # Asked at the first connect, and at the reconnect for s1's directory and ours.
         await wait_for(lambda: fake.connections == 2 and len(fake.of("status")) == 3)
-        await asyncio.sleep(0.2)
+        await wait_for(lambda: watch._stream.frames == frames_sent)
         await stop(*running)
-    assert fake.of("abort") == []  # 3 calls before, 1 after: the history was dropped
+    # 3 calls before, 1 after: the history was dropped, and no decision was made.
+    assert watch.tracker.interventions("s1") == 0 and fake.of("abort") == []
     [disconnected] = events(logs, "stream.disconnected")
     assert disconnected["reason"] == "stream ended" and disconnected["retry_in_s"] <= 0.1
     assert len(events(logs, "stream.connected")) == 2
@@ -199,7 +203,7 @@ async def test_silent_stream_hits_read_timeout_and_reconnects():
         await wait_for(lambda: fake.connections >= 2, timeout=3)
         await stop(*running)
     first, second = [r.at for r in fake.requests if r.path == "/global/event"][:2]
-    assert 0.5 <= second - first < 1.5
+    assert second - first >= 0.5  # the read timeout ran out first
     assert events(logs, "stream.disconnected")[0]["reason"] == "read timeout"
 
 
