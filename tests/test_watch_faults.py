@@ -13,12 +13,12 @@ from structlog.testing import capture_logs
 
 from monitor.config import load_settings
 from monitor.errors import ConfigError
+from monitor.kit.standin import FakeOpencode, frames, no_headers, play
 from monitor.shell.api import Retry
 from monitor.shell.backoff import Backoff
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Timing, Watch
 from tests import frames_factory as ff
-from tests.fake_opencode import FakeOpencode, frames, no_headers, play
 from tests.frames_factory import call, envelope
 
 READ = {"filePath": "README.md"}

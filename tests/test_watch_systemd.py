@@ -7,7 +7,8 @@ import socket
 
 from aiohttp.test_utils import TestServer
 
-from tests.fake_opencode import FakeOpencode, play
+from monitor.kit.poll import until
+from monitor.kit.standin import FakeOpencode, play
 
 
 async def collect(sock: socket.socket, into: list[tuple[float, bytes]]) -> None:
@@ -18,14 +19,15 @@ async def collect(sock: socket.socket, into: list[tuple[float, bytes]]) -> None:
 
 
 async def wait_for(received, datagram: bytes, timeout: float = 15.0) -> float:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        for at, data in received:
-            if data == datagram:
-                return at
-        assert loop.time() < deadline, f"no {datagram!r} in {received}"
-        await asyncio.sleep(0.01)
+    """When `datagram` arrived (the loop's clock); waits for it as long as `timeout`."""
+
+    def arrived() -> float | None:
+        return next((at for at, data in received if data == datagram), None)
+
+    try:
+        return await until(arrived, timeout, 0.01, repr(datagram))
+    except TimeoutError:
+        raise AssertionError(f"no {datagram!r} in {received}") from None
 
 
 async def test_ready_status_watchdog_and_stopping(tmp_path, start_monitor):
