@@ -302,6 +302,8 @@ class OpencodeServer:
                 await until(answers, START_TIMEOUT, what="opencode serve to answer")
             except TimeoutError as error:
                 raise ServerStartError(f"{error}\n{self._log_tail()}") from None
+            # Up now: the usual timeout and retries, a busy machine may answer slowly.
+            api = OpencodeAPI(http, self.url, headers=self.headers)
             self._directory = await api.server_directory()
 
     def _raise_if_exited(self) -> None:
