@@ -2,13 +2,14 @@
 
     python -m bench.latency [--loops 1000] [--interval 0.005]
 
-This process is the server; the monitor runs as an operator runs it, `python -m monitor
-watch`, in a process of its own. Every loop is a new session making the same `read` call
-four times (the frames of one recorded call of the real server, with the session and part
-ids replaced, sync copies included, on `/global/event` as the daemon reads by default). The
-fourth call's `running` update completes the cycle: its time is taken just before it is
-written, the abort's when its handler starts, both on this process's clock. One loop every
-`interval` seconds; the first `--warmup` loops (connection set-up, imports) are not counted.
+This process is the server (the stand-in of `monitor.kit.standin`); the monitor runs as an
+operator runs it, `python -m monitor watch`, in a process of its own. Every loop is a new
+session making the same `read` call four times (the frames of one recorded call of the real
+server, with the session and part ids replaced, sync copies included, on `/global/event` as
+the daemon reads by default). The fourth call's `running` update completes the cycle: its
+time is taken just before it is written, the abort's when its handler starts, both on this
+process's event loop clock. One loop every `interval` seconds; the first `--warmup` loops
+(connection set-up, imports) are not counted.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ import signal
 import statistics
 import sys
 import tempfile
-import time
+from contextlib import suppress
 from pathlib import Path
 
 from aiohttp import web
 
 from bench.corpus import CAPTURES
 from monitor.core.frames import iter_sse_data
+from monitor.kit.poll import until
+from monitor.kit.standin import FakeOpencode
 
 TEMPLATE = CAPTURES / "loop-abort-feedback.global.sse"
 CALLS = 4
@@ -74,57 +77,19 @@ def loop_frames(index: int) -> tuple[str, bytes, bytes, bytes]:
 _TEMPLATE = recorded_call()
 
 
-class LoopServer:
-    """Streams loops to whoever connects; notes when each abort arrives."""
-
-    def __init__(self) -> None:
-        self.stream: web.StreamResponse | None = None
-        self.connected = asyncio.Event()
-        self.finished = asyncio.Event()
-        self.written: dict[str, float] = {}
-        self.aborts: dict[str, list[float]] = {}
-        self.prompts = 0
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/global/event", self._stream)
-        app.router.add_get("/session/status", self._status)
-        app.router.add_post("/session/{id}/abort", self._abort)
-        app.router.add_post("/session/{id}/prompt_async", self._prompt)
-        return app
-
-    async def _stream(self, request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'data: {"payload":{"type":"server.connected","properties":{}}}\n\n')
-        self.stream = response
-        self.connected.set()
-        await self.finished.wait()
-        return response
-
-    async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    async def _abort(self, request: web.Request) -> web.Response:
-        arrived = time.perf_counter()
-        self.aborts.setdefault(request.match_info["id"], []).append(arrived)
-        return web.json_response(True)
-
-    async def _prompt(self, request: web.Request) -> web.Response:
-        await request.read()
-        self.prompts += 1
-        return web.Response(status=204)
-
-    async def play(self, loops: int, interval: float) -> None:
-        assert self.stream is not None
-        frames = [loop_frames(index) for index in range(loops)]
-        started = time.perf_counter()
-        for index, (session, before, at, after) in enumerate(frames):
-            await self.stream.write(before)
-            self.written[session] = time.perf_counter()
-            await self.stream.write(at)
-            await self.stream.write(after)
-            await asyncio.sleep(max(0.0, started + (index + 1) * interval - time.perf_counter()))
+async def play(server: FakeOpencode, loops: int, interval: float) -> dict[str, float]:
+    """Push `loops` loops, one every `interval` s; when each loop's completing frame went out."""
+    clock = asyncio.get_running_loop().time
+    frames = [loop_frames(index) for index in range(loops)]
+    written: dict[str, float] = {}
+    started = clock()
+    for index, (session, before, at, after) in enumerate(frames):
+        await server.push(before)
+        written[session] = clock()
+        await server.push(at)
+        await server.push(after)
+        await asyncio.sleep(max(0.0, started + (index + 1) * interval - clock()))
+    return written
 
 
 def monitor_environ() -> dict[str, str]:
@@ -137,13 +102,22 @@ def monitor_environ() -> dict[str, str]:
     }
 
 
+def aborts(server: FakeOpencode) -> dict[str, list[float]]:
+    """When each session's abort requests arrived, by session id."""
+    arrived: dict[str, list[float]] = {}
+    for request in server.of("abort"):
+        arrived.setdefault(str(request.session_id), []).append(request.at)
+    return arrived
+
+
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 async def measure(loops: int, warmup: int, interval: float) -> dict:
-    server = LoopServer()
+    server = FakeOpencode(answers={"prompt_async": [204]})
+    server.streams.append(server.live)
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -169,27 +143,28 @@ async def measure(loops: int, warmup: int, interval: float) -> dict:
                 env=monitor_environ(),
             )
         try:
-            await asyncio.wait_for(server.connected.wait(), 20)
-            await server.play(warmup + loops, interval)
-            deadline = time.monotonic() + 5
-            while len(server.aborts) < warmup + loops and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await asyncio.wait_for(server.live_connected.wait(), 20)
+            written = await play(server, warmup + loops, interval)
+            # Late aborts still count; missing ones are reported, not waited for without end.
+            with suppress(TimeoutError):
+                await until(lambda: len(aborts(server)) >= warmup + loops, 5, what="every abort")
         finally:
-            server.finished.set()
+            server.close()
             monitor.send_signal(signal.SIGTERM)
             await asyncio.wait_for(monitor.wait(), 10)
             await runner.cleanup()
         detected = log_path.read_text(encoding="utf-8").count('"loop.detected"')
-    measured = list(server.written)[warmup:]
+    arrived = aborts(server)
+    measured = list(written)[warmup:]
     latencies = [
-        (server.aborts[session][0] - server.written[session]) * 1000
+        (arrived[session][0] - written[session]) * 1000
         for session in measured
-        if session in server.aborts
+        if session in arrived
     ]
     return {
         "loops": len(measured),
         "aborted": len(latencies),
-        "repeated_aborts": sum(len(times) - 1 for times in server.aborts.values()),
+        "repeated_aborts": sum(len(times) - 1 for times in arrived.values()),
         "logged": detected,
         "p50_ms": statistics.median(latencies),
         "p99_ms": percentile(latencies, 99),

@@ -6,7 +6,6 @@ test, also when it fails.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -16,6 +15,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from monitor.kit.poll import until
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "opencode-loop-monitor"
 
@@ -57,30 +58,33 @@ class MonitorProcess:
     async def wait_for(
         self, check: Callable[[list[Record]], bool], timeout: float = 30.0
     ) -> list[Record]:
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def shown() -> list[Record] | None:
             records = self.records()
             if check(records):
                 return records
             assert self.process is not None
             if self.process.poll() is not None:
                 raise AssertionError(f"monitor exited {self.process.returncode}: {self.output()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"monitor log did not show it in time:\n{self.output()}")
-            await asyncio.sleep(0.05)
+            return None
+
+        try:
+            return await until(shown, timeout, what="the monitor log")
+        except TimeoutError:
+            raise AssertionError(f"monitor log did not show it in time:\n{self.output()}") from None
 
     async def wait_event(self, name: str, count: int = 1, timeout: float = 30.0) -> list[Record]:
         await self.wait_for(lambda rs: sum(r.get("event") == name for r in rs) >= count, timeout)
         return self.events(name)
 
     async def wait_exit(self, timeout: float) -> int:
-        assert self.process is not None
-        deadline = time.monotonic() + timeout
-        while self.process.poll() is None:
-            if time.monotonic() > deadline:
-                raise AssertionError("monitor did not exit in time")
-            await asyncio.sleep(0.02)
-        return self.process.returncode
+        process = self.process
+        assert process is not None
+        try:
+            await until(lambda: process.poll() is not None, timeout, 0.02, "the monitor to exit")
+        except TimeoutError:
+            raise AssertionError("monitor did not exit in time") from None
+        return process.returncode
 
     async def stop(self, timeout: float = 5.0) -> tuple[int, float]:
         """SIGTERM, then the exit status and how long the exit took."""

@@ -168,7 +168,7 @@ def test_without_notify_socket_nothing_is_sent(monkeypatch: pytest.MonkeyPatch) 
     notifier.watchdog()
     notifier.stopping()
 
-    assert not notifier.enabled
+    assert notifier.address is None
     assert notifier.failures == 0
 
 

@@ -8,10 +8,10 @@ messages and tool parts) and the monitor's JSON log.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
+from monitor.kit.poll import until
 from monitor.kit.sandbox import tool_parts
 from monitor.kit.scripted_model import script
 
@@ -40,14 +40,12 @@ def user_count(messages):
 
 async def wait_tool_parts(client, session_id, count, timeout=30.0):
     """Wait until the session's current messages hold at least `count` tool parts."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def enough():
         parts = tool_parts(await client.messages(session_id))
-        if len(parts) >= count:
-            return parts
-        if time.monotonic() > deadline:
-            raise AssertionError(f"only {len(parts)} tool parts after {timeout} s")
-        await asyncio.sleep(0.05)
+        return parts if len(parts) >= count else None
+
+    return await until(enough, timeout, what=f"{count} tool parts in session {session_id}")
 
 
 async def test_attached_mid_run_aborts_at_the_fourth_call(opencode_server, start_monitor, http):

@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 
+from monitor.kit.poll import until
 from monitor.kit.sandbox import tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
 
@@ -189,10 +190,11 @@ async def test_a_loop_under_way_before_the_monitor_starts_is_caught_on_time(
     client = opencode_server.client(http)
     session = await client.create_session("early")
     await client.prompt_async(session["id"], script([READ], 20, delay=1.0))
-    deadline = asyncio.get_running_loop().time() + 30
-    while len(tool_parts(await client.messages(session["id"]))) < 2:
-        assert asyncio.get_running_loop().time() < deadline, "the run did not start"
-        await asyncio.sleep(0.1)
+
+    async def started():
+        return len(tool_parts(await client.messages(session["id"]))) >= 2
+
+    await until(started, 30, interval=0.1, what="the run to start")
     # All projects (/global/event): the server's own directory is asked at start.
     monitor = start_monitor(*watch_args(opencode_server))
     messages = await client.wait_idle(session["id"], 60, user_messages=2)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from pathlib import Path
@@ -11,6 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from monitor.errors import ServerError
+from monitor.kit.poll import until
 from monitor.kit.sandbox import (
     InstallError,
     OpencodeServer,
@@ -215,12 +216,10 @@ def alive(pid: int) -> bool:
 
 
 async def read_pid_file(path: Path, timeout: float) -> int:
-    async def poll() -> int:
-        while not (text := path.read_text().strip() if path.exists() else ""):
-            await asyncio.sleep(0.05)
-        return int(text)
+    def written() -> str:
+        return path.read_text().strip() if path.exists() else ""
 
-    return await asyncio.wait_for(poll(), timeout)
+    return int(await until(written, timeout, what=f"a pid in {path}"))
 
 
 @pytest.mark.real_server
@@ -254,7 +253,7 @@ async def test_restart_keeps_url_and_sessions(
     url = opencode_server.url
 
     await opencode_server.stop()
-    with pytest.raises(aiohttp.ClientConnectionError):
+    with pytest.raises(ServerError, match="ClientConnectorError"):
         await client.status()
     await opencode_server.start()
 

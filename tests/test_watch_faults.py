@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import io
 
 import pytest
@@ -13,12 +12,13 @@ from structlog.testing import capture_logs
 
 from monitor.config import load_settings
 from monitor.errors import ConfigError
+from monitor.kit.poll import until
+from monitor.kit.standin import FakeOpencode, frames, no_headers, play
 from monitor.shell.api import Retry
 from monitor.shell.backoff import Backoff
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Timing, Watch
 from tests import frames_factory as ff
-from tests.fake_opencode import FakeOpencode, frames, no_headers, play
 from tests.frames_factory import call, envelope
 
 READ = {"filePath": "README.md"}
@@ -55,11 +55,7 @@ async def stop(server, watch, task) -> int:
 
 
 async def wait_for(condition, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
+    await until(condition, timeout, 0.01)
 
 
 def events(logs, name):
@@ -364,7 +360,6 @@ async def test_large_frame_is_read():
 def test_timing_defaults_suit_the_real_server():
     timing = Timing()
     assert timing.read_timeout == 25.0 and timing.reconnect.cap == 30.0
-    assert dataclasses.is_dataclass(timing)
 
 
 async def test_record_appends_every_raw_frame(tmp_path):

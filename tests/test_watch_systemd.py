@@ -7,7 +7,8 @@ import socket
 
 from aiohttp.test_utils import TestServer
 
-from tests.fake_opencode import FakeOpencode, play
+from monitor.kit.poll import until
+from monitor.kit.standin import FakeOpencode, play
 
 
 async def collect(sock: socket.socket, into: list[tuple[float, bytes]]) -> None:
@@ -18,15 +19,16 @@ async def collect(sock: socket.socket, into: list[tuple[float, bytes]]) -> None:
 
 
 async def wait_for(received, datagram: bytes, count: int = 1, timeout: float = 15.0) -> float:
-    """When the `count`-th `datagram` arrived."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
+    """When the `count`-th `datagram` arrived (the loop's clock)."""
+
+    def arrived() -> float | None:
         times = [at for at, data in received if data == datagram]
-        if len(times) >= count:
-            return times[count - 1]
-        assert loop.time() < deadline, f"not {count} x {datagram!r} in {received}"
-        await asyncio.sleep(0.01)
+        return times[count - 1] if len(times) >= count else None
+
+    try:
+        return await until(arrived, timeout, 0.01, f"{count} x {datagram!r}")
+    except TimeoutError:
+        raise AssertionError(f"not {count} x {datagram!r} in {received}") from None
 
 
 async def test_ready_status_watchdog_and_stopping(tmp_path, start_monitor):

@@ -25,12 +25,16 @@ from typing import Any, TextIO
 import aiohttp
 
 from monitor.config import Settings
+from monitor.core.feedback import describe_cycle
 from monitor.core.frames import FrameError, SSEChunkDecoder, decode_frame
+from monitor.core.rules.cycle import Cycle
+from monitor.errors import ServerError
+from monitor.kit.poll import until
 from monitor.kit.sandbox import (
     NPM_PACKAGE,
     OPENCODE_VERSION,
-    OpencodeClient,
     OpencodeServer,
+    ProjectClient,
     SandboxError,
     find_or_install_opencode,
     free_loopback_port,
@@ -88,8 +92,9 @@ def run_demo(settings: Settings, cache_dir: Path, out: TextIO = sys.stdout) -> i
         # Ctrl-C or SIGTERM: the context managers have stopped the server and the model.
         print(f"{PREFIX}: interrupted; everything it started is stopped", file=sys.stderr)
         raise
-    except (SandboxError, DemoError, OSError, aiohttp.ClientError) as error:
-        # OSError includes TimeoutError: a session that did not finish in time.
+    except (SandboxError, DemoError, ServerError, OSError, aiohttp.ClientError) as error:
+        # ServerError: a REST call failed; OSError includes TimeoutError: a session that did
+        # not finish in time.
         reason = str(error) or type(error).__name__
         print(f"{PREFIX}: failed: {reason}", file=sys.stderr, flush=True)
         return 1
@@ -99,11 +104,6 @@ def run_demo(settings: Settings, cache_dir: Path, out: TextIO = sys.stdout) -> i
 
 def _say(out: TextIO, line: str) -> None:
     print(line, file=out, flush=True)
-
-
-def _shape(record: Mapping[str, Any]) -> str:
-    calls = "1 call" if record["cycle_length"] == 1 else f"{record['cycle_length']} calls"
-    return f"{calls} ({', '.join(record['tools'])}) repeated {record['repetitions']} times"
 
 
 def _clip(text: str, width: int) -> str:
@@ -184,7 +184,10 @@ class Printer:
             "dry_run": "dry run, so the session goes on",
             "abort_failed": f"the abort failed ({record.get('error')})",
         }.get(str(outcome), str(outcome))
-        _say(self.out, f"monitor: loop detected on call {call}: {_shape(record)}; {done}")
+        # The record carries the decision's cycle field by field: say it as the feedback does.
+        cycle = Cycle(record["cycle_length"], record["repetitions"])
+        shape = describe_cycle(cycle, tuple(record["tools"]))
+        _say(self.out, f"monitor: loop detected on call {call}: {shape}; {done}")
         self._flush_abort()
         self.detected.set()
 
@@ -320,7 +323,7 @@ async def _server_version(http: aiohttp.ClientSession, url: str) -> str:
 
 
 async def _story(
-    client: OpencodeClient, settings: Settings, printer: Printer, log_path: Path
+    client: ProjectClient, settings: Settings, printer: Printer, log_path: Path
 ) -> str:
     """Start the looping session, follow it to its end, and sum it up."""
     try:
@@ -371,7 +374,7 @@ def _on_loop(settings: Settings) -> str:
 
 
 async def _after_detection(
-    client: OpencodeClient,
+    client: ProjectClient,
     session_id: str,
     detection: Mapping[str, Any],
     printer: Printer,
@@ -401,18 +404,19 @@ async def _after_detection(
 
 
 async def _wait_stored(
-    client: OpencodeClient, session_id: str, user_messages: int
+    client: ProjectClient, session_id: str, user_messages: int
 ) -> list[dict[str, Any]]:
     """The messages once the session is idle with `user_messages` stored (a held session)."""
-    deadline = asyncio.get_running_loop().time() + RUN_TIMEOUT
-    while asyncio.get_running_loop().time() < deadline:
-        if session_id not in await client.status():
-            messages = await client.messages(session_id)
-            users = [m for m in messages if m["info"].get("role") == "user"]
-            if len(users) >= user_messages:
-                return messages
-        await asyncio.sleep(0.1)
-    raise DemoError(f"session {session_id} did not store the feedback in {RUN_TIMEOUT:.0f} s")
+
+    async def stored() -> list[dict[str, Any]] | None:
+        if session_id in await client.status():
+            return None
+        messages = await client.messages(session_id)
+        users = [m for m in messages if m["info"].get("role") == "user"]
+        return messages if len(users) >= user_messages else None
+
+    what = f"session {session_id} to store the feedback"
+    return await until(stored, RUN_TIMEOUT, interval=0.1, what=what)
 
 
 def _summary(detection: Mapping[str, Any], parts: list[dict[str, Any]]) -> str:

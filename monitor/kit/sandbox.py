@@ -2,12 +2,12 @@
 
 `OpencodeServer` gives the server its own HOME and XDG folders, a config that points at a
 scripted model (see `monitor.kit.scripted_model`), and a small git project to work in.
-`OpencodeClient` drives its sessions over REST the way a user's client would.
+`ProjectClient` drives its sessions the way a user's client would, through the monitor's own
+REST client (`monitor.shell.api.OpencodeAPI`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -15,16 +15,18 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
 
-from monitor.shell.api import basic_auth_header
+from monitor.errors import ServerError
+from monitor.kit.poll import until
+from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 
 OPENCODE_VERSION = "1.18.33"
 NPM_PACKAGE = f"opencode-ai@{OPENCODE_VERSION}"
@@ -50,10 +52,6 @@ class InstallError(SandboxError):
 
 class ServerStartError(SandboxError):
     """The server did not come up; the message carries the tail of its log."""
-
-
-class ApiError(SandboxError):
-    """The server answered a REST call with an unexpected status."""
 
 
 def default_cache_dir() -> Path:
@@ -196,9 +194,9 @@ class OpencodeServer:
             self.env_extra.get("OPENCODE_SERVER_USERNAME", "opencode"), password
         )
 
-    def client(self, http: aiohttp.ClientSession) -> OpencodeClient:
+    def client(self, http: aiohttp.ClientSession) -> ProjectClient:
         """A REST client for this server's project, with its credentials."""
-        return OpencodeClient(http, self.url, self.directory, self.headers)
+        return ProjectClient(OpencodeAPI(http, self.url, headers=self.headers), self.directory)
 
     async def start(self) -> None:
         if self._process is not None:
@@ -286,25 +284,27 @@ class OpencodeServer:
             )
 
     async def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
         # A request sent while the server is still starting may never be answered, so each
-        # try gets a short timeout instead of the whole start timeout.
-        timeout = aiohttp.ClientTimeout(total=READY_TRY_TIMEOUT)
-        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as http:
-            while True:
+        # try gets a short timeout of its own and no retries: the next poll is the retry.
+        async with aiohttp.ClientSession() as http:
+            once = Retry(attempts=1, timeout=READY_TRY_TIMEOUT)
+            api = OpencodeAPI(http, self.url, retry=once, headers=self.headers)
+
+            async def answers() -> bool:
                 self._raise_if_exited()
                 try:
-                    await _request(http, "GET", f"{self.url}/session")
-                    break
-                except (TimeoutError, aiohttp.ClientError, ApiError):
-                    pass
-                if time.monotonic() > deadline:
-                    raise ServerStartError(
-                        f"opencode serve not ready after {START_TIMEOUT:.0f} s\n{self._log_tail()}"
-                    )
-                await asyncio.sleep(0.05)
-            paths = await _request(http, "GET", f"{self.url}/path")
-            self._directory = str(paths["directory"])
+                    await api.sessions(None)
+                except ServerError:
+                    return False
+                return True
+
+            try:
+                await until(answers, START_TIMEOUT, what="opencode serve to answer")
+            except TimeoutError as error:
+                raise ServerStartError(f"{error}\n{self._log_tail()}") from None
+            # Up now: the usual timeout and retries, a busy machine may answer slowly.
+            api = OpencodeAPI(http, self.url, headers=self.headers)
+            self._directory = await api.server_directory()
 
     def _raise_if_exited(self) -> None:
         if self._process is not None and self._process.poll() is not None:
@@ -347,15 +347,17 @@ async def _end_process_tree(process: subprocess.Popen[bytes]) -> None:
     table = _processes()
     spawned = _descendants(process.pid, table)
     groups = {process.pid} | {pgid for pid, _, pgid, _ in table if pid in spawned}
-    for signum, grace in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, STOP_GRACE)):
+
+    def ended() -> bool:
+        # The server is our child: until it is reaped it lingers as a zombie in its group.
+        return process.poll() is not None and not _live_groups(groups)
+
+    for signum in (signal.SIGTERM, signal.SIGKILL):
         for pgid in groups:
             _signal_group(pgid, signum)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            # The server is our child: until it is reaped it lingers as a zombie in its group.
-            if process.poll() is not None and not _live_groups(groups):
-                return
-            await asyncio.sleep(0.05)
+        with suppress(TimeoutError):
+            await until(ended, STOP_GRACE, what=f"the server to end on {signum.name}")
+            return
     raise SandboxError(f"processes survived SIGKILL in groups {sorted(_live_groups(groups))}")
 
 
@@ -418,41 +420,18 @@ def _signal_group(pgid: int, signum: signal.Signals) -> None:
         pass
 
 
-async def _request(
-    http: aiohttp.ClientSession,
-    method: str,
-    url: str,
-    *,
-    params: Mapping[str, str] | None = None,
-    headers: Mapping[str, str] | None = None,
-    body: Any = None,
-    expect: int = 200,
-) -> Any:
-    async with http.request(method, url, params=params, json=body, headers=headers) as response:
-        if response.status != expect:
-            text = await response.text()
-            raise ApiError(f"{method} {url}: {response.status} {text[:500]}")
-        return await response.json() if expect == 200 else None
-
-
 @dataclass(frozen=True, slots=True)
-class OpencodeClient:
-    """The REST calls a user's client makes to drive sessions, for tests and the demo.
+class ProjectClient:
+    """`OpencodeAPI` bound to one project, with the calls and waits of a user's client.
 
-    `directory` selects the project instance on the server; `headers` carry the
-    credentials a server with OPENCODE_SERVER_PASSWORD wants (see `basic_auth_header`).
+    `directory` selects the project instance on the server, as it does for the monitor.
     """
 
-    http: aiohttp.ClientSession
-    url: str
+    api: OpencodeAPI
     directory: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
 
     async def create_session(self, title: str | None = None) -> dict[str, Any]:
-        session: dict[str, Any] = await self._call(
-            "POST", "/session", body={"title": title} if title else {}
-        )
-        return session
+        return await self.api.create_session(self.directory, title)
 
     async def prompt_async(self, session_id: str, text: str) -> None:
         """Post a user message and return at once; the model answers in the background.
@@ -460,18 +439,15 @@ class OpencodeClient:
         The server answers before it has stored the message: right after this call the
         session can still look idle and unchanged.
         """
-        body = {"parts": [{"type": "text", "text": text}]}
-        await self._call("POST", f"/session/{session_id}/prompt_async", body=body, expect=204)
+        await self.api.prompt(session_id, self.directory, text)
 
     async def messages(self, session_id: str) -> list[dict[str, Any]]:
         """Every message of the session as ``{"info": ..., "parts": [...]}``, oldest first."""
-        messages: list[dict[str, Any]] = await self._call("GET", f"/session/{session_id}/message")
-        return messages
+        return await self.api.messages(session_id, self.directory)
 
     async def status(self) -> dict[str, dict[str, Any]]:
         """Status by session id of the busy (or retrying) sessions; idle ones are left out."""
-        status: dict[str, dict[str, Any]] = await self._call("GET", "/session/status")
-        return status
+        return await self.api.statuses(self.directory)
 
     async def wait_idle(
         self, session_id: str, timeout: float, *, user_messages: int = 1
@@ -481,30 +457,15 @@ class OpencodeClient:
         Counting user messages is what tells a finished second run from the finished first
         one while the second prompt is not stored yet (see `prompt_async`).
         """
-        deadline = time.monotonic() + timeout
-        while True:
-            status = (await self.status()).get(session_id, {"type": "idle"})
-            if status["type"] == "idle":
-                messages = await self.messages(session_id)
-                if run_finished(messages, user_messages):
-                    return messages
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"session {session_id} not idle after {timeout} s (status {status})"
-                )
-            await asyncio.sleep(0.1)
 
-    async def _call(self, method: str, path: str, *, body: Any = None, expect: int = 200) -> Any:
-        params = {"directory": self.directory} if self.directory else None
-        return await _request(
-            self.http,
-            method,
-            self.url + path,
-            params=params,
-            headers=self.headers,
-            body=body,
-            expect=expect,
-        )
+        async def finished() -> list[dict[str, Any]] | None:
+            if (await self.status()).get(session_id, {"type": "idle"})["type"] != "idle":
+                return None
+            messages = await self.messages(session_id)
+            return messages if run_finished(messages, user_messages) else None
+
+        what = f"session {session_id} to answer user message {user_messages}"
+        return await until(finished, timeout, interval=0.1, what=what)
 
 
 def run_finished(messages: list[dict[str, Any]], user_messages: int = 1) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -54,11 +54,15 @@ class OpencodeAPI:
         base_url: str,
         retry: Retry = Retry(),
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
+        """`headers` go with every request, on top of the session's own: the kit's callers
+        share one session between servers with and without a password."""
         self._http = http
         self._base = base_url.rstrip("/")
         self._retry = retry
         self._sleep = sleep
+        self._headers = dict(headers or {})
 
     async def abort(self, session_id: str, directory: str | None) -> None:
         await self._call("POST", _session_path(session_id, "abort"), directory)
@@ -72,14 +76,42 @@ class OpencodeAPI:
             body["noReply"] = True
         await self._call("POST", _session_path(session_id, "prompt_async"), directory, body)
 
-    async def busy_sessions(self, directory: str | None) -> set[str]:
-        """Ids of the sessions the server is running right now."""
+    async def create_session(
+        self, directory: str | None, title: str | None = None
+    ) -> dict[str, Any]:
+        """A new session's info (with its `id`); the monitor never makes one, its kit does."""
+        body = {"title": title} if title else {}
+        info = await self._call("POST", "/session", directory, body)
+        if not isinstance(info, dict) or not isinstance(info.get("id"), str):
+            raise ServerError("POST /session did not answer an object with an id")
+        return info
+
+    async def sessions(self, directory: str | None) -> list[Any]:
+        """The project's sessions; the kit asks for them to see that a new server is up."""
+        sessions = await self._call("GET", "/session", directory)
+        if not isinstance(sessions, list):
+            raise ServerError("/session did not answer a list")
+        return sessions
+
+    async def server_directory(self) -> str:
+        """The folder the server was started in, as it names it (its sessions' `directory`)."""
+        paths = await self._call("GET", "/path", None)
+        if not isinstance(paths, dict) or not isinstance(paths.get("directory"), str):
+            raise ServerError("/path did not answer an object with a directory")
+        return str(paths["directory"])
+
+    async def statuses(self, directory: str | None) -> dict[str, Any]:
+        """The status of each session id as the server answers it (it may leave idle ones out)."""
         statuses = await self._call("GET", "/session/status", directory)
         if not isinstance(statuses, dict):
             raise ServerError("/session/status did not answer an object")
+        return statuses
+
+    async def busy_sessions(self, directory: str | None) -> set[str]:
+        """Ids of the sessions the server is running right now."""
         return {
             session_id
-            for session_id, status in statuses.items()
+            for session_id, status in (await self.statuses(directory)).items()
             if not (isinstance(status, dict) and status.get("type") == "idle")
         }
 
@@ -120,6 +152,7 @@ class OpencodeAPI:
                 self._base + path,
                 params=params,
                 json=body,
+                headers=self._headers,
                 timeout=aiohttp.ClientTimeout(total=self._retry.timeout),
             ) as response:
                 if response.status == 401:

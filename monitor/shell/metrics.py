@@ -149,11 +149,8 @@ class Metrics:
         return max(self._clock() - since, 0.0)
 
 
-def metrics_app(
-    metrics: Metrics, not_ready: Callable[[], str | None] | None = None
-) -> web.Application:
-    """`/metrics`, `/healthz` and `/readyz`; `not_ready` defaults to `metrics.not_ready`."""
-    why_not_ready = metrics.not_ready if not_ready is None else not_ready
+def metrics_app(metrics: Metrics) -> web.Application:
+    """`/metrics`, `/healthz` and `/readyz` (ready as `metrics.not_ready` says)."""
 
     async def serve_metrics(request: web.Request) -> web.Response:
         return web.Response(
@@ -166,7 +163,7 @@ def metrics_app(
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        reason = why_not_ready()
+        reason = metrics.not_ready()
         if reason is None:
             return web.Response(text="ready\n")
         return web.Response(status=503, text=f"not ready: {reason}\n")
@@ -183,22 +180,16 @@ class MetricsServer:
     """A running metrics server; `port` is the bound one (useful when asked for port 0)."""
 
     runner: web.AppRunner
-    host: str
     port: int
 
     async def close(self) -> None:
         await self.runner.cleanup()
 
 
-async def start_metrics_server(
-    metrics: Metrics,
-    host: str,
-    port: int,
-    not_ready: Callable[[], str | None] | None = None,
-) -> MetricsServer:
+async def start_metrics_server(metrics: Metrics, host: str, port: int) -> MetricsServer:
     """Listen on `host:port` (port 0 picks a free one); raises OSError if it cannot bind."""
     # No access log: a scrape every few seconds would drown the monitor's own lines.
-    runner = web.AppRunner(metrics_app(metrics, not_ready), access_log=None)
+    runner = web.AppRunner(metrics_app(metrics), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -206,4 +197,4 @@ async def start_metrics_server(
         await runner.cleanup()
         raise
     bound = runner.addresses[0][1]
-    return MetricsServer(runner, host, bound)
+    return MetricsServer(runner, bound)

@@ -62,10 +62,6 @@ class Notifier:
         notify_socket = environ.get("NOTIFY_SOCKET", "")
         return cls(socket_address(notify_socket) if notify_socket else None)
 
-    @property
-    def enabled(self) -> bool:
-        return self.address is not None
-
     def ready(self) -> None:
         """Startup is finished: configuration read and the event stream open."""
         self.send(READY=1)

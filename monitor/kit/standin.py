@@ -1,7 +1,10 @@
-"""A stand-in OpenCode server for faults a real one cannot be made to show on demand.
+"""A stand-in OpenCode server: the REST calls and event stream the monitor uses, scripted.
 
-Each connection to the event stream plays the next script in `streams`; every request is
-recorded in `requests` so tests assert on what the monitor actually sent.
+The tests use it for faults a real server cannot be made to show on demand, the latency
+benchmark (`bench/latency.py`) to write loops at a known moment. Each connection to the event
+stream plays the next script in `streams` (`play` writes fixed chunks; `FakeOpencode.live`
+writes whatever `push` is given); every request is recorded in `requests`, with the time it
+arrived, so callers assert on what the monitor actually sent and when.
 """
 
 from __future__ import annotations
@@ -18,14 +21,23 @@ StreamScript = Callable[[web.Request, web.StreamResponse], Awaitable[None]]
 
 @dataclass
 class Received:
+    """One request; `at` is when its handler started, on the event loop's clock."""
+
     method: str
     path: str
     query: dict[str, str]
     body: object
     at: float
 
+    @property
+    def session_id(self) -> str | None:
+        """The session a `/session/{id}/...` request is about."""
+        parts = self.path.split("/")
+        return parts[2] if len(parts) > 3 and parts[1] == "session" else None
+
 
 def frames(*events: object) -> bytes:
+    """`events` as the event stream sends them, one `data:` line each."""
     return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
 
 
@@ -56,6 +68,8 @@ async def no_headers(request: web.Request, response: web.StreamResponse) -> None
 
 @dataclass
 class FakeOpencode:
+    """The server; `app()` is its aiohttp application, to run on any port."""
+
     streams: list[StreamScript] = field(default_factory=list)
     # Per action a list of statuses to answer in turn; the last one repeats.
     answers: dict[str, list[int]] = field(default_factory=dict)
@@ -65,6 +79,10 @@ class FakeOpencode:
     messages: dict[str, list] = field(default_factory=dict)
     requests: list[Received] = field(default_factory=list)
     connections: int = 0
+    # Set once a stream played by `live` is open, so `push` reaches someone.
+    live_connected: asyncio.Event = field(default_factory=asyncio.Event)
+    _live: list[web.StreamResponse] = field(default_factory=list, init=False, repr=False)
+    _closed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -76,14 +94,38 @@ class FakeOpencode:
         return app
 
     def of(self, action: str) -> list[Received]:
+        """The requests for one action (`abort`, `prompt_async`, `status`...), in order."""
         return [r for r in self.requests if r.path.endswith("/" + action)]
 
-    async def _record(self, request: web.Request) -> None:
-        body = await request.json() if request.can_read_body else None
-        loop = asyncio.get_running_loop()
-        self.requests.append(
-            Received(request.method, request.path, dict(request.query), body, loop.time())
+    async def live(self, request: web.Request, response: web.StreamResponse) -> None:
+        """A stream script: stays open, writing what `push` is given, until `close`."""
+        await response.prepare(request)
+        connected = {"type": "server.connected", "properties": {}}
+        # /global/event wraps every event in an envelope, as the real server does.
+        await response.write(
+            frames({"payload": connected} if request.path == "/global/event" else connected)
         )
+        self._live.append(response)
+        self.live_connected.set()
+        try:
+            await self._closed.wait()
+        finally:
+            self._live.remove(response)
+
+    async def push(self, chunk: bytes) -> None:
+        """Write `chunk` to every open `live` stream."""
+        for response in list(self._live):
+            await response.write(chunk)
+
+    def close(self) -> None:
+        """End the `live` streams (a server shutting down)."""
+        self._closed.set()
+
+    async def _record(self, request: web.Request) -> None:
+        # Timed before the body is read: `at` is when the request reached the server.
+        at = asyncio.get_running_loop().time()
+        body = await request.json() if request.can_read_body else None
+        self.requests.append(Received(request.method, request.path, dict(request.query), body, at))
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)
