@@ -428,6 +428,8 @@ class _Raw(NamedTuple):
     value: Any
     # Where the value came from: a flag, a variable, a file path or "default".
     label: str
+    # A TOML value has a type of its own, which must be the setting's (text is parsed).
+    from_file: bool = False
 
 
 def load_settings(
@@ -475,12 +477,14 @@ def _find(
         value = [item for item in text.split(",") if item.strip()] if setting.repeatable else text
         return _Raw(value, setting.env_var)
     if file is not None and setting.name in file.values:
-        return _Raw(file.values[setting.name], file.label)
+        return _Raw(file.values[setting.name], file.label, from_file=True)
     return _Raw(setting.default, "default")
 
 
 def _parse(setting: Setting, raw: _Raw) -> Any:
     try:
+        if raw.from_file:
+            _check_toml_type(setting, raw.value)
         if setting.repeatable:
             if not isinstance(raw.value, (list, tuple)):
                 raise ValueError(f'expected a list such as ["a", "b"], got {_show(raw.value)}')
@@ -488,6 +492,35 @@ def _parse(setting: Setting, raw: _Raw) -> Any:
         return None if raw.value is None else setting.parse(raw.value)
     except ValueError as error:
         raise ConfigError(f"{setting.name} in {raw.label}: {error}") from error
+
+
+def _check_toml_type(setting: Setting, value: object) -> None:
+    """TOML has numbers and booleans: `repeats = "3"` or `dry_run = "yes"` is a mistake.
+
+    Text is parsed only where text is all there is (flags, variables). Defaults are written
+    as TOML writes them, so they tell a number or boolean setting apart.
+    """
+    if setting.is_switch and not isinstance(value, bool):
+        raise ValueError(f"expected true or false (a TOML boolean), got {_show(value)}")
+    is_number = isinstance(setting.default, int) and not isinstance(setting.default, bool)
+    if is_number and isinstance(value, str):
+        setting.parse(value)  # its own message for text that is no number at all
+        raise ValueError(f"expected a TOML integer, without quotes, got {_show(value)}")
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One warning per OPENCODE_LOOP_MONITOR_* variable that is no setting (a typo)."""
+    known = [setting.env_var for setting in SETTINGS]
+    warnings = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            # Compared without the shared prefix, which would make every name look close.
+            close = difflib.get_close_matches(
+                name.removeprefix(ENV_PREFIX), [setting.name.upper() for setting in SETTINGS], n=1
+            )
+            hint = f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else ""
+            warnings.append(f"{name} is not a setting and is ignored{hint}")
+    return warnings
 
 
 def _read_file(path: Path, label: str) -> _File:

@@ -93,14 +93,17 @@ async def test_counters_appear_with_exact_values(metrics, server):
         f"{P}stream_reconnects_total 1.0",
         f'{P}loops_detected_total{{cycle_length="2"}} 1.0',
         f'{P}interventions_total{{outcome="aborted"}} 1.0',
-        f'{P}interventions_total{{outcome="dry_run"}} 2.0',
+        f"{P}dry_run_loops_left_running_total 2.0",
     } <= lines
+    # Nothing was stopped in dry run: the interventions counter does not say otherwise.
+    assert not any('outcome="dry_run"' in line for line in lines)
 
 
 async def test_outcomes_start_at_zero(server):
     lines = await scrape(server)
-    for outcome in ("aborted", "held", "dry_run", "abort_failed"):
+    for outcome in ("aborted", "held", "abort_failed"):
         assert f'{P}interventions_total{{outcome="{outcome}"}} 0.0' in lines
+    assert f"{P}dry_run_loops_left_running_total 0.0" in lines
 
 
 async def test_gauges_are_read_at_scrape_time(state, server):

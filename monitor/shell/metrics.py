@@ -27,6 +27,9 @@ from monitor.shell.stream import READ_TIMEOUT_S
 PREFIX = "opencode_loop_monitor_"
 
 OUTCOMES = ("aborted", "held", "dry_run", "abort_failed")
+# What interventions_total counts: a dry run stops nothing, so its detections are counted
+# apart, under a name that says so, and never look like sessions that were stopped.
+INTERVENTION_OUTCOMES = ("aborted", "held", "abort_failed")
 
 
 def readiness(connected: bool, last_frame_at: float | None, now: float, limit: float) -> str | None:
@@ -97,9 +100,14 @@ class Metrics:
             ["outcome"],
             registry=registry,
         )
-        for outcome in OUTCOMES:
+        for outcome in INTERVENTION_OUTCOMES:
             # Present from the start at 0, so rate() and absence alerts work before the first.
             self._interventions.labels(outcome)
+        self._dry_run = Counter(
+            PREFIX + "dry_run_loops_left_running",
+            "Loops detected in dry run: logged, and the session left running.",
+            registry=registry,
+        )
         Gauge(
             PREFIX + "stream_connected",
             "1 while the event stream is connected, else 0.",
@@ -133,6 +141,9 @@ class Metrics:
         self._loops.labels(str(cycle_length)).inc()
 
     def intervention(self, outcome: str) -> None:
+        if outcome == "dry_run":
+            self._dry_run.inc()
+            return
         self._interventions.labels(outcome if outcome in OUTCOMES else OTHER).inc()
 
     def not_ready(self) -> str | None:
