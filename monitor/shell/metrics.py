@@ -105,7 +105,7 @@ class Metrics:
             self._interventions.labels(outcome)
         self._dry_run = Counter(
             PREFIX + "dry_run_loops_left_running",
-            "Loops detected in dry run: logged, and the session left running.",
+            "Loops detected in dry run: logged and left running, as nothing is stopped.",
             registry=registry,
         )
         Gauge(

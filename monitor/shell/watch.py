@@ -30,6 +30,7 @@ from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.actions import Interventions
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.backoff import Backoff
+from monitor.shell.diagnosis import directory_known
 from monitor.shell.logs import configure_logging
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
@@ -278,7 +279,25 @@ class Watch:
         if not self._ready_sent:
             self._ready_sent = True
             self.notifier.ready()
+            await self._check_directory()
         await self._resync()
+
+    async def _check_directory(self) -> None:
+        """Warn once, at the first connect, when --directory names no project the server has.
+
+        A warning, not an exit: a project appears when someone first opens it, which may be
+        after the monitor starts (at boot, under systemd).
+        """
+        directory = self.settings.directory
+        if directory is None or self.scope.only_session is not None:
+            return
+        try:
+            known = await self.api.project_directories()
+        except ServerError as exc:
+            log.warning("stream.directory_unchecked", directory=directory, error=str(exc))
+            return
+        if not directory_known(directory, known):
+            log.warning("stream.directory_unknown", directory=directory, known=known)
 
     def _on_disconnect(self, reason: str) -> None:
         self.notifier.status(f"reconnecting: {reason}")
