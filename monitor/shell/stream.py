@@ -122,8 +122,11 @@ class EventStream:
             # A connection that delivered frames was healthy: start the backoff over.
             failures = 0 if self.frames > frames_before else failures + 1
             delay = self._backoff.delay(max(failures - 1, 0))
-            event = "stream.disconnected" if self.ever_connected else "stream.connect_failed"
-            log.warning(event, reason=reason, retry_in_s=round(delay, 2))
+            retry_in_s = round(delay, 2)
+            if self.ever_connected:
+                log.warning("stream.disconnected", reason=reason, retry_in_s=retry_in_s)
+            else:
+                log.warning("stream.connect_failed", reason=reason, retry_in_s=retry_in_s)
             self._on_disconnect(reason)
             await self._sleep(delay)
 
