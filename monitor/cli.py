@@ -173,6 +173,27 @@ def _run_attach(settings: Settings, args: argparse.Namespace) -> int:
     return run_attach(settings, args.session_id)
 
 
+STATUS_DESCRIPTION = """\
+Shows what a running `watch` sees, asked on its --metrics-addr (GET /status): the stream's
+state, the sessions it follows (busy, idle or held for a person), the tool calls of each
+one's current run and its interventions. Give the same --metrics-addr (or variable, or
+file) as the monitor; --json prints the answer for scripts."""
+
+STATUS_EPILOG = """\
+exit status: 0 shown, 69 no monitor answers on that address, 78 configuration error (no
+metrics_addr), 130 interrupted."""
+
+
+def _status_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the JSON the monitor answers")
+
+
+def _run_status(settings: Settings, args: argparse.Namespace) -> int:
+    from monitor.shell.status import run_status
+
+    return run_status(settings, as_json=args.json)
+
+
 COMMANDS: tuple[Command, ...] = (
     Command(
         "watch",
@@ -208,6 +229,15 @@ COMMANDS: tuple[Command, ...] = (
         DEMO_DESCRIPTION,
         DEMO_EPILOG,
         _demo_arguments,
+    ),
+    Command(
+        "status",
+        "show what a running monitor sees (asks its --metrics-addr)",
+        _run_status,
+        frozenset({Group.WATCH}),
+        STATUS_DESCRIPTION,
+        STATUS_EPILOG,
+        _status_arguments,
     ),
 )
 

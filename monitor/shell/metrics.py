@@ -161,9 +161,15 @@ class Metrics:
 
 
 def metrics_app(
-    metrics: Metrics, not_ready: Callable[[], str | None] | None = None
+    metrics: Metrics,
+    not_ready: Callable[[], str | None] | None = None,
+    status: Callable[[], object] | None = None,
 ) -> web.Application:
-    """`/metrics`, `/healthz` and `/readyz`; `not_ready` defaults to `metrics.not_ready`."""
+    """`/metrics`, `/healthz` and `/readyz`; `not_ready` defaults to `metrics.not_ready`.
+
+    With `status`, also `/status`: its answer as JSON, what `opencode-loop-monitor status`
+    reads (session ids and directories, never arguments or outputs).
+    """
     why_not_ready = metrics.not_ready if not_ready is None else not_ready
 
     async def serve_metrics(request: web.Request) -> web.Response:
@@ -186,6 +192,13 @@ def metrics_app(
     app.router.add_get("/metrics", serve_metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    if status is not None:
+        describe = status
+
+        async def serve_status(request: web.Request) -> web.Response:
+            return web.json_response(describe())
+
+        app.router.add_get("/status", serve_status)
     return app
 
 
@@ -206,10 +219,11 @@ async def start_metrics_server(
     host: str,
     port: int,
     not_ready: Callable[[], str | None] | None = None,
+    status: Callable[[], object] | None = None,
 ) -> MetricsServer:
     """Listen on `host:port` (port 0 picks a free one); raises OSError if it cannot bind."""
     # No access log: a scrape every few seconds would drown the monitor's own lines.
-    runner = web.AppRunner(metrics_app(metrics, not_ready), access_log=None)
+    runner = web.AppRunner(metrics_app(metrics, not_ready, status), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

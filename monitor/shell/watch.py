@@ -146,6 +146,8 @@ class Watch:
                 read_limit=timing.read_timeout,
             )
         self.metrics_server: MetricsServer | None = None
+        # Sessions put on hold, with their call count then: held until a new call comes.
+        self._held: dict[str, int] = {}
 
     async def run(self) -> int:
         with contextlib.ExitStack() as files:
@@ -167,7 +169,9 @@ class Watch:
         address = self.settings.metrics_addr
         assert address is not None
         try:
-            server = await start_metrics_server(metrics, address.host, address.port)
+            server = await start_metrics_server(
+                metrics, address.host, address.port, status=self.status
+            )
         except OSError as exc:
             raise ConfigError(
                 f"metrics_addr {address.host}:{address.port}: cannot listen ({exc.strerror})"
@@ -266,6 +270,61 @@ class Watch:
     def _on_outcome(self, decision: Intervene, outcome: str) -> None:
         if self.metrics is not None:
             self.metrics.intervention(outcome)
+        if outcome == "held":
+            self._held[decision.session_id] = decision.call_index
+
+    def last_frame_unix(self) -> float | None:
+        """When the last frame came, as a Unix timestamp (the shell keeps monotonic time)."""
+        if self._last_frame_at is None:
+            return None
+        return time.time() - (self.timing.clock() - self._last_frame_at)
+
+    def status(self) -> dict[str, object]:
+        """What `opencode-loop-monitor status` shows: served as JSON on /status."""
+        stream = self._stream
+        if stream is not None and stream.connected:
+            state = "connected"
+        elif stream is not None and stream.ever_connected:
+            state = "reconnecting"
+        else:
+            state = "connecting"
+        views = self.tracker.sessions_view()
+        # A held session stays held until it makes a call again (a person resumed it).
+        self._held = {
+            view.session_id: self._held[view.session_id]
+            for view in views
+            if self._held.get(view.session_id) == view.calls
+        }
+        sessions = [
+            {
+                "session_id": view.session_id,
+                "directory": view.directory,
+                "state": "held"
+                if view.session_id in self._held
+                else ("busy" if view.busy else "idle"),
+                "run_calls": view.run_calls,
+                "interventions": view.interventions,
+            }
+            for view in views
+        ]
+        return {
+            "version": __version__,
+            "url": self.settings.url,
+            "directory": self.settings.directory,
+            "dry_run": self.settings.dry_run,
+            "stream": {
+                "state": state,
+                "frames": 0 if stream is None else stream.frames,
+                "last_frame_unix": self.last_frame_unix(),
+            },
+            "totals": {
+                "sessions": len(sessions),
+                "busy": sum(entry["state"] == "busy" for entry in sessions),
+                "held": len(self._held),
+                "interventions": sum(view.interventions for view in views),
+            },
+            "sessions": sessions,
+        }
 
     def _log_malformed(self, reason: str) -> None:
         now = self.timing.clock()
