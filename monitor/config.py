@@ -193,6 +193,16 @@ def _url(raw: object) -> str:
     return text.rstrip("/")
 
 
+def _webhook_url(raw: object) -> str:
+    # The value is never echoed: a chat webhook's URL is its secret. A query is allowed
+    # (ntfy's templates live there).
+    text = raw.strip() if isinstance(raw, str) else ""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+        raise ValueError("expected an http:// or https:// URL without user or password")
+    return text
+
+
 def _listen_address(raw: object) -> ListenAddress:
     wanted = (
         f"expected HOST:PORT with a port from 0 to 65535, such as 127.0.0.1:9464, got {_show(raw)}"
@@ -381,6 +391,15 @@ SETTINGS: tuple[Setting, ...] = (
         Group.WATCH,
         metavar="HOST:PORT",
     ),
+    Setting(
+        "notify_url",
+        _webhook_url,
+        None,
+        "POST a JSON notification (with a text field, as Slack and ntfy take) to URL on "
+        "every intervention and hold",
+        Group.ACTION,
+        metavar="URL",
+    ),
 )
 
 SETTINGS_BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
@@ -414,6 +433,7 @@ class Settings:
     log_level: LogLevel
     record: Path | None
     metrics_addr: ListenAddress | None
+    notify_url: str | None = field(repr=False)  # a chat webhook's URL is its secret
     # Not settings of ours: taken from the server's variables or password_file.
     username: str = field(repr=False)
     password: str | None = field(repr=False)

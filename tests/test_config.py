@@ -71,6 +71,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "log_level": "info",
         "record": None,
         "metrics_addr": None,
+        "notify_url": None,
         "username": "opencode",
         "password": None,
     }
@@ -425,7 +426,7 @@ def test_doc_names_the_server_variables() -> None:
         (
             'dry_run = "yes"',
             'dry_run in {path}: expected true or false (a TOML boolean), got "yes"',
-        ),  # noqa: E501
+        ),
         ("dry_run = 1", "dry_run in {path}: expected true or false (a TOML boolean), got 1"),
     ],
 )
@@ -458,3 +459,14 @@ def test_unknown_variables_are_named_with_a_guess() -> None:
         "(did you mean OPENCODE_LOOP_MONITOR_DRY_RUN?)",
         "OPENCODE_LOOP_MONITOR_ZZZ is not a setting and is ignored",
     ]
+
+
+def test_notify_url_is_checked_and_never_echoed(tmp_path: Path) -> None:
+    url = "https://ntfy.example/alerts?tpl=yes&m={{.text}}"
+    assert load(tmp_path, flags={"notify_url": url}).notify_url == url
+    secret = "hooks.example/services/T0/B0/sEcReT"
+    message = load_error(tmp_path, flags={"notify_url": f"ftp://{secret}"})
+    assert message == (
+        "notify_url in --notify-url: expected an http:// or https:// URL without user or password"
+    )
+    assert "sEcReT" not in repr(load(tmp_path, flags={"notify_url": f"https://{secret}"}))

@@ -35,11 +35,14 @@ from monitor.shell.logs import configure_logging
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.shell.stream import READ_BUFSIZE, READ_TIMEOUT_S, EventStream, stream_url
+from monitor.shell.webhook import Delivery, Webhook
 
 log = structlog.get_logger("monitor.shell.watch")
 
 # SIGTERM to exit must stay under 5 s: in-flight aborts get this long to finish.
 DRAIN_S = 3.0
+# Then notifications still being posted get this long (within the same 5 s).
+WEBHOOK_DRAIN_S = 1.0
 MALFORMED_LOG_EVERY_S = 10.0
 
 
@@ -84,6 +87,7 @@ class Timing:
     reconnect: Backoff = Backoff()
     retry: Retry = Retry()
     drain: float = DRAIN_S
+    webhook: Delivery = Delivery()
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     clock: Callable[[], float] = time.monotonic
 
@@ -148,6 +152,9 @@ class Watch:
         self.metrics_server: MetricsServer | None = None
         # Sessions put on hold, with their call count then: held until a new call comes.
         self._held: dict[str, int] = {}
+        self.webhook: Webhook | None = None
+        if settings.notify_url is not None:
+            self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
 
     async def run(self) -> int:
         with contextlib.ExitStack() as files:
@@ -213,6 +220,8 @@ class Watch:
             await self._until_stopped(stream)
             self.notifier.stopping()
             await self.interventions.drain(self.timing.drain)
+            if self.webhook is not None:
+                await self.webhook.close(WEBHOOK_DRAIN_S)
         log.info("monitor.stopped")
         if self._fatal is not None:
             raise self._fatal
@@ -272,6 +281,8 @@ class Watch:
             self.metrics.intervention(outcome)
         if outcome == "held":
             self._held[decision.session_id] = decision.call_index
+        if self.webhook is not None:
+            self.webhook.send(decision, outcome)  # returns at once: posting runs apart
 
     def last_frame_unix(self) -> float | None:
         """When the last frame came, as a Unix timestamp (the shell keeps monotonic time)."""
