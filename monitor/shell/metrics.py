@@ -13,14 +13,17 @@ monitors in one process do not clash.
 
 from __future__ import annotations
 
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import prometheus_client
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
+from prometheus_client.aiohttp import make_aiohttp_handler
 
+from monitor import __version__
 from monitor.core.events import KNOWN_EVENT_TYPES, MALFORMED, OTHER
 from monitor.shell.stream import READ_TIMEOUT_S
 
@@ -48,6 +51,11 @@ def readiness(connected: bool, last_frame_at: float | None, now: float, limit: f
     return None
 
 
+def wall_time(at: float, now: float, wall_now: float) -> float:
+    """The Unix time of `at`, a reading of the same clock that now reads `now`."""
+    return wall_now - (now - at)
+
+
 class Metrics:
     """The monitor's metrics, in a registry of their own.
 
@@ -64,8 +72,10 @@ class Metrics:
         last_frame_at: Callable[[], float | None],
         clock: Callable[[], float] = time.monotonic,
         read_limit: float = READ_TIMEOUT_S,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = CollectorRegistry()
+        self._wall_clock = wall_clock
         self._connected = connected
         self._last_frame_at = last_frame_at
         self._clock = clock
@@ -123,6 +133,19 @@ class Metrics:
             "Seconds since the last frame arrived (since start, before the first frame).",
             registry=registry,
         ).set_function(self._seconds_since_last_frame)
+        Gauge(
+            PREFIX + "last_frame_timestamp_seconds",
+            "Unix time of the last frame read from the event stream (0 before the first).",
+            registry=registry,
+        ).set_function(self._last_frame_timestamp)
+        Gauge(
+            PREFIX + "build_info",
+            "Always 1; the labels say which monitor runs on which Python.",
+            ["version", "python_version"],
+            registry=registry,
+        ).labels(__version__, platform.python_version()).set(1)
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+        ProcessCollector(registry=registry)
 
     def frame(self, event_type: str) -> None:
         """Count one frame; `event_type` as the tracker returns it (unknowns become other)."""
@@ -154,6 +177,10 @@ class Metrics:
         """The text Prometheus scrapes."""
         return prometheus_client.generate_latest(self.registry)
 
+    def _last_frame_timestamp(self) -> float:
+        last = self._last_frame_at()
+        return 0.0 if last is None else wall_time(last, self._clock(), self._wall_clock())
+
     def _seconds_since_last_frame(self) -> float:
         last = self._last_frame_at()
         since = self._started_at if last is None else last
@@ -172,12 +199,6 @@ def metrics_app(
     """
     why_not_ready = metrics.not_ready if not_ready is None else not_ready
 
-    async def serve_metrics(request: web.Request) -> web.Response:
-        return web.Response(
-            body=metrics.exposition(),
-            headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST},
-        )
-
     async def healthz(request: web.Request) -> web.Response:
         # Answering at all is the check: this runs on the event loop the monitor runs on.
         return web.Response(text="ok\n")
@@ -189,7 +210,9 @@ def metrics_app(
         return web.Response(status=503, text=f"not ready: {reason}\n")
 
     app = web.Application()
-    app.router.add_get("/metrics", serve_metrics)
+    # prometheus-client's own handler: OpenMetrics when the scraper asks for it (Accept),
+    # gzip when it accepts it (Accept-Encoding), the text format otherwise.
+    app.router.add_get("/metrics", make_aiohttp_handler(metrics.registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if status is not None:

@@ -32,7 +32,7 @@ from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.backoff import Backoff
 from monitor.shell.diagnosis import directory_known
 from monitor.shell.logs import configure_logging
-from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server
+from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.shell.stream import READ_BUFSIZE, READ_TIMEOUT_S, EventStream, stream_url
 from monitor.shell.webhook import Delivery, Webhook
@@ -288,7 +288,7 @@ class Watch:
         """When the last frame came, as a Unix timestamp (the shell keeps monotonic time)."""
         if self._last_frame_at is None:
             return None
-        return time.time() - (self.timing.clock() - self._last_frame_at)
+        return wall_time(self._last_frame_at, self.timing.clock(), time.time())
 
     def status(self) -> dict[str, object]:
         """What `opencode-loop-monitor status` shows: served as JSON on /status."""
