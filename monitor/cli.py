@@ -8,13 +8,21 @@ in `COMMANDS` plus its run function.
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from monitor import __version__
-from monitor.config import Group, Setting, Settings, load_settings, settings_for
+from monitor.config import (
+    Group,
+    Setting,
+    Settings,
+    load_settings,
+    settings_for,
+    unknown_variables,
+)
 from monitor.errors import EX_CONFIG, ConfigError
 
 PROG = "opencode-loop-monitor"
@@ -30,7 +38,9 @@ key in a TOML file (--config). Flags win over variables, variables over the file
 See docs/configuration.md."""
 
 EPILOG = """\
-exit status: 0 stopped cleanly, 78 configuration error, 130 interrupted.
+exit status: 0 stopped cleanly (watch and attach: also by SIGTERM or SIGINT once following
+the stream), 78 configuration error, 130 interrupted by Ctrl-C (demo, replay, or watch and
+attach before they follow the stream); each command lists its own under --help.
 Run `opencode-loop-monitor COMMAND --help` for a command's settings."""
 
 
@@ -62,7 +72,7 @@ Under systemd it speaks the notify protocol (READY, STATUS, WATCHDOG, STOPPING).
 
 WATCH_EPILOG = """\
 exit status: 0 stopped by SIGTERM or SIGINT, 78 configuration error (a bad setting, a
-refused password: not worth restarting)."""
+refused password: not worth restarting), 130 interrupted before following the stream."""
 
 
 def _run_watch(settings: Settings, args: argparse.Namespace) -> int:
@@ -86,7 +96,7 @@ Each file is replayed on its own, as an independent recording."""
 REPLAY_EPILOG = """\
 exit status: 0 replayed (loops found or not, without --fail-on-detect), 1 a loop was found
 with --fail-on-detect, 2 a FILE could not be read or is not a recording (it is named on
-stderr and the other files are still replayed), 78 configuration error."""
+stderr and the other files are still replayed), 78 configuration error, 130 interrupted."""
 
 
 def _replay_arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,7 +154,7 @@ detection and action rules of `watch`, until the session is deleted."""
 ATTACH_EPILOG = """\
 exit status: 0 the session was deleted (or stopped with SIGTERM/SIGINT), 66 no such
 session on the server, 69 the server could not be asked, 78 configuration error
-(including credentials the server refused), 130 interrupted."""
+(including credentials the server refused), 130 interrupted before following the stream."""
 
 
 def _session_id(text: str) -> str:
@@ -161,6 +171,27 @@ def _run_attach(settings: Settings, args: argparse.Namespace) -> int:
     from monitor.shell.attach import run_attach
 
     return run_attach(settings, args.session_id)
+
+
+STATUS_DESCRIPTION = """\
+Shows what a running `watch` sees, asked on its --metrics-addr (GET /status): the stream's
+state, the sessions it follows (busy, idle or held for a person), the tool calls of each
+one's current run and its interventions. Give the same --metrics-addr (or variable, or
+file) as the monitor; --json prints the answer for scripts."""
+
+STATUS_EPILOG = """\
+exit status: 0 shown, 69 no monitor answers on that address, 78 configuration error (no
+metrics_addr), 130 interrupted."""
+
+
+def _status_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the JSON the monitor answers")
+
+
+def _run_status(settings: Settings, args: argparse.Namespace) -> int:
+    from monitor.shell.status import run_status
+
+    return run_status(settings, as_json=args.json)
 
 
 COMMANDS: tuple[Command, ...] = (
@@ -199,12 +230,23 @@ COMMANDS: tuple[Command, ...] = (
         DEMO_EPILOG,
         _demo_arguments,
     ),
+    Command(
+        "status",
+        "show what a running monitor sees (asks its --metrics-addr)",
+        _run_status,
+        frozenset({Group.WATCH}),
+        STATUS_DESCRIPTION,
+        STATUS_EPILOG,
+        _status_arguments,
+    ),
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False everywhere: `--rep 4` must not quietly mean `--repeats 4`.
     parser = argparse.ArgumentParser(
         prog=PROG,
+        allow_abbrev=False,
         description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -217,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         subparser = commands.add_parser(
             command.name,
             help=command.summary,
+            allow_abbrev=False,
             description=command.description,
             epilog=command.epilog,
             formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -258,12 +301,32 @@ def _flag_help(setting: Setting) -> str:
     return text.replace("%", "%%")  # argparse expands %-formats in help text
 
 
+def _reject_unknown(parser: argparse.ArgumentParser, command: str, extras: list[str]) -> None:
+    """Answer an unknown flag with the subcommand's usage (not the top level's) and a guess."""
+    [subparsers] = [
+        action for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+    ]
+    subparser = subparsers.choices[command]
+    known = [option for action in subparser._actions for option in action.option_strings]
+    flag = extras[0].split("=", 1)[0]
+    # A prefix of real flags is what the old abbreviations accepted: name those first.
+    close = [option for option in known if option.startswith(flag) and flag.startswith("--")]
+    close = close or difflib.get_close_matches(flag, known, n=1)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    subparser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:
+            _reject_unknown(parser, args.command, extras)
     except SystemExit as exit_:  # --help, --version and usage errors end parsing
         return int(exit_.code or 0)
     command = next(command for command in COMMANDS if command.name == args.command)
+    for warning in unknown_variables(os.environ):
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     try:
         settings = load_settings(
             vars(args), os.environ, isatty=sys.stdout.isatty(), uses=command.uses

@@ -193,6 +193,16 @@ def _url(raw: object) -> str:
     return text.rstrip("/")
 
 
+def _webhook_url(raw: object) -> str:
+    # The value is never echoed: a chat webhook's URL is its secret. A query is allowed
+    # (ntfy's templates live there).
+    text = raw.strip() if isinstance(raw, str) else ""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or "@" in parts.netloc:
+        raise ValueError("expected an http:// or https:// URL without user or password")
+    return text
+
+
 def _listen_address(raw: object) -> ListenAddress:
     wanted = (
         f"expected HOST:PORT with a port from 0 to 65535, such as 127.0.0.1:9464, got {_show(raw)}"
@@ -381,6 +391,15 @@ SETTINGS: tuple[Setting, ...] = (
         Group.WATCH,
         metavar="HOST:PORT",
     ),
+    Setting(
+        "notify_url",
+        _webhook_url,
+        None,
+        "POST a JSON notification (with a text field, as Slack and ntfy take) to URL on "
+        "every intervention and hold",
+        Group.ACTION,
+        metavar="URL",
+    ),
 )
 
 SETTINGS_BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
@@ -414,6 +433,7 @@ class Settings:
     log_level: LogLevel
     record: Path | None
     metrics_addr: ListenAddress | None
+    notify_url: str | None = field(repr=False)  # a chat webhook's URL is its secret
     # Not settings of ours: taken from the server's variables or password_file.
     username: str = field(repr=False)
     password: str | None = field(repr=False)
@@ -428,6 +448,8 @@ class _Raw(NamedTuple):
     value: Any
     # Where the value came from: a flag, a variable, a file path or "default".
     label: str
+    # A TOML value has a type of its own, which must be the setting's (text is parsed).
+    from_file: bool = False
 
 
 def load_settings(
@@ -475,12 +497,14 @@ def _find(
         value = [item for item in text.split(",") if item.strip()] if setting.repeatable else text
         return _Raw(value, setting.env_var)
     if file is not None and setting.name in file.values:
-        return _Raw(file.values[setting.name], file.label)
+        return _Raw(file.values[setting.name], file.label, from_file=True)
     return _Raw(setting.default, "default")
 
 
 def _parse(setting: Setting, raw: _Raw) -> Any:
     try:
+        if raw.from_file:
+            _check_toml_type(setting, raw.value)
         if setting.repeatable:
             if not isinstance(raw.value, (list, tuple)):
                 raise ValueError(f'expected a list such as ["a", "b"], got {_show(raw.value)}')
@@ -488,6 +512,35 @@ def _parse(setting: Setting, raw: _Raw) -> Any:
         return None if raw.value is None else setting.parse(raw.value)
     except ValueError as error:
         raise ConfigError(f"{setting.name} in {raw.label}: {error}") from error
+
+
+def _check_toml_type(setting: Setting, value: object) -> None:
+    """TOML has numbers and booleans: `repeats = "3"` or `dry_run = "yes"` is a mistake.
+
+    Text is parsed only where text is all there is (flags, variables). Defaults are written
+    as TOML writes them, so they tell a number or boolean setting apart.
+    """
+    if setting.is_switch and not isinstance(value, bool):
+        raise ValueError(f"expected true or false (a TOML boolean), got {_show(value)}")
+    is_number = isinstance(setting.default, int) and not isinstance(setting.default, bool)
+    if is_number and isinstance(value, str):
+        setting.parse(value)  # its own message for text that is no number at all
+        raise ValueError(f"expected a TOML integer, without quotes, got {_show(value)}")
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One warning per OPENCODE_LOOP_MONITOR_* variable that is no setting (a typo)."""
+    known = [setting.env_var for setting in SETTINGS]
+    warnings = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known:
+            # Compared without the shared prefix, which would make every name look close.
+            close = difflib.get_close_matches(
+                name.removeprefix(ENV_PREFIX), [setting.name.upper() for setting in SETTINGS], n=1
+            )
+            hint = f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else ""
+            warnings.append(f"{name} is not a setting and is ignored{hint}")
+    return warnings
 
 
 def _read_file(path: Path, label: str) -> _File:

@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from monitor.kit.sandbox import OpencodeServer, find_or_install_opencode
+from monitor.kit.sandbox import OpencodeServer, default_cache_dir, find_or_install_opencode
 from monitor.kit.scripted_model import ScriptedModel
 from tests.monitor_process import MonitorProcess
 from tests.overshoot import overshoot
@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def opencode_bin() -> Path:
-    return find_or_install_opencode(REPO / ".cache" / "opencode")
+    # The cache `demo` uses too: one install of opencode-ai serves both.
+    return find_or_install_opencode(default_cache_dir())
 
 
 @pytest.fixture

@@ -150,7 +150,7 @@ BAD_VALUES = [
     ("ignore_arg", "bash", 'expected TOOL.KEY such as bash.description, got "bash"'),
     ("ignore_arg", ".description", 'got ".description"'),
     ("ignore_arg", "bash.", 'got "bash."'),
-    ("dry_run", "maybe", 'expected true or false (or 1/0, yes/no), got "maybe"'),
+    ("dry_run", "maybe", "expected true or false"),
     ("on_loop", "retry", 'expected one of resume, hold, got "retry"'),
     ("max_interventions", "-1", 'expected an integer >= 0, got "-1"'),
     ("log_format", "xml", 'expected one of auto, json, console, got "xml"'),
@@ -165,6 +165,11 @@ BAD_VALUES = [
 ]
 
 
+def _numeric(name: str) -> bool:
+    default = SETTINGS_BY_NAME[name].default
+    return isinstance(default, int) and not isinstance(default, bool)
+
+
 def _given_as(
     source: str, name: str, text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[list[str], str]:
@@ -176,7 +181,9 @@ def _given_as(
         monkeypatch.setenv(setting.env_var, text)
         return ["watch"], setting.env_var
     path = tmp_path / "monitor.toml"
-    value = [text] if setting.repeatable else text
+    value: object = [text] if setting.repeatable else text
+    if _numeric(name) and text.lstrip("-").isdigit():
+        value = int(text)  # a TOML number: a quoted one is an error of its own
     path.write_text(f"{name} = {json.dumps(value)}\n", encoding="utf-8")
     return ["watch", "--config", str(path)], str(path)
 
@@ -203,6 +210,8 @@ def test_bad_value_names_setting_and_source_and_exits_78(
     assert main(argv) == EX_CONFIG
     err = capsys.readouterr().err
     assert err.startswith(f"opencode-loop-monitor: config error: {name} in {label}: ")
+    if source == "file" and _numeric(name) and text.lstrip("-").isdigit():
+        expected = expected.replace(f'"{text}"', text)  # written as a TOML number
     assert expected in err
     assert err.count("\n") == 1 and err.endswith("\n")
 
@@ -290,3 +299,50 @@ def test_each_command_help_shows_its_description_and_exit_statuses(command, caps
     out = capsys.readouterr().out
     assert spec.description.splitlines()[0] in out  # kept as written, not rewrapped
     assert spec.epilog.splitlines()[0] in out and "exit status" in spec.epilog
+
+
+# --- strict parsing ------------------------------------------------------------------------
+
+
+def test_flags_are_never_abbreviated(run_watch, capsys: pytest.CaptureFixture[str]) -> None:
+    calls = run_watch(lambda settings: 0)
+    assert main(["watch", "--rep", "4"]) == 2
+    err = capsys.readouterr().err
+    assert calls == []
+    assert err.startswith("usage: opencode-loop-monitor watch ")
+    assert err.endswith(
+        "opencode-loop-monitor watch: error: unrecognized arguments: --rep 4"
+        " (did you mean --repeats?)\n"
+    )
+
+
+def test_unknown_flag_gets_the_subcommands_usage_and_a_guess(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["replay", "--fail-on-detection", "x.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: opencode-loop-monitor replay ")
+    assert "unrecognized arguments: --fail-on-detection (did you mean --fail-on-detect?)" in err
+
+
+def test_unknown_variable_is_warned_about_and_ignored(
+    run_watch, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = run_watch(lambda settings: 0)
+    monkeypatch.setenv("OPENCODE_LOOP_MONITOR_REPEAT", "5")
+    monkeypatch.setenv("OPENCODE_LOOP_MONITOR_MAX_PERIOD", "3")
+    assert main(["watch"]) == 0
+    assert capsys.readouterr().err == (
+        "opencode-loop-monitor: warning: OPENCODE_LOOP_MONITOR_REPEAT is not a setting and is "
+        "ignored (did you mean OPENCODE_LOOP_MONITOR_REPEATS?)\n"
+    )
+    [settings] = calls
+    assert (settings.repeats, settings.max_period) == (3, 3)
+
+
+def test_every_exit_status_named_at_the_top_is_named_by_a_command() -> None:
+    from monitor.cli import EPILOG
+
+    for status in ("0", "78", "130"):
+        assert f" {status} " in EPILOG
+        assert all(f" {status} " in command.epilog.replace("\n", " ") for command in COMMANDS)

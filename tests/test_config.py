@@ -71,6 +71,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "log_level": "info",
         "record": None,
         "metrics_addr": None,
+        "notify_url": None,
         "username": "opencode",
         "password": None,
     }
@@ -415,3 +416,57 @@ def test_doc_row_agrees_with_code(setting: Any) -> None:
 def test_doc_names_the_server_variables() -> None:
     text = DOC.read_text(encoding="utf-8")
     assert SERVER_USERNAME_VAR in text and SERVER_PASSWORD_VAR in text
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('repeats = "3"', 'repeats in {path}: expected a TOML integer, without quotes, got "3"'),
+        ('repeats = "x"', 'repeats in {path}: expected an integer >= 2, got "x"'),
+        (
+            'dry_run = "yes"',
+            'dry_run in {path}: expected true or false (a TOML boolean), got "yes"',
+        ),
+        ("dry_run = 1", "dry_run in {path}: expected true or false (a TOML boolean), got 1"),
+    ],
+)
+def test_toml_values_must_have_the_documented_type(
+    tmp_path: Path, line: str, expected: str
+) -> None:
+    path = tmp_path / "monitor.toml"
+    assert load_error(tmp_path, toml=line) == expected.format(path=path)
+
+
+def test_variables_stay_text(tmp_path: Path) -> None:
+    settings = load(
+        tmp_path,
+        env={"OPENCODE_LOOP_MONITOR_REPEATS": "4", "OPENCODE_LOOP_MONITOR_DRY_RUN": "yes"},
+    )
+    assert (settings.repeats, settings.dry_run) == (4, True)
+
+
+def test_unknown_variables_are_named_with_a_guess() -> None:
+    from monitor.config import unknown_variables
+
+    environ = {
+        "OPENCODE_LOOP_MONITOR_DRYRUN": "1",
+        "OPENCODE_LOOP_MONITOR_URL": "http://127.0.0.1:1",
+        "OPENCODE_LOOP_MONITOR_ZZZ": "",
+        "OPENCODE_SERVER_PASSWORD": "x",
+    }
+    assert unknown_variables(environ) == [
+        "OPENCODE_LOOP_MONITOR_DRYRUN is not a setting and is ignored "
+        "(did you mean OPENCODE_LOOP_MONITOR_DRY_RUN?)",
+        "OPENCODE_LOOP_MONITOR_ZZZ is not a setting and is ignored",
+    ]
+
+
+def test_notify_url_is_checked_and_never_echoed(tmp_path: Path) -> None:
+    url = "https://ntfy.example/alerts?tpl=yes&m={{.text}}"
+    assert load(tmp_path, flags={"notify_url": url}).notify_url == url
+    secret = "hooks.example/services/T0/B0/sEcReT"
+    message = load_error(tmp_path, flags={"notify_url": f"ftp://{secret}"})
+    assert message == (
+        "notify_url in --notify-url: expected an http:// or https:// URL without user or password"
+    )
+    assert "sEcReT" not in repr(load(tmp_path, flags={"notify_url": f"https://{secret}"}))

@@ -29,6 +29,7 @@ class State:
     sessions: int = 0
     last_frame_at: float | None = None
     now: float = 1000.0
+    wall: float = 1_700_000_000.0  # the Unix time when the monotonic clock reads `now`
 
 
 def event_type(frame: object) -> str:
@@ -49,6 +50,7 @@ def metrics(state: State) -> Metrics:
         last_frame_at=lambda: state.last_frame_at,
         clock=lambda: state.now,
         read_limit=LIMIT,
+        wall_clock=lambda: state.wall,
     )
 
 
@@ -93,14 +95,17 @@ async def test_counters_appear_with_exact_values(metrics, server):
         f"{P}stream_reconnects_total 1.0",
         f'{P}loops_detected_total{{cycle_length="2"}} 1.0',
         f'{P}interventions_total{{outcome="aborted"}} 1.0',
-        f'{P}interventions_total{{outcome="dry_run"}} 2.0',
+        f"{P}dry_run_loops_left_running_total 2.0",
     } <= lines
+    # Nothing was stopped in dry run: the interventions counter does not say otherwise.
+    assert not any('outcome="dry_run"' in line for line in lines)
 
 
 async def test_outcomes_start_at_zero(server):
     lines = await scrape(server)
-    for outcome in ("aborted", "held", "dry_run", "abort_failed"):
+    for outcome in ("aborted", "held", "abort_failed"):
         assert f'{P}interventions_total{{outcome="{outcome}"}} 0.0' in lines
+    assert f"{P}dry_run_loops_left_running_total 0.0" in lines
 
 
 async def test_gauges_are_read_at_scrape_time(state, server):
@@ -143,9 +148,11 @@ async def test_no_session_id_in_any_label(state, metrics, server):
         for sample in family.samples
         for name in sample.labels
     }
-    assert labels == {"event_type", "cycle_length", "outcome"}
+    assert labels == {"event_type", "cycle_length", "outcome", "version", "python_version"}
     assert "ses_1" not in text
-    assert all(family.name.startswith(P) for family in text_string_to_metric_families(text))
+    assert all(
+        family.name.startswith((P, "process_")) for family in text_string_to_metric_families(text)
+    )
 
 
 async def test_unknown_event_types_share_one_label_value(metrics, server):
@@ -254,3 +261,41 @@ def test_known_event_types_include_what_the_tracker_reads():
 )
 def test_readiness(connected, last_frame_at, now, expected):
     assert readiness(connected, last_frame_at, now, LIMIT) == expected
+
+
+async def test_build_info_process_metrics_and_last_frame_timestamp(state, server):
+    import platform
+
+    from monitor import __version__
+
+    lines = await scrape(server)
+    python = platform.python_version()
+    assert f'{P}build_info{{python_version="{python}",version="{__version__}"}} 1.0' in lines
+    assert f"{P}last_frame_timestamp_seconds 0.0" in lines  # no frame yet
+    assert any(line.startswith("process_resident_memory_bytes ") for line in lines)
+    assert any(line.startswith("process_start_time_seconds ") for line in lines)
+    state.last_frame_at = state.now - 7.0
+    assert f"{P}last_frame_timestamp_seconds 1.699999993e+09" in await scrape(server)
+
+
+async def test_openmetrics_and_gzip_when_the_scraper_asks(metrics, server):
+    import gzip
+
+    metrics.loop(2)
+    url = f"http://127.0.0.1:{server.port}/metrics"
+    async with aiohttp.ClientSession(auto_decompress=False) as http:
+        headers = {
+            "Accept": "application/openmetrics-text; version=1.0.0",
+            "Accept-Encoding": "identity",
+        }
+        async with http.get(url, headers=headers) as response:
+            assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+            text = await response.text()
+        assert text.endswith("# EOF\n")
+        assert f'{P}loops_detected_total{{cycle_length="2"}} 1.0' in text
+        async with http.get(url, headers={"Accept-Encoding": "gzip"}) as response:
+            assert response.headers["Content-Encoding"] == "gzip"
+            plain = gzip.decompress(await response.read()).decode()
+        assert f'{P}loops_detected_total{{cycle_length="2"}} 1.0' in plain
+        async with http.get(url, headers={"Accept-Encoding": "identity"}) as response:
+            assert "Content-Encoding" not in response.headers

@@ -22,7 +22,16 @@ pytestmark = pytest.mark.real_server
 PASSWORD = "pw-3c9e71d0b5"
 WRONG = "pw-wrong-5a04e2"
 READ = ("read", {"filePath": "README.md"})
-CONFIG_ERROR_LINE = "opencode-loop-monitor: config error: the server refused our credentials (401)"
+CONFIG_ERROR_LINE = (
+    "opencode-loop-monitor: config error: the server refused our credentials (401): check the "
+    "password in OPENCODE_SERVER_PASSWORD or in the --password-file file, and the user name in "
+    "OPENCODE_SERVER_USERNAME (default opencode)"
+)
+NO_PASSWORD_LINE = (
+    "opencode-loop-monitor: config error: the server wants a password (401) and none was sent: "
+    "set OPENCODE_SERVER_PASSWORD to the password `opencode serve` runs with, or give "
+    "--password-file FILE"
+)
 
 
 @pytest.fixture
@@ -92,10 +101,14 @@ async def exits_78_quickly(monitor):
     return monitor.stderr_path.read_text(encoding="utf-8").splitlines()
 
 
-@pytest.mark.parametrize("env", [{SERVER_PASSWORD_VAR: WRONG}, {}], ids=["wrong", "missing"])
-async def test_watch_refused_exits_78(secured_server, start_monitor, env):
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [({SERVER_PASSWORD_VAR: WRONG}, CONFIG_ERROR_LINE), ({}, NO_PASSWORD_LINE)],
+    ids=["wrong", "missing"],
+)
+async def test_watch_refused_exits_78(secured_server, start_monitor, env, line):
     monitor = start_monitor(*monitor_args("watch", secured_server), env=env)
-    assert await exits_78_quickly(monitor) == [CONFIG_ERROR_LINE]
+    assert await exits_78_quickly(monitor) == [line]
     assert monitor.events("stream.connected") == []
 
 

@@ -392,3 +392,22 @@ def test_sessions_seen_counts_each_session_once():
     tracker = Tracker()
     feed_all(tracker, loop_of("a", 3) + loop_of("b", 1) + [idle("a"), status("b", "busy")])
     assert tracker.sessions_seen == 2
+
+
+# -- the read-only view `status` shows ---------------------------------------------------------
+
+
+def test_sessions_view_shows_runs_calls_and_interventions():
+    tracker = Tracker(Detection())
+    feed_all(tracker, [envelope(f, "/w") for f in loop_of("s1", 4)])  # caught on call 4
+    feed_all(tracker, [envelope(f, "/v") for f in loop_of("s2", 2, tool="grep")])
+    feed_all(tracker, [envelope(idle("s2"), "/v")])
+    feed_all(tracker, [envelope(f, "/v") for f in call("s2", "q1", "glob", READ)])
+    assert [
+        (v.session_id, v.directory, v.busy, v.run_calls, v.calls, v.interventions)
+        for v in tracker.sessions_view()
+    ] == [("s1", "/w", False, 4, 4, 1), ("s2", "/v", True, 1, 3, 0)]
+    # The intervention dropped s1's history; its run ends when the server says so.
+    tracker.end_run("s1")
+    [s1, _] = tracker.sessions_view()
+    assert (s1.busy, s1.run_calls, s1.calls, s1.interventions) == (False, 0, 4, 1)

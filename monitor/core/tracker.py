@@ -90,6 +90,20 @@ class Fed:
     deleted: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """One followed session as `Tracker.sessions_view` shows it (for `status`)."""
+
+    session_id: str
+    directory: str | None
+    # Calls of a run under way are remembered; false once the run ended or an intervention
+    # dropped them.
+    busy: bool
+    run_calls: int  # tool calls of the current run
+    calls: int  # tool calls seen since the session was first seen
+    interventions: int
+
+
 # Most frames change nothing the shell must act on: one shared result per event type, so the
 # hot path allocates nothing for them.
 _QUIET = {label: Fed(event_type=label) for label in (*KNOWN_EVENT_TYPES, OTHER, MALFORMED)}
@@ -244,6 +258,24 @@ class Tracker:
         if session is not None:
             session.in_flight = None
             session.run_start = session.calls
+
+    def sessions_view(self) -> list[SessionView]:
+        """A read-only copy of what is known about every session held, oldest first."""
+        views = []
+        for session_id in self._sessions:
+            session = self._sessions.get(session_id)
+            if session is not None:
+                views.append(
+                    SessionView(
+                        session_id,
+                        self.directory_of(session_id),
+                        session_id in self._guard,
+                        session.calls - session.run_start,
+                        session.calls,
+                        session.interventions,
+                    )
+                )
+        return views
 
     def forget(self, session_id: str) -> None:
         self._guard.clear(session_id)

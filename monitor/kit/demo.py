@@ -78,7 +78,7 @@ def run_demo(settings: Settings, cache_dir: Path, out: TextIO = sys.stdout) -> i
         _say(
             out,
             f"{PREFIX}: finding opencode {OPENCODE_VERSION} "
-            f"(if needed, npm installs {NPM_PACKAGE} into {cache_dir}: about 185 MB, once)",
+            f"(if needed, npm installs {NPM_PACKAGE} into {cache_dir}: about 354 MB, once)",
         )
         binary = find_or_install_opencode(cache_dir)
         _say(out, f"{PREFIX}: using {binary}")

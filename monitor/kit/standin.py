@@ -77,6 +77,8 @@ class FakeOpencode:
     busy: dict[str, dict] = field(default_factory=dict)
     # What GET /session/{id}/message answers, per session (an empty list when not given).
     messages: dict[str, list] = field(default_factory=dict)
+    # What GET /project answers: the server's projects, as {"worktree": DIR, ...} objects.
+    projects: list[dict] = field(default_factory=list)
     requests: list[Received] = field(default_factory=list)
     connections: int = 0
     # Set once a stream played by `live` is open, so `push` reaches someone.
@@ -89,6 +91,7 @@ class FakeOpencode:
         app.router.add_get("/global/event", self._stream)
         app.router.add_get("/event", self._stream)
         app.router.add_get("/session/status", self._status)
+        app.router.add_get("/project", self._projects)
         app.router.add_get("/session/{id}/message", self._messages)
         app.router.add_post("/session/{id}/{action}", self._action)
         return app
@@ -139,6 +142,10 @@ class FakeOpencode:
     async def _status(self, request: web.Request) -> web.Response:
         await self._record(request)
         return web.json_response(self.busy)
+
+    async def _projects(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response(self.projects)
 
     async def _messages(self, request: web.Request) -> web.Response:
         await self._record(request)

@@ -18,6 +18,7 @@ import aiohttp
 
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.backoff import Backoff
+from monitor.shell.diagnosis import refused_credentials
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,19 @@ class OpencodeAPI:
             raise ServerError("/session/{id} did not answer an object with a directory")
         return info
 
+    async def project_directories(self) -> list[str]:
+        """The directories of the projects the server knows (worktrees and sandboxes)."""
+        projects = await self._call("GET", "/project", None)
+        if not isinstance(projects, list):
+            raise ServerError("/project did not answer a list")
+        directories: list[str] = []
+        for project in projects:
+            if isinstance(project, dict):
+                for where in (project.get("worktree"), *(project.get("sandboxes") or ())):
+                    if isinstance(where, str) and where not in directories:
+                        directories.append(where)
+        return directories
+
     async def messages(self, session_id: str, directory: str | None) -> list[Any]:
         messages = await self._call("GET", _session_path(session_id, "message"), directory)
         if not isinstance(messages, list):
@@ -156,7 +170,8 @@ class OpencodeAPI:
                 timeout=aiohttp.ClientTimeout(total=self._retry.timeout),
             ) as response:
                 if response.status == 401:
-                    raise ConfigError(f"{what}: the server refused our credentials (401)")
+                    sent = aiohttp.hdrs.AUTHORIZATION in self._http.headers
+                    raise ConfigError(f"{what}: {refused_credentials(401, sent)}")
                 if response.status == 404:
                     raise SessionGone(f"{what}: not found (404)")
                 if response.status >= 500:

@@ -13,20 +13,26 @@ monitors in one process do not clash.
 
 from __future__ import annotations
 
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import prometheus_client
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
+from prometheus_client.aiohttp import make_aiohttp_handler
 
+from monitor import __version__
 from monitor.core.events import KNOWN_EVENT_TYPES, MALFORMED, OTHER
 from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
 
 OUTCOMES = ("aborted", "held", "dry_run", "abort_failed")
+# What interventions_total counts: a dry run stops nothing, so its detections are counted
+# apart, under a name that says so, and never look like sessions that were stopped.
+INTERVENTION_OUTCOMES = ("aborted", "held", "abort_failed")
 
 
 def readiness(connected: bool, last_frame_at: float | None, now: float, limit: float) -> str | None:
@@ -45,6 +51,11 @@ def readiness(connected: bool, last_frame_at: float | None, now: float, limit: f
     return None
 
 
+def wall_time(at: float, now: float, wall_now: float) -> float:
+    """The Unix time of `at`, a reading of the same clock that now reads `now`."""
+    return wall_now - (now - at)
+
+
 class Metrics:
     """The monitor's metrics, in a registry of their own.
 
@@ -61,8 +72,10 @@ class Metrics:
         last_frame_at: Callable[[], float | None],
         clock: Callable[[], float] = time.monotonic,
         read_limit: float = READ_TIMEOUT_S,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = CollectorRegistry()
+        self._wall_clock = wall_clock
         self._connected = connected
         self._last_frame_at = last_frame_at
         self._clock = clock
@@ -97,9 +110,14 @@ class Metrics:
             ["outcome"],
             registry=registry,
         )
-        for outcome in OUTCOMES:
+        for outcome in INTERVENTION_OUTCOMES:
             # Present from the start at 0, so rate() and absence alerts work before the first.
             self._interventions.labels(outcome)
+        self._dry_run = Counter(
+            PREFIX + "dry_run_loops_left_running",
+            "Loops detected in dry run: logged and left running, as nothing is stopped.",
+            registry=registry,
+        )
         Gauge(
             PREFIX + "stream_connected",
             "1 while the event stream is connected, else 0.",
@@ -115,6 +133,19 @@ class Metrics:
             "Seconds since the last frame arrived (since start, before the first frame).",
             registry=registry,
         ).set_function(self._seconds_since_last_frame)
+        Gauge(
+            PREFIX + "last_frame_timestamp_seconds",
+            "Unix time of the last frame read from the event stream (0 before the first).",
+            registry=registry,
+        ).set_function(self._last_frame_timestamp)
+        Gauge(
+            PREFIX + "build_info",
+            "Always 1; the labels say which monitor runs on which Python.",
+            ["version", "python_version"],
+            registry=registry,
+        ).labels(__version__, platform.python_version()).set(1)
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
+        ProcessCollector(registry=registry)
 
     def frame(self, event_type: str) -> None:
         """Count one frame; `event_type` as the tracker returns it (unknowns become other)."""
@@ -133,6 +164,9 @@ class Metrics:
         self._loops.labels(str(cycle_length)).inc()
 
     def intervention(self, outcome: str) -> None:
+        if outcome == "dry_run":
+            self._dry_run.inc()
+            return
         self._interventions.labels(outcome if outcome in OUTCOMES else OTHER).inc()
 
     def not_ready(self) -> str | None:
@@ -143,20 +177,22 @@ class Metrics:
         """The text Prometheus scrapes."""
         return prometheus_client.generate_latest(self.registry)
 
+    def _last_frame_timestamp(self) -> float:
+        last = self._last_frame_at()
+        return 0.0 if last is None else wall_time(last, self._clock(), self._wall_clock())
+
     def _seconds_since_last_frame(self) -> float:
         last = self._last_frame_at()
         since = self._started_at if last is None else last
         return max(self._clock() - since, 0.0)
 
 
-def metrics_app(metrics: Metrics) -> web.Application:
-    """`/metrics`, `/healthz` and `/readyz` (ready as `metrics.not_ready` says)."""
+def metrics_app(metrics: Metrics, status: Callable[[], object] | None = None) -> web.Application:
+    """`/metrics`, `/healthz` and `/readyz` (ready as `metrics.not_ready` says).
 
-    async def serve_metrics(request: web.Request) -> web.Response:
-        return web.Response(
-            body=metrics.exposition(),
-            headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST},
-        )
+    With `status`, also `/status`: its answer as JSON, what `opencode-loop-monitor status`
+    reads (session ids and directories, never arguments or outputs).
+    """
 
     async def healthz(request: web.Request) -> web.Response:
         # Answering at all is the check: this runs on the event loop the monitor runs on.
@@ -169,9 +205,18 @@ def metrics_app(metrics: Metrics) -> web.Application:
         return web.Response(status=503, text=f"not ready: {reason}\n")
 
     app = web.Application()
-    app.router.add_get("/metrics", serve_metrics)
+    # prometheus-client's own handler: OpenMetrics when the scraper asks for it (Accept),
+    # gzip when it accepts it (Accept-Encoding), the text format otherwise.
+    app.router.add_get("/metrics", make_aiohttp_handler(metrics.registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    if status is not None:
+        describe = status
+
+        async def serve_status(request: web.Request) -> web.Response:
+            return web.json_response(describe())
+
+        app.router.add_get("/status", serve_status)
     return app
 
 
@@ -186,10 +231,12 @@ class MetricsServer:
         await self.runner.cleanup()
 
 
-async def start_metrics_server(metrics: Metrics, host: str, port: int) -> MetricsServer:
+async def start_metrics_server(
+    metrics: Metrics, host: str, port: int, status: Callable[[], object] | None = None
+) -> MetricsServer:
     """Listen on `host:port` (port 0 picks a free one); raises OSError if it cannot bind."""
     # No access log: a scrape every few seconds would drown the monitor's own lines.
-    runner = web.AppRunner(metrics_app(metrics), access_log=None)
+    runner = web.AppRunner(metrics_app(metrics, status), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

@@ -23,6 +23,12 @@ import structlog
 from monitor.core.frames import SSEChunkDecoder
 from monitor.errors import ConfigError
 from monitor.shell.backoff import Backoff
+from monitor.shell.diagnosis import (
+    Diagnosis,
+    diagnose_error,
+    diagnose_status,
+    refused_credentials,
+)
 
 log = structlog.get_logger("monitor.shell.stream")
 
@@ -50,6 +56,10 @@ def stream_url(base_url: str, directory: str | None) -> str:
 
 class _NotAStream(Exception):
     """The server answered, but not with an event stream; the message is safe to log."""
+
+    def __init__(self, message: str, diagnosis: Diagnosis) -> None:
+        super().__init__(message)
+        self.diagnosis = diagnosis
 
 
 def _reason(exc: BaseException) -> str:
@@ -89,6 +99,10 @@ class EventStream:
         self._sleep = sleep
         self.connected = False
         self.frames = 0
+        # Until the first connection, a failure is "could not connect", never "disconnected".
+        self.ever_connected = False
+        # Kinds of failure already explained since the last good connection: one hint each.
+        self._explained: set[str] = set()
 
     async def run(self) -> None:
         """Read for ever; returns only by cancellation, raises only ConfigError (401)."""
@@ -102,25 +116,47 @@ class EventStream:
                 raise
             except Exception as exc:  # any failure of one connection means: reconnect
                 reason = _reason(exc)
+                self._explain(exc)
             finally:
                 self.connected = False
             # A connection that delivered frames was healthy: start the backoff over.
             failures = 0 if self.frames > frames_before else failures + 1
             delay = self._backoff.delay(max(failures - 1, 0))
-            log.warning("stream.disconnected", reason=reason, retry_in_s=round(delay, 2))
+            retry_in_s = round(delay, 2)
+            if self.ever_connected:
+                log.warning("stream.disconnected", reason=reason, retry_in_s=retry_in_s)
+            else:
+                log.warning("stream.connect_failed", reason=reason, retry_in_s=retry_in_s)
             self._on_disconnect(reason)
             await self._sleep(delay)
+
+    def _explain(self, exc: Exception) -> None:
+        if isinstance(exc, _NotAStream):
+            diagnosis: Diagnosis | None = exc.diagnosis
+        else:
+            diagnosis = diagnose_error(exc, self.url)
+        if diagnosis is not None and diagnosis.problem not in self._explained:
+            self._explained.add(diagnosis.problem)
+            log.error("stream.diagnosis", problem=diagnosis.problem, hint=diagnosis.hint)
 
     async def _read_once(self) -> None:
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
         async with self._http.get(self.url, headers=headers, timeout=self._timeout) as response:
-            if response.status in (401, 407):
-                raise ConfigError(f"the server refused our credentials ({response.status})")
-            if response.status != 200:
-                raise _NotAStream(f"server answered {response.status}")
-            if response.content_type != "text/event-stream":
-                raise _NotAStream(f"not an event stream ({response.content_type})")
-            self.connected = True
+            status, content_type = response.status, response.content_type
+            if status in (401, 407):
+                sent = aiohttp.hdrs.AUTHORIZATION in self._http.headers
+                raise ConfigError(refused_credentials(status, sent))
+            if status != 200:
+                raise _NotAStream(
+                    f"server answered {status}", diagnose_status(status, content_type, self.url)
+                )
+            if content_type != "text/event-stream":
+                raise _NotAStream(
+                    f"not an event stream ({content_type})",
+                    diagnose_status(status, content_type, self.url),
+                )
+            self.connected = self.ever_connected = True
+            self._explained.clear()
             log.info("stream.connected", url=self.url)
             await self._on_connect()
             decoder = SSEChunkDecoder()

@@ -30,15 +30,19 @@ from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.actions import Interventions
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.backoff import Backoff
+from monitor.shell.diagnosis import directory_known
 from monitor.shell.logs import configure_logging
-from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server
+from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.shell.stream import READ_BUFSIZE, READ_TIMEOUT_S, EventStream, stream_url
+from monitor.shell.webhook import Delivery, Webhook
 
 log = structlog.get_logger("monitor.shell.watch")
 
 # SIGTERM to exit must stay under 5 s: in-flight aborts get this long to finish.
 DRAIN_S = 3.0
+# Then notifications still being posted get this long (within the same 5 s).
+WEBHOOK_DRAIN_S = 1.0
 MALFORMED_LOG_EVERY_S = 10.0
 
 
@@ -83,6 +87,7 @@ class Timing:
     reconnect: Backoff = Backoff()
     retry: Retry = Retry()
     drain: float = DRAIN_S
+    webhook: Delivery = Delivery()
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     clock: Callable[[], float] = time.monotonic
 
@@ -145,6 +150,11 @@ class Watch:
                 read_limit=timing.read_timeout,
             )
         self.metrics_server: MetricsServer | None = None
+        # Sessions put on hold, with their call count then: held until a new call comes.
+        self._held: dict[str, int] = {}
+        self.webhook: Webhook | None = None
+        if settings.notify_url is not None:
+            self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
 
     async def run(self) -> int:
         with contextlib.ExitStack() as files:
@@ -166,7 +176,9 @@ class Watch:
         address = self.settings.metrics_addr
         assert address is not None
         try:
-            server = await start_metrics_server(metrics, address.host, address.port)
+            server = await start_metrics_server(
+                metrics, address.host, address.port, status=self.status
+            )
         except OSError as exc:
             raise ConfigError(
                 f"metrics_addr {address.host}:{address.port}: cannot listen ({exc.strerror})"
@@ -208,6 +220,8 @@ class Watch:
             await self._until_stopped(stream)
             self.notifier.stopping()
             await self.interventions.drain(self.timing.drain)
+            if self.webhook is not None:
+                await self.webhook.close(WEBHOOK_DRAIN_S)
         log.info("monitor.stopped")
         if self._fatal is not None:
             raise self._fatal
@@ -265,6 +279,63 @@ class Watch:
     def _on_outcome(self, decision: Intervene, outcome: str) -> None:
         if self.metrics is not None:
             self.metrics.intervention(outcome)
+        if outcome == "held":
+            self._held[decision.session_id] = decision.call_index
+        if self.webhook is not None:
+            self.webhook.send(decision, outcome)  # returns at once: posting runs apart
+
+    def last_frame_unix(self) -> float | None:
+        """When the last frame came, as a Unix timestamp (the shell keeps monotonic time)."""
+        if self._last_frame_at is None:
+            return None
+        return wall_time(self._last_frame_at, self.timing.clock(), time.time())
+
+    def status(self) -> dict[str, object]:
+        """What `opencode-loop-monitor status` shows: served as JSON on /status."""
+        stream = self._stream
+        if stream is not None and stream.connected:
+            state = "connected"
+        elif stream is not None and stream.ever_connected:
+            state = "reconnecting"
+        else:
+            state = "connecting"
+        views = self.tracker.sessions_view()
+        # A held session stays held until it makes a call again (a person resumed it).
+        self._held = {
+            view.session_id: self._held[view.session_id]
+            for view in views
+            if self._held.get(view.session_id) == view.calls
+        }
+        sessions = [
+            {
+                "session_id": view.session_id,
+                "directory": view.directory,
+                "state": "held"
+                if view.session_id in self._held
+                else ("busy" if view.busy else "idle"),
+                "run_calls": view.run_calls,
+                "interventions": view.interventions,
+            }
+            for view in views
+        ]
+        return {
+            "version": __version__,
+            "url": self.settings.url,
+            "directory": self.settings.directory,
+            "dry_run": self.settings.dry_run,
+            "stream": {
+                "state": state,
+                "frames": 0 if stream is None else stream.frames,
+                "last_frame_unix": self.last_frame_unix(),
+            },
+            "totals": {
+                "sessions": len(sessions),
+                "busy": sum(entry["state"] == "busy" for entry in sessions),
+                "held": len(self._held),
+                "interventions": sum(view.interventions for view in views),
+            },
+            "sessions": sessions,
+        }
 
     def _log_malformed(self, reason: str) -> None:
         now = self.timing.clock()
@@ -278,7 +349,25 @@ class Watch:
         if not self._ready_sent:
             self._ready_sent = True
             self.notifier.ready()
+            await self._check_directory()
         await self._resync()
+
+    async def _check_directory(self) -> None:
+        """Warn once, at the first connect, when --directory names no project the server has.
+
+        A warning, not an exit: a project appears when someone first opens it, which may be
+        after the monitor starts (at boot, under systemd).
+        """
+        directory = self.settings.directory
+        if directory is None or self.scope.only_session is not None:
+            return
+        try:
+            known = await self.api.project_directories()
+        except ServerError as exc:
+            log.warning("stream.directory_unchecked", directory=directory, error=str(exc))
+            return
+        if not directory_known(directory, known):
+            log.warning("stream.directory_unknown", directory=directory, known=known)
 
     def _on_disconnect(self, reason: str) -> None:
         self.notifier.status(f"reconnecting: {reason}")

@@ -1,0 +1,99 @@
+"""`opencode-loop-monitor status`: what a running monitor sees, read from its /status.
+
+The monitor answers on its `--metrics-addr`; this command asks there, so it needs the same
+address (flag, variable or file) and nothing else. A plain blocking request: one call, no
+event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+from monitor.config import ListenAddress, Settings
+from monitor.errors import ConfigError
+
+# sysexits.h: the service is not there (no monitor answers on that address).
+EX_UNAVAILABLE = 69
+TIMEOUT_S = 5.0
+
+
+def status_url(address: ListenAddress) -> str:
+    host = f"[{address.host}]" if ":" in address.host else address.host
+    return f"http://{host}:{address.port}/status"
+
+
+def fetch_status(address: ListenAddress, timeout: float = TIMEOUT_S) -> dict[str, Any]:
+    """The monitor's /status; OSError when nothing usable answers."""
+    with urllib.request.urlopen(status_url(address), timeout=timeout) as response:
+        body = json.load(response)
+    if not isinstance(body, dict):
+        raise OSError("/status did not answer a JSON object")
+    return body
+
+
+def _ago(unix: float | None, now: float) -> str:
+    return "no frame yet" if unix is None else f"last frame {max(now - unix, 0):.0f} s ago"
+
+
+def render_status(status: dict[str, Any], now: float) -> str:
+    """The table for people; `--json` prints `status` as it came."""
+    stream, totals = status["stream"], status["totals"]
+    where = status["url"] + (f" (directory {status['directory']})" if status["directory"] else "")
+    lines = [
+        f"monitor {status['version']} watching {where}"
+        + (", dry run: detects only" if status["dry_run"] else ""),
+        f"stream: {stream['state']}, {stream['frames']} frames, "
+        f"{_ago(stream['last_frame_unix'], now)}",
+        f"sessions followed: {totals['sessions']} (busy {totals['busy']}, held "
+        f"{totals['held']}), interventions: {totals['interventions']}",
+    ]
+    sessions = status["sessions"]
+    if sessions:
+        header = ("SESSION", "STATE", "CALLS", "INTERVENTIONS", "DIRECTORY")
+        rows = [
+            (
+                entry["session_id"],
+                entry["state"],
+                str(entry["run_calls"]),
+                str(entry["interventions"]),
+                entry["directory"] or "-",
+            )
+            for entry in sessions
+        ]
+        widths = [max(len(row[i]) for row in (header, *rows)) for i in range(4)]
+        lines.append("")
+        for row in (header, *rows):
+            cells = [
+                row[i].ljust(widths[i]) if i < 2 else row[i].rjust(widths[i]) for i in range(4)
+            ]
+            lines.append("  ".join((*cells, row[4])))
+    return "\n".join(lines) + "\n"
+
+
+def run_status(settings: Settings, as_json: bool) -> int:
+    address = settings.metrics_addr
+    if address is None or address.port == 0:
+        raise ConfigError(
+            "metrics_addr: status asks the monitor on the address `watch --metrics-addr` "
+            "serves; give the same HOST:PORT (not port 0)"
+        )
+    try:
+        status = fetch_status(address)
+    except (OSError, ValueError) as exc:  # URLError is an OSError; bad JSON a ValueError
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        print(
+            f"opencode-loop-monitor: no monitor answers on {status_url(address)} ({reason}); "
+            "is `watch` running with this --metrics-addr?",
+            file=sys.stderr,
+        )
+        return EX_UNAVAILABLE
+    if as_json:
+        print(json.dumps(status, indent=2))
+    else:
+        sys.stdout.write(render_status(status, time.time()))
+    return 0

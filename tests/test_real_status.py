@@ -1,0 +1,61 @@
+"""`status` against a real monitor process following a real `opencode serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+
+from monitor.kit.sandbox import free_loopback_port, tool_parts
+from monitor.kit.scripted_model import script
+
+pytestmark = pytest.mark.real_server
+
+READ = ("read", {"filePath": "README.md"})
+
+
+async def status(address: str, *flags: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "monitor",
+        "status",
+        "--metrics-addr",
+        address,
+        *flags,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode is not None
+    return process.returncode, out.decode()
+
+
+async def test_status_of_a_running_monitor(opencode_server, start_monitor, http):
+    address = f"127.0.0.1:{free_loopback_port()}"
+    monitor = start_monitor(
+        "watch", "--url", opencode_server.url, "--log-format", "json", "--metrics-addr", address
+    )
+    await monitor.wait_event("stream.connected")
+    client = opencode_server.client(http)
+    session = await client.create_session("loop")
+    await client.prompt_async(session["id"], script([READ], 10, delay=0.2))
+    messages = await client.wait_idle(session["id"], 60, user_messages=2)
+    assert len(tool_parts(messages)) == 4
+    await monitor.wait_event("feedback.sent")
+
+    code, out = await status(address, "--json")
+    assert code == 0
+    answer = json.loads(out)
+    assert answer["stream"]["state"] == "connected" and answer["stream"]["frames"] > 0
+    assert answer["url"] == opencode_server.url
+    [entry] = [s for s in answer["sessions"] if s["session_id"] == session["id"]]
+    assert entry["directory"] == opencode_server.directory
+    assert entry["interventions"] == 1 and entry["state"] in ("idle", "busy")
+    assert answer["totals"]["interventions"] == 1 and answer["totals"]["held"] == 0
+
+    code, table = await status(address)
+    assert code == 0
+    assert table.splitlines()[0] == f"monitor 0.1.0 watching {opencode_server.url}"
+    assert any(line.startswith(session["id"] + "  ") for line in table.splitlines())

@@ -1,0 +1,107 @@
+"""`status` against a running monitor: its /status endpoint and the command that reads it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+from aiohttp.test_utils import TestServer
+from structlog.testing import capture_logs
+
+from monitor.cli import main
+from monitor.config import load_settings
+from monitor.errors import EX_CONFIG
+from monitor.kit.standin import FakeOpencode, frames, play
+from monitor.shell.notify import Notifier
+from monitor.shell.status import EX_UNAVAILABLE
+from monitor.shell.watch import Watch
+from tests.frames_factory import call, envelope
+from tests.test_watch_faults import FAST, events, loop_frames, wait_for
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OPENCODE_LOOP_MONITOR_METRICS_ADDR", "OPENCODE_LOOP_MONITOR_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
+    # s1 loops twice: aborted at call 4, held at call 8 (max_interventions 1); s2 made 2 calls.
+    s2 = [envelope(f, "/v") for n in (1, 2) for f in call("s2", f"g{n}", "grep", {"n": n})]
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 8), frames(*s2))])
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    url = f"http://127.0.0.1:{server.port}"
+    settings = load_settings(
+        {
+            "url": url,
+            "metrics_addr": "127.0.0.1:0",
+            "max_interventions": "1",
+        },
+        {},
+        isatty=False,
+    )
+    watch = Watch(settings, notifier=Notifier(None), timing=FAST)
+    task = asyncio.create_task(watch.run())
+    try:
+        with capture_logs() as logs:
+            await wait_for(lambda: len(events(logs, "feedback.sent")) == 2)
+        assert watch.metrics_server is not None
+        address = f"127.0.0.1:{watch.metrics_server.port}"
+        code = await asyncio.to_thread(main, ["status", "--metrics-addr", address, "--json"])
+        assert code == 0
+        status = json.loads(capsys.readouterr().out)
+        code = await asyncio.to_thread(main, ["status", "--metrics-addr", address])
+        assert code == 0
+        table = capsys.readouterr().out
+    finally:
+        watch.stop()
+        await asyncio.wait_for(task, 5)
+        await server.close()
+
+    assert status["stream"]["state"] == "connected"
+    assert status["stream"]["frames"] == 1 + 8 * 3 + 2 * 3
+    assert status["dry_run"] is False and status["directory"] is None
+    assert status["totals"] == {"sessions": 2, "busy": 1, "held": 1, "interventions": 2}
+    assert status["sessions"] == [
+        {
+            "session_id": "s1",
+            "directory": "/w",
+            "state": "held",
+            "run_calls": 8,
+            "interventions": 2,
+        },
+        {
+            "session_id": "s2",
+            "directory": "/v",
+            "state": "busy",
+            "run_calls": 2,
+            "interventions": 0,
+        },
+    ]
+    lines = table.splitlines()
+    assert lines[0] == f"monitor 0.1.0 watching {url}"
+    assert lines[1].startswith("stream: connected, 31 frames, last frame ")
+    assert lines[2] == "sessions followed: 2 (busy 1, held 1), interventions: 2"
+    assert lines[4:] == [
+        "SESSION  STATE  CALLS  INTERVENTIONS  DIRECTORY",
+        "s1       held       8              2  /w",
+        "s2       busy       2              0  /v",
+    ]
+
+
+def test_status_without_a_monitor_exits_69(capsys):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert main(["status", "--metrics-addr", f"127.0.0.1:{port}"]) == EX_UNAVAILABLE
+    err = capsys.readouterr().err
+    assert err.startswith(f"opencode-loop-monitor: no monitor answers on http://127.0.0.1:{port}/")
+    assert err.endswith("is `watch` running with this --metrics-addr?\n")
+
+
+def test_status_without_an_address_is_a_config_error(capsys):
+    assert main(["status"]) == EX_CONFIG
+    assert "metrics_addr: status asks the monitor" in capsys.readouterr().err

@@ -1,0 +1,157 @@
+"""Notifications: what a stand-in webhook receives, and that a failing one delays nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from structlog.testing import capture_logs
+
+from monitor.config import load_settings
+from monitor.kit.standin import FakeOpencode, play
+from monitor.shell.backoff import Backoff
+from monitor.shell.notify import Notifier
+from monitor.shell.watch import Watch
+from monitor.shell.webhook import Delivery
+from tests.test_watch_faults import FAST, events, loop_frames, wait_for
+
+QUICK = Delivery(attempts=3, timeout=0.5, backoff=Backoff(initial=0.01, cap=0.02))
+
+
+@dataclass
+class Hook:
+    """A stand-in chat webhook: answers `status` after `delay` seconds, records each post."""
+
+    status: int = 200
+    delay: float = 0.0
+    bodies: list[dict] = field(default_factory=list)
+    authorization: list[str | None] = field(default_factory=list)
+    answered_at: list[float] = field(default_factory=list)
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.bodies.append(await request.json())
+        self.authorization.append(request.headers.get("Authorization"))
+        await asyncio.sleep(self.delay)
+        self.answered_at.append(asyncio.get_running_loop().time())
+        return web.Response(status=self.status, text="ok")
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator:
+    servers: list[TestServer] = []
+
+    async def start(app: web.Application) -> str:
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.port}"
+
+    yield start
+    for server in servers:
+        await server.close()
+
+
+def hook_app(hook: Hook) -> web.Application:
+    app = web.Application()
+    app.router.add_post("/hooks/T0/B0", hook.handle)
+    return app
+
+
+async def run_until(watch: Watch, condition) -> None:
+    task = asyncio.create_task(watch.run())
+    try:
+        await wait_for(condition)
+    finally:
+        watch.stop()
+        assert await asyncio.wait_for(task, 5) == 0
+
+
+def watch_for(opencode: str, hook: str, delivery: Delivery = QUICK) -> Watch:
+    settings = load_settings(
+        {"url": opencode, "notify_url": hook + "/hooks/T0/B0", "max_interventions": "1"},
+        {"OPENCODE_SERVER_PASSWORD": "server-pw-77"},
+        isatty=False,
+    )
+    return Watch(settings, Notifier(None), dataclasses.replace(FAST, webhook=delivery))
+
+
+async def test_every_intervention_and_hold_is_posted(serve):
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 8))])
+    hook = Hook()
+    watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)))
+    await run_until(watch, lambda: len(hook.bodies) == 2)
+    first, second = sorted(hook.bodies, key=lambda body: body["interventions"])
+    common = {
+        "session_id": "s1",
+        "directory": "/w",
+        "rule": "cycle",
+        "tools": ["read"],
+        "cycle_length": 1,
+        "repetitions": 4,
+    }
+    assert first == {
+        **common,
+        "text": "opencode-loop-monitor: session s1 in /w looped (1 call: read, 4 times) and "
+        "was stopped; the model was told why and carries on",
+        "event": "intervention",
+        "interventions": 1,
+        "outcome": "aborted",
+    }
+    assert second == {
+        **common,
+        "text": "opencode-loop-monitor: session s1 in /w looped (1 call: read, 4 times) and "
+        "was stopped and put on hold: it waits for a person to read the feedback and go on",
+        "event": "hold",
+        "interventions": 2,
+        "outcome": "held",
+    }
+    # The OpenCode password is for OpenCode only.
+    assert hook.authorization == [None, None]
+
+
+async def test_a_failing_webhook_delays_no_intervention(serve):
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    hook = Hook(status=500, delay=0.3)
+    watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)))
+    with capture_logs() as logs:
+        await run_until(watch, lambda: events(logs, "webhook.failed"))
+    [abort], [prompt] = fake.of("abort"), fake.of("prompt_async")
+    # Abort and feedback were done before the webhook answered even once.
+    assert abort.at < prompt.at < hook.answered_at[0]
+    assert len(hook.bodies) == 3  # tried, then retried twice
+    [failed] = events(logs, "webhook.failed")
+    assert failed == {
+        "event": "webhook.failed",
+        "log_level": "warning",
+        "session_id": "s1",
+        "outcome": "aborted",
+        "attempts": 3,
+        "error": "500",
+    }
+
+
+async def test_a_refusing_webhook_is_not_retried(serve):
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    hook = Hook(status=400)
+    watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)))
+    with capture_logs() as logs:
+        await run_until(watch, lambda: events(logs, "webhook.failed"))
+    assert len(hook.bodies) == 1
+    assert events(logs, "webhook.failed")[0]["error"] == "400"
+
+
+async def test_a_hanging_webhook_times_out(serve):
+    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    hook = Hook(delay=30)
+    watch = watch_for(
+        await serve(fake.app()), await serve(hook_app(hook)), Delivery(attempts=1, timeout=0.2)
+    )
+    with capture_logs() as logs:
+        await run_until(watch, lambda: events(logs, "webhook.failed"))
+    assert fake.of("prompt_async")
+    assert events(logs, "webhook.failed")[0]["error"] in ("TimeoutError", "ServerTimeoutError")
