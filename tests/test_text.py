@@ -257,3 +257,15 @@ def test_corpus_trace_gets_its_label(path):
     assert match is not None
     assert found == ([] if match[1] == "legit" else [int(match[2])])
     assert (".text-loop." in path.name) == (match[1] != "legit")
+
+
+def test_the_recorded_stream_types_reasoning_and_text_parts():
+    tracker = Tracker()
+    recording = Path(__file__).resolve().parent / "recordings" / "text-reasoning-stream.event.sse"
+    with recording.open(encoding="utf-8") as lines:
+        [decision] = [d for data in iter_sse_data(lines) for d in tracker.feed_data(data).decisions]
+    # The reasoning says "Hmm, think." 4 times: allowed; the answer "The cat sat." 6 times.
+    assert decision.part_id == "prt_22c3312970012bDm5lsz20J1Jv"
+    assert "in your answer you wrote the same sentence 5 times" in decision.feedback
+    assert decision.call_index == 10  # "The cat sat. " x 5, then the next character, in 7s
+    assert tracker.chunks_after_detection == 2
