@@ -119,3 +119,16 @@ async def test_long_legitimate_answers_are_not_stopped(opencode_server, start_mo
         assert assistant_texts(messages) == [text], name  # streamed to its end
     await asyncio.sleep(0.3)
     assert monitor.events("loop.detected") == []
+
+
+async def test_dry_run_only_logs_a_text_loop(opencode_server, start_monitor, http):
+    monitor = await start_watching(start_monitor, opencode_server, "--dry-run")
+    client = opencode_server.client(http)
+    session = await client.create_session("dry run")
+    await client.prompt_async(session["id"], text_script(answer=PARAGRAPH, repeat=20))
+    messages = await client.wait_idle(session["id"], 60)
+    assert assistant_texts(messages) == [PARAGRAPH * 20]  # streamed to its end
+    assert len(user_texts(messages)) == 1
+    [detected] = monitor.events("loop.detected")
+    assert (detected["rule"], detected["outcome"]) == ("text_repeat", "dry_run")
+    assert detected["call_index"] == math.ceil((5 * len(PARAGRAPH) - 1) / CHUNK)
