@@ -18,7 +18,6 @@ The results are in docs/detection.md ("Text loops").
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -80,12 +79,13 @@ def parts(path: Path) -> Iterator[list[str]]:
 
 
 def chunk_at(deltas: list[str], offset: int) -> int:
+    """The delta that brings the text to `offset` characters (offsets never pass its end)."""
     total = 0
     for index, delta in enumerate(deltas, 1):
         total += len(delta)
         if total >= offset:
             return index
-    return math.inf  # type: ignore[return-value]
+    return len(deltas)
 
 
 def by_rule(deltas: list[str]) -> int | None:

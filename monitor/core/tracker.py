@@ -42,7 +42,7 @@ OnLoop = Literal["resume", "hold"]
 # than a few calls at once, so this bound only matters for a server that never finishes any.
 _MAX_IN_FLIGHT = 64
 # Text and reasoning parts streaming at once, over all sessions; the oldest is dropped first.
-# Each holds at most about 2 KB (monitor/core/rules/text.py), so this bounds the whole at ~8 MB.
+# Each holds at most about 3 KB (docs/performance.md), so all of them stay under 12 MB.
 MAX_STREAMING_PARTS = 4096
 
 
