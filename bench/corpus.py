@@ -16,15 +16,19 @@ from pathlib import Path
 from monitor.core.frames import iter_sse_data
 
 CAPTURES = Path(__file__).resolve().parents[1] / "tests" / "recordings"
+# The delta-heavy stream: the text-loop traces of the real server, where streamed text and
+# reasoning chunks (`message.part.delta`) are most of the frames.
+TEXT_TRACES = Path(__file__).resolve().parents[1] / "tests" / "corpus"
+CORPORA = {"tools": (CAPTURES, "*.sse"), "text": (TEXT_TRACES, "*.text-*.sse")}
 # Sessions running at once: replays interleaved frame by frame.
 CONCURRENT = 8
 _ID = re.compile(r"\b((?:ses|msg|prt)_[A-Za-z0-9]+)")
 
 
-def recordings(captures: Path = CAPTURES) -> list[list[str]]:
+def recordings(captures: Path = CAPTURES, pattern: str = "*.sse") -> list[list[str]]:
     """The data of every event of every recording, one list per recording."""
     out = []
-    for path in sorted(captures.glob("*.sse")):
+    for path in sorted(captures.glob(pattern)):
         with open(path, encoding="utf-8") as lines:
             out.append(list(iter_sse_data(lines)))
     return out
@@ -36,9 +40,9 @@ def _replays(recorded: list[list[str]]) -> Iterator[list[str]]:
             yield [_ID.sub(rf"\1x{n}", data) for data in frames]
 
 
-def frame_data(count: int, captures: Path = CAPTURES) -> list[str]:
+def frame_data(count: int, captures: Path = CAPTURES, pattern: str = "*.sse") -> list[str]:
     """`count` event payloads built from the recordings (deterministic)."""
-    replays = _replays(recordings(captures))
+    replays = _replays(recordings(captures, pattern))
     out: list[str] = []
     while len(out) < count:
         group = [next(replays) for _ in range(CONCURRENT)]

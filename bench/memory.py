@@ -1,6 +1,7 @@
 """Memory: what the tracker holds per session once every session has a full history.
 
     python -m bench.memory rss|tracemalloc [--sessions 10000] [--calls 32] [--arg-bytes 2048]
+    python -m bench.memory rss|tracemalloc --parts 4096
 
 Fills one `Tracker` (the daemon's default settings) with `sessions` sessions, each making
 `calls` different `write` calls whose arguments are about `arg-bytes` long, fed as the
@@ -8,6 +9,10 @@ decoded `running` and `completed` updates the server sends (no loop, so no histo
 cleared). Then it reports the growth per session: `rss` from /proc/self/statm, what the
 operating system sees, including allocator slack; `tracemalloc` the Python objects that
 stay allocated. Run each in a fresh process: tracemalloc inflates the resident size.
+
+With `--parts N` it measures text instead: N text parts streaming at once (the tracker holds
+at most `MAX_STREAMING_PARTS`), each fed a few hundred deltas of different sentences and then
+left in the middle of a long sentence, the most a part holds; the growth per part.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import tracemalloc
 from collections.abc import Callable
 
 from monitor.config import detection_of, load_settings
-from monitor.core.tracker import Tracker
+from monitor.core.tracker import MAX_STREAMING_PARTS, Tracker
 
 DIRECTORY = "/home/dev/project"
 
@@ -68,6 +73,54 @@ def fill(tracker: Tracker, sessions: int, calls: int, arg_bytes: int) -> None:
                     raise AssertionError("the benchmark's calls must not loop")
 
 
+def text_frames(session: str, part: str) -> tuple[dict, list[dict]]:
+    """A text part's first update, and deltas: 40 different sentences, then 500 characters
+    of a sentence that has not ended yet."""
+    props = {"sessionID": session, "messageID": f"msg_{session}", "partID": part}
+    start = {
+        "type": "message.part.updated",
+        "properties": {
+            "sessionID": session,
+            "part": {**props, "id": part, "type": "text", "text": "", "time": {"start": 1}},
+        },
+    }
+    text = "".join(f"Sentence {n} of part {part} says something new. " for n in range(40))
+    text += "and then a sentence that goes on " * 15
+    deltas = [
+        {"type": "message.part.delta", "properties": {**props, "field": "text", "delta": piece}}
+        for piece in (text[i : i + 12] for i in range(0, len(text), 12))
+    ]
+    return start, deltas
+
+
+def measure_parts(how: str, parts: int) -> dict:
+    if parts > MAX_STREAMING_PARTS:
+        raise SystemExit(f"parts must be at most {MAX_STREAMING_PARTS}")
+    settings = load_settings({"url": "http://unused"}, {}, isatty=False)
+    tracker = Tracker(detection_of(settings))
+    frames = [
+        text_frames(f"ses_{p:08d}memorybenchAAAAAA", f"prt_{p:08d}memorybenchAAAA")
+        for p in range(parts)
+    ]
+    gc.collect()
+    size: Callable[[], int] = resident_bytes
+    if how == "tracemalloc":
+        tracemalloc.start()
+
+        def size() -> int:
+            return tracemalloc.get_traced_memory()[0]
+
+    before = size()
+    for start, deltas in frames:
+        tracker.feed(start)
+        for frame in deltas:
+            if tracker.feed(frame).decisions:
+                raise AssertionError("the benchmark's text must not loop")
+    gc.collect()
+    grown = size() - before
+    return {"how": how, "parts": parts, "bytes_per_part": grown / parts}
+
+
 def measure(how: str, sessions: int, calls: int, arg_bytes: int) -> dict:
     settings = load_settings({"url": "http://unused"}, {}, isatty=False)
     tracker = Tracker(detection_of(settings))
@@ -101,8 +154,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sessions", type=int, default=10_000)
     parser.add_argument("--calls", type=int, default=32)
     parser.add_argument("--arg-bytes", type=int, default=2048)
+    parser.add_argument("--parts", type=int, default=0)
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.how, args.sessions, args.calls, args.arg_bytes)))
+    if args.parts:
+        print(json.dumps(measure_parts(args.how, args.parts)))
+    else:
+        print(json.dumps(measure(args.how, args.sessions, args.calls, args.arg_bytes)))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from bench.throughput import READERS
+from monitor.core.tracker import MAX_STREAMING_PARTS
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the real-server suite may leave its figure (see docs/performance.md).
@@ -30,6 +31,7 @@ OVERSHOOT_ENV = "BENCH_OVERSHOOT"
 OVERSHOOT_SOURCE = "run the real-server tests first (pytest -m real_server)"
 # Written by the real-server tests (tests/conftest.py, measure_overshoot).
 OVERSHOOT_FILE = Path(__file__).resolve().parents[1] / ".cache" / "overshoot.jsonl"
+TEXT_OVERSHOOT_FILE = OVERSHOOT_FILE.parent / "text-overshoot.jsonl"
 # Latency runs; the table shows the one with the median p99, so one burst of load elsewhere
 # on the machine does not decide the figure.
 LATENCY_RUNS = 3
@@ -69,10 +71,12 @@ def machine() -> dict[str, str]:
     }
 
 
-def throughput(frames: int, rounds: int, profile: bool) -> tuple[dict, str | None]:
+def throughput(
+    frames: int, rounds: int, profile: bool, corpus: str = "tools"
+) -> tuple[dict, str | None]:
     """Each reader's results, round by round; and the profile of one more pipeline run."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "bench.throughput", "serve", str(frames)],
+        [sys.executable, "-m", "bench.throughput", "serve", str(frames), "--corpus", corpus],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -127,6 +131,15 @@ def overshoot() -> tuple[str, str]:
     )
 
 
+def text_overshoot() -> str:
+    """What tests/test_real_text.py left behind: per text loop, the deltas the server stored
+    after the one the monitor decided on."""
+    if not TEXT_OVERSHOOT_FILE.is_file():
+        return "run pytest tests/test_real_text.py first"
+    records = [json.loads(line) for line in TEXT_OVERSHOOT_FILE.read_text().splitlines() if line]
+    return ", ".join(f"{r['past']} ({r['test']})" for r in records) or "none recorded"
+
+
 def table(rows: list[tuple[str, str, str, str]]) -> str:
     header = ("measure", "result", "goal", "met")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(4)]
@@ -150,6 +163,11 @@ def main(argv: list[str] | None = None) -> None:
     print("machine: " + ", ".join(f"{k} {v}" for k, v in machine().items()))
     print(f"throughput: {args.frames:,} frames x {args.rounds} rounds...", file=sys.stderr)
     runs, profiled = throughput(args.frames, args.rounds, args.profile)
+    print(
+        f"throughput, delta-heavy: {args.frames:,} frames x {args.rounds} rounds...",
+        file=sys.stderr,
+    )
+    text_runs, _ = throughput(args.frames, args.rounds, False, "text")
     print(f"latency: {LATENCY_RUNS} x {args.loops} loops...", file=sys.stderr)
     latencies = sorted(
         (python("bench.latency", "--loops", str(args.loops)) for _ in range(LATENCY_RUNS)),
@@ -159,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"memory: {args.sessions:,} sessions...", file=sys.stderr)
     rss = python("bench.memory", "rss", "--sessions", str(args.sessions))
     traced = python("bench.memory", "tracemalloc", "--sessions", str(args.sessions))
+    parts = python("bench.memory", "rss", "--parts", str(MAX_STREAMING_PARTS))
 
     rows = []
     for reader, label in (
@@ -185,7 +204,18 @@ def main(argv: list[str] | None = None) -> None:
                 ("yes" if wall_ratio >= 0.75 else "NO") if goal else "",
             )
         )
+    text_ratio, text_low, text_high = ratio(text_runs, "watch", "fps")
+    rows.append(
+        (
+            "delta-heavy stream: watch (text rules on) / baseline",
+            f"{text_ratio:.2f} (rounds {text_low:.2f}-{text_high:.2f}; by CPU time "
+            f"{ratio(text_runs, 'watch', 'cpu_fps')[0]:.2f})",
+            ">= 1.0",
+            "yes" if text_ratio >= 1.0 else "NO",
+        )
+    )
     per_session = rss["bytes_per_session"]
+    per_part = parts["bytes_per_part"]
     rows += [
         ("abort latency p50 (median run)", f"{latency['p50_ms']:.2f} ms", "", ""),
         (
@@ -204,6 +234,13 @@ def main(argv: list[str] | None = None) -> None:
         ),
         ("memory per session, tracemalloc", f"{traced['bytes_per_session']:,.0f} B", "", ""),
         ("overshoot on the real server", overshoot()[0], "0", overshoot()[1]),
+        (
+            f"memory per streaming text part, RSS ({parts['parts']:,} parts)",
+            f"{per_part:,.0f} B",
+            "< 16 KB",
+            "yes" if per_part < 16 * 1024 else "NO",
+        ),
+        ("text loops: deltas streamed past detection, real server", text_overshoot(), "", ""),
     ]
     print(table(rows))
     print(f"load average at the end: {machine()['load']}")

@@ -2,7 +2,7 @@
 
 Two commands, each its own process so the server and the reader never share a core:
 
-    python -m bench.throughput serve FRAMES      # prints its URL, streams until killed
+    python -m bench.throughput serve FRAMES [--corpus tools|text]  # prints its URL, streams
     python -m bench.throughput read READER URL   # reads one stream, prints one JSON line
 
 Readers, from least to most work per frame:
@@ -34,7 +34,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from bench.corpus import frame_data, sse_bytes
+from bench.corpus import CORPORA, frame_data, sse_bytes
 from monitor.config import Settings, detection_of, load_settings
 from monitor.core.tracker import Tracker
 from monitor.shell.notify import Notifier
@@ -55,8 +55,8 @@ def bench_settings(url: str, dry_run: bool = True) -> Settings:
 # -- the server --------------------------------------------------------------------------
 
 
-def serve(count: int) -> None:
-    data = frame_data(count)
+def serve(count: int, corpus: str = "tools") -> None:
+    data = frame_data(count, *CORPORA[corpus])
     payload = sse_bytes(data)
     # What the daemon should decide on these frames, for the `watch` reader to check against.
     tracker = Tracker(detection_of(bench_settings("http://unused")))
@@ -250,13 +250,14 @@ def main(argv: list[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve")
     serve_parser.add_argument("frames", type=int)
+    serve_parser.add_argument("--corpus", choices=tuple(CORPORA), default="tools")
     read_parser = commands.add_parser("read")
     read_parser.add_argument("reader", choices=READERS)
     read_parser.add_argument("url")
     read_parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        serve(args.frames)
+        serve(args.frames, args.corpus)
     else:
         json.dump(read(args.reader, args.url, args.profile), sys.stdout)
         print()

@@ -149,6 +149,18 @@ def _integer(low: int, high: int | None = None) -> Parse:
     return parse
 
 
+def _count_or_off(low: int) -> Parse:
+    """An integer of at least `low`, or 0 for a check that is off."""
+
+    def parse(raw: object) -> int:
+        value = _as_int(raw)
+        if value is None or (value != 0 and value < low):
+            raise ValueError(f"expected 0 (off) or an integer >= {low}, got {_show(raw)}")
+        return value
+
+    return parse
+
+
 def _choice(options: tuple[str, ...]) -> Parse:
     def parse(raw: object) -> str:
         if isinstance(raw, str) and raw.strip().lower() in options:
@@ -336,6 +348,24 @@ SETTINGS: tuple[Setting, ...] = (
         repeatable=True,
     ),
     Setting(
+        "text_repeats",
+        _count_or_off(2),
+        5,
+        "back-to-back repetitions of a sentence or passage in one streamed answer or "
+        "reasoning block that make a text loop (0: off)",
+        Group.DETECTION,
+        metavar="N",
+    ),
+    Setting(
+        "text_steps",
+        _count_or_off(2),
+        8,
+        "successive steps of one run with the same whole answer (or reasoning) that make a "
+        "text loop (0: off)",
+        Group.DETECTION,
+        metavar="N",
+    ),
+    Setting(
         "dry_run",
         _boolean,
         False,
@@ -426,6 +456,8 @@ class Settings:
     match: MatchMode
     ignore_tool: frozenset[str]
     ignore_arg: Mapping[str, frozenset[str]]  # tool -> argument keys dropped before comparing
+    text_repeats: int
+    text_steps: int
     dry_run: bool
     on_loop: OnLoop
     max_interventions: int
@@ -618,4 +650,6 @@ def detection_of(settings: Settings) -> Detection:
         ignore_args=settings.ignore_arg,
         on_loop=settings.on_loop,
         max_interventions=settings.max_interventions,
+        text_repeats=settings.text_repeats,
+        text_steps=settings.text_steps,
     )

@@ -64,6 +64,8 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "match": "input",
         "ignore_tool": frozenset(),
         "ignore_arg": {},
+        "text_repeats": 5,
+        "text_steps": 8,
         "dry_run": False,
         "on_loop": "resume",
         "max_interventions": 2,
@@ -170,6 +172,9 @@ PARSED = [
     ("metrics_addr", "0.0.0.0:0", ListenAddress("0.0.0.0", 0)),
     ("metrics_addr", "[::1]:65535", ListenAddress("::1", 65535)),
     ("record", "/var/lib/monitor/frames.jsonl", Path("/var/lib/monitor/frames.jsonl")),
+    ("text_repeats", "0", 0),
+    ("text_repeats", "12", 12),
+    ("text_steps", "2", 2),
 ]
 
 
@@ -230,6 +235,10 @@ def test_log_format_auto_follows_the_terminal(
         (
             "max_perod = 4",
             "max_perod in {path}: unknown key (did you mean max_period?)",
+        ),
+        (
+            "text_repeats = 1",
+            "text_repeats in {path}: expected 0 (off) or an integer >= 2, got 1",
         ),
         ("config = 'other.toml'", "config in {path}: unknown key"),
         ("[detection]\nmax_period = 4", "detection in {path}: unknown key"),

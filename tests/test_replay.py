@@ -93,6 +93,7 @@ def replay(
 def detected(file: str, session: str, part: str, position: int, length: int, tools: list[str]):
     return {
         "event": "loop.detected",
+        "rule": "cycle",
         "file": file,
         "session_id": session,
         "part_id": part,
@@ -541,3 +542,16 @@ def test_a_large_file_streams_in_bounded_memory(tmp_path: Path) -> None:
     # A few MB whatever the file's size: nothing is kept per frame.
     assert peak < 2_000_000, f"peak {peak / 1e6:.1f} MB for a {size / 1e6:.0f} MB file"
     print(f"\n{size / 1e6:.0f} MB, {count} frames: {elapsed:.1f} s, peak {peak / 1e6:.2f} MB")
+
+
+def test_replay_reports_text_loops_by_rule():
+    trace = Path(__file__).resolve().parent / "corpus" / "one-line-repeated.text-loop.sse"
+    run = replay(str(trace))
+    [line] = run.detections
+    assert (line["rule"], line["position"], line["cycle_length"], line["repetitions"]) == (
+        "text_repeat",
+        29,
+        1,
+        5,
+    )
+    assert line["tools"] == [] and run.status == 0

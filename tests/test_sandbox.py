@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -318,3 +319,28 @@ def test_without_npm_the_install_fails_clearly(
 def test_the_default_cache_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert default_cache_dir() == tmp_path / "opencode-loop-monitor"
+
+
+async def test_model_streams_reasoning_then_text_in_chunks_with_a_pause(
+    scripted_model: ScriptedModel, http: aiohttp.ClientSession
+) -> None:
+    prompt = script([READ], 0, answer="ab", repeat=3, reasoning="xyz", chunk=4, chunk_delay=0.05)
+    body = {"model": "looper", "stream": True, "tools": [{"type": "function"}]}
+    started = time.monotonic()
+    chunks = await sse_data(http, scripted_model.url, body | {"messages": [user(prompt)]})
+    took = time.monotonic() - started
+    deltas = [chunk["choices"][0]["delta"] for chunk in chunks]
+    assert deltas == [
+        {"role": "assistant", "reasoning_content": "xyz"},
+        {"content": "abab"},
+        {"content": "ab"},
+        {},
+    ]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert took >= 3 * 0.05  # a pause before every frame but the first
+
+
+def test_say_and_think_come_with_every_tool_call() -> None:
+    script_ = find_script(script([READ], 2, say="Next.", think="Hm."))
+    assert script_ is not None
+    assert decide(script_, [user("s")]) == ToolCall("call_0", *READ, "Next.", "Hm.")

@@ -455,6 +455,8 @@ async def test_started_log_lists_the_detection_settings():
         "on_loop": "resume",
         "max_interventions": 2,
         "max_sessions": 10_000,
+        "text_repeats": 5,
+        "text_steps": 8,
     }
 
 

@@ -28,6 +28,33 @@ class ToolPart:
 
 
 @dataclass(frozen=True, slots=True)
+class TextPart:
+    """An update of a text or reasoning part (`kind`). A part the model writes has `started`
+    from its first (empty) update on and `ended` on its final one, which carries the whole
+    text; a user's prompt is a text part too, but has neither."""
+
+    session_id: str
+    part_id: str
+    kind: str
+    text: str
+    started: bool
+    ended: bool
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PartDelta:
+    """One streamed chunk of a part (`message.part.delta`): text and reasoning parts alike
+    stream their `text` field this way; the part's kind came with its first update."""
+
+    session_id: str
+    part_id: str
+    field: str
+    delta: str
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSeen:
     """A session event that tells us the session's directory (created, updated, busy)."""
 
@@ -55,7 +82,7 @@ class Malformed:
     reason: str
 
 
-Event = ToolPart | SessionSeen | SessionIdle | SessionDeleted
+Event = ToolPart | TextPart | PartDelta | SessionSeen | SessionIdle | SessionDeleted
 
 # Event types OpenCode sends on `/event` and inside `/global/event` envelopes. Anything else
 # is counted as "other": the label set stays this size whatever the server sends.
@@ -165,9 +192,12 @@ def _object(obj: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
-def _part_updated(props: dict[str, Any], directory: str | None) -> ToolPart | None:
+def _part_updated(props: dict[str, Any], directory: str | None) -> ToolPart | TextPart | None:
     part = _object(props, "part")
-    if part.get("type") != "tool":
+    kind = part.get("type")
+    if kind in _TEXT_KINDS:
+        return _text_part(part, kind, directory)
+    if kind != "tool":
         return None
     state = _object(part, "state")
     return ToolPart(
@@ -179,6 +209,36 @@ def _part_updated(props: dict[str, Any], directory: str | None) -> ToolPart | No
         output=state.get("output"),
         error=state.get("error"),
         directory=directory,
+    )
+
+
+_TEXT_KINDS = frozenset({"text", "reasoning"})
+
+
+def _text_part(part: dict[str, Any], kind: str, directory: str | None) -> TextPart:
+    text = part.get("text", "")
+    if not isinstance(text, str):
+        raise _Mistyped("text is not a string")
+    time = part.get("time")
+    if not isinstance(time, dict):
+        time = {}
+    return TextPart(
+        _text(part, "sessionID"),
+        _text(part, "id"),
+        kind,
+        text,
+        started=time.get("start") is not None,
+        ended=time.get("end") is not None,
+        directory=directory,
+    )
+
+
+def _part_delta(props: dict[str, Any], directory: str | None) -> PartDelta:
+    delta = props.get("delta")
+    if not isinstance(delta, str):
+        raise _Mistyped("delta is not a string")
+    return PartDelta(
+        _text(props, "sessionID"), _text(props, "partID"), _text(props, "field"), delta, directory
     )
 
 
@@ -205,6 +265,7 @@ def _session_deleted(props: dict[str, Any], directory: str | None) -> SessionDel
 
 _PARSERS = {
     "message.part.updated": _part_updated,
+    "message.part.delta": _part_delta,
     "session.created": _session_info,
     "session.updated": _session_info,
     "session.status": _session_status,

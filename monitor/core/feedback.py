@@ -31,8 +31,40 @@ def feedback_text(cycle: Cycle, tools: tuple[str, ...], hold: bool, intervention
         "and what information you need.",
     ]
     if hold:
-        lines.append(
-            f"This session has now been stopped {interventions} times for looping, so it is "
-            "on hold until a person replies. Do not call tools until then."
-        )
+        lines.append(_hold_note(interventions))
+    return "\n\n".join(lines)
+
+
+def _hold_note(interventions: int) -> str:
+    return (
+        f"This session has now been stopped {interventions} times for looping, so it is "
+        "on hold until a person replies. Do not call tools until then."
+    )
+
+
+def describe_repetition(units: int, repetitions: int) -> str:
+    """`the same sentence 12 times`; `the same passage of 3 sentences 5 times`."""
+    what = "sentence" if units == 1 else f"passage of {units} sentences"
+    return f"the same {what} {repetitions} times"
+
+
+def text_feedback_text(
+    kind: str, units: int, repetitions: int, steps: bool, hold: bool, interventions: int
+) -> str:
+    """The feedback after a text loop: `kind` is "text" or "reasoning"; `steps` when the
+    same whole text came at successive steps (`repetitions` of them) rather than inside one
+    part. Names what happened without quoting it."""
+    where = "your reasoning" if kind == "reasoning" else "your answer"
+    if steps:
+        what = f"{where} was the same at {repetitions} successive steps of this run"
+    else:
+        what = f"in {where} you wrote {describe_repetition(units, repetitions)} in a row"
+    lines = [
+        f"{MARK}your run was stopped because it was repeating itself: {what}.",
+        "Do not write it again. State once what you have established so far, then either "
+        "take a different next step based on it, or explain briefly why you are blocked "
+        "and what information you need.",
+    ]
+    if hold:
+        lines.append(_hold_note(interventions))
     return "\n\n".join(lines)

@@ -21,16 +21,19 @@ from monitor.core.events import (
     MALFORMED,
     OTHER,
     Malformed,
+    PartDelta,
     SessionDeleted,
     SessionIdle,
     SessionSeen,
+    TextPart,
     ToolPart,
     parse_event,
 )
-from monitor.core.feedback import feedback_text
+from monitor.core.feedback import feedback_text, text_feedback_text
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.guard import LoopGuard, RecentMap
 from monitor.core.rules.cycle import Cycle
+from monitor.core.rules.text import StepRepeats, TextStream, text_digest
 
 MatchMode = Literal["input", "input+output"]
 OnLoop = Literal["resume", "hold"]
@@ -38,6 +41,9 @@ OnLoop = Literal["resume", "hold"]
 # Parts of one session that started but have not finished yet; a model step rarely runs more
 # than a few calls at once, so this bound only matters for a server that never finishes any.
 _MAX_IN_FLIGHT = 64
+# Text and reasoning parts streaming at once, over all sessions; the oldest is dropped first.
+# Each holds at most about 3 KB (docs/performance.md), so all of them stay under 12 MB.
+MAX_STREAMING_PARTS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +80,9 @@ class Detection:
     on_loop: OnLoop = "resume"
     max_interventions: int = 2
     max_sessions: int = 10_000
+    # Text loops (monitor/core/rules/text.py); 0 turns a check off.
+    text_repeats: int = 5  # back-to-back repetitions of a passage inside one part
+    text_steps: int = 8  # successive steps of a run with the same whole text
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +128,15 @@ class _Seeding:
 
 
 class _Session:
-    __slots__ = ("directory", "interventions", "calls", "run_start", "intervened_part", "in_flight")
+    __slots__ = (
+        "directory",
+        "interventions",
+        "calls",
+        "run_start",
+        "intervened_part",
+        "in_flight",
+        "steps",
+    )
 
     def __init__(self) -> None:
         self.directory: str | None = None
@@ -134,6 +151,8 @@ class _Session:
         # Part ids recorded at `running` whose final update has not come yet: their later
         # updates must not be recorded a second time. None until needed, to stay small.
         self.in_flight: dict[str, None] | None = None
+        # The current run's finished text and reasoning parts, by kind. None until needed.
+        self.steps: dict[str, StepRepeats] | None = None
 
 
 class Tracker:
@@ -161,6 +180,11 @@ class Tracker:
         self.malformed: Counter[str] = Counter()
         # Sessions taken in since the start (one forgotten and seen again counts twice).
         self.sessions_seen = 0
+        # Text and reasoning parts being streamed, by part id, in the order they started.
+        self._streams: dict[str, TextStream] = {}
+        # Deltas that reached parts after a text loop was found in them, counted when each
+        # such part ends: what stopping a text loop late costs.
+        self.chunks_after_detection = 0
 
     def feed_data(self, data: str) -> Fed:
         """Take the data of one SSE event, as read from the stream or a recording."""
@@ -258,6 +282,7 @@ class Tracker:
         if session is not None:
             session.in_flight = None
             session.run_start = session.calls
+            session.steps = None
 
     def sessions_view(self) -> list[SessionView]:
         """A read-only copy of what is known about every session held, oldest first."""
@@ -291,8 +316,14 @@ class Tracker:
             return self._malformed(label, event.reason)
         if self.only_session is not None and event.session_id != self.only_session:
             return _QUIET[label]
+        if isinstance(event, PartDelta):  # the most frequent frames: first
+            decision = self._delta(event)
+            return _QUIET[label] if decision is None else Fed((decision,), label)
         if isinstance(event, ToolPart):
             decision = self._tool_part(event, seeding)
+            return _QUIET[label] if decision is None else Fed((decision,), label)
+        if isinstance(event, TextPart):
+            decision = self._text_part(event)
             return _QUIET[label] if decision is None else Fed((decision,), label)
         if isinstance(event, SessionIdle):
             self._seen(event.session_id, event.directory)
@@ -374,17 +405,84 @@ class Tracker:
             return {"input": args, "error": part.error}
         return {"input": args, "output": part.output}
 
+    def _delta(self, event: PartDelta) -> Intervene | None:
+        if not self.detection.text_repeats or event.field != "text":
+            return None
+        stream = self._streams.get(event.part_id)
+        if stream is None:
+            # Its first update was missed (we connected mid-part): judge it from here on.
+            stream = self._stream(event.part_id, "text")
+        found = stream.feed(event.delta)
+        if found is None:
+            return None
+        cycle = Cycle(found.units, found.repetitions)
+        return self._intervene_text(event, stream.kind, cycle, found.chunk, steps=False)
+
+    def _stream(self, part_id: str, kind: str) -> TextStream:
+        streams = self._streams
+        if len(streams) >= MAX_STREAMING_PARTS:
+            del streams[next(iter(streams))]
+        stream = streams[part_id] = TextStream(kind, self.detection.text_repeats)
+        return stream
+
+    def _text_part(self, part: TextPart) -> Intervene | None:
+        if not part.ended:
+            if part.started and self.detection.text_repeats and part.part_id not in self._streams:
+                self._stream(part.part_id, part.kind)
+            return None
+        stream = self._streams.pop(part.part_id, None)
+        if stream is not None and stream.found is not None:
+            self.chunks_after_detection += stream.chunks - stream.found.chunk
+        digest = text_digest(part.text) if self.detection.text_steps else None
+        if digest is None:
+            return None
+        session = self._seen(part.session_id, part.directory)
+        if session.steps is None:
+            session.steps = {}
+        repeated = session.steps.setdefault(part.kind, StepRepeats()).see(digest)
+        if repeated < self.detection.text_steps:
+            return None
+        return self._intervene_text(part, part.kind, Cycle(1, repeated), session.calls, steps=True)
+
+    def _intervene_text(
+        self, event: PartDelta | TextPart, kind: str, cycle: Cycle, index: int, steps: bool
+    ) -> Intervene:
+        session = self._seen(event.session_id, event.directory)
+        session.steps = None  # the model gets a fresh start, as after a tool loop
+        prior, hold, escalated = self._escalation(session)
+        return Intervene(
+            rule="text_steps" if steps else "text_repeat",
+            session_id=event.session_id,
+            directory=session.directory or self._default_directory,
+            cycle=cycle,
+            tools=(),
+            part_id=event.part_id,
+            call_index=index,
+            prior_interventions=prior,
+            hold=hold,
+            escalated=escalated,
+            feedback=text_feedback_text(
+                kind, cycle.length, cycle.repetitions, steps, hold, prior + 1
+            ),
+        )
+
+    def _escalation(self, session: _Session) -> tuple[int, bool, bool]:
+        """Count one more intervention: the earlier ones, whether to hold, and whether that
+        is because there were too many."""
+        prior = session.interventions
+        session.interventions += 1
+        detection = self.detection
+        escalated = detection.on_loop == "resume" and prior >= detection.max_interventions
+        hold = escalated or detection.on_loop == "hold"
+        return prior, hold, escalated
+
     def _intervene(self, session: _Session, part: ToolPart, cycle: Cycle) -> Intervene:
         tools = self._guard.tools(part.session_id, cycle.length)
         # Later updates of the parts already recorded must not fire again, so the history
         # starts over; the in-flight set stays to keep recognising those parts.
         self._guard.clear(part.session_id)
-        prior = session.interventions
-        session.interventions += 1
         session.intervened_part = part.part_id
-        detection = self.detection
-        escalated = detection.on_loop == "resume" and prior >= detection.max_interventions
-        hold = escalated or detection.on_loop == "hold"
+        prior, hold, escalated = self._escalation(session)
         return Intervene(
             rule="cycle",
             session_id=part.session_id,

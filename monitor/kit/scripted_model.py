@@ -13,6 +13,13 @@ one model serves any number of sessions and needs no per-test setup:
 - ``after_feedback``: what to do once a later user message (a monitor's feedback) arrived:
   ``"answer"`` replies with the answer text, ``"loop"`` runs the pattern again from its
   start, counting tool results after that last user message.
+- ``repeat``: the answer is its text this many times over (a model stuck repeating itself).
+- ``reasoning``, ``reasoning_repeat``: reasoning streamed before the answer, as
+  ``delta.reasoning_content`` (what ``@ai-sdk/openai-compatible`` makes reasoning parts of).
+- ``say``, ``think``: text and reasoning streamed before each tool call, so every step of a
+  run carries the same assistant text.
+- ``chunk``, ``chunk_delay``: stream text and reasoning in deltas of ``chunk`` characters,
+  ``chunk_delay`` seconds apart (0: each in one delta), as a model generating tokens does.
 
 Requests that carry no script or no tools (OpenCode's title generation) get a short text.
 """
@@ -43,6 +50,13 @@ def script(
     delay: float = 0.0,
     answer: str = DEFAULT_ANSWER,
     after_feedback: AfterFeedback = "answer",
+    repeat: int = 1,
+    reasoning: str = "",
+    reasoning_repeat: int = 1,
+    say: str = "",
+    think: str = "",
+    chunk: int = 0,
+    chunk_delay: float = 0.0,
 ) -> str:
     """The prompt text that makes the scripted model follow this script."""
     body: dict[str, Any] = {
@@ -55,6 +69,17 @@ def script(
         body["answer"] = answer
     if after_feedback != "answer":
         body["after_feedback"] = after_feedback
+    # Only what differs from the defaults, so older scripts read the same.
+    optional = {
+        "repeat": (repeat, 1),
+        "reasoning": (reasoning, ""),
+        "reasoning_repeat": (reasoning_repeat, 1),
+        "say": (say, ""),
+        "think": (think, ""),
+        "chunk": (chunk, 0),
+        "chunk_delay": (chunk_delay, 0.0),
+    }
+    body.update({key: value for key, (value, default) in optional.items() if value != default})
     return json.dumps(body)
 
 
@@ -65,6 +90,13 @@ class Script:
     delay: float = 0.0
     answer: str = DEFAULT_ANSWER
     after_feedback: AfterFeedback = "answer"
+    repeat: int = 1
+    reasoning: str = ""
+    reasoning_repeat: int = 1
+    say: str = ""
+    think: str = ""
+    chunk: int = 0
+    chunk_delay: float = 0.0
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
@@ -78,6 +110,13 @@ class Script:
             delay=float(data.get("delay", 0.0)),
             answer=str(data.get("answer", DEFAULT_ANSWER)),
             after_feedback=after_feedback,
+            repeat=int(data.get("repeat", 1)),
+            reasoning=str(data.get("reasoning", "")),
+            reasoning_repeat=int(data.get("reasoning_repeat", 1)),
+            say=str(data.get("say", "")),
+            think=str(data.get("think", "")),
+            chunk=int(data.get("chunk", 0)),
+            chunk_delay=float(data.get("chunk_delay", 0.0)),
         )
 
 
@@ -86,11 +125,14 @@ class ToolCall:
     call_id: str
     tool: str
     args: dict[str, Any]
+    text: str = ""  # streamed before the call
+    reasoning: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Text:
     text: str
+    reasoning: str = ""
 
 
 Reply = ToolCall | Text
@@ -169,9 +211,9 @@ def decide(script_: Script, messages: Sequence[Mapping[str, Any]]) -> Reply:
     # user message is how far this run of the pattern has got.
     done = sum(1 for message in after_last_user if message.get("role") == "tool")
     if done >= script_.calls:
-        return Text(script_.answer)
+        return Text(script_.answer * script_.repeat, script_.reasoning * script_.reasoning_repeat)
     tool, args = script_.pattern[done % len(script_.pattern)]
-    return ToolCall(call_id=f"call_{done}", tool=tool, args=args)
+    return ToolCall(f"call_{done}", tool, args, script_.say, script_.think)
 
 
 def _chunk(
@@ -187,9 +229,22 @@ def _chunk(
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
-def _stream_chunks(reply: Reply, model: str) -> list[bytes]:
-    """The SSE frames of one streamed answer, ending with ``[DONE]``."""
+def _pieces(text: str, size: int) -> list[str]:
+    if not text:
+        return []
+    if size <= 0:
+        return [text]
+    return [text[start : start + size] for start in range(0, len(text), size)]
+
+
+def _stream_chunks(reply: Reply, model: str, size: int = 0) -> list[bytes]:
+    """The SSE frames of one streamed answer, ending with ``[DONE]``: reasoning, then text
+    (each in pieces of `size` characters), then the tool call if any."""
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
+    deltas: list[dict[str, Any]] = [
+        {"reasoning_content": piece} for piece in _pieces(reply.reasoning, size)
+    ]
+    deltas += [{"content": piece} for piece in _pieces(reply.text, size)]
     if isinstance(reply, ToolCall):
         call = {
             "index": 0,
@@ -197,13 +252,15 @@ def _stream_chunks(reply: Reply, model: str) -> list[bytes]:
             "type": "function",
             "function": {"name": reply.tool, "arguments": json.dumps(reply.args)},
         }
-        delta: dict[str, Any] = {"role": "assistant", "tool_calls": [call]}
+        deltas.append({"tool_calls": [call]})
         finish_reason = "tool_calls"
     else:
-        delta = {"role": "assistant", "content": reply.text}
         finish_reason = "stop"
+    if not deltas:
+        deltas.append({"content": ""})
+    deltas[0] = {"role": "assistant", **deltas[0]}
     return [
-        _chunk(completion_id, model, delta, None),
+        *(_chunk(completion_id, model, delta, None) for delta in deltas),
         _chunk(completion_id, model, {}, finish_reason),
         b"data: [DONE]\n\n",
     ]
@@ -281,7 +338,9 @@ class ScriptedModel:
         )
         if script_ is not None and script_.delay:
             await asyncio.sleep(script_.delay)
-        return await _stream(request, _stream_chunks(reply, str(body.get("model", "looper"))))
+        size, gap = (script_.chunk, script_.chunk_delay) if script_ is not None else (0, 0.0)
+        frames = _stream_chunks(reply, str(body.get("model", "looper")), size)
+        return await _stream(request, frames, gap)
 
 
 def _first_script_text(users: Sequence[str]) -> str:
@@ -292,13 +351,17 @@ def _first_script_text(users: Sequence[str]) -> str:
     return users[0] if users else ""
 
 
-async def _stream(request: web.Request, frames: list[bytes]) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, frames: list[bytes], gap: float = 0.0
+) -> web.StreamResponse:
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     try:
         await response.prepare(request)
-        for frame in frames:
+        for index, frame in enumerate(frames):
+            if gap and index:
+                await asyncio.sleep(gap)
             await response.write(frame)
         await response.write_eof()
     except ConnectionResetError:
