@@ -91,7 +91,7 @@ async def test_counters_appear_with_exact_values(metrics, server):
         f'{P}frames_total{{event_type="server.heartbeat"}} 1.0',
         f"{P}malformed_frames_total 1.0",
         f"{P}stream_reconnects_total 1.0",
-        f'{P}loops_detected_total{{cycle_length="2"}} 1.0',
+        f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 1.0',
         f'{P}interventions_total{{outcome="aborted"}} 1.0',
         f'{P}interventions_total{{outcome="dry_run"}} 2.0',
     } <= lines
@@ -143,7 +143,7 @@ async def test_no_session_id_in_any_label(state, metrics, server):
         for sample in family.samples
         for name in sample.labels
     }
-    assert labels == {"event_type", "cycle_length", "outcome"}
+    assert labels == {"event_type", "cycle_length", "outcome", "rule"}
     assert "ses_1" not in text
     assert all(family.name.startswith(P) for family in text_string_to_metric_families(text))
 
@@ -213,8 +213,8 @@ async def test_instances_keep_their_own_registries(state, metrics):
     metrics.loop(2)
     other.loop(2)
     other.loop(2)
-    assert f'{P}loops_detected_total{{cycle_length="2"}} 1.0' in metrics.exposition().decode()
-    assert f'{P}loops_detected_total{{cycle_length="2"}} 2.0' in other.exposition().decode()
+    assert f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 1.0' in metrics.exposition().decode()
+    assert f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 2.0' in other.exposition().decode()
 
 
 @pytest.mark.parametrize(

@@ -94,6 +94,7 @@ def replay(
 def detected(file: str, session: str, part: str, position: int, length: int, tools: list[str]):
     return {
         "event": "loop.detected",
+        "rule": "cycle",
         "file": file,
         "session_id": session,
         "part_id": part,

@@ -422,7 +422,7 @@ async def test_metrics_scraped_from_a_running_monitor():
     await stop(*running)
     lines = set(text.splitlines())
     prefix = "opencode_loop_monitor_"
-    assert f'{prefix}loops_detected_total{{cycle_length="1"}} 1.0' in lines
+    assert f'{prefix}loops_detected_total{{cycle_length="1",rule="cycle"}} 1.0' in lines
     assert f'{prefix}interventions_total{{outcome="aborted"}} 1.0' in lines
     assert f"{prefix}malformed_frames_total 1.0" in lines
     assert f'{prefix}frames_total{{event_type="message.part.updated"}} 18.0' in lines

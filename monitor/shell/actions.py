@@ -74,6 +74,7 @@ class Interventions:
         started = time.monotonic()
         outcome, error = await self._abort(decision)
         fields = dict(
+            rule=decision.rule,
             session_id=decision.session_id,
             directory=decision.directory,
             part_id=decision.part_id,

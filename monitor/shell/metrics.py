@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from monitor.core.events import KNOWN_EVENT_TYPES, MALFORMED, OTHER
+from monitor.core.tracker import RULES
 from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
@@ -87,8 +88,8 @@ class Metrics:
         )
         self._loops = Counter(
             PREFIX + "loops_detected",
-            "Tool-call loops detected, by cycle length in tool calls.",
-            ["cycle_length"],
+            "Tool-call loops detected, by cycle length in tool calls and by rule.",
+            ["cycle_length", "rule"],
             registry=registry,
         )
         self._interventions = Counter(
@@ -128,9 +129,9 @@ class Metrics:
     def reconnect(self) -> None:
         self._reconnects.inc()
 
-    def loop(self, cycle_length: int) -> None:
-        # Bounded by the max_period setting (1 to 10).
-        self._loops.labels(str(cycle_length)).inc()
+    def loop(self, cycle_length: int, rule: str = "cycle") -> None:
+        # Bounded by the max_period setting (1 to 10) and by the rule names.
+        self._loops.labels(str(cycle_length), rule if rule in RULES else OTHER).inc()
 
     def intervention(self, outcome: str) -> None:
         self._interventions.labels(outcome if outcome in OUTCOMES else OTHER).inc()

@@ -97,6 +97,7 @@ def detection_record(file: str, decision: Intervene) -> dict[str, Any]:
     """The output line of one detection; never the tool arguments or outputs."""
     return {
         "event": "loop.detected",
+        "rule": decision.rule,
         "file": file,
         "session_id": decision.session_id,
         "part_id": decision.part_id,
