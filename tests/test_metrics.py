@@ -213,8 +213,14 @@ async def test_instances_keep_their_own_registries(state, metrics):
     metrics.loop(2)
     other.loop(2)
     other.loop(2)
-    assert f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 1.0' in metrics.exposition().decode()
-    assert f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 2.0' in other.exposition().decode()
+    assert (
+        f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 1.0'
+        in metrics.exposition().decode()
+    )
+    assert (
+        f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 2.0'
+        in other.exposition().decode()
+    )
 
 
 @pytest.mark.parametrize(

@@ -121,7 +121,7 @@ TRACES: dict[str, tuple[str, list[tuple[str, dict]]]] = {
         [SETUP] + [read(f"{name}.txt") for name in "abcdefghijkl"],
     ),
     "retry-between-todo-updates": (
-        "loop at 7",
+        "loop at 4",
         [item for step in range(1, 6) for item in (todo(step), read("missing.md"))],
     ),
 }

@@ -38,9 +38,7 @@ def normalize(text: str) -> str:
     return _SPACE.sub(" ", _VOLATILE.sub("#", text)).strip()
 
 
-def failure_digest(
-    tool: str, status: str, output: Any, error: Any, metadata: Any
-) -> int | None:
+def failure_digest(tool: str, status: str, output: Any, error: Any, metadata: Any) -> int | None:
     """A digest of how a finished call failed, or None when it did not fail."""
     if status == "error":
         text = error if isinstance(error, str) else repr(error)
