@@ -445,7 +445,7 @@ async def test_started_log_lists_the_detection_settings():
         "log_level": "info",
         "directory": None,
         "dry_run": False,
-        "max_period": 4,
+        "max_period": 10,
         "repeats": 3,
         "history": 32,
         "match": "input",
@@ -454,6 +454,9 @@ async def test_started_log_lists_the_detection_settings():
         "on_loop": "resume",
         "max_interventions": 2,
         "max_sessions": 10_000,
+        "failure_repeats": 4,
+        "wait_calls": 20,
+        "profile": "opencode",
     }
 
 
