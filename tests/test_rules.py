@@ -276,3 +276,12 @@ def test_a_running_part_read_back_gives_its_outcome_live():
     assert tracker.seed("s", seeded) == []
     [decision] = feed_all(tracker, bash_call("p3", "ls 3", "no such dir", 2)[2:])
     assert (decision.rule, decision.call_index, decision.part_id) == ("failure", 4, "p3")
+
+
+def test_misses_of_different_files_are_different_failures():
+    frames = []
+    for n in range(6):
+        frames += failing_read(f"p{n}", f"file-{n}.md", f"File not found: /home/p/file-{n}.md")
+    assert decisions(frames) == []
+    assert normalize("src/a.c:42:5: error: x") == "src/a.c:#:#: error: x"
+    assert normalize("app.py line 7") == "app.py line #"

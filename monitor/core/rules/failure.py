@@ -6,7 +6,7 @@ answering with the same error. A call fails when its state is `error`, or when i
 with a non-zero `metadata.exit` (bash ends `completed` also when the command fails). Two
 failures are the same when the tool, the exit status and the error text agree once volatile
 bits are normalized: numbers (line numbers, counters, timestamps, pids), long hex ids and
-temporary paths.
+temporary paths; other paths and file names are kept, as they say what failed.
 
 Successful calls never feed this rule, they end the run: output equality is not a sign of a
 loop (silence, exit 0 with empty output, repeats in long runs of strong models all the time).
@@ -23,7 +23,10 @@ from monitor.core.signature import signature_digest
 # cost per call must not grow with the output.
 _EDGE = 2048
 _VOLATILE = re.compile(
-    r"(?:/tmp|/var/folders|/private/var)/\S*"  # temporary paths
+    r"(?P<temp>(?:/tmp|/var/folders|/private/var)/\S*)"  # temporary paths
+    # Other paths and file names are what failed: `file-3.md` and `file-4.md` are two
+    # different misses, not one repeated.
+    r"|(?P<path>[\w.~-]*/[\w./~-]*|\b[\w-]+\.[A-Za-z]\w*\b)"
     r"|\b[0-9a-f]{8,}\b"  # hashes, ids
     r"|\d+",  # line numbers, counters, timestamps, durations
     re.IGNORECASE,
@@ -31,11 +34,16 @@ _VOLATILE = re.compile(
 _SPACE = re.compile(r"\s+")
 
 
+def _mask(match: re.Match[str]) -> str:
+    path = match.group("path")
+    return "#" if path is None else path
+
+
 def normalize(text: str) -> str:
     """The error text with its volatile bits replaced, whitespace collapsed."""
     if len(text) > 2 * _EDGE:
         text = text[:_EDGE] + "\n...\n" + text[-_EDGE:]
-    return _SPACE.sub(" ", _VOLATILE.sub("#", text)).strip()
+    return _SPACE.sub(" ", _VOLATILE.sub(_mask, text)).strip()
 
 
 def failure_digest(tool: str, status: str, output: Any, error: Any, metadata: Any) -> int | None:
