@@ -110,7 +110,7 @@ def test_outcomes_of_calls_stopped_by_an_abort_are_not_taken():
 
 def test_normalize_keeps_the_words_and_drops_volatile_bits():
     assert normalize("line 12:  error at 2026-11-30T10:00:01 in /tmp/abc123/x.py") == (
-        "line #: error at #-#-#T#:#:# in #"
+        "line #: error at #-#-#T#:#:# in /tmp/#/x.py"
     )
     assert normalize("commit deadbeefcafe failed") == "commit # failed"
 
@@ -285,3 +285,10 @@ def test_misses_of_different_files_are_different_failures():
     assert decisions(frames) == []
     assert normalize("src/a.c:42:5: error: x") == "src/a.c:#:#: error: x"
     assert normalize("app.py line 7") == "app.py line #"
+
+
+def test_temporary_folders_are_masked_but_the_file_is_kept():
+    assert normalize("File not found: /tmp/sandbox-x1/project/file-3.md") == (
+        "File not found: /tmp/#/project/file-3.md"
+    )
+    assert normalize('File "/tmp/tmp8f3a/run.py", line 4') == 'File "/tmp/#/run.py", line #'

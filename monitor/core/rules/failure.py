@@ -23,7 +23,8 @@ from monitor.core.signature import signature_digest
 # cost per call must not grow with the output.
 _EDGE = 2048
 _VOLATILE = re.compile(
-    r"(?P<temp>(?:/tmp|/var/folders|/private/var)/\S*)"  # temporary paths
+    # The random folder of a temporary path (the rest of the path still says what failed).
+    r"(?P<temp>(?:/tmp|/var/tmp|(?:/private)?/var/folders/[^/\s]+/[^/\s]+/T)/[^/\s]*)"
     # Other paths and file names are what failed: `file-3.md` and `file-4.md` are two
     # different misses, not one repeated.
     r"|(?P<path>[\w.~-]*/[\w./~-]*|\b[\w-]+\.[A-Za-z]\w*\b)"
@@ -35,6 +36,8 @@ _SPACE = re.compile(r"\s+")
 
 
 def _mask(match: re.Match[str]) -> str:
+    if match.group("temp") is not None:
+        return match.group("temp").rsplit("/", 1)[0] + "/#"
     path = match.group("path")
     return "#" if path is None else path
 
