@@ -168,3 +168,12 @@ def test_seed_rules_ignore_failures_and_labels():
     for n in range(6):
         frames += call("s", f"p{n}", "bash", {"command": f"ls x{n}", "description": "d"})
     assert feed_all(Tracker(SEED), frames) == []
+
+
+def test_evaluate_command(capsys):
+    from monitor.cli import main
+
+    assert main(["evaluate", str(CORPUS)]) == 0
+    assert capsys.readouterr().out == EXPECTED
+    assert main(["evaluate", "--rules", "seed", str(CORPUS)]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == SEED_TOTAL

@@ -271,3 +271,15 @@ def test_known_event_types_include_what_the_tracker_reads():
 )
 def test_readiness(connected, last_frame_at, now, expected):
     assert readiness(connected, last_frame_at, now, LIMIT) == expected
+
+
+async def test_loops_are_counted_by_rule_with_a_bounded_label(metrics, server):
+    metrics.loop(1, "failure")
+    metrics.loop(1, "wait")
+    metrics.loop(1, "made-up")
+    lines = await scrape(server)
+    assert {
+        f'{P}loops_detected_total{{cycle_length="1",rule="failure"}} 1.0',
+        f'{P}loops_detected_total{{cycle_length="1",rule="wait"}} 1.0',
+        f'{P}loops_detected_total{{cycle_length="1",rule="other"}} 1.0',
+    } <= lines

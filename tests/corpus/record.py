@@ -3,7 +3,8 @@
 Each trace is one session of a real, isolated `opencode serve` driven by the scripted model
 (monitor/kit), its `/event` stream written as the server sent it, after a first comment line
 with its label (`: expect loop at N` or `: expect legit`, see monitor/core/evaluate.py).
-Paths are rewritten to /home/dev/project as in ../shared/opencode/captures. Run it again only
+Paths are rewritten to /home/dev/project as in ../shared/opencode/captures. Set OPENCODE_BIN to
+the installed opencode (as for the real-server tests). Run it again only
 to refresh the recordings; the corpus test reads the files.
 """
 
