@@ -113,6 +113,28 @@ def _run_replay(settings: Settings, args: argparse.Namespace) -> int:
     return run_replay(settings, args.files, fail_on_detect=args.fail_on_detect)
 
 
+EVALUATE_DESCRIPTION = """\
+Replays labelled traces with the detection flags below and prints, for each trace, its label
+and the first loop the rules found (rule and call position), then a table per rule: loops
+caught at the labelled call, caught early or late, false alarms, and where. A trace is an
+event-stream recording whose first line is `: expect loop at N` (stop at the session's N-th
+call) or `: expect legit`; a DIR stands for its *.sse files. See docs/detection.md."""
+
+EVALUATE_EPILOG = """\
+exit status: 0 every loop caught at its labelled call and no false alarm, 1 otherwise, 2 a
+trace could not be read or has no label, 78 configuration error, 130 interrupted."""
+
+
+def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="DIR", help="labelled trace, or a folder")
+
+
+def _run_evaluate(settings: Settings, args: argparse.Namespace) -> int:
+    from monitor.shell.evaluate import run_evaluate
+
+    return run_evaluate(settings, args.paths)
+
+
 DEMO_DESCRIPTION = """\
 Shows the monitor stopping a loop on a real server, with no internet and no API key: finds
 opencode (or installs opencode-ai from npm into --cache-dir), starts it isolated on
@@ -220,6 +242,15 @@ COMMANDS: tuple[Command, ...] = (
         REPLAY_DESCRIPTION,
         REPLAY_EPILOG,
         _replay_arguments,
+    ),
+    Command(
+        "evaluate",
+        "score the rules on labelled traces",
+        _run_evaluate,
+        frozenset({Group.DETECTION}),
+        EVALUATE_DESCRIPTION,
+        EVALUATE_EPILOG,
+        _evaluate_arguments,
     ),
     Command(
         "demo",

@@ -18,12 +18,13 @@ import enum
 import json
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit
 
-from monitor.core.tracker import Detection, MatchMode, OnLoop
+from monitor.core.profile import Profile
+from monitor.core.tracker import SEED, Detection, MatchMode, OnLoop
 from monitor.errors import ConfigError
 
 ENV_PREFIX = "OPENCODE_LOOP_MONITOR_"
@@ -299,7 +300,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "max_period",
         _integer(1, 10),
-        4,
+        10,
         "longest cycle, in tool calls, that is detected (1 to 10)",
         Group.DETECTION,
         metavar="N",
@@ -316,7 +317,41 @@ SETTINGS: tuple[Setting, ...] = (
         "history",
         _integer(4),
         32,
-        "tool calls remembered per session (at least 4 and at least max_period * repeats)",
+        "tool calls the rules see per session (at least 4, max_period * repeats and wait_calls)",
+        Group.DETECTION,
+        metavar="N",
+    ),
+    Setting(
+        "rules",
+        _choice(("opencode", "seed")),
+        "opencode",
+        "opencode: every rule with the tool profile; seed: exactly the original rules (exact "
+        "arguments, periods 1-4 repeated 3 times, one call on its 4th, nothing else)",
+        Group.DETECTION,
+        metavar="opencode|seed",
+    ),
+    Setting(
+        "profile",
+        _choice(get_args(Profile)),
+        "opencode",
+        "opencode leaves label arguments (bash.description, ...) out of comparisons and "
+        "makes bookkeeping tools (todowrite) transparent; none compares everything",
+        Group.DETECTION,
+        metavar="|".join(get_args(Profile)),
+    ),
+    Setting(
+        "failure_repeats",
+        _integer(0),
+        4,
+        "the same failure this many times in a row is a loop, whatever the arguments (0: off)",
+        Group.DETECTION,
+        metavar="N",
+    ),
+    Setting(
+        "wait_calls",
+        _integer(0),
+        20,
+        "calls a loop that waits (sleeps, watches, is answered in progress) may run (0: none)",
         Group.DETECTION,
         metavar="N",
     ),
@@ -453,6 +488,10 @@ class Settings:
     max_period: int
     repeats: int
     history: int
+    rules: str
+    profile: Profile
+    failure_repeats: int
+    wait_calls: int
     match: MatchMode
     ignore_tool: frozenset[str]
     ignore_arg: Mapping[str, frozenset[str]]  # tool -> argument keys dropped before comparing
@@ -509,6 +548,7 @@ def load_settings(
     }
     values = {name: _parse(SETTINGS_BY_NAME[name], raw) for name, raw in raws.items()}
     _check_history(values, raws)
+    _check_rules(raws)
     if values["log_format"] == "auto":
         values["log_format"] = "console" if isatty else "json"
     username, password = _credentials(values["password_file"], raws["password_file"].label, environ)
@@ -610,6 +650,35 @@ def _check_history(values: Mapping[str, Any], raws: Mapping[str, _Raw]) -> None:
             f"({raws['max_period'].label}) * repeats {values['repeats']} "
             f"({raws['repeats'].label}) = {need}"
         )
+    if values["history"] < values["wait_calls"]:
+        raise ConfigError(
+            f"history in {raws['history'].label}: must be at least wait_calls so a waiting loop "
+            f"can be counted; history {values['history']} < wait_calls {values['wait_calls']} "
+            f"({raws['wait_calls'].label})"
+        )
+
+
+# What `rules = seed` fixes: setting any of these as well would not give the seed's behaviour.
+_SEED_FIXED = (
+    "max_period",
+    "repeats",
+    "profile",
+    "failure_repeats",
+    "wait_calls",
+    "text_repeats",
+    "text_steps",
+)
+
+
+def _check_rules(raws: Mapping[str, _Raw]) -> None:
+    if _parse(SETTINGS_BY_NAME["rules"], raws["rules"]) != "seed":
+        return
+    for name in _SEED_FIXED:
+        if raws[name].label != "default":
+            raise ConfigError(
+                f"{name} in {raws[name].label}: cannot be combined with rules = seed "
+                f"({raws['rules'].label}), which fixes it"
+            )
 
 
 def _credentials(
@@ -640,7 +709,17 @@ def _read_password(path: Path, label: str) -> str:
 
 
 def detection_of(settings: Settings) -> Detection:
-    """The core's detection settings, as `watch`, `attach` and `replay` all judge."""
+    """The core's detection settings, as `watch`, `attach`, `replay` and `evaluate` judge."""
+    if settings.rules == "seed":
+        return replace(
+            SEED,
+            history=settings.history,
+            match=settings.match,
+            ignore_tools=settings.ignore_tool,
+            ignore_args=settings.ignore_arg,
+            on_loop=settings.on_loop,
+            max_interventions=settings.max_interventions,
+        )
     return Detection(
         max_period=settings.max_period,
         repeats=settings.repeats,
@@ -650,6 +729,9 @@ def detection_of(settings: Settings) -> Detection:
         ignore_args=settings.ignore_arg,
         on_loop=settings.on_loop,
         max_interventions=settings.max_interventions,
+        failure_repeats=settings.failure_repeats,
+        wait_calls=settings.wait_calls,
+        profile=settings.profile,
         text_repeats=settings.text_repeats,
         text_steps=settings.text_steps,
     )

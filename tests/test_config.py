@@ -58,9 +58,13 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "url": "http://127.0.0.1:4096",
         "directory": None,
         "password_file": None,
-        "max_period": 4,
+        "max_period": 10,
         "repeats": 3,
         "history": 32,
+        "rules": "opencode",
+        "profile": "opencode",
+        "failure_repeats": 4,
+        "wait_calls": 20,
         "match": "input",
         "ignore_tool": frozenset(),
         "ignore_arg": {},
@@ -100,7 +104,7 @@ PRECEDENCE = [
     ("dry_run", None, None, "dry_run = true", "file"),
 ]
 WINNERS = {
-    "max_period": {"flag": 5, "env": 6, "file": 7, "default": 4},
+    "max_period": {"flag": 5, "env": 6, "file": 7, "default": 10},
     "ignore_tool": {
         "flag": frozenset({"a"}),
         "env": frozenset({"b", "c"}),
@@ -276,9 +280,14 @@ def test_file_that_is_not_utf8(tmp_path: Path) -> None:
     ("sources", "expected"),
     [
         (
-            {"flags": {"history": "8"}},
+            {"flags": {"history": "8", "max_period": "4"}},
             "history in --history: must be at least max_period * repeats so a whole loop fits; "
-            "history 8 < max_period 4 (default) * repeats 3 (default) = 12",
+            "history 8 < max_period 4 (--max-period) * repeats 3 (default) = 12",
+        ),
+        (
+            {"flags": {"history": "12", "max_period": "4"}},
+            "history in --history: must be at least wait_calls so a waiting loop can be "
+            "counted; history 12 < wait_calls 20 (default)",
         ),
         (
             {
@@ -298,7 +307,8 @@ def test_history_must_hold_a_whole_loop(
 
 
 def test_history_exactly_max_period_times_repeats_is_enough(tmp_path: Path) -> None:
-    assert load(tmp_path, flags={"history": "12"}).history == 12
+    flags = {"history": "12", "max_period": "4", "wait_calls": "12"}
+    assert load(tmp_path, flags=flags).history == 12
 
 
 # --- credentials -------------------------------------------------------------------------
@@ -449,9 +459,9 @@ def test_toml_values_must_have_the_documented_type(
 def test_variables_stay_text(tmp_path: Path) -> None:
     settings = load(
         tmp_path,
-        env={"OPENCODE_LOOP_MONITOR_REPEATS": "4", "OPENCODE_LOOP_MONITOR_DRY_RUN": "yes"},
+        env={"OPENCODE_LOOP_MONITOR_REPEATS": "2", "OPENCODE_LOOP_MONITOR_DRY_RUN": "yes"},
     )
-    assert (settings.repeats, settings.dry_run) == (4, True)
+    assert (settings.repeats, settings.dry_run) == (2, True)
 
 
 def test_unknown_variables_are_named_with_a_guess() -> None:

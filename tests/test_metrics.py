@@ -93,7 +93,7 @@ async def test_counters_appear_with_exact_values(metrics, server):
         f'{P}frames_total{{event_type="server.heartbeat"}} 1.0',
         f"{P}malformed_frames_total 1.0",
         f"{P}stream_reconnects_total 1.0",
-        f'{P}loops_detected_total{{cycle_length="2"}} 1.0',
+        f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 1.0',
         f'{P}interventions_total{{outcome="aborted"}} 1.0',
         f"{P}dry_run_loops_left_running_total 2.0",
     } <= lines
@@ -148,7 +148,7 @@ async def test_no_session_id_in_any_label(state, metrics, server):
         for sample in family.samples
         for name in sample.labels
     }
-    assert labels == {"event_type", "cycle_length", "outcome", "version", "python_version"}
+    assert labels == {"event_type", "cycle_length", "outcome", "rule", "version", "python_version"}
     assert "ses_1" not in text
     assert all(
         family.name.startswith((P, "process_")) for family in text_string_to_metric_families(text)
@@ -209,8 +209,14 @@ async def test_instances_keep_their_own_registries(state, metrics):
     metrics.loop(2)
     other.loop(2)
     other.loop(2)
-    assert f'{P}loops_detected_total{{cycle_length="2"}} 1.0' in metrics.exposition().decode()
-    assert f'{P}loops_detected_total{{cycle_length="2"}} 2.0' in other.exposition().decode()
+    assert (
+        f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 1.0'
+        in metrics.exposition().decode()
+    )
+    assert (
+        f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 2.0'
+        in other.exposition().decode()
+    )
 
 
 @pytest.mark.parametrize(
@@ -292,10 +298,22 @@ async def test_openmetrics_and_gzip_when_the_scraper_asks(metrics, server):
             assert response.headers["Content-Type"].startswith("application/openmetrics-text")
             text = await response.text()
         assert text.endswith("# EOF\n")
-        assert f'{P}loops_detected_total{{cycle_length="2"}} 1.0' in text
+        assert f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 1.0' in text
         async with http.get(url, headers={"Accept-Encoding": "gzip"}) as response:
             assert response.headers["Content-Encoding"] == "gzip"
             plain = gzip.decompress(await response.read()).decode()
-        assert f'{P}loops_detected_total{{cycle_length="2"}} 1.0' in plain
+        assert f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 1.0' in plain
         async with http.get(url, headers={"Accept-Encoding": "identity"}) as response:
             assert "Content-Encoding" not in response.headers
+
+
+async def test_loops_are_counted_by_rule_with_a_bounded_label(metrics, server):
+    metrics.loop(1, "failure")
+    metrics.loop(1, "wait")
+    metrics.loop(1, "made-up")
+    lines = await scrape(server)
+    assert {
+        f'{P}loops_detected_total{{cycle_length="1",rule="failure"}} 1.0',
+        f'{P}loops_detected_total{{cycle_length="1",rule="wait"}} 1.0',
+        f'{P}loops_detected_total{{cycle_length="1",rule="other"}} 1.0',
+    } <= lines

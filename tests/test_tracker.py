@@ -1,7 +1,9 @@
+from dataclasses import replace
+
 import pytest
 
 from monitor.core.rules.cycle import Cycle
-from monitor.core.tracker import Detection, Fed, Intervene, Tracker
+from monitor.core.tracker import SEED, Detection, Fed, Intervene, Tracker
 from tests.captures import capture_frames
 from tests.frames_factory import (
     READ,
@@ -301,8 +303,8 @@ def test_ignore_args():
     frames = []
     for n in range(4):
         frames += call("s", f"p{n}", "bash", {"command": "make", "description": f"try {n}"})
-    assert feed_all(Tracker(), frames) == []
-    tracker = Tracker(Detection(ignore_args={"bash": frozenset({"description"})}))
+    assert feed_all(Tracker(SEED), frames) == []
+    tracker = Tracker(replace(SEED, ignore_args={"bash": frozenset({"description"})}))
     assert [d.call_index for d in feed_all(tracker, frames)] == [4]
 
 

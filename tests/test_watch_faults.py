@@ -423,7 +423,7 @@ async def test_metrics_scraped_from_a_running_monitor():
     await stop(*running)
     lines = set(text.splitlines())
     prefix = "opencode_loop_monitor_"
-    assert f'{prefix}loops_detected_total{{cycle_length="1"}} 1.0' in lines
+    assert f'{prefix}loops_detected_total{{cycle_length="1",rule="cycle"}} 1.0' in lines
     assert f'{prefix}interventions_total{{outcome="aborted"}} 1.0' in lines
     assert f"{prefix}malformed_frames_total 1.0" in lines
     assert f'{prefix}frames_total{{event_type="message.part.updated"}} 18.0' in lines
@@ -446,7 +446,7 @@ async def test_started_log_lists_the_detection_settings():
         "log_level": "info",
         "directory": None,
         "dry_run": False,
-        "max_period": 4,
+        "max_period": 10,
         "repeats": 3,
         "history": 32,
         "match": "input",
@@ -455,6 +455,9 @@ async def test_started_log_lists_the_detection_settings():
         "on_loop": "resume",
         "max_interventions": 2,
         "max_sessions": 10_000,
+        "failure_repeats": 4,
+        "wait_calls": 20,
+        "profile": "opencode",
         "text_repeats": 5,
         "text_steps": 8,
     }

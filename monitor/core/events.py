@@ -25,6 +25,8 @@ class ToolPart:
     output: Any
     error: Any
     directory: str | None
+    # `state.metadata`: bash puts its exit status there (`exit`), see `rules/failure.py`.
+    metadata: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +211,7 @@ def _part_updated(props: dict[str, Any], directory: str | None) -> ToolPart | Te
         output=state.get("output"),
         error=state.get("error"),
         directory=directory,
+        metadata=state.get("metadata"),
     )
 
 

@@ -20,11 +20,35 @@ def describe_cycle(cycle: Cycle, tools: tuple[str, ...]) -> str:
     return f"{calls} ({', '.join(tools)}) repeated {cycle.repetitions} times"
 
 
-def feedback_text(cycle: Cycle, tools: tuple[str, ...], hold: bool, interventions: int) -> str:
+def describe_failure(cycle: Cycle, tools: tuple[str, ...]) -> str:
+    """`the same error 4 times in a row (bash)`."""
+    return f"the same error {cycle.repetitions} times in a row ({', '.join(tools)})"
+
+
+def _finding(rule: str, cycle: Cycle, tools: tuple[str, ...]) -> str:
+    """What the rule saw, in the words the model reads."""
+    if rule == "failure":
+        return (
+            "a repeated failure was detected and your run was stopped at this call: "
+            f"{describe_failure(cycle, tools)}, whatever the arguments."
+        )
+    if rule == "wait":
+        return (
+            "a wait that does not end was detected and your run was stopped at this call: "
+            f"{describe_cycle(cycle, tools)} while waiting, with the same arguments."
+        )
+    return (
+        "a repeated tool-call cycle was detected and your run was stopped at this "
+        f"call: {describe_cycle(cycle, tools)} with the same arguments."
+    )
+
+
+def feedback_text(
+    cycle: Cycle, tools: tuple[str, ...], hold: bool, interventions: int, rule: str = "cycle"
+) -> str:
     """The feedback for one intervention; `interventions` counts this one too."""
     lines = [
-        f"{MARK}a repeated tool-call cycle was detected and your run was stopped at this "
-        f"call: {describe_cycle(cycle, tools)} with the same arguments.",
+        MARK + _finding(rule, cycle, tools),
         "Do not retry the same sequence unchanged. Compare what you expected each earlier "
         "attempt to do with what it actually returned. Then either take a materially "
         "different action based on that new evidence, or explain briefly why you are blocked "

@@ -93,13 +93,30 @@ class LoopGuard:
 
     def record(self, session_id: str, tool: str, args: Any) -> Cycle | None:
         """Add a call to the session's history; return the cycle it completes, if any."""
+        return self.record_digest(
+            session_id, tool, signature_digest(canonical_signature(tool, args))
+        )
+
+    def record_digest(self, session_id: str, tool: str, digest: int) -> Cycle | None:
+        """`record` for a call whose signature digest is already known.
+
+        The whole history is what the rule sees: `max_history` bounds the repetitions it can
+        count (a waiting loop's budget must fit in it).
+        """
         history = self._sessions.touch(session_id, _History)
-        history.digests.append(signature_digest(canonical_signature(tool, args)))
+        history.digests.append(digest)
         history.tools.append(sys.intern(tool))
         if len(history.digests) > self.max_history:
             del history.digests[0]
             del history.tools[0]
-        return detect_cycle(history.digests, self.max_period, self.repeats, self.min_calls)
+        return detect_cycle(
+            history.digests, self.max_period, self.repeats, self.min_calls, self.max_history
+        )
+
+    def block(self, session_id: str, count: int) -> tuple[int, ...]:
+        """Digests of the session's last `count` calls, oldest first."""
+        history = self._sessions.get(session_id)
+        return tuple(history.digests[-count:]) if history is not None and count else ()
 
     def tools(self, session_id: str, count: int) -> tuple[str, ...]:
         """Tool names of the session's last `count` calls, oldest first."""

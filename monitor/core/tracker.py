@@ -32,8 +32,12 @@ from monitor.core.events import (
 from monitor.core.feedback import feedback_text, text_feedback_text
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.guard import LoopGuard, RecentMap
+from monitor.core.profile import Profile, ignored_args, transparent_tools
 from monitor.core.rules.cycle import Cycle
+from monitor.core.rules.failure import FailureRun, failure_digest
 from monitor.core.rules.text import StepRepeats, TextStream, text_digest
+from monitor.core.rules.waiting import answers_in_progress, waits_by_command
+from monitor.core.signature import canonical_signature, signature_digest
 
 MatchMode = Literal["input", "input+output"]
 OnLoop = Literal["resume", "hold"]
@@ -44,6 +48,11 @@ _MAX_IN_FLIGHT = 64
 # Text and reasoning parts streaming at once, over all sessions; the oldest is dropped first.
 # Each holds at most about 3 KB (docs/performance.md), so all of them stay under 12 MB.
 MAX_STREAMING_PARTS = 4096
+# Distinct waiting calls remembered per run; a run rarely waits on more than a few things.
+_MAX_WAITING = 16
+
+# Every rule's name, as decisions, logs, the metric label and `evaluate` carry it.
+RULES = ("cycle", "failure", "wait", "text_repeat", "text_steps")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +78,16 @@ class Intervene:
 
 @dataclass(frozen=True, slots=True)
 class Detection:
-    """What counts as a loop and what to do about it; the tracker's settings."""
+    """What counts as a loop and what to do about it; the tracker's settings.
 
-    max_period: int = 4
+    `failure_repeats` (0: off) identical failures in a row are a loop (rule `failure`); a cycle
+    holding a waiting call is one only after `wait_calls` calls (rule `wait`; 0: no allowance);
+    `profile` says which arguments and tools are noise (monitor/core/profile.py). `history`
+    is what the rules see: it bounds the repetitions counted, so it must hold `wait_calls`.
+    The defaults are measured, see docs/detection.md; `SEED` is the original rule set.
+    """
+
+    max_period: int = 10
     repeats: int = 3
     history: int = 32
     match: MatchMode = "input"
@@ -83,6 +99,16 @@ class Detection:
     # Text loops (monitor/core/rules/text.py); 0 turns a check off.
     text_repeats: int = 5  # back-to-back repetitions of a passage inside one part
     text_steps: int = 8  # successive steps of a run with the same whole text
+    failure_repeats: int = 4
+    wait_calls: int = 20
+    profile: Profile = "opencode"
+
+
+# Exactly the seed's behaviour: exact arguments, periods 1-4 repeated 3 times, a single call
+# on its 4th, nothing else. `dataclasses.replace` it to keep other settings.
+SEED = Detection(
+    max_period=4, failure_repeats=0, wait_calls=0, profile="none", text_repeats=0, text_steps=0
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +162,8 @@ class _Session:
         "intervened_part",
         "in_flight",
         "steps",
+        "failures",
+        "waiting",
     )
 
     def __init__(self) -> None:
@@ -149,10 +177,22 @@ class _Session:
         # act on it a second time (the feedback may not be stored yet when we read back).
         self.intervened_part: str | None = None
         # Part ids recorded at `running` whose final update has not come yet: their later
-        # updates must not be recorded a second time. None until needed, to stay small.
-        self.in_flight: dict[str, None] | None = None
+        # updates must not be recorded a second time. The value says whether the part's
+        # outcome was already taken (a part read back finished, or one a decision stopped).
+        # None until needed, to stay small.
+        self.in_flight: dict[str, bool] | None = None
+        # The run of identical failures (rule `failure`); None until a call fails.
+        self.failures: FailureRun | None = None
+        # Digests of the run's calls that wait (rule `wait`); None until one does.
+        self.waiting: dict[int, None] | None = None
         # The current run's finished text and reasoning parts, by kind. None until needed.
         self.steps: dict[str, StepRepeats] | None = None
+
+    def reset_rules(self) -> None:
+        """A new run, or a run stopped: the rules' own state starts over."""
+        self.failures = None
+        self.waiting = None
+        self.steps = None
 
 
 class Tracker:
@@ -165,13 +205,18 @@ class Tracker:
         only_session: str | None = None,
     ) -> None:
         self.detection = detection
+        if detection.history < detection.wait_calls:
+            raise ValueError(
+                f"history ({detection.history}) must hold wait_calls ({detection.wait_calls})"
+            )
         self._guard = LoopGuard(
             max_history=detection.history,
             max_sessions=detection.max_sessions,
             max_period=detection.max_period,
             repeats=detection.repeats,
         )
-        self._ignore_args = dict(detection.ignore_args or {})
+        self._ignore_args = ignored_args(detection.profile, detection.ignore_args)
+        self._transparent = transparent_tools(detection.profile, detection.ignore_tools)
         self._record_at_running = detection.match == "input"
         self._default_directory = directory
         self._sessions: RecentMap[str, _Session] = RecentMap(detection.max_sessions)
@@ -224,6 +269,7 @@ class Tracker:
         session.interventions = max(session.interventions, interventions)
         self._guard.clear(session_id)
         session.in_flight = None
+        session.reset_rules()
         session.calls = session.run_start
         seeding = _Seeding()
         decisions: list[Intervene] = []
@@ -281,8 +327,8 @@ class Tracker:
         session = self._sessions.get(session_id)
         if session is not None:
             session.in_flight = None
+            session.reset_rules()
             session.run_start = session.calls
-            session.steps = None
 
     def sessions_view(self) -> list[SessionView]:
         """A read-only copy of what is known about every session held, oldest first."""
@@ -348,51 +394,107 @@ class Tracker:
         return session
 
     def _tool_part(self, part: ToolPart, seeding: _Seeding | None) -> Intervene | None:
-        if part.tool in self.detection.ignore_tools:
+        if part.tool in self._transparent:
             return None
         session = self._seen(part.session_id, part.directory)
-        if not self._first_full_update(session, part):
-            return None
-        session.calls += 1
-        if seeding is not None:
-            # The shell connects the stream before it reads the messages back, so nothing
-            # that happens in between is lost; an update made in that gap then reaches us
-            # twice, in the messages and on the stream, and must count once. So every part
-            # read back is held in flight, also a finished one: its later updates on the
-            # stream are dropped as live. A part still `pending` (no input yet) is not
-            # recorded here (`_first_full_update`): its `running` on the stream will be.
-            _hold_in_flight(session, part.part_id)
-            if seeding.decided:
-                # A run that looped several times before we came is stopped once, at the
-                # first call where `watch` would have stopped it; later calls are counted
-                # (positions stay call numbers) but not recorded.
-                return None
-            if part.part_id == session.intervened_part:
-                # The run read back is the one we just stopped, its feedback not stored yet:
-                # the same loop must not be acted on twice.
-                self._guard.clear(part.session_id)
-                seeding.decided = True
-                return None
-        cycle = self._guard.record(part.session_id, part.tool, self._call_args(part))
-        if cycle is None:
-            return None
-        return self._intervene(session, part, cycle)
+        record, outcome = self._update_kind(session, part)
+        if record:
+            session.calls += 1
+            if seeding is not None:
+                # The shell connects the stream before it reads the messages back, so nothing
+                # that happens in between is lost; an update made in that gap then reaches us
+                # twice, in the messages and on the stream, and must count once. So every part
+                # read back is held in flight, also a finished one: its later updates on the
+                # stream are dropped as live. A part still `pending` (no input yet) is not
+                # recorded here (`_update_kind`): its `running` on the stream will be.
+                _hold_in_flight(session, part.part_id, outcome)
+                if seeding.decided:
+                    # A run that looped several times before we came is stopped once, at the
+                    # first call where `watch` would have stopped it; later calls are counted
+                    # (positions stay call numbers) but not recorded.
+                    return None
+                if part.part_id == session.intervened_part:
+                    # The run read back is the one we just stopped, its feedback not stored
+                    # yet: the same loop must not be acted on twice.
+                    self._guard.clear(part.session_id)
+                    session.reset_rules()
+                    seeding.decided = True
+                    return None
+            args = self._call_args(part)
+            digest = signature_digest(canonical_signature(part.tool, args))
+            if outcome:
+                self._note_waiting(session, part, digest)
+            decision = self._record(session, part, args, digest)
+            if decision is not None:
+                return decision
+        elif outcome:
+            self._note_waiting(session, part, None)
+        return self._failure(session, part) if outcome else None
 
-    def _first_full_update(self, session: _Session, part: ToolPart) -> bool:
-        """True on the update at which a call is recorded; each part is recorded once."""
+    def _update_kind(self, session: _Session, part: ToolPart) -> tuple[bool, bool]:
+        """Whether this update records a call, and whether it brings the call's outcome.
+
+        Each part is recorded once and its outcome taken once.
+        """
         finished = part.status in ("completed", "error")
         in_flight = session.in_flight
         if finished and in_flight is not None and part.part_id in in_flight:
-            del in_flight[part.part_id]
-            return False
+            taken = in_flight.pop(part.part_id)
+            return False, not taken
         if part.status == "running" and self._record_at_running:
             if in_flight is not None and part.part_id in in_flight:
-                return False  # bash re-sends `running` while it streams output
-            _hold_in_flight(session, part.part_id)
-            return True
+                return False, False  # bash re-sends `running` while it streams output
+            _hold_in_flight(session, part.part_id, False)
+            return True, False
         # `completed` or `error` of a part whose `running` we never saw (or, in input+output
         # mode, never record at): this is its one full update.
-        return finished
+        return finished, finished
+
+    def _record(
+        self, session: _Session, part: ToolPart, args: Any, digest: int
+    ) -> Intervene | None:
+        """Rules `cycle` and `wait`: does this call complete a cycle?"""
+        wait_calls = self.detection.wait_calls
+        if wait_calls and waits_by_command(part.tool, args):
+            _remember_waiting(session, digest)
+        cycle = self._guard.record_digest(part.session_id, part.tool, digest)
+        if cycle is None:
+            return None
+        waiting = session.waiting
+        if waiting is not None and any(
+            call in waiting for call in self._guard.block(part.session_id, cycle.length)
+        ):
+            # A wait gets its allowance; the history (at least wait_calls long) counts it.
+            if cycle.length * cycle.repetitions < wait_calls:
+                return None
+            return self._intervene(session, part, "wait", cycle)
+        return self._intervene(session, part, "cycle", cycle)
+
+    def _note_waiting(self, session: _Session, part: ToolPart, digest: int | None) -> None:
+        """A call answered "in progress" waits: later calls with its signature too."""
+        if not self.detection.wait_calls or part.status != "completed":
+            return
+        if not answers_in_progress(part.output):
+            return
+        if digest is None:
+            digest = signature_digest(canonical_signature(part.tool, self._call_args(part)))
+        _remember_waiting(session, digest)
+
+    def _failure(self, session: _Session, part: ToolPart) -> Intervene | None:
+        """Rule `failure`: the same failure `failure_repeats` times in a row."""
+        limit = self.detection.failure_repeats
+        if not limit:
+            return None
+        digest = failure_digest(part.tool, part.status, part.output, part.error, part.metadata)
+        failures = session.failures
+        if failures is None:
+            if digest is None:
+                return None  # successes cost nothing until a call fails
+            failures = session.failures = FailureRun()
+        count = failures.feed(digest)
+        if count < limit:
+            return None
+        return self._intervene(session, part, "failure", Cycle(1, count), (part.tool,))
 
     def _call_args(self, part: ToolPart) -> Any:
         args = part.input
@@ -448,7 +550,7 @@ class Tracker:
         self, event: PartDelta | TextPart, kind: str, cycle: Cycle, index: int, steps: bool
     ) -> Intervene:
         session = self._seen(event.session_id, event.directory)
-        session.steps = None  # the model gets a fresh start, as after a tool loop
+        session.reset_rules()  # the model gets a fresh start, as after a tool loop
         prior, hold, escalated = self._escalation(session)
         return Intervene(
             rule="text_steps" if steps else "text_repeat",
@@ -476,15 +578,27 @@ class Tracker:
         hold = escalated or detection.on_loop == "hold"
         return prior, hold, escalated
 
-    def _intervene(self, session: _Session, part: ToolPart, cycle: Cycle) -> Intervene:
-        tools = self._guard.tools(part.session_id, cycle.length)
+    def _intervene(
+        self,
+        session: _Session,
+        part: ToolPart,
+        rule: str,
+        cycle: Cycle,
+        tools: tuple[str, ...] | None = None,
+    ) -> Intervene:
+        if tools is None:
+            tools = self._guard.tools(part.session_id, cycle.length)
         # Later updates of the parts already recorded must not fire again, so the history
-        # starts over; the in-flight set stays to keep recognising those parts.
+        # starts over; the in-flight set stays to keep recognising those parts, and their
+        # outcomes (the abort ends them in error) are not taken.
         self._guard.clear(part.session_id)
+        session.reset_rules()
+        if session.in_flight is not None:
+            session.in_flight = dict.fromkeys(session.in_flight, True)
         session.intervened_part = part.part_id
         prior, hold, escalated = self._escalation(session)
         return Intervene(
-            rule="cycle",
+            rule=rule,
             session_id=part.session_id,
             directory=session.directory or self._default_directory,
             cycle=cycle,
@@ -494,12 +608,12 @@ class Tracker:
             prior_interventions=prior,
             hold=hold,
             escalated=escalated,
-            feedback=feedback_text(cycle, tools, hold, prior + 1),
+            feedback=feedback_text(cycle, tools, hold, prior + 1, rule),
         )
 
 
-def _hold_in_flight(session: _Session, part_id: str) -> None:
-    """Remember a recorded part until its final update comes."""
+def _hold_in_flight(session: _Session, part_id: str, taken: bool) -> None:
+    """Remember a recorded part until its final update comes; `taken`: its outcome is known."""
     in_flight = session.in_flight
     if in_flight is None:
         in_flight = session.in_flight = {}
@@ -507,4 +621,13 @@ def _hold_in_flight(session: _Session, part_id: str) -> None:
         return
     if len(in_flight) >= _MAX_IN_FLIGHT:
         del in_flight[next(iter(in_flight))]
-    in_flight[part_id] = None
+    in_flight[part_id] = taken
+
+
+def _remember_waiting(session: _Session, digest: int) -> None:
+    waiting = session.waiting
+    if waiting is None:
+        waiting = session.waiting = {}
+    elif len(waiting) >= _MAX_WAITING:
+        del waiting[next(iter(waiting))]
+    waiting[digest] = None

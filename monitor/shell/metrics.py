@@ -25,6 +25,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 
 from monitor import __version__
 from monitor.core.events import KNOWN_EVENT_TYPES, MALFORMED, OTHER
+from monitor.core.tracker import RULES
 from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
@@ -100,8 +101,8 @@ class Metrics:
         )
         self._loops = Counter(
             PREFIX + "loops_detected",
-            "Tool-call loops detected, by cycle length in tool calls.",
-            ["cycle_length"],
+            "Tool-call loops detected, by cycle length in tool calls and by rule.",
+            ["cycle_length", "rule"],
             registry=registry,
         )
         self._interventions = Counter(
@@ -159,9 +160,9 @@ class Metrics:
     def reconnect(self) -> None:
         self._reconnects.inc()
 
-    def loop(self, cycle_length: int) -> None:
-        # Bounded by the max_period setting (1 to 10).
-        self._loops.labels(str(cycle_length)).inc()
+    def loop(self, cycle_length: int, rule: str = "cycle") -> None:
+        # Bounded by the max_period setting (1 to 10) and by the rule names.
+        self._loops.labels(str(cycle_length), rule if rule in RULES else OTHER).inc()
 
     def intervention(self, outcome: str) -> None:
         if outcome == "dry_run":

@@ -257,7 +257,7 @@ class Watch:
             self._last_frame_at = self.timing.clock()
             metrics.frame(fed.event_type)
             for decision in fed.decisions:
-                metrics.loop(decision.cycle.length)
+                metrics.loop(decision.cycle.length, decision.rule)
             if fed.malformed is not None:
                 metrics.malformed()
         if fed.malformed is not None:

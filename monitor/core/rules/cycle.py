@@ -29,15 +29,20 @@ def window_size(max_period: int, repeats: int) -> int:
 
 
 def detect_cycle(
-    history: Sequence[Hashable], max_period: int = 4, repeats: int = 3, min_calls: int = 4
+    history: Sequence[Hashable],
+    max_period: int = 4,
+    repeats: int = 3,
+    min_calls: int = 4,
+    window: int | None = None,
 ) -> Cycle | None:
     """Return the shortest cycle ending `history`, or None.
 
-    Looks at no more than `window_size(max_period, repeats)` newest entries, so its cost per
-    call does not grow with the history.
+    Looks at no more than `window` newest entries (by default `window_size(max_period,
+    repeats)`), so its cost per call does not grow with the history; the repetitions it
+    reports are counted within that window.
     """
     size = len(history)
-    window = min(size, window_size(max_period, repeats))
+    window = min(size, window_size(max_period, repeats) if window is None else window)
     for length in range(1, max_period + 1):
         needed = max(length * repeats, min_calls)
         if needed > window:

@@ -1,0 +1,51 @@
+"""The OpenCode tool profile: what of a call is noise, and which tools are bookkeeping.
+
+Decided from the tools' schemas (`GET /experimental/tool` on opencode 1.18.33) and what models
+send (the recordings in ../shared/opencode/captures):
+
+- Label arguments describe a call to the person watching and change with every retry of the
+  same thing: bash's `description` (not in the 1.18.33 schema, but models still send it, see
+  the capture `bash-exit-codes`: "List missing dir", then "List the missing dir again"),
+  task's `description` ("A short (3-5 words) description of the task").
+- Volatile arguments tune how a call runs, not what it does: bash's `timeout` and
+  webfetch's `timeout`. A model that raises the timeout and runs the same command again is
+  retrying it.
+- Bookkeeping tools (`todowrite`, and `todoread` of older servers) update the model's own
+  notes; between two retries they mean nothing, so they are transparent: not recorded, and
+  they neither break a cycle nor a run of failures.
+
+Everything else is compared exactly; `workdir`, `offset`, `limit`, `replaceAll` change what
+a call does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal
+
+Profile = Literal["opencode", "none"]
+
+OPENCODE_TRANSPARENT_TOOLS = frozenset({"todowrite", "todoread"})
+OPENCODE_IGNORED_ARGS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "bash": frozenset({"description", "timeout"}),
+        "task": frozenset({"description"}),
+        "webfetch": frozenset({"timeout"}),
+    }
+)
+
+
+def transparent_tools(profile: Profile, extra: frozenset[str]) -> frozenset[str]:
+    """Tools never recorded: the profile's bookkeeping tools and the user's own."""
+    return extra | OPENCODE_TRANSPARENT_TOOLS if profile == "opencode" else extra
+
+
+def ignored_args(
+    profile: Profile, extra: Mapping[str, frozenset[str]] | None
+) -> dict[str, frozenset[str]]:
+    """Argument keys dropped before comparing, per tool: the profile's and the user's."""
+    merged = dict(OPENCODE_IGNORED_ARGS) if profile == "opencode" else {}
+    for tool, keys in (extra or {}).items():
+        merged[tool] = merged.get(tool, frozenset()) | keys
+    return merged

@@ -1,0 +1,294 @@
+"""Write the corpus traces made by hand, from how agents behave: `python -m tests.corpus.written`.
+
+Each is one session as the server streams it (`/event` form, pending, running, then completed
+or error per call; bash with `metadata.exit`), after its label line (monitor/core/evaluate.py).
+The real-server recordings beside them come from `tests.corpus.record`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+Call = tuple[str, dict[str, Any], str, Any]  # tool, input, status, output/error (+ exit)
+
+
+def ok(tool: str, args: dict[str, Any], output: str = "") -> Call:
+    return (tool, args, "completed", (output, 0))
+
+
+def fails(command: str, output: str, code: int = 1) -> Call:
+    return ("bash", {"command": command}, "completed", (output, code))
+
+
+def error(tool: str, args: dict[str, Any], message: str) -> Call:
+    return (tool, args, "error", message)
+
+
+def sh(command: str, output: str = "", description: str | None = None) -> Call:
+    args = (
+        {"command": command}
+        if description is None
+        else {"command": command, "description": description}
+    )
+    return ok("bash", args, output)
+
+
+def read(path: str) -> Call:
+    return ok("read", {"filePath": path}, f"<file>{path}</file>")
+
+
+def edit(path: str, old: str, new: str) -> Call:
+    return ok("edit", {"filePath": path, "oldString": old, "newString": new}, "Edit applied.")
+
+
+def todo(n: int) -> Call:
+    return ok("todowrite", {"todos": [{"content": f"step {n}", "status": "in_progress"}]}, "[]")
+
+
+def frames(session: str, calls: list[Call]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [
+        {"type": "session.status", "properties": {"sessionID": session, "status": {"type": "busy"}}}
+    ]
+    for n, (tool, args, status, result) in enumerate(calls, 1):
+        part = f"prt_{session}_{n:03d}"
+        states: list[dict[str, Any]] = [
+            {"status": "pending", "input": {}},
+            {"status": "running", "input": args},
+        ]
+        if status == "error":
+            states.append({"status": "error", "input": args, "error": result})
+        else:
+            output, code = result
+            final = {"status": "completed", "input": args, "output": output}
+            if tool == "bash":
+                final["metadata"] = {"output": output, "exit": code}
+            states.append(final)
+        for state in states:
+            out.append(
+                {
+                    "type": "message.part.updated",
+                    "properties": {
+                        "sessionID": session,
+                        "part": {
+                            "id": part,
+                            "type": "tool",
+                            "tool": tool,
+                            "callID": f"call_{n}",
+                            "sessionID": session,
+                            "messageID": f"msg_{n}",
+                            "state": state,
+                        },
+                    },
+                }
+            )
+    out.append({"type": "session.idle", "properties": {"sessionID": session}})
+    return out
+
+
+PYTEST_FAIL = "FAILED tests/test_calc.py::test_add - assert {} == 5\n1 failed in 0.{}s"
+TRACEBACK = (
+    "Traceback (most recent call last):\n  File \"/tmp/tmp{}/run.py\", line {}\nKeyError: 'user'"
+)
+
+TRACES: dict[str, tuple[str, list[Call]]] = {
+    # --- same failure ----------------------------------------------------------------------
+    "w-failure-same-error-prose-commands": (
+        "loop at 4",
+        [
+            fails("npm run build", "sh: 1: vite: not found", 127),
+            fails("npx vite build", "sh: 1: vite: not found", 127),
+            fails("cd web && npm run build", "sh: 1: vite: not found", 127),
+            fails("Build the web app with vite", "sh: 1: vite: not found", 127),
+            fails("npm run build --silent", "sh: 1: vite: not found", 127),
+        ],
+    ),
+    "w-failure-line-numbers-change": (
+        "loop at 4",
+        [fails(f"python run.py --try {n}", TRACEBACK.format(8000 + n, 40 + n)) for n in range(6)],
+    ),
+    "w-failure-tool-error-state": (
+        "loop at 4",
+        [
+            error(
+                "read", {"filePath": f"src/{name}"}, "File not found: /home/dev/project/src/app.ts"
+            )
+            for name in ("app.ts", "./app.ts", "app.ts ", "src/../app.ts", "app.ts")
+        ],
+    ),
+    "w-failure-edit-old-string-not-found": (
+        "loop at 4",
+        [
+            error(
+                "edit",
+                {"filePath": "a.py", "oldString": f"x = {n}", "newString": "x = 0"},
+                "oldString not found in content",
+            )
+            for n in range(5)
+        ],
+    ),
+    "w-legit-three-failures-then-fix": (
+        "legit",
+        [
+            fails("python3 -c 'import yaml'", "ModuleNotFoundError: No module named 'yaml'"),
+            fails("python3 tool.py", "ModuleNotFoundError: No module named 'yaml'"),
+            fails("python3 -m tool", "ModuleNotFoundError: No module named 'yaml'"),
+            sh("pip install pyyaml", "Successfully installed PyYAML-6.0.1"),
+            sh("python3 tool.py", "done"),
+        ],
+    ),
+    "w-legit-different-failures": (
+        "legit",
+        [
+            fails(
+                f"make target{n}",
+                f"make: *** No rule to make target 'target{chr(97 + n)}'.  Stop.",
+                2,
+            )
+            for n in range(6)
+        ],
+    ),
+    "w-legit-failures-between-edits": (
+        "legit",
+        [
+            c
+            for n in range(5)
+            for c in (
+                edit("calc.py", f"v{n}", f"v{n + 1}"),
+                fails("pytest -q", PYTEST_FAIL.format(4, 10 + n)),
+            )
+        ],
+    ),
+    "w-legit-silent-successes": (
+        "legit",
+        [sh(f"mkdir -p build/{d}") for d in "abcdefgh"] + [sh("true")] * 3,
+    ),
+    # --- label and volatile arguments --------------------------------------------------------
+    "w-relabelled-task": (
+        "loop at 4",
+        [
+            ok(
+                "task",
+                {
+                    "description": f"Find config ({n})",
+                    "prompt": "Find where the port is set",
+                    "subagent_type": "explore",
+                },
+                "not found",
+            )
+            for n in range(5)
+        ],
+    ),
+    "w-timeout-raised-each-retry": (
+        "loop at 4",
+        [
+            ok("bash", {"command": "make test", "timeout": 60000 * n}, "Terminated")
+            for n in range(1, 6)
+        ],
+    ),
+    "w-legit-same-description-different-commands": (
+        "legit",
+        [sh(f"grep -n TODO src/{f}", f"{f}:1: TODO", "Search TODOs") for f in "abcdefgh"],
+    ),
+    # --- bookkeeping between retries ---------------------------------------------------------
+    "w-todo-between-identical-reads": (
+        "loop at 4",
+        [c for n in range(6) for c in (todo(n), read("config.yaml"))],
+    ),
+    "w-legit-todo-between-different-reads": (
+        "legit",
+        [c for n in range(8) for c in (todo(n), read(f"src/mod{n}.py"))],
+    ),
+    # --- long cycles -------------------------------------------------------------------------
+    "w-cycle-of-6": (
+        "loop at 18",
+        [
+            c
+            for _ in range(4)
+            for c in (
+                sh("make build"),
+                sh("make test"),
+                read("build.log"),
+                read("src/main.c"),
+                sh("git diff"),
+                sh("git status"),
+            )
+        ],
+    ),
+    "w-cycle-of-8": (
+        "loop at 24",
+        [c for _ in range(3) for c in [read(f"f{k}.c") for k in range(7)] + [sh("make")]],
+    ),
+    "w-legit-routine-of-6-over-modules": (
+        "legit",
+        [
+            c
+            for m in range(5)
+            for c in (
+                read(f"m{m}.py"),
+                edit(f"m{m}.py", "a", "b"),
+                sh(f"ruff check m{m}.py"),
+                sh(f"pytest tests/test_m{m}.py"),
+                sh("git diff --stat"),
+                sh(f"git add m{m}.py"),
+            )
+        ],
+    ),
+    "w-pair-cycle": (
+        "loop at 6",
+        [c for _ in range(4) for c in (read("a.py"), sh("python3 a.py", "3"))],
+    ),
+    "w-identical-read": ("loop at 4", [read("README.md")] * 6),
+    "w-legit-many-reads": ("legit", [read(f"docs/page{n}.md") for n in range(30)]),
+    "w-legit-batch-edits": (
+        "legit",
+        [edit(f"pkg/m{n}.py", "import os", "import os\nimport sys") for n in range(12)],
+    ),
+    # --- waiting -----------------------------------------------------------------------------
+    "w-legit-ci-polling": (
+        "legit",
+        [sh("sleep 30 && gh run view 4711", "status: in_progress")] * 12
+        + [sh("sleep 30 && gh run view 4711", "status: completed, conclusion: success")],
+    ),
+    "w-legit-status-answered-in-progress": (
+        "legit",
+        [sh("kubectl rollout status deploy/web", "Waiting for rollout: 1 of 3 updated")] * 6
+        + [sh("kubectl rollout status deploy/web", "deployment successfully rolled out")],
+    ),
+    "w-legit-health-and-log-in-turn": (
+        "legit",
+        [
+            c
+            for n in range(8)
+            for c in (
+                sh("curl -s localhost:8080/health", "starting"),
+                sh("tail -n 5 server.log", f"line {n}"),
+            )
+        ],
+    ),
+    "w-wait-never-ends": (
+        "loop at 20",
+        [sh("sleep 60 && gh run view 99", "status: queued")] * 24,
+    ),
+    "w-wait-same-failure": (
+        "loop at 4",
+        [fails("sleep 5 && curl -sf localhost:9/health", "curl: (7) Failed to connect", 7)] * 6,
+    ),
+    "w-legit-wait-for-server": (
+        "legit",
+        [sh("sleep 2 && curl -s localhost:3000/health", "not ready")] * 5
+        + [sh("sleep 2 && curl -s localhost:3000/health", "ok")],
+    ),
+}
+
+
+def main() -> None:
+    for name, (label, calls) in TRACES.items():
+        body = "".join(f"data: {json.dumps(f)}\n\n" for f in frames(f"ses_{name[2:]}", calls))
+        (HERE / f"{name}.sse").write_text(f": expect {label}\n\n{body}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""The evaluation over the corpus (tests/corpus): every loop caught at its labelled call, no
+legitimate trace stopped; and the seed rule set, reachable by one setting, as it was."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from monitor.config import detection_of, load_settings
+from monitor.core.evaluate import Label, LabelError, Result, parse_label
+from monitor.core.rules.cycle import Cycle
+from monitor.core.tracker import SEED, Detection, Tracker
+from monitor.errors import ConfigError
+from monitor.shell.evaluate import evaluate_paths
+from tests.frames_factory import call, feed_all
+
+CORPUS = Path(__file__).parent / "corpus"
+
+EXPECTED = """code-block.text-legit.sse                        legit        -                  ok
+different-lines.text-legit.sse                   legit        -                  ok
+failure-rewritten-command.sse                    loop at 4    failure at 4       caught
+narrated-steps.text-legit.sse                    legit        -                  ok
+numbered-list.text-legit.sse                     legit        -                  ok
+one-line-repeated.text-loop.sse                  loop at 29   text_repeat at 29  caught
+paragraph-repeated.text-loop.sse                 loop at 72   text_repeat at 72  caught
+polling-forever.sse                              loop at 20   wait at 20         caught
+polling-until-done.sse                           legit        -                  ok
+reads-of-different-files.sse                     legit        -                  ok
+reasoning-repeated.text-loop.sse                 loop at 33   text_repeat at 33  caught
+relabelled-retry.sse                             loop at 4    cycle at 4         caught
+retry-between-todo-updates.sse                   loop at 4    cycle at 4         caught
+routine-over-files.sse                           legit        -                  ok
+routine-same-file.sse                            loop at 15   cycle at 15        caught
+same-text-every-step.text-loop.sse               loop at 8    text_steps at 8    caught
+table.text-legit.sse                             legit        -                  ok
+tests-after-distinct-edits.sse                   legit        -                  ok
+w-cycle-of-6.sse                                 loop at 18   cycle at 18        caught
+w-cycle-of-8.sse                                 loop at 24   cycle at 24        caught
+w-failure-edit-old-string-not-found.sse          loop at 4    failure at 4       caught
+w-failure-line-numbers-change.sse                loop at 4    failure at 4       caught
+w-failure-same-error-prose-commands.sse          loop at 4    failure at 4       caught
+w-failure-tool-error-state.sse                   loop at 4    failure at 4       caught
+w-identical-read.sse                             loop at 4    cycle at 4         caught
+w-legit-batch-edits.sse                          legit        -                  ok
+w-legit-ci-polling.sse                           legit        -                  ok
+w-legit-different-failures.sse                   legit        -                  ok
+w-legit-failures-between-edits.sse               legit        -                  ok
+w-legit-health-and-log-in-turn.sse               legit        -                  ok
+w-legit-many-reads.sse                           legit        -                  ok
+w-legit-routine-of-6-over-modules.sse            legit        -                  ok
+w-legit-same-description-different-commands.sse  legit        -                  ok
+w-legit-silent-successes.sse                     legit        -                  ok
+w-legit-status-answered-in-progress.sse          legit        -                  ok
+w-legit-three-failures-then-fix.sse              legit        -                  ok
+w-legit-todo-between-different-reads.sse         legit        -                  ok
+w-legit-wait-for-server.sse                      legit        -                  ok
+w-pair-cycle.sse                                 loop at 6    cycle at 6         caught
+w-relabelled-task.sse                            loop at 4    cycle at 4         caught
+w-timeout-raised-each-retry.sse                  loop at 4    cycle at 4         caught
+w-todo-between-identical-reads.sse               loop at 4    cycle at 4         caught
+w-wait-never-ends.sse                            loop at 20   wait at 20         caught
+w-wait-same-failure.sse                          loop at 4    failure at 4       caught
+wait-same-failure.sse                            loop at 4    failure at 4       caught
+
+rule         caught  early   late  false alarms  where
+cycle            10      0      0             0  4, 4, 15, 18, 24, 4, 6, 4, 4, 4
+failure           7      0      0             0  4, 4, 4, 4, 4, 4, 4
+wait              2      0      0             0  20, 20
+text_repeat       3      0      0             0  29, 72, 33
+text_steps        1      0      0             0  8
+total: 23 loops, 23 caught at the labelled call, 0 early or late, 0 missed; 22 legit, 0 false alarms
+"""
+
+SEED_TOTAL = (
+    "total: 23 loops, 4 caught at the labelled call, 2 early or late, 17 missed; "
+    "22 legit, 5 false alarms"
+)
+
+
+def test_corpus_table_with_the_defaults():
+    out = io.StringIO()
+    assert evaluate_paths([str(CORPUS)], Detection(), out=out, err=io.StringIO()) == 0
+    assert out.getvalue() == EXPECTED
+
+
+def test_corpus_with_the_seed_rules_misses_and_misfires():
+    out = io.StringIO()
+    assert evaluate_paths([str(CORPUS)], SEED, out=out, err=io.StringIO()) == 1
+    assert out.getvalue().splitlines()[-1] == SEED_TOTAL
+
+
+def test_corpus_has_both_sides_and_recordings():
+    traces = sorted(CORPUS.glob("*.sse"))
+    labels = [parse_label(path.open().readline()) for path in traces]
+    assert len(traces) >= 30
+    assert sum(label.loop_at is None for label in labels) == 22
+    # Recorded from the real server: 10 tool traces, 9 text traces.
+    assert sum(not path.name.startswith("w-") for path in traces) == 19
+
+
+def test_unlabelled_trace_is_a_usage_error(tmp_path):
+    (tmp_path / "x.sse").write_text("data: {}\n\n")
+    err = io.StringIO()
+    assert evaluate_paths([str(tmp_path)], Detection(), out=io.StringIO(), err=err) == 2
+    assert "no label" in err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("line", "label"),
+    [(": expect legit", Label(None)), (": expect loop at 12", Label(12))],
+)
+def test_labels(line, label):
+    assert parse_label(line) == label
+
+
+def test_bad_label():
+    with pytest.raises(LabelError):
+        parse_label(": expect a loop")
+
+
+def test_verdicts():
+    assert Result("a", Label(4), "cycle", 4).verdict == "caught"
+    assert Result("a", Label(4), "cycle", 3).verdict == "early"
+    assert Result("a", Label(4), "cycle", 5).verdict == "late"
+    assert Result("a", Label(4)).verdict == "missed"
+    assert Result("a", Label(None), "wait", 9).verdict == "false alarm"
+    assert Result("a", Label(None)).verdict == "ok"
+
+
+# -- the seed rule set ------------------------------------------------------------------------
+
+
+def test_rules_seed_setting_gives_the_seed_detection():
+    settings = load_settings({"rules": "seed"}, {}, isatty=False)
+    assert detection_of(settings) == replace(SEED, ignore_args={})
+    assert (SEED.max_period, SEED.repeats, SEED.failure_repeats, SEED.wait_calls) == (4, 3, 0, 0)
+    assert SEED.profile == "none"
+
+
+def test_rules_seed_refuses_settings_it_fixes():
+    with pytest.raises(ConfigError, match="max_period in --max-period: cannot be combined"):
+        load_settings({"rules": "seed", "max_period": "6"}, {}, isatty=False)
+
+
+def seed_run(letters: str, detection: Detection) -> list[tuple[int, Cycle]]:
+    frames = []
+    for n, letter in enumerate(letters):
+        frames += call("s", f"p{n}", "read", {"filePath": letter})
+    return [(d.call_index, d.cycle) for d in feed_all(Tracker(detection), frames)][:1]
+
+
+@pytest.mark.parametrize(
+    ("calls", "expected"),
+    [
+        ("AAAAAAAA", [(4, Cycle(1, 4))]),
+        ("ABABABAB", [(6, Cycle(2, 3))]),
+        ("ABCABCABCABC", [(9, Cycle(3, 3))]),
+        ("ABCDABCDABCDABCD", [(12, Cycle(4, 3))]),
+        ("ABCABCAB", []),
+        ("AAA", []),
+        ("ABABA", []),
+        ("ABCDEABCDEABCDE", []),
+        ("XYZAAAA", [(7, Cycle(1, 4))]),
+        ("ABAB" + "CDCDCD", [(10, Cycle(2, 3))]),
+    ],
+)
+def test_seed_cases_through_the_tracker(calls, expected):
+    assert seed_run(calls, SEED) == expected
+
+
+def test_default_rules_catch_the_period_5_seed_case():
+    assert seed_run("ABCDEABCDEABCDE", Detection()) == [(15, Cycle(5, 3))]
+
+
+def test_seed_rules_ignore_failures_and_labels():
+    frames = []
+    for n in range(6):
+        frames += call("s", f"p{n}", "bash", {"command": f"ls x{n}", "description": "d"})
+    assert feed_all(Tracker(SEED), frames) == []
+
+
+def test_evaluate_command(capsys):
+    from monitor.cli import main
+
+    assert main(["evaluate", str(CORPUS)]) == 0
+    assert capsys.readouterr().out == EXPECTED
+    assert main(["evaluate", "--rules", "seed", str(CORPUS)]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == SEED_TOTAL
