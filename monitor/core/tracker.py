@@ -21,6 +21,8 @@ from monitor.core.events import (
     MALFORMED,
     OTHER,
     Malformed,
+    PermissionAsked,
+    PermissionReplied,
     SessionDeleted,
     SessionIdle,
     SessionSeen,
@@ -30,6 +32,13 @@ from monitor.core.events import (
 from monitor.core.feedback import feedback_text
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.guard import LoopGuard, RecentMap
+from monitor.core.permissions import (
+    DOOM_LOOP,
+    DOOM_LOOP_CALLS,
+    PermissionGate,
+    PermissionMode,
+    Reply,
+)
 from monitor.core.rules.cycle import Cycle
 
 MatchMode = Literal["input", "input+output"]
@@ -44,8 +53,9 @@ _MAX_IN_FLIGHT = 64
 class Intervene:
     """Stop this session's run and give the model `feedback`.
 
-    `rule` names the rule that found the loop (`cycle`, ...): it goes into logs, metrics,
-    replay output and the feedback.
+    `rule` names the rule that found the loop (`cycle`, ..., or `doom_loop`: the server's own
+    check, seen as its permission request): it goes into logs, metrics, replay output and the
+    feedback.
     """
 
     rule: str
@@ -74,6 +84,10 @@ class Detection:
     on_loop: OnLoop = "resume"
     max_interventions: int = 2
     max_sessions: int = 10_000
+    # How the server's permission requests are answered (monitor.core.permissions); "off"
+    # leaves them all to others, and every loop to the abort.
+    permissions: PermissionMode = "off"
+    permission_grace: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +95,15 @@ class Fed:
     """What one frame did: the decisions it led to, and what the shell counts and logs.
 
     `event_type` is a bounded label (a known type, "other" or "malformed"); `malformed` says
-    why the frame could not be used; `deleted` is the session the frame deleted.
+    why the frame could not be used; `deleted` is the session the frame deleted; `replies`
+    are the permission requests to answer.
     """
 
     decisions: tuple[Intervene, ...] = ()
     event_type: str = OTHER
     malformed: str | None = None
     deleted: str | None = None
+    replies: tuple[Reply, ...] = ()
 
 
 # Most frames change nothing the shell must act on: one shared result per event type, so the
@@ -144,6 +160,9 @@ class Tracker:
         self._sessions: RecentMap[str, _Session] = RecentMap(detection.max_sessions)
         # Events of every other session are ignored, as if the stream did not carry them.
         self.only_session = only_session
+        self.permissions = PermissionGate(
+            detection.permissions, detection.permission_grace, detection.max_sessions
+        )
         self.malformed: Counter[str] = Counter()
         # Sessions taken in since the start (one forgotten and seen again counts twice).
         self.sessions_seen = 0
@@ -248,6 +267,7 @@ class Tracker:
     def forget(self, session_id: str) -> None:
         self._guard.clear(session_id)
         self._sessions.pop(session_id)
+        self.permissions.forget(session_id)
 
     def _feed(self, frame: object, seeding: _Seeding | None) -> Fed:
         if isinstance(frame, Malformed):
@@ -260,8 +280,15 @@ class Tracker:
         if self.only_session is not None and event.session_id != self.only_session:
             return _QUIET[label]
         if isinstance(event, ToolPart):
-            decision = self._tool_part(event, seeding)
-            return _QUIET[label] if decision is None else Fed((decision,), label)
+            return self._call(event, seeding, label)
+        if isinstance(event, PermissionAsked):
+            reply = self.permissions.asked(
+                event, self.directory_of(event.session_id), self._doom_loop
+            )
+            return _QUIET[label] if reply is None else Fed(event_type=label, replies=(reply,))
+        if isinstance(event, PermissionReplied):
+            self.permissions.replied(event)
+            return _QUIET[label]
         if isinstance(event, SessionIdle):
             self._seen(event.session_id, event.directory)
             self.end_run(event.session_id)
@@ -283,6 +310,23 @@ class Tracker:
         if directory is not None:
             session.directory = directory
         return session
+
+    def _call(self, part: ToolPart, seeding: _Seeding | None, label: str) -> Fed:
+        # The gate sees the update first: a call must be known before its loop is decided.
+        late = self.permissions.part(part, live=seeding is None)
+        decision = self._tool_part(part, seeding)
+        if decision is not None:
+            decision = self.permissions.loop(decision, part)
+        decisions = tuple(d for d in (late, decision) if d is not None)
+        return Fed(decisions, label) if decisions else _QUIET[label]
+
+    def _doom_loop(self, request: PermissionAsked, part_id: str) -> Intervene:
+        """The server's `doom_loop` check found a loop: an intervention like our own."""
+        session = self._seen(request.session_id, request.directory)
+        tools = (request.tool or request.permission,)
+        return self._decide(
+            session, request.session_id, DOOM_LOOP, Cycle(1, DOOM_LOOP_CALLS), tools, part_id
+        )
 
     def _tool_part(self, part: ToolPart, seeding: _Seeding | None) -> Intervene | None:
         if part.tool in self.detection.ignore_tools:
@@ -344,22 +388,33 @@ class Tracker:
 
     def _intervene(self, session: _Session, part: ToolPart, cycle: Cycle) -> Intervene:
         tools = self._guard.tools(part.session_id, cycle.length)
+        return self._decide(session, part.session_id, "cycle", cycle, tools, part.part_id)
+
+    def _decide(
+        self,
+        session: _Session,
+        session_id: str,
+        rule: str,
+        cycle: Cycle,
+        tools: tuple[str, ...],
+        part_id: str,
+    ) -> Intervene:
         # Later updates of the parts already recorded must not fire again, so the history
         # starts over; the in-flight set stays to keep recognising those parts.
-        self._guard.clear(part.session_id)
+        self._guard.clear(session_id)
         prior = session.interventions
         session.interventions += 1
-        session.intervened_part = part.part_id
+        session.intervened_part = part_id
         detection = self.detection
         escalated = detection.on_loop == "resume" and prior >= detection.max_interventions
         hold = escalated or detection.on_loop == "hold"
         return Intervene(
-            rule="cycle",
-            session_id=part.session_id,
+            rule=rule,
+            session_id=session_id,
             directory=session.directory or self._default_directory,
             cycle=cycle,
             tools=tools,
-            part_id=part.part_id,
+            part_id=part_id,
             call_index=session.calls,
             prior_interventions=prior,
             hold=hold,

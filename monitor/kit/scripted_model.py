@@ -8,6 +8,8 @@ one model serves any number of sessions and needs no per-test setup:
 - ``pattern``: ``[tool, args]`` pairs; the i-th tool call is ``pattern[i % len(pattern)]``
   with call id ``call_{i}``, so ids repeat across sessions as they do with local models.
 - ``calls``: how many tool calls to make before answering with text.
+- ``parallel``: tool calls per model step (default 1); a step of several identical calls is
+  what OpenCode's own `doom_loop` check reacts to.
 - ``delay``: seconds to wait before each response, to simulate model latency.
 - ``answer``: the text of the final answer.
 - ``after_feedback``: what to do once a later user message (a monitor's feedback) arrived:
@@ -43,6 +45,7 @@ def script(
     delay: float = 0.0,
     answer: str = DEFAULT_ANSWER,
     after_feedback: AfterFeedback = "answer",
+    parallel: int = 1,
 ) -> str:
     """The prompt text that makes the scripted model follow this script."""
     body: dict[str, Any] = {
@@ -55,6 +58,8 @@ def script(
         body["answer"] = answer
     if after_feedback != "answer":
         body["after_feedback"] = after_feedback
+    if parallel != 1:
+        body["parallel"] = parallel
     return json.dumps(body)
 
 
@@ -65,12 +70,14 @@ class Script:
     delay: float = 0.0
     answer: str = DEFAULT_ANSWER
     after_feedback: AfterFeedback = "answer"
+    parallel: int = 1
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
         pattern = tuple((str(tool), dict(args)) for tool, args in data["pattern"])
         after_feedback = data.get("after_feedback", "answer")
-        if not pattern or after_feedback not in ("answer", "loop"):
+        parallel = int(data.get("parallel", 1))
+        if not pattern or after_feedback not in ("answer", "loop") or parallel < 1:
             raise ValueError(f"not a usable script: {data!r}")
         return cls(
             pattern=pattern,
@@ -78,6 +85,7 @@ class Script:
             delay=float(data.get("delay", 0.0)),
             answer=str(data.get("answer", DEFAULT_ANSWER)),
             after_feedback=after_feedback,
+            parallel=parallel,
         )
 
 
@@ -93,7 +101,14 @@ class Text:
     text: str
 
 
-Reply = ToolCall | Text
+@dataclass(frozen=True, slots=True)
+class ParallelCalls:
+    """Several tool calls in one model step."""
+
+    calls: tuple[ToolCall, ...]
+
+
+Reply = ToolCall | ParallelCalls | Text
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,8 +185,11 @@ def decide(script_: Script, messages: Sequence[Mapping[str, Any]]) -> Reply:
     done = sum(1 for message in after_last_user if message.get("role") == "tool")
     if done >= script_.calls:
         return Text(script_.answer)
-    tool, args = script_.pattern[done % len(script_.pattern)]
-    return ToolCall(call_id=f"call_{done}", tool=tool, args=args)
+    calls = tuple(
+        ToolCall(f"call_{index}", *script_.pattern[index % len(script_.pattern)])
+        for index in range(done, min(done + script_.parallel, script_.calls))
+    )
+    return calls[0] if len(calls) == 1 else ParallelCalls(calls)
 
 
 def _chunk(
@@ -190,20 +208,29 @@ def _chunk(
 def _stream_chunks(reply: Reply, model: str) -> list[bytes]:
     """The SSE frames of one streamed answer, ending with ``[DONE]``."""
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
-    if isinstance(reply, ToolCall):
-        call = {
-            "index": 0,
-            "id": reply.call_id,
-            "type": "function",
-            "function": {"name": reply.tool, "arguments": json.dumps(reply.args)},
-        }
-        delta: dict[str, Any] = {"role": "assistant", "tool_calls": [call]}
-        finish_reason = "tool_calls"
-    else:
-        delta = {"role": "assistant", "content": reply.text}
+    if isinstance(reply, Text):
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": reply.text}]
         finish_reason = "stop"
+    else:
+        # One chunk per call, as models stream them: OpenCode then takes each call in turn.
+        calls = reply.calls if isinstance(reply, ParallelCalls) else (reply,)
+        deltas = [
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call.call_id,
+                        "type": "function",
+                        "function": {"name": call.tool, "arguments": json.dumps(call.args)},
+                    }
+                ],
+            }
+            for index, call in enumerate(calls)
+        ]
+        finish_reason = "tool_calls"
     return [
-        _chunk(completion_id, model, delta, None),
+        *(_chunk(completion_id, model, delta, None) for delta in deltas),
         _chunk(completion_id, model, {}, finish_reason),
         b"data: [DONE]\n\n",
     ]
