@@ -454,6 +454,8 @@ async def test_started_log_lists_the_detection_settings():
         "on_loop": "resume",
         "max_interventions": 2,
         "max_sessions": 10_000,
+        "permissions": "gate",
+        "permission_grace": 30.0,
     }
 
 
