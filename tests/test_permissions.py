@@ -138,6 +138,24 @@ def test_the_fourth_identical_call_is_refused_before_it_runs():
     assert run.decisions == []
 
 
+def test_a_request_before_its_running_update_is_answered_at_running():
+    """bash asks before its `running` update (seen on the real server): the request waits
+    until the call's input shows whether it completes a loop."""
+    run = Run("approve")
+    for n in range(1, 5):
+        run.feed(part(n, "pending", "bash", {}))
+        run.feed(asked(n, "bash"))
+        assert [r.request_id for r in run.replies] == [f"per_{k}" for k in range(1, n)]
+        run.running(n, BASH)
+        if n < 4:
+            run.feed(replied(n, "once"))
+            run.running(n, BASH)  # bash sends `running` again as it starts
+            run.finish(n, BASH)
+    assert [r.reply for r in run.replies] == ["once", "once", "once", "reject"]
+    assert run.replies[-1].loop is not None and run.replies[-1].loop.part_id == "prt_4"
+    assert run.replies[0].directory == "/p" and run.decisions == []
+
+
 def test_gate_approves_nothing_and_approve_approves_every_other_call():
     gate, approve = Run("gate"), Run("approve")
     for run in (gate, approve):

@@ -1,20 +1,22 @@
 """Answering OpenCode's permission requests: refuse the call that completes a loop before it runs.
 
-With `"permission": {"*": "ask"}` the server streams a call's `running` update (with its full
-input) and then, about 50 ms later, a `permission.asked` request naming the call by message
-and call id; a `reject` reply with a message stops the call before it runs, and the model reads
+With `"permission": {"*": "ask"}` the server sends a `permission.asked` request naming the
+call by message and call id, shortly before or after the call's `running` update (with its
+full input); a `reject` reply with a message stops the call before it runs, and the model reads
 the message as the call's result. The tracker decides at `running` that a call completes a
 loop; this gate then says how to stop it:
 
-- the call will ask permission (the session's earlier identical calls asked, and no `always`
-  reply has let them through since): wait for its request and refuse it (`Reply` reject);
+- its request came already: refuse it (`Reply` reject);
+- it will ask permission (the session's earlier identical calls asked, and no `always` reply
+  has let them through since): wait for its request and refuse it;
 - it will not ask (they ran without asking) or nothing is known yet: the `Intervene` goes on
   to the abort, as without the gate. Nothing here waits to see whether a request comes.
 
 OpenCode's own `doom_loop` check (one message holding three identical calls) also asks; such a
 request is a loop the server found, refused with our feedback at once (`approve`) or after a
 grace period in which a person may answer it first (`gate`). Under `approve` every other
-request is approved (`once`). Mode `off` answers nothing and leaves every decision as it is.
+request is approved (`once`), once its call's `running` update has shown it is not a loop's.
+Mode `off` answers nothing and leaves every decision as it is.
 
 Pure: events in, decisions out; the shell sends the replies and owns the grace timer.
 """
@@ -68,13 +70,15 @@ class Reply:
 class _Call:
     """A call seen at `running`, until its final update."""
 
-    __slots__ = ("part_id", "tool", "digest", "asked", "loop", "stopped")
+    __slots__ = ("part_id", "tool", "digest", "asked", "request", "loop", "stopped")
 
     def __init__(self, part_id: str, tool: str, digest: int) -> None:
         self.part_id = part_id
         self.tool = tool
         self.digest = digest
         self.asked = False
+        # Its request, while nobody (we included) has been told to answer it.
+        self.request: str | None = None
         # The loop this call completes, waiting for the call's permission request.
         self.loop: Intervene | None = None
         # The loop it completes is stopped by an abort: its request must never be approved.
@@ -82,10 +86,12 @@ class _Call:
 
 
 class _Session:
-    __slots__ = ("calls", "asks")
+    __slots__ = ("calls", "asks", "early")
 
     def __init__(self) -> None:
         self.calls: dict[tuple[str, str], _Call] = {}
+        # Requests that came before their call's `running` update, by call.
+        self.early: dict[tuple[str, str], str] = {}
         # Per call signature, what its last call did: the permission it asked, or None
         # when it ran without asking.
         self.asks: dict[int, str | None] = {}
@@ -137,6 +143,9 @@ class PermissionGate:
             digest = signature_digest(canonical_signature(part.tool, part.input))
             call = _Call(part.part_id, part.tool, digest)
             _bounded_put(session.calls, key, call, _MAX_CALLS)
+            early = session.early.pop(key, None)
+            if early is not None:
+                self._ask(session, call, early)
             return None
         if part.status not in _FINISHED:
             return None
@@ -147,9 +156,16 @@ class PermissionGate:
             _bounded_put(session.asks, call.digest, None, _MAX_SIGNATURES)
         return call.loop
 
-    def loop(self, decision: Intervene, part: ToolPart) -> Intervene | None:
-        """A loop completed at `part`: the decision to carry out now, or None to wait for
-        the call's permission request (`asked` then returns the refusal)."""
+    def decide(
+        self, part: ToolPart, decision: Intervene | None, directory: str | None
+    ) -> Intervene | Reply | None:
+        """After the tracker took `part`: `decision` is the loop it completes, if any;
+        `directory` the session's project.
+
+        Returns the decision to carry out now (the abort), a `Reply` (the refusal of a request
+        that came already, or under `approve` the approval of a call that is no loop), or
+        None: nothing, or wait for the call's request (`asked` then returns the refusal).
+        """
         if self.mode == "off" or part.status != "running":
             return decision
         session = self._sessions.get(part.session_id)
@@ -158,6 +174,13 @@ class PermissionGate:
             call = session.calls.get((part.message_id, part.call_id))
         if session is None or call is None:
             return decision
+        request, call.request = call.request, None
+        if decision is None:
+            if request is not None and self.mode == "approve":
+                return Reply(request, part.session_id, directory, "once")
+            return None
+        if request is not None:
+            return self._refuse(request, decision, 0.0)
         if session.asks.get(call.digest) is None:
             # Its like ran without asking (or we never saw one finish): abort as before.
             call.stopped = True
@@ -186,21 +209,35 @@ class PermissionGate:
             decision = doom_loop(event, self._last_part(session, event.tool))
             wait = 0.0 if self.mode == "approve" else self.grace
             return self._refuse(event.request_id, decision, wait)
-        call = None
-        if session is not None and event.message_id is not None and event.call_id is not None:
-            call = session.calls.get((event.message_id, event.call_id))
-        if call is not None:
-            assert session is not None
-            call.asked = True
-            _bounded_put(session.asks, call.digest, event.permission, _MAX_SIGNATURES)
-            if call.loop is not None:
-                decision, call.loop = call.loop, None
-                return self._refuse(event.request_id, decision, 0.0)
-            if call.stopped:
-                return None
-        if self.mode == "approve":
-            return Reply(event.request_id, event.session_id, directory, "once")
-        return None
+        if event.message_id is None or event.call_id is None:
+            # Not a call's request: nothing to weigh it against.
+            if self.mode == "approve":
+                return Reply(event.request_id, event.session_id, directory, "once")
+            return None
+        key = (event.message_id, event.call_id)
+        session = self._sessions.touch(event.session_id, _Session)
+        call = session.calls.get(key)
+        if call is None:
+            # Before the call's `running` update: whether it is a loop's is not known yet,
+            # so it is answered then (`decide`).
+            _bounded_put(session.early, key, event.request_id, _MAX_CALLS)
+            return None
+        self._ask(session, call, event.request_id)
+        if call.loop is not None:
+            decision, call.loop, call.request = call.loop, None, None
+            return self._refuse(event.request_id, decision, 0.0)
+        call.request = None
+        if call.stopped or self.mode != "approve":
+            return None
+        return Reply(event.request_id, event.session_id, directory, "once")
+
+    def _ask(self, session: _Session, call: _Call, request_id: str) -> None:
+        """Learn that `call` asked: calls like it will ask too."""
+        request = self._requests.get(request_id)
+        call.asked = True
+        call.request = request_id
+        if request is not None:
+            _bounded_put(session.asks, call.digest, request.permission, _MAX_SIGNATURES)
 
     def replied(self, event: PermissionReplied) -> None:
         """Someone answered a request (we, a person, a client)."""

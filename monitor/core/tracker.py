@@ -315,9 +315,10 @@ class Tracker:
         # The gate sees the update first: a call must be known before its loop is decided.
         late = self.permissions.part(part, live=seeding is None)
         decision = self._tool_part(part, seeding)
-        if decision is not None:
-            decision = self.permissions.loop(decision, part)
-        decisions = tuple(d for d in (late, decision) if d is not None)
+        now = self.permissions.decide(part, decision, self.directory_of(part.session_id))
+        if isinstance(now, Reply):
+            return Fed(() if late is None else (late,), label, replies=(now,))
+        decisions = tuple(d for d in (late, now) if d is not None)
         return Fed(decisions, label) if decisions else _QUIET[label]
 
     def _doom_loop(self, request: PermissionAsked, part_id: str) -> Intervene:

@@ -110,7 +110,8 @@ class Interventions:
         """Refuse the request of a loop's call; the model reads `reply.message` as its result.
 
         A hold still needs the run stopped, and a refused `doom_loop` request ends the run
-        (see ../shared/opencode/NOTES.md): then the feedback follows as a new message.
+        (see ../shared/opencode/NOTES.md): then the run is aborted and the feedback follows
+        as a new message.
         """
         decision = reply.loop
         assert decision is not None and self._api is not None
@@ -137,8 +138,12 @@ class Interventions:
             return
         reply_ms = round((time.monotonic() - started) * 1000, 1)
         outcome, error = "rejected", None
-        if decision.hold:
-            outcome, error = await self._abort(decision)
+        if decision.hold or decision.rule == DOOM_LOOP:
+            # The run must end before the feedback starts a new one; a refused doom_loop
+            # request ends it only seconds later, and a message posted meanwhile is lost.
+            stopped, error = await self._abort(decision)
+            if decision.hold or error is not None:
+                outcome = stopped
         fields = _loop_fields(decision, outcome)
         fields.update(request_id=reply.request_id, reply_ms=reply_ms)
         if error is not None:
