@@ -58,9 +58,7 @@ async def pending(http: aiohttp.ClientSession, server: OpencodeServer) -> list[d
         return await response.json()
 
 
-async def test_approve_refuses_the_fourth_append_before_it_runs(
-    asking_server, start_monitor, http
-):
+async def test_approve_refuses_the_fourth_append_before_it_runs(asking_server, start_monitor, http):
     monitor = await start_watching(start_monitor, asking_server, "--permissions", "approve")
     client = asking_server.client(http)
     session = await client.create_session("append loop")
