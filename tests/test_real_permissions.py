@@ -240,3 +240,63 @@ async def test_doom_loop_is_refused_at_once_under_approve(doom_server, start_mon
     assert detected["reply_ms"] < 1000
     assert user_texts(messages)[1].startswith(MARK)
     assert assistant_texts(messages)[-1] == DEFAULT_ANSWER
+
+
+async def opencode_run(server: OpencodeServer, binary, *flags: str) -> tuple[int, str]:
+    """`opencode run --attach` as a user types it, with the scripted loop as its message."""
+    process = await asyncio.create_subprocess_exec(
+        str(binary),
+        "run",
+        "--attach",
+        server.url,
+        "--dir",
+        server.directory,
+        "--model",
+        "fake/looper",
+        *flags,
+        script([APPEND], 4),
+        cwd=server.project,
+        env=server.client_environment(),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), 90)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    return process.returncode or 0, output.decode(errors="replace")
+
+
+async def test_opencode_run_without_auto_refuses_the_first_call_and_ends(
+    asking_server, opencode_bin, start_monitor
+):
+    """`opencode run` rejects every request at once, with no message: the run ends at the
+    first call, before any loop can form; the monitor has nothing to stop."""
+    monitor = await start_watching(start_monitor, asking_server, "--permissions", "gate")
+    code, output = await opencode_run(asking_server, opencode_bin)
+    assert "auto-rejecting" in output and code == 0
+    assert lines_written(asking_server) == 0
+    await asyncio.sleep(0.5)
+    assert monitor.events("loop.detected") == []
+
+
+async def test_opencode_run_with_auto_races_the_monitor_and_every_loop_is_stopped(
+    asking_server, opencode_bin, start_monitor
+):
+    """`opencode run --auto` approves every request at once, the loop's too: whoever answers
+    first wins. Our refusal usually does (the call never runs); if `run` is first, the
+    monitor hears 404 and aborts as without the gate. Either way the loop has an outcome."""
+    monitor = await start_watching(start_monitor, asking_server, "--permissions", "gate")
+    code, output = await opencode_run(asking_server, opencode_bin, "--auto")
+    assert code == 0
+    [detected] = await monitor.wait_event("loop.detected")
+    assert detected["rule"] == "cycle" and detected["call_index"] == 4
+    if detected["outcome"] == "rejected":
+        assert lines_written(asking_server) == 3
+        assert MARK + "this call was refused" in output
+        assert DEFAULT_ANSWER in output  # the model answered within the same run
+    else:
+        assert (detected["outcome"], detected["fallback"]) == ("aborted", "answered first")

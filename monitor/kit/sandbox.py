@@ -264,6 +264,11 @@ class OpencodeServer:
         )
         _make_project(self.project, self._environment())
 
+    def client_environment(self) -> dict[str, str]:
+        """The environment for an OpenCode client of this sandbox (`opencode run --attach`):
+        its HOME and XDG folders, none of the caller's OPENCODE_* settings."""
+        return self._environment()
+
     def _environment(self) -> dict[str, str]:
         # Drop the caller's OPENCODE_* settings (a password, another config) so that only
         # what this sandbox sets applies.
