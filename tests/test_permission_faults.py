@@ -114,3 +114,58 @@ async def test_off_answers_nothing_and_aborts_as_before():
     [detected] = events(logs, "loop.detected")
     assert (detected["outcome"], detected["part_id"]) == ("aborted", "prt_4")
     assert [r.path for r in fake.of("abort")] == ["/session/ses_1/abort"]
+
+
+async def test_a_doom_loop_answered_within_the_grace_period_is_left_alone():
+    requests = [part(n, "running", *BASH) for n in (1, 2, 3)]
+    fake = FakeOpencode(
+        streams=[
+            play(stream(*requests, doom_loop(1, "bash")), then="end"),
+            # A person at the TUI answers it meanwhile; the stream tells the monitor so.
+            play(stream(replied("per_doom_1", "once"))),
+        ]
+    )
+    with capture_logs() as logs:
+        running = await start(fake, permission_grace=1)
+        await wait_for(lambda: events(logs, "loop.detected"))
+        await stop(*running)
+    assert replies_sent(fake) == [] and fake.of("abort") == []
+    [detected] = events(logs, "loop.detected")
+    assert (detected["rule"], detected["outcome"], detected["part_id"]) == (
+        "doom_loop",
+        "answered",
+        "prt_3",
+    )
+
+
+async def test_a_refused_doom_loop_is_aborted_then_given_the_feedback():
+    requests = [part(n, "running", *BASH) for n in (1, 2, 3)]
+    fake = FakeOpencode(streams=[play(stream(*requests, doom_loop(1, "bash")))])
+    with capture_logs() as logs:
+        running = await start(fake, permission_grace=0)
+        await wait_for(lambda: fake.of("prompt_async"))
+        await stop(*running)
+    order = [r.path for r in fake.requests if r.method == "POST"]
+    assert order == [
+        "/permission/per_doom_1/reply",
+        "/session/ses_1/abort",
+        "/session/ses_1/prompt_async",
+    ]
+    [detected] = events(logs, "loop.detected")
+    assert (detected["rule"], detected["outcome"]) == ("doom_loop", "rejected")
+    assert fake.of("prompt_async")[0].body["parts"][0]["text"].startswith(MARK)  # type: ignore[index]
+
+
+async def test_a_held_loop_is_refused_aborted_and_its_feedback_stored():
+    loop = [*answered_calls(3), part(4, "running", *BASH), asked(4, "bash")]
+    fake = FakeOpencode(streams=[play(stream(*loop))])
+    with capture_logs() as logs:
+        running = await start(fake, on_loop="hold")
+        await wait_for(lambda: fake.of("prompt_async"))
+        await stop(*running)
+    [(path, body)] = replies_sent(fake)
+    assert path == "/permission/per_4/reply" and "on hold" in body["message"]  # type: ignore[index]
+    assert [r.path for r in fake.of("abort")] == ["/session/ses_1/abort"]
+    assert fake.of("prompt_async")[0].body["noReply"] is True  # type: ignore[index]
+    [detected] = events(logs, "loop.detected")
+    assert (detected["outcome"], detected["request_id"]) == ("held", "per_4")
