@@ -209,7 +209,10 @@ class Tracker:
         seeding = _Seeding()
         decisions: list[Intervene] = []
         for frame in frames:
-            decisions += self._feed(frame, seeding).decisions
+            fed = self._feed(frame, seeding)
+            # A loop whose call's request came before its `running` update, which only the
+            # messages read back show: `seed` returns decisions, so the abort stops it.
+            decisions += (*fed.decisions, *(r.loop for r in fed.replies if r.loop is not None))
             seeding.decided = seeding.decided or bool(decisions)
         return decisions
 
