@@ -156,6 +156,15 @@ def test_a_request_before_its_running_update_is_answered_at_running():
     assert run.replies[0].directory == "/p" and run.decisions == []
 
 
+def test_a_request_answered_before_its_running_update_is_not_answered_again():
+    run = Run("approve")
+    run.feed(part(1, "pending", "bash", {}))
+    run.feed(asked(1, "bash"))
+    run.feed(replied(1, "once"))
+    run.running(1, BASH)
+    assert run.replies == []
+
+
 def test_gate_approves_nothing_and_approve_approves_every_other_call():
     gate, approve = Run("gate"), Run("approve")
     for run in (gate, approve):

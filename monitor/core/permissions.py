@@ -235,7 +235,9 @@ class PermissionGate:
         """Learn that `call` asked: calls like it will ask too."""
         request = self._requests.get(request_id)
         call.asked = True
-        call.request = request_id
+        # A request answered before its call's `running` update (by a person, a client)
+        # is not ours to answer any more.
+        call.request = request_id if self.pending(request_id) else None
         if request is not None:
             _bounded_put(session.asks, call.digest, request.permission, _MAX_SIGNATURES)
 
