@@ -165,6 +165,16 @@ def test_a_request_answered_before_its_running_update_is_not_answered_again():
     assert run.replies == []
 
 
+def test_a_loop_whose_request_someone_else_answered_first_is_aborted_at_once():
+    run = Run("gate")
+    for n in range(1, 4):
+        run.asking_call(n, READ)
+    run.feed(asked(4))  # before its `running` update, and a person approves it at once
+    run.feed(replied(4, "once"))
+    run.running(4, READ)
+    assert run.replies == [] and [d.part_id for d in run.decisions] == ["prt_4"]
+
+
 def test_gate_approves_nothing_and_approve_approves_every_other_call():
     gate, approve = Run("gate"), Run("approve")
     for run in (gate, approve):

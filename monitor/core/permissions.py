@@ -181,8 +181,9 @@ class PermissionGate:
             return None
         if request is not None:
             return self._refuse(request, decision, 0.0)
-        if session.asks.get(call.digest) is None:
-            # Its like ran without asking (or we never saw one finish): abort as before.
+        if call.asked or session.asks.get(call.digest) is None:
+            # Its request was answered already by someone else, or its like ran without
+            # asking (or we never saw one finish): abort as before.
             call.stopped = True
             return decision
         call.loop = decision
