@@ -174,6 +174,11 @@ def main(argv: list[str] | None = None) -> None:
         key=lambda run: run["p99_ms"],
     )
     latency = latencies[len(latencies) // 2]
+    print(f"permission answers: {LATENCY_RUNS} runs...", file=sys.stderr)
+    answers = sorted(
+        (python("bench.permissions") for _ in range(LATENCY_RUNS)), key=lambda run: run["p99_ms"]
+    )
+    answer = answers[len(answers) // 2]
     print(f"memory: {args.sessions:,} sessions...", file=sys.stderr)
     rss = python("bench.memory", "rss", "--sessions", str(args.sessions))
     traced = python("bench.memory", "tracemalloc", "--sessions", str(args.sessions))
@@ -225,6 +230,25 @@ def main(argv: list[str] | None = None) -> None:
             + f"; max {latency['max_ms']:.1f}; {latency['aborted']}/{latency['loops']} aborted)",
             "< 2 ms",
             "yes" if latency["p99_ms"] < 2 and latency["aborted"] == latency["loops"] else "NO",
+        ),
+        (
+            "permission answer p50: refusal / approval (median run)",
+            f"{answer['refusal_p50_ms']:.2f} / {answer['approval_p50_ms']:.2f} ms",
+            "",
+            "",
+        ),
+        (
+            "permission answer p99, asked to reply (median run)",
+            f"{answer['p99_ms']:.2f} ms (runs: "
+            + ", ".join(f"{run['p99_ms']:.2f}" for run in answers)
+            + f"; {answer['refused']}/{answer['loops']} loops refused, "
+            + f"{answer['loop_calls_approved']} loop calls approved)",
+            "< 5 ms",
+            "yes"
+            if answer["p99_ms"] < 5
+            and answer["refused"] == answer["loops"]
+            and answer["loop_calls_approved"] == 0
+            else "NO",
         ),
         (
             f"memory per session, RSS ({rss['sessions']:,} x {rss['calls']} calls of 2 KB)",

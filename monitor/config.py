@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit
 
+from monitor.core.permissions import PermissionMode
 from monitor.core.profile import Profile
 from monitor.core.tracker import SEED, Detection, MatchMode, OnLoop
 from monitor.errors import ConfigError
@@ -425,6 +426,25 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="N",
     ),
     Setting(
+        "permissions",
+        _choice(get_args(PermissionMode)),
+        "gate",
+        "answer the server's permission requests: gate refuses the request of a call that "
+        "completes a loop (it never runs) and leaves the others to whoever answers them; "
+        "approve also approves EVERY other call, so every call that is not a loop runs "
+        "unattended; off answers none",
+        Group.ACTION,
+        metavar="|".join(get_args(PermissionMode)),
+    ),
+    Setting(
+        "permission_grace",
+        _integer(0),
+        30,
+        "seconds a doom_loop request of the server is left to a person before gate refuses it",
+        Group.ACTION,
+        metavar="SECONDS",
+    ),
+    Setting(
         "log_format",
         _choice(_log_formats()),
         "auto",
@@ -500,6 +520,8 @@ class Settings:
     dry_run: bool
     on_loop: OnLoop
     max_interventions: int
+    permissions: PermissionMode
+    permission_grace: int
     log_format: LogFormat  # "auto" is already resolved
     log_level: LogLevel
     record: Path | None
@@ -734,4 +756,14 @@ def detection_of(settings: Settings) -> Detection:
         profile=settings.profile,
         text_repeats=settings.text_repeats,
         text_steps=settings.text_steps,
+    )
+
+
+def guard_of(settings: Settings) -> Detection:
+    """What `watch` and `attach` act by: `detection_of`, and how permission requests are
+    answered (never in a dry run, which changes nothing on the server)."""
+    return replace(
+        detection_of(settings),
+        permissions="off" if settings.dry_run else settings.permissions,
+        permission_grace=float(settings.permission_grace),
     )

@@ -73,6 +73,8 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "dry_run": False,
         "on_loop": "resume",
         "max_interventions": 2,
+        "permissions": "gate",
+        "permission_grace": 30,
         "log_format": "json",
         "log_level": "info",
         "record": None,

@@ -71,6 +71,7 @@ failure           7      0      0             0  4, 4, 4, 4, 4, 4, 4
 wait              2      0      0             0  20, 20
 text_repeat       3      0      0             0  29, 72, 33
 text_steps        1      0      0             0  8
+doom_loop         0      0      0             0  -
 total: 23 loops, 23 caught at the labelled call, 0 early or late, 0 missed; 22 legit, 0 false alarms
 """
 

@@ -131,3 +131,32 @@ async def test_demo_stops_the_loop_and_everything_it_started(opencode_bin, tmp_p
     records = [json.loads(line) for line in (tmp_path / "cache" / "demo-monitor.log").open()]
     [loop] = [r for r in records if r["event"] == "loop.detected"]
     assert (loop["outcome"], loop["call_index"], loop["tools"]) == ("aborted", 6, ["read", "bash"])
+
+
+async def test_demo_shows_the_permission_gate(opencode_bin, tmp_path):
+    demo = MonitorProcess(
+        ["demo", "--cache-dir", str(tmp_path / "cache"), "--permissions", "approve"],
+        tmp_path,
+        env={"OPENCODE_BIN": str(opencode_bin)},
+    ).start()
+    code = None
+    try:
+        code = await demo.wait_exit(DEMO_TIMEOUT)
+    finally:
+        demo.kill()
+        if code != 0:
+            for pid in re.findall(r"is up: pid (\d+)", demo.output()):
+                kill_group(int(pid))
+    output = demo.stdout_path.read_text(encoding="utf-8")
+    assert code == 0, demo.output()
+    lines = output.splitlines()
+    assert any("approve every call but the loop's" in line for line in lines)
+    detected = next(i for i, line in enumerate(lines) if line.startswith("monitor: loop detected"))
+    assert lines[detected].startswith(f"monitor: loop detected on call 6: {SHAPE}; its permission")
+    assert lines[detected].endswith("it never ran")
+    assert lines[detected + 1] == f'model: "{DEFAULT_ANSWER}"'
+    assert "MessageAbortedError" not in output and "feedback sent" not in output
+    assert lines[-1] == (
+        "demo finished: 6 calls ran: call 6 completed the loop and was refused before it ran; "
+        "the model went on. Everything stopped."
+    )

@@ -24,6 +24,7 @@ from monitor.kit.sandbox import (
 from monitor.kit.scripted_model import (
     DEFAULT_ANSWER,
     UNSCRIPTED_ANSWER,
+    ParallelCalls,
     ScriptedModel,
     Text,
     ToolCall,
@@ -74,6 +75,17 @@ def test_the_ith_call_follows_the_pattern_until_calls_are_spent(
         m for n in range(done) for m in step(n)
     ]
     assert decide(script_, messages) == expected
+
+
+def test_a_parallel_step_makes_several_calls_at_once() -> None:
+    script_ = find_script(script([READ], 5, parallel=4))
+    assert script_ is not None
+    assert decide(script_, [user("s")]) == ParallelCalls(
+        tuple(ToolCall(f"call_{n}", *READ) for n in range(4))
+    )
+    # The last step holds what is left of `calls`: a single call is sent as one.
+    after_four = [user("s"), *(m for n in range(4) for m in step(n))]
+    assert decide(script_, after_four) == ToolCall("call_4", *READ)
 
 
 def test_feedback_gets_the_answer_by_default() -> None:

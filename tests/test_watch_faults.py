@@ -460,6 +460,8 @@ async def test_started_log_lists_the_detection_settings():
         "profile": "opencode",
         "text_repeats": 5,
         "text_steps": 8,
+        "permissions": "gate",
+        "permission_grace": 30.0,
     }
 
 

@@ -27,6 +27,9 @@ class ToolPart:
     directory: str | None
     # `state.metadata`: bash puts its exit status there (`exit`), see `rules/failure.py`.
     metadata: Any = None
+    # What a permission request names its call by (`tool.messageID`, `tool.callID`).
+    message_id: str | None = None
+    call_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +48,23 @@ class TextPart:
 
 
 @dataclass(frozen=True, slots=True)
+class PermissionAsked:
+    """The server waits for an answer before it runs a call (`permission.asked`).
+
+    `message_id` and `call_id` name the call; both are None for OpenCode's own `doom_loop`
+    check, which names the repeated tool in `tool` instead.
+    """
+
+    session_id: str
+    request_id: str
+    permission: str
+    message_id: str | None
+    call_id: str | None
+    tool: str | None
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class PartDelta:
     """One streamed chunk of a part (`message.part.delta`): text and reasoning parts alike
     stream their `text` field this way; the part's kind came with its first update."""
@@ -54,6 +74,15 @@ class PartDelta:
     field: str
     delta: str
     directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionReplied:
+    """Someone answered a permission request: `once`, `always` or `reject`."""
+
+    session_id: str
+    request_id: str
+    reply: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +113,16 @@ class Malformed:
     reason: str
 
 
-Event = ToolPart | TextPart | PartDelta | SessionSeen | SessionIdle | SessionDeleted
+Event = (
+    ToolPart
+    | TextPart
+    | PartDelta
+    | SessionSeen
+    | SessionIdle
+    | SessionDeleted
+    | PermissionAsked
+    | PermissionReplied
+)
 
 # Event types OpenCode sends on `/event` and inside `/global/event` envelopes. Anything else
 # is counted as "other": the label set stays this size whatever the server sends.
@@ -212,6 +250,8 @@ def _part_updated(props: dict[str, Any], directory: str | None) -> ToolPart | Te
         error=state.get("error"),
         directory=directory,
         metadata=state.get("metadata"),
+        message_id=_optional_text(part, "messageID"),
+        call_id=_optional_text(part, "callID"),
     )
 
 
@@ -236,12 +276,40 @@ def _text_part(part: dict[str, Any], kind: str, directory: str | None) -> TextPa
     )
 
 
+def _optional_text(obj: dict[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def _permission_asked(props: dict[str, Any], directory: str | None) -> PermissionAsked:
+    # `tool` is absent or null for a `doom_loop` request; its metadata names the tool.
+    call = props.get("tool")
+    call = call if isinstance(call, dict) else {}
+    metadata = props.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    return PermissionAsked(
+        session_id=_text(props, "sessionID"),
+        request_id=_text(props, "id"),
+        permission=_text(props, "permission"),
+        message_id=_optional_text(call, "messageID"),
+        call_id=_optional_text(call, "callID"),
+        tool=_optional_text(metadata, "tool"),
+        directory=directory,
+    )
+
+
 def _part_delta(props: dict[str, Any], directory: str | None) -> PartDelta:
     delta = props.get("delta")
     if not isinstance(delta, str):
         raise _Mistyped("delta is not a string")
     return PartDelta(
         _text(props, "sessionID"), _text(props, "partID"), _text(props, "field"), delta, directory
+    )
+
+
+def _permission_replied(props: dict[str, Any], directory: str | None) -> PermissionReplied:
+    return PermissionReplied(
+        _text(props, "sessionID"), _text(props, "requestID"), _text(props, "reply")
     )
 
 
@@ -274,4 +342,6 @@ _PARSERS = {
     "session.status": _session_status,
     "session.idle": _session_idle,
     "session.deleted": _session_deleted,
+    "permission.asked": _permission_asked,
+    "permission.replied": _permission_replied,
 }

@@ -92,3 +92,22 @@ def text_feedback_text(
     if hold:
         lines.append(_hold_note(interventions))
     return "\n\n".join(lines)
+
+
+def rejection_text(cycle: Cycle, tools: tuple[str, ...], hold: bool, interventions: int) -> str:
+    """The message of a refused permission: the model reads it as the result of the call that
+    completed the loop, which never ran; its run goes on. `interventions` counts this one."""
+    lines = [
+        f"{MARK}this call was refused and did not run: it would have completed a loop, "
+        f"{describe_cycle(cycle, tools)} with the same arguments.",
+        "Do not make the same call again. Compare what you expected the earlier calls to do "
+        "with what they actually returned. Then either take a materially different action "
+        "based on that evidence, or explain briefly why you are blocked and what information "
+        "you need.",
+    ]
+    if hold:
+        lines.append(
+            f"This session has now been stopped {interventions} times for looping, so it is "
+            "on hold until a person replies. Do not call tools until then."
+        )
+    return "\n\n".join(lines)

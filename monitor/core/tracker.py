@@ -22,6 +22,8 @@ from monitor.core.events import (
     OTHER,
     Malformed,
     PartDelta,
+    PermissionAsked,
+    PermissionReplied,
     SessionDeleted,
     SessionIdle,
     SessionSeen,
@@ -32,6 +34,13 @@ from monitor.core.events import (
 from monitor.core.feedback import feedback_text, text_feedback_text
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.guard import LoopGuard, RecentMap
+from monitor.core.permissions import (
+    DOOM_LOOP,
+    DOOM_LOOP_CALLS,
+    PermissionGate,
+    PermissionMode,
+    Reply,
+)
 from monitor.core.profile import Profile, ignored_args, transparent_tools
 from monitor.core.rules.cycle import Cycle
 from monitor.core.rules.failure import FailureRun, failure_digest
@@ -52,15 +61,16 @@ MAX_STREAMING_PARTS = 4096
 _MAX_WAITING = 16
 
 # Every rule's name, as decisions, logs, the metric label and `evaluate` carry it.
-RULES = ("cycle", "failure", "wait", "text_repeat", "text_steps")
+RULES = ("cycle", "failure", "wait", "text_repeat", "text_steps", DOOM_LOOP)
 
 
 @dataclass(frozen=True, slots=True)
 class Intervene:
     """Stop this session's run and give the model `feedback`.
 
-    `rule` names the rule that found the loop (`cycle`, ...): it goes into logs, metrics,
-    replay output and the feedback.
+    `rule` names the rule that found the loop (`cycle`, ..., or `doom_loop`: the server's own
+    check, seen as its permission request): it goes into logs, metrics, replay output and the
+    feedback.
     """
 
     rule: str
@@ -103,6 +113,11 @@ class Detection:
     wait_calls: int = 20
     profile: Profile = "opencode"
 
+    # How the server's permission requests are answered (monitor.core.permissions); "off"
+    # leaves them all to others, and every loop to the abort.
+    permissions: PermissionMode = "off"
+    permission_grace: float = 30.0
+
 
 # Exactly the seed's behaviour: exact arguments, periods 1-4 repeated 3 times, a single call
 # on its 4th, nothing else. `dataclasses.replace` it to keep other settings.
@@ -116,13 +131,15 @@ class Fed:
     """What one frame did: the decisions it led to, and what the shell counts and logs.
 
     `event_type` is a bounded label (a known type, "other" or "malformed"); `malformed` says
-    why the frame could not be used; `deleted` is the session the frame deleted.
+    why the frame could not be used; `deleted` is the session the frame deleted; `replies`
+    are the permission requests to answer.
     """
 
     decisions: tuple[Intervene, ...] = ()
     event_type: str = OTHER
     malformed: str | None = None
     deleted: str | None = None
+    replies: tuple[Reply, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +239,9 @@ class Tracker:
         self._sessions: RecentMap[str, _Session] = RecentMap(detection.max_sessions)
         # Events of every other session are ignored, as if the stream did not carry them.
         self.only_session = only_session
+        self.permissions = PermissionGate(
+            detection.permissions, detection.permission_grace, detection.max_sessions
+        )
         self.malformed: Counter[str] = Counter()
         # Sessions taken in since the start (one forgotten and seen again counts twice).
         self.sessions_seen = 0
@@ -274,7 +294,10 @@ class Tracker:
         seeding = _Seeding()
         decisions: list[Intervene] = []
         for frame in frames:
-            decisions += self._feed(frame, seeding).decisions
+            fed = self._feed(frame, seeding)
+            # A loop whose call's request came before its `running` update, which only the
+            # messages read back show: `seed` returns decisions, so the abort stops it.
+            decisions += (*fed.decisions, *(r.loop for r in fed.replies if r.loop is not None))
             seeding.decided = seeding.decided or bool(decisions)
         return decisions
 
@@ -351,6 +374,7 @@ class Tracker:
     def forget(self, session_id: str) -> None:
         self._guard.clear(session_id)
         self._sessions.pop(session_id)
+        self.permissions.forget(session_id)
 
     def _feed(self, frame: object, seeding: _Seeding | None) -> Fed:
         if isinstance(frame, Malformed):
@@ -366,11 +390,18 @@ class Tracker:
             decision = self._delta(event)
             return _QUIET[label] if decision is None else Fed((decision,), label)
         if isinstance(event, ToolPart):
-            decision = self._tool_part(event, seeding)
-            return _QUIET[label] if decision is None else Fed((decision,), label)
+            return self._call(event, seeding, label)
         if isinstance(event, TextPart):
             decision = self._text_part(event)
             return _QUIET[label] if decision is None else Fed((decision,), label)
+        if isinstance(event, PermissionAsked):
+            reply = self.permissions.asked(
+                event, self.directory_of(event.session_id), self._doom_loop
+            )
+            return _QUIET[label] if reply is None else Fed(event_type=label, replies=(reply,))
+        if isinstance(event, PermissionReplied):
+            self.permissions.replied(event)
+            return _QUIET[label]
         if isinstance(event, SessionIdle):
             self._seen(event.session_id, event.directory)
             self.end_run(event.session_id)
@@ -392,6 +423,24 @@ class Tracker:
         if directory is not None:
             session.directory = directory
         return session
+
+    def _call(self, part: ToolPart, seeding: _Seeding | None, label: str) -> Fed:
+        # The gate sees the update first: a call must be known before its loop is decided.
+        late = self.permissions.part(part, live=seeding is None)
+        decision = self._tool_part(part, seeding)
+        now = self.permissions.decide(part, decision, self.directory_of(part.session_id))
+        if isinstance(now, Reply):
+            return Fed(() if late is None else (late,), label, replies=(now,))
+        decisions = tuple(d for d in (late, now) if d is not None)
+        return Fed(decisions, label) if decisions else _QUIET[label]
+
+    def _doom_loop(self, request: PermissionAsked, part_id: str) -> Intervene:
+        """The server's `doom_loop` check found a loop: an intervention like our own."""
+        session = self._seen(request.session_id, request.directory)
+        tools = (request.tool or request.permission,)
+        return self._decide(
+            session, request.session_id, DOOM_LOOP, Cycle(1, DOOM_LOOP_CALLS), tools, part_id
+        )
 
     def _tool_part(self, part: ToolPart, seeding: _Seeding | None) -> Intervene | None:
         if part.tool in self._transparent:
@@ -588,22 +637,33 @@ class Tracker:
     ) -> Intervene:
         if tools is None:
             tools = self._guard.tools(part.session_id, cycle.length)
+        return self._decide(session, part.session_id, rule, cycle, tools, part.part_id)
+
+    def _decide(
+        self,
+        session: _Session,
+        session_id: str,
+        rule: str,
+        cycle: Cycle,
+        tools: tuple[str, ...],
+        part_id: str,
+    ) -> Intervene:
         # Later updates of the parts already recorded must not fire again, so the history
         # starts over; the in-flight set stays to keep recognising those parts, and their
         # outcomes (the abort ends them in error) are not taken.
-        self._guard.clear(part.session_id)
+        self._guard.clear(session_id)
         session.reset_rules()
         if session.in_flight is not None:
             session.in_flight = dict.fromkeys(session.in_flight, True)
-        session.intervened_part = part.part_id
+        session.intervened_part = part_id
         prior, hold, escalated = self._escalation(session)
         return Intervene(
             rule=rule,
-            session_id=part.session_id,
+            session_id=session_id,
             directory=session.directory or self._default_directory,
             cycle=cycle,
             tools=tools,
-            part_id=part.part_id,
+            part_id=part_id,
             call_index=session.calls,
             prior_interventions=prior,
             hold=hold,

@@ -11,6 +11,10 @@ and action settings), and a `Printer` that tells a person what happens, from two
 
 At the end the server's record of the session (its messages) says how many calls ran and
 whether any started after the one that completed the loop.
+
+With `--permissions approve` the server is configured to ask permission before every call
+and the monitor answers: it approves every call but the one that completes the loop, which
+it refuses before it runs; the model reads the refusal as that call's result and goes on.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from monitor.core.rules.cycle import Cycle
 from monitor.errors import ServerError
 from monitor.kit.poll import until
 from monitor.kit.sandbox import (
+    NEVER_ASK,
     NPM_PACKAGE,
     OPENCODE_VERSION,
     OpencodeServer,
@@ -51,6 +56,11 @@ LOG_NAME = "demo-monitor.log"
 
 # The scripted agent: read the README, list the files, and again, for up to CALLS calls.
 CALLS = 30
+# Under the permission gate the loop is stopped with the run going on: the script ends at the
+# refused call (the 6th, completing the 2-call cycle), and the model then answers.
+GATED_CALLS = 6
+# What the sandbox's config says when the monitor answers permission requests.
+ASK_EVERY_CALL = {"*": "ask"}
 # A real model takes time to answer; without any, the race between the abort and the next
 # call is not one a real loop runs.
 MODEL_DELAY = 0.2
@@ -179,6 +189,7 @@ class Printer:
         call = self.calls.get(str(record.get("part_id")), record.get("call_index"))
         outcome = record.get("outcome")
         done = {
+            "rejected": f"its permission refused ({record.get('reply_ms')} ms): it never ran",
             "aborted": f"session aborted ({record.get('abort_ms')} ms)",
             "held": "session aborted and put on hold for a person",
             "dry_run": "dry run, so the session goes on",
@@ -276,7 +287,8 @@ async def _demo(settings: Settings, binary: Path, printer: Printer, log_path: Pa
             f"{PREFIX}: starting opencode on http://127.0.0.1:{port}"
             " (isolated, with a scripted model: no network, no API key)"
         )
-        async with OpencodeServer(binary, model.url, port=port) as server:
+        permission = ASK_EVERY_CALL if _gated(settings) else NEVER_ASK
+        async with OpencodeServer(binary, model.url, port=port, permission=permission) as server:
             printer.directory = server.directory
             settings = dataclasses.replace(settings, url=server.url, directory=server.directory)
             try:
@@ -343,7 +355,8 @@ async def _story(
     session = await client.create_session("loop-monitor demo")
     session_id = printer.session_id = session["id"]
     printer.say(f"session {session_id}: the model is scripted to {STORY}")
-    await client.prompt_async(session_id, script(pattern, CALLS, delay=MODEL_DELAY))
+    calls = GATED_CALLS if _gated(settings) else CALLS
+    await client.prompt_async(session_id, script(pattern, calls, delay=MODEL_DELAY))
 
     first_run = asyncio.create_task(client.wait_idle(session_id, RUN_TIMEOUT))
     detected = asyncio.create_task(printer.detected.wait())
@@ -365,9 +378,16 @@ async def _story(
             task.cancel()
 
 
+def _gated(settings: Settings) -> bool:
+    """True when the server asks before every call and the monitor approves all but loops."""
+    return settings.permissions == "approve" and not settings.dry_run
+
+
 def _on_loop(settings: Settings) -> str:
     if settings.dry_run:
         return "log only (dry run)"
+    if _gated(settings):
+        return "approve every call but the loop's, refuse that one before it runs"
     if settings.on_loop == "hold":
         return "abort and hold"
     return "abort and tell the model"
@@ -385,6 +405,13 @@ async def _after_detection(
         raise DemoError(f"the monitor could not abort the session: {detection.get('error')}")
     if outcome == "dry_run":
         messages = await first_run
+    elif outcome == "rejected":
+        # No new message: the model read the refusal as the call's result and answers it.
+        messages = await first_run
+        try:
+            await asyncio.wait_for(printer.answered.wait(), RECORD_GRACE)
+        except TimeoutError:
+            raise DemoError("the model's answer never showed on the event stream") from None
     else:
         try:
             await asyncio.wait_for(printer.feedback_done.wait(), RUN_TIMEOUT)
@@ -427,6 +454,12 @@ def _summary(detection: Mapping[str, Any], parts: list[dict[str, Any]]) -> str:
     ran = f"demo finished: {len(parts)} calls ran"
     if detection["outcome"] == "dry_run":
         return f"{ran}; the loop was detected on call {at} and left running (dry run)."
+    if detection["outcome"] == "rejected":
+        stopped = parts[at - 1]["state"]["status"] == "error"
+        return (
+            f"{ran}: call {at} completed the loop and was refused before it ran"
+            f"{'' if stopped else ' (but the server ran it!)'}; the model went on."
+        )
     after = len(parts) - at
     overshoot = "no call" if after == 0 else ("1 call" if after == 1 else f"{after} calls")
     return f"{ran}, the loop was stopped on call {at}, {overshoot} started after it."

@@ -105,8 +105,17 @@ def free_loopback_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def opencode_config(model_url: str) -> dict[str, Any]:
-    """Config for a server that only knows the scripted model and never asks permission."""
+# The permission config of a sandbox that never asks: a pending permission stalls a scripted
+# session for good. Within the project the defaults already allow read, edit and bash; paths
+# outside it would ask. Tests of the permission gate pass {"*": "ask"} instead.
+NEVER_ASK: str | dict[str, str] = "allow"
+
+
+def opencode_config(
+    model_url: str, permission: str | Mapping[str, str] = NEVER_ASK
+) -> dict[str, Any]:
+    """Config for a server that only knows the scripted model; `permission` as OpenCode reads it
+    (`"allow"`, or per permission name `"allow"`, `"deny"` or `"ask"`)."""
     return {
         "$schema": "https://opencode.ai/config.json",
         "autoupdate": False,
@@ -116,9 +125,7 @@ def opencode_config(model_url: str) -> dict[str, Any]:
         # providers (enabled by API keys in the caller's environment) from being loaded.
         "small_model": MODEL_ID,
         "enabled_providers": ["fake"],
-        # A pending permission stalls a scripted session for good. Within the project the
-        # defaults already allow read, edit and bash; paths outside it would ask.
-        "permission": "allow",
+        "permission": permission if isinstance(permission, str) else dict(permission),
         "provider": {
             "fake": {
                 "npm": "@ai-sdk/openai-compatible",
@@ -143,8 +150,10 @@ class OpencodeServer:
         model_url: str,
         port: int | None = None,
         env_extra: Mapping[str, str] | None = None,
+        permission: str | Mapping[str, str] = NEVER_ASK,
     ) -> None:
         self.binary = binary
+        self.permission = permission
         self.model_url = model_url
         self.port = port
         self.env_extra = dict(env_extra or {})
@@ -249,9 +258,14 @@ class OpencodeServer:
         config_dir = self.root / "config" / "opencode"
         config_dir.mkdir()
         (config_dir / "opencode.json").write_text(
-            json.dumps(opencode_config(self.model_url), indent=2)
+            json.dumps(opencode_config(self.model_url, self.permission), indent=2)
         )
         _make_project(self.project, self._environment())
+
+    def client_environment(self) -> dict[str, str]:
+        """The environment for an OpenCode client of this sandbox (`opencode run --attach`):
+        its HOME and XDG folders, none of the caller's OPENCODE_* settings."""
+        return self._environment()
 
     def _environment(self) -> dict[str, str]:
         # Drop the caller's OPENCODE_* settings (a password, another config) so that only

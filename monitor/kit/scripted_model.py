@@ -8,6 +8,8 @@ one model serves any number of sessions and needs no per-test setup:
 - ``pattern``: ``[tool, args]`` pairs; the i-th tool call is ``pattern[i % len(pattern)]``
   with call id ``call_{i}``, so ids repeat across sessions as they do with local models.
 - ``calls``: how many tool calls to make before answering with text.
+- ``parallel``: tool calls per model step (default 1); a step of several identical calls is
+  what OpenCode's own `doom_loop` check reacts to.
 - ``delay``: seconds to wait before each response, to simulate model latency.
 - ``answer``: the text of the final answer.
 - ``after_feedback``: what to do once a later user message (a monitor's feedback) arrived:
@@ -57,6 +59,7 @@ def script(
     think: str = "",
     chunk: int = 0,
     chunk_delay: float = 0.0,
+    parallel: int = 1,
 ) -> str:
     """The prompt text that makes the scripted model follow this script."""
     body: dict[str, Any] = {
@@ -78,6 +81,7 @@ def script(
         "think": (think, ""),
         "chunk": (chunk, 0),
         "chunk_delay": (chunk_delay, 0.0),
+        "parallel": (parallel, 1),
     }
     body.update({key: value for key, (value, default) in optional.items() if value != default})
     return json.dumps(body)
@@ -97,12 +101,14 @@ class Script:
     think: str = ""
     chunk: int = 0
     chunk_delay: float = 0.0
+    parallel: int = 1
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
         pattern = tuple((str(tool), dict(args)) for tool, args in data["pattern"])
         after_feedback = data.get("after_feedback", "answer")
-        if not pattern or after_feedback not in ("answer", "loop"):
+        parallel = int(data.get("parallel", 1))
+        if not pattern or after_feedback not in ("answer", "loop") or parallel < 1:
             raise ValueError(f"not a usable script: {data!r}")
         return cls(
             pattern=pattern,
@@ -117,6 +123,7 @@ class Script:
             think=str(data.get("think", "")),
             chunk=int(data.get("chunk", 0)),
             chunk_delay=float(data.get("chunk_delay", 0.0)),
+            parallel=parallel,
         )
 
 
@@ -135,7 +142,14 @@ class Text:
     reasoning: str = ""
 
 
-Reply = ToolCall | Text
+@dataclass(frozen=True, slots=True)
+class ParallelCalls:
+    """Several tool calls in one model step."""
+
+    calls: tuple[ToolCall, ...]
+
+
+Reply = ToolCall | ParallelCalls | Text
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +226,16 @@ def decide(script_: Script, messages: Sequence[Mapping[str, Any]]) -> Reply:
     done = sum(1 for message in after_last_user if message.get("role") == "tool")
     if done >= script_.calls:
         return Text(script_.answer * script_.repeat, script_.reasoning * script_.reasoning_repeat)
-    tool, args = script_.pattern[done % len(script_.pattern)]
-    return ToolCall(f"call_{done}", tool, args, script_.say, script_.think)
+    calls = tuple(
+        ToolCall(
+            f"call_{index}",
+            *script_.pattern[index % len(script_.pattern)],
+            script_.say,
+            script_.think,
+        )
+        for index in range(done, min(done + script_.parallel, script_.calls))
+    )
+    return calls[0] if len(calls) == 1 else ParallelCalls(calls)
 
 
 def _chunk(
@@ -241,21 +263,31 @@ def _stream_chunks(reply: Reply, model: str, size: int = 0) -> list[bytes]:
     """The SSE frames of one streamed answer, ending with ``[DONE]``: reasoning, then text
     (each in pieces of `size` characters), then the tool call if any."""
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
+    # Parallel calls stream no text of their own: the first call's words go first.
+    first = reply.calls[0] if isinstance(reply, ParallelCalls) else reply
     deltas: list[dict[str, Any]] = [
-        {"reasoning_content": piece} for piece in _pieces(reply.reasoning, size)
+        {"reasoning_content": piece} for piece in _pieces(first.reasoning, size)
     ]
-    deltas += [{"content": piece} for piece in _pieces(reply.text, size)]
-    if isinstance(reply, ToolCall):
-        call = {
-            "index": 0,
-            "id": reply.call_id,
-            "type": "function",
-            "function": {"name": reply.tool, "arguments": json.dumps(reply.args)},
-        }
-        deltas.append({"tool_calls": [call]})
-        finish_reason = "tool_calls"
-    else:
+    deltas += [{"content": piece} for piece in _pieces(first.text, size)]
+    if isinstance(reply, Text):
         finish_reason = "stop"
+    else:
+        # One chunk per call, as models stream them: OpenCode then takes each call in turn.
+        calls = reply.calls if isinstance(reply, ParallelCalls) else (reply,)
+        deltas += [
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call.call_id,
+                        "type": "function",
+                        "function": {"name": call.tool, "arguments": json.dumps(call.args)},
+                    }
+                ],
+            }
+            for index, call in enumerate(calls)
+        ]
+        finish_reason = "tool_calls"
     if not deltas:
         deltas.append({"content": ""})
     deltas[0] = {"role": "assistant", **deltas[0]}

@@ -79,6 +79,8 @@ class FakeOpencode:
     messages: dict[str, list] = field(default_factory=dict)
     # What GET /project answers: the server's projects, as {"worktree": DIR, ...} objects.
     projects: list[dict] = field(default_factory=list)
+    # What GET /permission answers: the requests pending.
+    permissions: list = field(default_factory=list)
     requests: list[Received] = field(default_factory=list)
     connections: int = 0
     # Set once a stream played by `live` is open, so `push` reaches someone.
@@ -94,6 +96,9 @@ class FakeOpencode:
         app.router.add_get("/project", self._projects)
         app.router.add_get("/session/{id}/message", self._messages)
         app.router.add_post("/session/{id}/{action}", self._action)
+        app.router.add_get("/permission", self._permissions)
+        # Answered like a session action named "reply" (statuses in `answers["reply"]`).
+        app.router.add_post("/permission/{id}/{action}", self._action)
         return app
 
     def of(self, action: str) -> list[Received]:
@@ -150,6 +155,10 @@ class FakeOpencode:
     async def _messages(self, request: web.Request) -> web.Response:
         await self._record(request)
         return web.json_response(self.messages.get(request.match_info["id"], []))
+
+    async def _permissions(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response(self.permissions)
 
     async def _action(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)

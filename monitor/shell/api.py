@@ -101,6 +101,27 @@ class OpencodeAPI:
             raise ServerError("/path did not answer an object with a directory")
         return str(paths["directory"])
 
+    async def reply_permission(
+        self, request_id: str, directory: str | None, reply: str, message: str | None = None
+    ) -> bool:
+        """Answer a permission request; False when it was answered already (404)."""
+        body: dict[str, Any] = {"reply": reply}
+        if message is not None:
+            body["message"] = message
+        path = f"/permission/{quote(request_id, safe='')}/reply"
+        try:
+            await self._call("POST", path, directory, body)
+        except SessionGone:
+            return False
+        return True
+
+    async def pending_permissions(self, directory: str | None) -> list[dict[str, Any]]:
+        """The permission requests nobody has answered yet (the stream does not replay them)."""
+        pending = await self._call("GET", "/permission", directory)
+        if not isinstance(pending, list):
+            raise ServerError("/permission did not answer a list")
+        return [request for request in pending if isinstance(request, dict)]
+
     async def statuses(self, directory: str | None) -> dict[str, Any]:
         """The status of each session id as the server answers it (it may leave idle ones out)."""
         statuses = await self._call("GET", "/session/status", directory)

@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO
@@ -21,7 +21,7 @@ import aiohttp
 import structlog
 
 from monitor import __version__
-from monitor.config import Settings, detection_of
+from monitor.config import Settings, guard_of
 from monitor.core.export import current_run, export_frames, feedback_count
 from monitor.core.frames import encode_sse
 from monitor.core.resync import directories_to_ask, plan_resync
@@ -131,7 +131,7 @@ class Watch:
         self.scope = scope
         self.notifier = notifier or Notifier.from_environ()
         self.tracker = Tracker(
-            detection_of(settings), directory=settings.directory, only_session=scope.only_session
+            guard_of(settings), directory=settings.directory, only_session=scope.only_session
         )
         self._stop = asyncio.Event()
         self._fatal: BaseException | None = None
@@ -206,6 +206,8 @@ class Watch:
                 forget=self.tracker.forget,
                 on_fatal=self._fail,
                 on_outcome=self._on_outcome,
+                pending=self.tracker.permissions.pending,
+                sleep=self.timing.sleep,
             )
             stream = self._stream = EventStream(
                 http,
@@ -250,20 +252,27 @@ class Watch:
         if self._record is not None:
             self._write_record(self._record, data)
         fed = self.tracker.feed_data(data)
-        for decision in fed.decisions:
-            self.interventions.submit(decision)
+        self._carry_out(fed)
         metrics = self.metrics
         if metrics is not None:
             self._last_frame_at = self.timing.clock()
             metrics.frame(fed.event_type)
-            for decision in fed.decisions:
-                metrics.loop(decision.cycle.length, decision.rule)
             if fed.malformed is not None:
                 metrics.malformed()
         if fed.malformed is not None:
             self._log_malformed(fed.malformed)
         if self.scope.ended(fed):
             self._stop.set()
+
+    def _carry_out(self, fed: Fed) -> None:
+        """Hand the decisions and permission answers of one frame to `Interventions`."""
+        for decision in fed.decisions:
+            self.interventions.submit(decision)
+        for reply in fed.replies:
+            self.interventions.answer(reply)
+        if self.metrics is not None:
+            for loop in (*fed.decisions, *(r.loop for r in fed.replies if r.loop is not None)):
+                self.metrics.loop(loop.cycle.length, loop.rule)
 
     def _write_record(self, record: TextIO, data: str) -> None:
         try:
@@ -404,7 +413,32 @@ class Watch:
         seeded = sum(
             await asyncio.gather(*(self._seed(session, where) for session, where in plan.read_back))
         )
-        log.info("stream.resynced", busy=len(busy), seeded=seeded)
+        pending = await self._read_back_permissions(
+            directories_to_ask(busy, self.settings.directory)
+        )
+        log.info("stream.resynced", busy=len(busy), seeded=seeded, pending_permissions=pending)
+
+    async def _read_back_permissions(self, directories: Iterable[str | None]) -> int:
+        """The stream does not replay permission requests made while we were away: read the
+        pending ones back (after the runs are seeded, so a loop's call is known as one) and
+        answer them under the same rules. Their number."""
+        if self.tracker.detection.permissions == "off":
+            return 0
+        count = 0
+        for directory in directories:
+            try:
+                requests = await self.api.pending_permissions(directory)
+            except ServerError as exc:
+                log.warning("permission.read_back_failed", error=str(exc))
+                continue
+            for request in requests:
+                frame = {"type": "permission.asked", "properties": request}
+                if directory is not None:
+                    frame = {"directory": directory, "payload": frame}
+                fed = self.tracker.feed(frame)
+                count += fed.event_type == "permission.asked" and fed.malformed is None
+                self._carry_out(fed)
+        return count
 
     async def _seed(self, session_id: str, directory: str | None) -> int:
         """Seed one busy session's current run from its messages; 1 if it was seeded."""
