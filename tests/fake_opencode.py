@@ -63,6 +63,9 @@ class FakeOpencode:
     busy: dict[str, dict] = field(default_factory=dict)
     # What GET /session/{id}/message answers, per session (an empty list when not given).
     messages: dict[str, list] = field(default_factory=dict)
+    # Like the real server, keep each prompt_async as a user message (before its delay, so a
+    # slow answer is one the server has already acted on).
+    store_prompts: bool = False
     requests: list[Received] = field(default_factory=list)
     connections: int = 0
 
@@ -73,6 +76,8 @@ class FakeOpencode:
         app.router.add_get("/session/status", self._status)
         app.router.add_get("/session/{id}/message", self._messages)
         app.router.add_post("/session/{id}/{action}", self._action)
+        # Recorded too: a request that reached some other endpoint is what a test must see.
+        app.router.add_route("*", "/{tail:.*}", self._elsewhere)
         return app
 
     def of(self, action: str) -> list[Received]:
@@ -102,9 +107,18 @@ class FakeOpencode:
         await self._record(request)
         return web.json_response(self.messages.get(request.match_info["id"], []))
 
+    async def _elsewhere(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"error": "no such endpoint"}, status=404)
+
     async def _action(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)
         action = request.match_info["action"]
+        if action == "prompt_async" and self.store_prompts:
+            body = self.requests[-1].body
+            assert isinstance(body, dict)
+            message = {"info": {"role": "user"}, "parts": body["parts"]}
+            self.messages.setdefault(request.match_info["id"], []).append(message)
         # Delays keyed by action ("abort") or by session and action ("s1/abort").
         session_action = f"{request.match_info['id']}/{action}"
         await asyncio.sleep(self.delays.get(session_action, self.delays.get(action, 0)))

@@ -99,7 +99,7 @@ async def test_counters_appear_with_exact_values(metrics, server):
 
 async def test_outcomes_start_at_zero(server):
     lines = await scrape(server)
-    for outcome in ("aborted", "held", "dry_run", "abort_failed"):
+    for outcome in ("aborted", "held", "dry_run", "abort_failed", "cancelled"):
         assert f'{P}interventions_total{{outcome="{outcome}"}} 0.0' in lines
 
 

@@ -30,6 +30,7 @@ from monitor.core.events import (
 from monitor.core.feedback import feedback_text
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.guard import LoopGuard, RecentMap
+from monitor.core.ids import is_session_id
 from monitor.core.rules.cycle import Cycle
 
 MatchMode = Literal["input", "input+output"]
@@ -130,8 +131,12 @@ class Tracker:
         detection: Detection = Detection(),
         directory: str | None = None,
         only_session: str | None = None,
+        check_ids: bool = False,
     ) -> None:
         self.detection = detection
+        # The daemon acts on ids (they go into request paths): one that is not of OpenCode's
+        # shape makes its frame malformed. Off for replay and the core's own tests.
+        self._check_ids = check_ids
         self._guard = LoopGuard(
             max_history=detection.history,
             max_sessions=detection.max_sessions,
@@ -257,6 +262,8 @@ class Tracker:
             return _QUIET[label]
         if isinstance(event, Malformed):
             return self._malformed(label, event.reason)
+        if self._check_ids and not is_session_id(event.session_id):
+            return self._malformed(label, "sessionID is not of the shape ses_...")
         if self.only_session is not None and event.session_id != self.only_session:
             return _QUIET[label]
         if isinstance(event, ToolPart):

@@ -3,6 +3,12 @@
 Each session's actions run in order (never two aborts racing for one session), and each in
 its own task, so a slow or failing call for one session never delays reading the stream or
 acting on another.
+
+Every decision is logged as `loop.detected` when it is submitted, before any request; its
+abort ends in one `intervention.outcome`, and feedback that was due ends in `feedback.sent`
+or `feedback.failed`. An action still queued or running when `drain` gives up ends with
+outcome `cancelled` (or `feedback.failed`, if the abort was done): no decision goes
+unlogged.
 """
 
 from __future__ import annotations
@@ -35,14 +41,20 @@ class Interventions:
         self._on_fatal = on_fatal
         self._on_outcome = on_outcome
         self._tails: dict[str, asyncio.Task[None]] = {}
+        # Every action not yet done, the queued ones too: `_tails` holds only the last per
+        # session, and shutdown must reach them all.
+        self._running: set[asyncio.Task[None]] = set()
 
     def submit(self, decision: Intervene) -> None:
+        log.warning("loop.detected", **_decision_fields(decision))
         session_id = decision.session_id
         previous = self._tails.get(session_id)
         task = asyncio.create_task(self._after(previous, decision))
         self._tails[session_id] = task
+        self._running.add(task)
 
         def done(task: asyncio.Task[None]) -> None:
+            self._running.discard(task)
             if self._tails.get(session_id) is task:
                 del self._tails[session_id]
 
@@ -54,7 +66,7 @@ class Interventions:
 
     async def drain(self, timeout: float) -> None:
         """Let in-flight actions finish, up to `timeout` seconds; cancel what is left."""
-        tasks = list(self._tails.values())
+        tasks = list(self._running)
         if not tasks:
             return
         _, late = await asyncio.wait(tasks, timeout=timeout)
@@ -63,33 +75,33 @@ class Interventions:
         await asyncio.gather(*late, return_exceptions=True)
 
     async def _after(self, previous: asyncio.Task[None] | None, decision: Intervene) -> None:
-        if previous is not None:
-            await asyncio.wait([previous])
+        abort_done = False
+
+        def aborted(outcome: str) -> None:
+            nonlocal abort_done
+            abort_done = True
+            self._on_outcome(decision, outcome)
+
         try:
-            await self._act(decision)
+            if previous is not None:
+                await asyncio.wait([previous])
+            await self._act(decision, aborted)
         except ConfigError as exc:
             self._on_fatal(exc)
+        except asyncio.CancelledError:
+            # Shutdown gave up on this action: say so, for the abort or for the feedback.
+            if abort_done:
+                _feedback_failed(decision, "cancelled at shutdown")
+            else:
+                _outcome(decision, "cancelled", None, None)
+                self._on_outcome(decision, "cancelled")
+            raise
 
-    async def _act(self, decision: Intervene) -> None:
+    async def _act(self, decision: Intervene, aborted: Callable[[str], None]) -> None:
         started = time.monotonic()
         outcome, error = await self._abort(decision)
-        fields = dict(
-            session_id=decision.session_id,
-            directory=decision.directory,
-            part_id=decision.part_id,
-            call_index=decision.call_index,
-            cycle_length=decision.cycle.length,
-            repetitions=decision.cycle.repetitions,
-            tools=list(decision.tools),
-            interventions=decision.prior_interventions + 1,
-            escalated=decision.escalated,
-            outcome=outcome,
-            abort_ms=round((time.monotonic() - started) * 1000, 1),
-        )
-        if error is not None:
-            fields["error"] = error
-        log.warning("loop.detected", **fields)
-        self._on_outcome(decision, outcome)
+        _outcome(decision, outcome, round((time.monotonic() - started) * 1000, 1), error)
+        aborted(outcome)
         if outcome in ("aborted", "held"):
             await self._give_feedback(decision)
 
@@ -109,9 +121,44 @@ class Interventions:
         assert self._api is not None
         try:
             await self._api.prompt(
-                decision.session_id, decision.directory, decision.feedback, no_reply=decision.hold
+                decision.session_id,
+                decision.directory,
+                decision.feedback,
+                no_reply=decision.hold,
+                after_part=decision.part_id,
             )
         except ServerError as exc:
-            log.error("feedback.failed", session_id=decision.session_id, error=str(exc))
+            _feedback_failed(decision, str(exc))
             return
         log.info("feedback.sent", session_id=decision.session_id, hold=decision.hold)
+
+
+def _decision_fields(decision: Intervene) -> dict[str, object]:
+    return dict(
+        session_id=decision.session_id,
+        directory=decision.directory,
+        part_id=decision.part_id,
+        call_index=decision.call_index,
+        cycle_length=decision.cycle.length,
+        repetitions=decision.cycle.repetitions,
+        tools=list(decision.tools),
+        interventions=decision.prior_interventions + 1,
+        escalated=decision.escalated,
+    )
+
+
+def _outcome(
+    decision: Intervene, outcome: str, abort_ms: float | None, error: str | None
+) -> None:
+    # The decision's fields again: one record tells the whole intervention.
+    fields = _decision_fields(decision)
+    fields["outcome"] = outcome
+    if abort_ms is not None:
+        fields["abort_ms"] = abort_ms
+    if error is not None:
+        fields["error"] = error
+    log.warning("intervention.outcome", **fields)
+
+
+def _feedback_failed(decision: Intervene, error: str) -> None:
+    log.error("feedback.failed", session_id=decision.session_id, error=error)

@@ -26,7 +26,7 @@ from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
 
-OUTCOMES = ("aborted", "held", "dry_run", "abort_failed")
+OUTCOMES = ("aborted", "held", "dry_run", "abort_failed", "cancelled")
 
 
 def readiness(connected: bool, last_frame_at: float | None, now: float, limit: float) -> str | None:
