@@ -64,6 +64,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "match": "input",
         "ignore_tool": frozenset(),
         "ignore_arg": {},
+        "max_sessions": 10_000,
         "dry_run": False,
         "on_loop": "resume",
         "max_interventions": 2,
@@ -73,6 +74,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "metrics_addr": None,
         "username": "opencode",
         "password": None,
+        "warnings": (),
     }
 
 

@@ -263,7 +263,7 @@ class Tracker:
         if isinstance(event, Malformed):
             return self._malformed(label, event.reason)
         if self._check_ids and not is_session_id(event.session_id):
-            return self._malformed(label, "sessionID is not of the shape ses_...")
+            return self._malformed(label, f"{label}: sessionID is not of the shape ses_...")
         if self.only_session is not None and event.session_id != self.only_session:
             return _QUIET[label]
         if isinstance(event, ToolPart):

@@ -147,9 +147,7 @@ def _decision_fields(decision: Intervene) -> dict[str, object]:
     )
 
 
-def _outcome(
-    decision: Intervene, outcome: str, abort_ms: float | None, error: str | None
-) -> None:
+def _outcome(decision: Intervene, outcome: str, abort_ms: float | None, error: str | None) -> None:
     # The decision's fields again: one record tells the whole intervention.
     fields = _decision_fields(decision)
     fields["outcome"] = outcome
