@@ -200,8 +200,11 @@ async def measure(seconds: float, rate: int, loops_per_s: float, delay: float) -
             started = time.perf_counter()
             loops = await server.play(seconds, rate, loops_per_s)
             streamed_s = time.perf_counter() - started
-            deadline = time.monotonic() + 10
-            while len(server.prompts) < len(loops) and time.monotonic() < deadline:
+            # The last interventions finish, for as long as they make progress.
+            progress, deadline = -1, time.monotonic()
+            while len(server.prompts) < len(loops) and time.monotonic() < deadline + 10:
+                if len(server.prompts) > progress:
+                    progress, deadline = len(server.prompts), time.monotonic()
                 await asyncio.sleep(0.1)
             samples.append((samples[-1][0] + 1, *sample(monitor.pid)))
         finally:
@@ -211,9 +214,9 @@ async def measure(seconds: float, rate: int, loops_per_s: float, delay: float) -
             monitor.send_signal(signal.SIGTERM)
             await asyncio.wait_for(monitor.wait(), 10)
             await runner.cleanup()
-        logged = Counter(
-            json.loads(line)["event"] for line in log_path.read_text(encoding="utf-8").splitlines()
-        )
+        records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines()]
+        logged = Counter(record["event"] for record in records)
+        logged["cancelled"] = sum(record.get("outcome") == "cancelled" for record in records)
     expected = set(loops)
     strays = (set(server.aborts) | set(server.prompts)) - expected
     lost = sum(1 for s in loops if server.aborts[s] == 0 or server.prompts[s] == 0)
@@ -233,6 +236,7 @@ async def measure(seconds: float, rate: int, loops_per_s: float, delay: float) -
         "stray_sessions": len(strays),
         "loop_detected_logged": logged["loop.detected"],
         "outcomes_logged": logged["intervention.outcome"],
+        "cancelled_at_stop": logged["cancelled"],
         "rss_mib_after_10s": round(rss_mib[0], 1),
         "rss_mib_end": round(rss_mib[-1], 1),
         "rss_mib_max": round(max(rss_mib), 1),
