@@ -380,3 +380,15 @@ def test_clean_tool_name():
     assert clean_tool_name("a\nb\t\x00c\u202ed") == "a b c d"
     assert clean_tool_name("x" * 200) == "x" * (TOOL_NAME_MAX - 1) + "…"
     assert clean_tool_name("mcp_\ud800tool") == "mcp_ tool"
+
+
+async def test_a_401_on_the_abort_is_logged_as_the_outcome_then_stops_the_monitor():
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))], answers={"abort": [401]})
+    server, watch, task = await start(fake)
+    with capture_logs() as logs:
+        with pytest.raises(ConfigError, match="401"):
+            await asyncio.wait_for(task, 5)
+    await server.close()
+    [outcome] = events(logs, "intervention.outcome")
+    assert outcome["outcome"] == "abort_failed" and "401" in outcome["error"]
+    assert fake.of("prompt_async") == []

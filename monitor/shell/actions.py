@@ -75,35 +75,25 @@ class Interventions:
         await asyncio.gather(*late, return_exceptions=True)
 
     async def _after(self, previous: asyncio.Task[None] | None, decision: Intervene) -> None:
-        abort_done = False
-
-        def aborted(outcome: str) -> None:
-            nonlocal abort_done
-            abort_done = True
-            self._on_outcome(decision, outcome)
-
+        feedback_due = False
         try:
             if previous is not None:
                 await asyncio.wait([previous])
-            await self._act(decision, aborted)
-        except ConfigError as exc:
-            self._on_fatal(exc)
+            started = time.monotonic()
+            outcome, error = await self._abort(decision)
+            _outcome(decision, outcome, round((time.monotonic() - started) * 1000, 1), error)
+            self._on_outcome(decision, outcome)
+            feedback_due = outcome in ("aborted", "held")
+            if feedback_due:
+                await self._give_feedback(decision)
         except asyncio.CancelledError:
             # Shutdown gave up on this action: say so, for the abort or for the feedback.
-            if abort_done:
+            if feedback_due:
                 _feedback_failed(decision, "cancelled at shutdown")
             else:
                 _outcome(decision, "cancelled", None, None)
                 self._on_outcome(decision, "cancelled")
             raise
-
-    async def _act(self, decision: Intervene, aborted: Callable[[str], None]) -> None:
-        started = time.monotonic()
-        outcome, error = await self._abort(decision)
-        _outcome(decision, outcome, round((time.monotonic() - started) * 1000, 1), error)
-        aborted(outcome)
-        if outcome in ("aborted", "held"):
-            await self._give_feedback(decision)
 
     async def _abort(self, decision: Intervene) -> tuple[str, str | None]:
         if self._api is None:
@@ -112,6 +102,9 @@ class Interventions:
             await self._api.abort(decision.session_id, decision.directory)
         except SessionGone as exc:
             self._forget(decision.session_id)
+            return "abort_failed", str(exc)
+        except ConfigError as exc:
+            self._on_fatal(exc)  # logged as this decision's outcome, then the monitor stops
             return "abort_failed", str(exc)
         except ServerError as exc:
             return "abort_failed", str(exc)
@@ -127,6 +120,10 @@ class Interventions:
                 no_reply=decision.hold,
                 after_part=decision.part_id,
             )
+        except ConfigError as exc:
+            _feedback_failed(decision, str(exc))
+            self._on_fatal(exc)
+            return
         except ServerError as exc:
             _feedback_failed(decision, str(exc))
             return
