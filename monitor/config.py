@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import difflib
 import enum
+import ipaddress
 import json
+import stat
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from monitor.core.permissions import PermissionMode
 from monitor.core.profile import Profile
@@ -184,6 +186,12 @@ def _path(raw: object) -> Path:
     raise ValueError(f"expected a file path, got {_show(raw)}")
 
 
+def public_url(url: str) -> str:
+    """`url` as logs and errors show it: no user, password, query or fragment."""
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
 def _url(raw: object) -> str:
     wanted = "expected an http:// or https:// URL such as http://127.0.0.1:4096"
     if not isinstance(raw, str):
@@ -199,10 +207,13 @@ def _url(raw: object) -> str:
         port_ok = parts.port is None or parts.port >= 0  # .port raises on a bad port
     except ValueError:
         port_ok = False
+    # Shown without its query and fragment: either may carry a token.
     if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
-        raise ValueError(f"{wanted}, got {_show(raw)}")
+        raise ValueError(f"{wanted}, got {_show(public_url(text))}")
     if parts.query or parts.fragment:
-        raise ValueError(f"expected a base URL without ?query or #fragment, got {_show(raw)}")
+        raise ValueError(
+            f"expected a base URL without ?query or #fragment, got {_show(public_url(text))}"
+        )
     # Without the trailing slash, callers can append "/global/event" without doubling it.
     return text.rstrip("/")
 
@@ -402,6 +413,14 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="N",
     ),
     Setting(
+        "max_sessions",
+        _integer(1),
+        10_000,
+        "sessions tracked at most; the least recently active one is dropped first",
+        Group.DETECTION,
+        metavar="N",
+    ),
+    Setting(
         "dry_run",
         _boolean,
         False,
@@ -517,6 +536,7 @@ class Settings:
     ignore_arg: Mapping[str, frozenset[str]]  # tool -> argument keys dropped before comparing
     text_repeats: int
     text_steps: int
+    max_sessions: int
     dry_run: bool
     on_loop: OnLoop
     max_interventions: int
@@ -530,6 +550,8 @@ class Settings:
     # Not settings of ours: taken from the server's variables or password_file.
     username: str = field(repr=False)
     password: str | None = field(repr=False)
+    # What is allowed but probably a mistake; `watch` logs each as `config.warning`.
+    warnings: tuple[str, ...] = ()
 
 
 class _File(NamedTuple):
@@ -574,7 +596,7 @@ def load_settings(
     if values["log_format"] == "auto":
         values["log_format"] = "console" if isatty else "json"
     username, password = _credentials(values["password_file"], raws["password_file"].label, environ)
-    return Settings(**values, username=username, password=password)
+    return Settings(**values, username=username, password=password, warnings=_warnings(values))
 
 
 def _find(
@@ -730,6 +752,30 @@ def _read_password(path: Path, label: str) -> str:
     return password
 
 
+def _warnings(values: Mapping[str, Any]) -> tuple[str, ...]:
+    warnings = []
+    password_file: Path | None = values["password_file"]
+    # Already read by `_credentials`, so it exists.
+    if password_file is not None and password_file.stat().st_mode & stat.S_IROTH:
+        warnings.append(f"password_file {password_file} is readable by every user (chmod o-r)")
+    address: ListenAddress | None = values["metrics_addr"]
+    if address is not None and not _is_loopback(address.host):
+        warnings.append(
+            f"metrics_addr {address.host}:{address.port} is not a loopback address: "
+            "/metrics is served without authentication to whoever can reach it"
+        )
+    return tuple(warnings)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
 def detection_of(settings: Settings) -> Detection:
     """The core's detection settings, as `watch`, `attach`, `replay` and `evaluate` judge."""
     if settings.rules == "seed":
@@ -756,6 +802,7 @@ def detection_of(settings: Settings) -> Detection:
         profile=settings.profile,
         text_repeats=settings.text_repeats,
         text_steps=settings.text_steps,
+        max_sessions=settings.max_sessions,
     )
 
 

@@ -70,6 +70,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "ignore_arg": {},
         "text_repeats": 5,
         "text_steps": 8,
+        "max_sessions": 10_000,
         "dry_run": False,
         "on_loop": "resume",
         "max_interventions": 2,
@@ -82,6 +83,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "notify_url": None,
         "username": "opencode",
         "password": None,
+        "warnings": (),
     }
 
 
@@ -404,7 +406,7 @@ def test_password_in_url_is_rejected_without_echoing_it(tmp_path: Path) -> None:
 
 def test_settings_fields_are_the_table() -> None:
     fields = {field.name for field in dataclasses.fields(Settings)}
-    assert fields == {setting.name for setting in SETTINGS} | {"username", "password"}
+    assert fields == {setting.name for setting in SETTINGS} | {"username", "password", "warnings"}
 
 
 def doc_table() -> dict[str, dict[str, str]]:

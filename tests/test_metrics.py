@@ -103,7 +103,7 @@ async def test_counters_appear_with_exact_values(metrics, server):
 
 async def test_outcomes_start_at_zero(server):
     lines = await scrape(server)
-    for outcome in ("aborted", "held", "rejected", "answered", "abort_failed"):
+    for outcome in ("aborted", "held", "rejected", "answered", "abort_failed", "cancelled"):
         assert f'{P}interventions_total{{outcome="{outcome}"}} 0.0' in lines
     assert f"{P}dry_run_loops_left_running_total 0.0" in lines
 

@@ -47,7 +47,7 @@ async def test_a_refusal_answered_first_by_someone_else_falls_back_to_the_abort(
     assert body["reply"] == "reject" and body["message"].startswith(MARK)  # type: ignore[index]
     assert [r.path for r in fake.of("abort")] == ["/session/ses_1/abort"]
     assert "stopped at this call" in fake.of("prompt_async")[0].body["parts"][0]["text"]  # type: ignore[index]
-    [detected] = events(logs, "loop.detected")
+    [detected] = events(logs, "intervention.outcome")
     assert (detected["outcome"], detected["fallback"], detected["request_id"]) == (
         "aborted",
         "answered first",
@@ -91,13 +91,13 @@ async def test_requests_pending_across_a_reconnect_are_read_back_and_answered():
     with capture_logs() as logs:
         running = await start(fake, permissions="approve")
         await wait_for(lambda: len(replies_sent(fake)) == 5)
-        await wait_for(lambda: events(logs, "loop.detected"))
+        await wait_for(lambda: events(logs, "intervention.outcome"))
         await stop(*running)
     answers = dict(replies_sent(fake))
     assert len(answers) == 5  # calls 1-3 approved live, 4 and 9 once read back
     assert answers["/permission/per_9/reply"] == {"reply": "once"}
     assert answers["/permission/per_4/reply"]["reply"] == "reject"  # type: ignore[index]
-    [detected] = events(logs, "loop.detected")
+    [detected] = events(logs, "intervention.outcome")
     assert (detected["outcome"], detected["request_id"]) == ("rejected", "per_4")
     assert fake.of("abort") == [] and fake.of("prompt_async") == []
     assert events(logs, "stream.resynced")[-1]["pending_permissions"] == 2
@@ -111,7 +111,7 @@ async def test_off_answers_nothing_and_aborts_as_before():
         await wait_for(lambda: fake.of("prompt_async"))
         await stop(*running)
     assert [r.path for r in fake.requests if "permission" in r.path] == []
-    [detected] = events(logs, "loop.detected")
+    [detected] = events(logs, "intervention.outcome")
     assert (detected["outcome"], detected["part_id"]) == ("aborted", "prt_4")
     assert [r.path for r in fake.of("abort")] == ["/session/ses_1/abort"]
 
@@ -122,15 +122,15 @@ async def test_a_doom_loop_answered_within_the_grace_period_is_left_alone():
         streams=[
             play(stream(*requests, doom_loop(1, "bash")), then="end"),
             # A person at the TUI answers it meanwhile; the stream tells the monitor so.
-            play(stream(replied("per_doom_1", "once"))),
+            play(stream(replied("per_doom1", "once"))),
         ]
     )
     with capture_logs() as logs:
         running = await start(fake, permission_grace=1)
-        await wait_for(lambda: events(logs, "loop.detected"))
+        await wait_for(lambda: events(logs, "intervention.outcome"))
         await stop(*running)
     assert replies_sent(fake) == [] and fake.of("abort") == []
-    [detected] = events(logs, "loop.detected")
+    [detected] = events(logs, "intervention.outcome")
     assert (detected["rule"], detected["outcome"], detected["part_id"]) == (
         "doom_loop",
         "answered",
@@ -147,11 +147,11 @@ async def test_a_refused_doom_loop_is_aborted_then_given_the_feedback():
         await stop(*running)
     order = [r.path for r in fake.requests if r.method == "POST"]
     assert order == [
-        "/permission/per_doom_1/reply",
+        "/permission/per_doom1/reply",
         "/session/ses_1/abort",
         "/session/ses_1/prompt_async",
     ]
-    [detected] = events(logs, "loop.detected")
+    [detected] = events(logs, "intervention.outcome")
     assert (detected["rule"], detected["outcome"]) == ("doom_loop", "rejected")
     assert fake.of("prompt_async")[0].body["parts"][0]["text"].startswith(MARK)  # type: ignore[index]
 
@@ -167,5 +167,5 @@ async def test_a_held_loop_is_refused_aborted_and_its_feedback_stored():
     assert path == "/permission/per_4/reply" and "on hold" in body["message"]  # type: ignore[index]
     assert [r.path for r in fake.of("abort")] == ["/session/ses_1/abort"]
     assert fake.of("prompt_async")[0].body["noReply"] is True  # type: ignore[index]
-    [detected] = events(logs, "loop.detected")
+    [detected] = events(logs, "intervention.outcome")
     assert (detected["outcome"], detected["request_id"]) == ("held", "per_4")

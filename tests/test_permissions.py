@@ -63,7 +63,7 @@ def doom_loop(n: int, tool: str = "read", session: str = S) -> dict:
     return {
         "type": "permission.asked",
         "properties": {
-            "id": f"per_doom_{n}",
+            "id": f"per_doom{n}",
             "sessionID": session,
             "permission": "doom_loop",
             "patterns": [tool],
@@ -239,14 +239,14 @@ def test_doom_loop_request_is_refused_with_our_feedback(mode, wait):
         run.running(n, READ)  # three parallel calls of one step, all still running
     run.feed(doom_loop(1))
     [reply] = run.replies
-    assert (reply.request_id, reply.reply, reply.wait) == ("per_doom_1", "reject", wait)
+    assert (reply.request_id, reply.reply, reply.wait) == ("per_doom1", "reject", wait)
     loop = reply.loop
     assert loop is not None and loop.rule == "doom_loop" and loop.tools == ("read",)
     assert (loop.cycle.length, loop.cycle.repetitions, loop.part_id) == (1, 3, "prt_3")
     assert loop.feedback.startswith(MARK) and loop.prior_interventions == 0
-    assert run.tracker.permissions.pending("per_doom_1")
-    run.feed(replied("per_doom_1", "once"))
-    assert not run.tracker.permissions.pending("per_doom_1")
+    assert run.tracker.permissions.pending("per_doom1")
+    run.feed(replied("per_doom1", "once"))
+    assert not run.tracker.permissions.pending("per_doom1")
 
 
 def test_off_answers_nothing_and_aborts_as_before():
@@ -266,7 +266,7 @@ def test_a_request_read_back_again_is_answered_once():
     run.feed(asked(1))
     run.feed(doom_loop(1))
     run.feed(doom_loop(1))
-    assert [r.request_id for r in run.replies] == ["per_1", "per_doom_1"]
+    assert [r.request_id for r in run.replies] == ["per_1", "per_doom1"]
 
 
 def test_rejections_count_as_interventions_and_escalate_to_hold():
@@ -295,7 +295,7 @@ def test_permission_events_are_typed_from_both_stream_forms():
     assert event == PermissionAsked(S, "per_4", "read", "msg_4", "call_4", None, None)
     envelope = {"directory": "/d", "project": "global", "payload": doom_loop(1)}
     assert parse_event(envelope)[1] == PermissionAsked(
-        S, "per_doom_1", "doom_loop", None, None, "read", "/d"
+        S, "per_doom1", "doom_loop", None, None, "read", "/d"
     )
     # The live stream leaves `tool` out of a doom_loop request; GET /permission says null.
     del envelope["payload"]["properties"]["tool"]

@@ -61,7 +61,7 @@ async def test_attached_mid_run_aborts_at_the_fourth_call(opencode_server, start
     messages = await client.wait_idle(session["id"], 60, user_messages=2)
     parts = tool_parts(messages)
     assert len(parts) == 4  # nothing ran after the 4th call
-    [detected] = monitor.events("loop.detected")
+    [detected] = monitor.events("intervention.outcome")
     assert detected["part_id"] == parts[3]["id"] and detected["call_index"] == 4
     assert detected["outcome"] == "aborted" and detected["session_id"] == session["id"]
     assert detected["directory"] == opencode_server.directory
@@ -84,7 +84,7 @@ async def test_attached_after_the_loop_acts_at_once(opencode_server, start_monit
     parts = tool_parts(messages)
     # Stopped at once: at most the call that was already on its way when we attached.
     assert len(parts) <= seeded["calls"] + 1 < 20
-    [detected] = monitor.events("loop.detected")
+    [detected] = monitor.events("intervention.outcome")
     # The position where `watch` would have stopped it: the 4th identical call.
     assert detected["part_id"] == before[3]["id"] == parts[3]["id"]
     assert detected["call_index"] == 4 and detected["outcome"] == "aborted"

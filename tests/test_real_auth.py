@@ -67,7 +67,7 @@ async def catches_a_loop(monitor, server, http):
     await client.prompt_async(session["id"], script([READ], 20, delay=0.2))
     messages = await client.wait_idle(session["id"], 60, user_messages=2)
     assert len(tool_parts(messages)) == 4
-    [detected] = monitor.events("loop.detected")
+    [detected] = monitor.events("intervention.outcome")
     assert detected["outcome"] == "aborted" and detected["session_id"] == session["id"]
     assert monitor.events("feedback.sent")
     code, _ = await monitor.stop()

@@ -129,7 +129,7 @@ async def test_demo_stops_the_loop_and_everything_it_started(opencode_bin, tmp_p
     # The monitor's own log went to its file, not into the story.
     assert '"event"' not in output
     records = [json.loads(line) for line in (tmp_path / "cache" / "demo-monitor.log").open()]
-    [loop] = [r for r in records if r["event"] == "loop.detected"]
+    [loop] = [r for r in records if r["event"] == "intervention.outcome"]
     assert (loop["outcome"], loop["call_index"], loop["tools"]) == ("aborted", 6, ["read", "bash"])
 
 

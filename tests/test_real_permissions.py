@@ -74,7 +74,7 @@ async def test_approve_refuses_the_fourth_append_before_it_runs(asking_server, s
     assert not aborted(messages)
     assert len(user_texts(messages)) == 1  # no feedback message: the run went on by itself
     assert assistant_texts(messages)[-1] == DEFAULT_ANSWER
-    [detected] = monitor.events("loop.detected")
+    [detected] = await monitor.wait_event("intervention.outcome")
     assert (detected["rule"], detected["outcome"], detected["part_id"]) == (
         "cycle",
         "rejected",
@@ -96,7 +96,7 @@ async def test_two_call_cycle_runs_five_calls_and_refuses_the_sixth(
     parts = tool_parts(messages)
     assert [p["state"]["status"] for p in parts] == ["completed"] * 5 + ["error"]
     assert lines_written(asking_server) == 2  # the appends of calls 2 and 4; 6 never ran
-    [detected] = monitor.events("loop.detected")
+    [detected] = await monitor.wait_event("intervention.outcome")
     assert (detected["outcome"], detected["cycle_length"], detected["tools"]) == (
         "rejected",
         2,
@@ -134,7 +134,7 @@ async def test_gate_refuses_the_loop_before_a_slow_person_approves_it(
         approving.cancel()
     assert lines_written(asking_server) == 3
     assert person_answers.count(200) == 3  # the 4th request was gone when the person came
-    [detected] = monitor.events("loop.detected")
+    [detected] = await monitor.wait_event("intervention.outcome")
     assert detected["outcome"] == "rejected"
     assert tool_parts(messages)[3]["state"]["status"] == "error"
     assert monitor.events("permission.approved") == []
@@ -183,7 +183,7 @@ async def test_a_tool_that_asks_nothing_is_still_aborted(
         messages = await client.wait_idle(session["id"], 60, user_messages=2)
     parts = tool_parts(messages)
     assert len(parts) == 4
-    [detected] = monitor.events("loop.detected")
+    [detected] = await monitor.wait_event("intervention.outcome")
     assert (detected["rule"], detected["outcome"], detected["part_id"]) == (
         "cycle",
         "aborted",
@@ -218,7 +218,7 @@ async def test_doom_loop_left_unanswered_is_refused_after_the_grace_period(
         doom_server, start_monitor, http, "--permission-grace", "2"
     )
     assert 2 <= took < 2 + 8
-    [detected] = monitor.events("loop.detected")
+    [detected] = await monitor.wait_event("intervention.outcome")
     assert (detected["rule"], detected["outcome"], detected["tools"]) == (
         "doom_loop",
         "rejected",
@@ -235,7 +235,7 @@ async def test_doom_loop_is_refused_at_once_under_approve(doom_server, start_mon
         doom_server, start_monitor, http, "--permissions", "approve"
     )
     assert took < 8  # the grace period (30 s by default) does not apply
-    [detected] = monitor.events("loop.detected")
+    [detected] = await monitor.wait_event("intervention.outcome")
     assert (detected["rule"], detected["outcome"]) == ("doom_loop", "rejected")
     assert detected["reply_ms"] < 1000
     assert user_texts(messages)[1].startswith(MARK)
@@ -292,7 +292,7 @@ async def test_opencode_run_with_auto_races_the_monitor_and_every_loop_is_stoppe
     monitor = await start_watching(start_monitor, asking_server, "--permissions", "gate")
     code, output = await opencode_run(asking_server, opencode_bin, "--auto")
     assert code == 0
-    [detected] = await monitor.wait_event("loop.detected")
+    [detected] = await monitor.wait_event("intervention.outcome")
     assert detected["rule"] == "cycle" and detected["call_index"] == 4
     if detected["outcome"] == "rejected":
         assert lines_written(asking_server) == 3

@@ -71,7 +71,7 @@ async def test_a_paragraph_repeated_hundreds_of_times_is_stopped_early(
     await client.prompt_async(session["id"], prompt)
     messages = await client.wait_idle(session["id"], 60, user_messages=2)
 
-    [detected] = monitor.events("loop.detected")
+    [detected] = await monitor.wait_event("intervention.outcome")
     assert (detected["rule"], detected["outcome"]) == ("text_repeat", "aborted")
     assert detected["session_id"] == session["id"] and detected["tools"] == []
     looped = stored_parts(messages, kind)[0]
@@ -129,6 +129,6 @@ async def test_dry_run_only_logs_a_text_loop(opencode_server, start_monitor, htt
     messages = await client.wait_idle(session["id"], 60)
     assert assistant_texts(messages) == [PARAGRAPH * 20]  # streamed to its end
     assert len(user_texts(messages)) == 1
-    [detected] = monitor.events("loop.detected")
+    [detected] = await monitor.wait_event("intervention.outcome")
     assert (detected["rule"], detected["outcome"]) == ("text_repeat", "dry_run")
     assert detected["call_index"] == math.ceil((5 * len(PARAGRAPH) - 1) / CHUNK)

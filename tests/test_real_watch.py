@@ -66,7 +66,7 @@ async def test_two_call_cycle_aborted_on_its_sixth_call(
 
     parts = tool_parts(messages)
     assert [p["tool"] for p in parts] == ["read", "bash"] * 3  # no call after the 6th
-    [detected] = monitor.events("loop.detected")
+    [detected] = monitor.events("intervention.outcome")
     assert detected["part_id"] == parts[5]["id"]
     assert measure_overshoot(messages, [detected["part_id"]]) == 0
     assert (detected["cycle_length"], detected["repetitions"], detected["tools"]) == (
@@ -133,7 +133,7 @@ async def test_loop_caught_after_the_server_restarts(
     await client.prompt_async(session["id"], script([READ], 20, delay=MODEL_DELAY))
     messages = await client.wait_idle(session["id"], 60, user_messages=2)
     assert len(tool_parts(messages)) == 4
-    [detected] = monitor.events("loop.detected")
+    [detected] = monitor.events("intervention.outcome")
     assert detected["outcome"] == "aborted" and detected["session_id"] == session["id"]
     assert measure_overshoot(messages, [detected["part_id"]]) == 0
 
@@ -145,7 +145,7 @@ async def test_dry_run_leaves_the_loop_running(opencode_server, start_monitor, h
     await client.prompt_async(session["id"], script([READ, BASH], 8))
     messages = await client.wait_idle(session["id"], 60)
     assert len(tool_parts(messages)) == 8 and len(user_texts(messages)) == 1
-    [detected] = monitor.events("loop.detected")
+    [detected] = monitor.events("intervention.outcome")
     assert detected["outcome"] == "dry_run" and detected["call_index"] == 6
 
 
@@ -160,7 +160,7 @@ async def test_third_intervention_holds(opencode_server, start_monitor, http, me
     await asyncio.sleep(1.5)  # a held session must stay quiet: nothing may start
     assert session["id"] not in await client.status()
     messages = await client.messages(session["id"])
-    outcomes = [(d["outcome"], d["escalated"]) for d in monitor.events("loop.detected")]
+    outcomes = [(d["outcome"], d["escalated"]) for d in monitor.events("intervention.outcome")]
     assert outcomes == [("aborted", False), ("aborted", False), ("held", True)]
     assert len(tool_parts(messages)) == 12
     parts = [d["part_id"] for d in monitor.events("loop.detected")]

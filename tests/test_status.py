@@ -29,8 +29,8 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
     # s1 loops twice: aborted at call 4, held at call 8 (max_interventions 1); s2 made 2 calls.
-    s2 = [envelope(f, "/v") for n in (1, 2) for f in call("s2", f"g{n}", "grep", {"n": n})]
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 8), frames(*s2))])
+    s2 = [envelope(f, "/v") for n in (1, 2) for f in call("ses_2", f"g{n}", "grep", {"n": n})]
+    fake = FakeOpencode(streams=[play(loop_frames("ses_1", 8), frames(*s2))])
     server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
     url = f"http://127.0.0.1:{server.port}"
@@ -67,14 +67,14 @@ async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
     assert status["totals"] == {"sessions": 2, "busy": 1, "held": 1, "interventions": 2}
     assert status["sessions"] == [
         {
-            "session_id": "s1",
+            "session_id": "ses_1",
             "directory": "/w",
             "state": "held",
             "run_calls": 8,
             "interventions": 2,
         },
         {
-            "session_id": "s2",
+            "session_id": "ses_2",
             "directory": "/v",
             "state": "busy",
             "run_calls": 2,
@@ -87,8 +87,8 @@ async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
     assert lines[2] == "sessions followed: 2 (busy 1, held 1), interventions: 2"
     assert lines[4:] == [
         "SESSION  STATE  CALLS  INTERVENTIONS  DIRECTORY",
-        "s1       held       8              2  /w",
-        "s2       busy       2              0  /v",
+        "ses_1    held       8              2  /w",
+        "ses_2    busy       2              0  /v",
     ]
 
 

@@ -114,6 +114,13 @@ def test_password_comes_from_a_credential(path: Path) -> None:
 
 
 @both_units
+def test_recordings_have_a_private_state_directory(path: Path) -> None:
+    unit = load(path)
+    assert value(unit, "Service", "StateDirectory") == "opencode-loop-monitor"
+    assert value(unit, "Service", "StateDirectoryMode") == "0700"
+
+
+@both_units
 def test_exec_start_watches_and_logs_json(path: Path) -> None:
     argv = value(load(path), "Service", "ExecStart").split()
     assert argv[:2] == [INSTALLED_BINARY, "watch"]

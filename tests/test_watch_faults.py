@@ -63,32 +63,44 @@ def events(logs, name):
 
 
 async def test_loop_is_aborted_and_feedback_posted():
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))])
     with capture_logs() as logs:
         running = await start(fake)
         await wait_for(lambda: fake.of("prompt_async"))
         assert await stop(*running) == 0
     [abort] = fake.of("abort")
     [prompt] = fake.of("prompt_async")
-    assert abort.path == "/session/s1/abort" and abort.query == {"directory": "/w"}
+    assert abort.path == "/session/ses_s1/abort" and abort.query == {"directory": "/w"}
     assert prompt.query == {"directory": "/w"}
     assert "noReply" not in prompt.body
     assert "1 call (read) repeated 4 times" in prompt.body["parts"][0]["text"]
     [detected] = events(logs, "loop.detected")
     assert {k: detected[k] for k in ("session_id", "directory", "cycle_length", "repetitions")} == {
-        "session_id": "s1",
+        "session_id": "ses_s1",
         "directory": "/w",
         "cycle_length": 1,
         "repetitions": 4,
     }
-    assert detected["tools"] == ["read"] and detected["outcome"] == "aborted"
+    assert detected["tools"] == ["read"] and "outcome" not in detected
     assert detected["part_id"] == "p4"
-    assert events(logs, "feedback.sent")[0]["session_id"] == "s1"
+    [outcome] = events(logs, "intervention.outcome")
+    assert (outcome["session_id"], outcome["part_id"], outcome["outcome"]) == (
+        "ses_s1",
+        "p4",
+        "aborted",
+    )
+    # Decided, then acted on: the decision is logged before the request is answered.
+    names = [entry["event"] for entry in logs if entry["event"] != "stream.resynced"]
+    assert names.index("loop.detected") < names.index("intervention.outcome")
+    assert events(logs, "feedback.sent")[0]["session_id"] == "ses_s1"
 
 
 async def test_clean_end_reconnects_and_resyncs():
     fake = FakeOpencode(
-        streams=[play(loop_frames("s1", 3), then="end"), play(loop_frames("s1", 1, prefix="q"))],
+        streams=[
+            play(loop_frames("ses_s1", 3), then="end"),
+            play(loop_frames("ses_s1", 1, prefix="q")),
+        ],
         busy={},  # after the reconnect the server says nothing runs: s1's run is over
     )
     # server.connected and three updates per call, on each connection.
@@ -109,10 +121,13 @@ async def test_clean_end_reconnects_and_resyncs():
 
 async def test_resync_reads_busy_runs_back():
     fake = FakeOpencode(
-        streams=[play(loop_frames("s1", 3), then="end"), play(loop_frames("s1", 1, prefix="q"))],
-        busy={"s1": {"type": "busy"}},
+        streams=[
+            play(loop_frames("ses_s1", 3), then="end"),
+            play(loop_frames("ses_s1", 1, prefix="q")),
+        ],
+        busy={"ses_s1": {"type": "busy"}},
         # The server's record of the run: the three calls we saw.
-        messages={"s1": ff.run_record("s1", 3)},
+        messages={"ses_s1": ff.run_record("ses_s1", 3)},
     )
     with capture_logs() as logs:
         running = await start(fake)
@@ -121,13 +136,13 @@ async def test_resync_reads_busy_runs_back():
     # After the reconnect the server is asked about the directory the stream showed.
     assert {"directory": "/w"} in [r.query for r in fake.of("status")]
     read_back = fake.of("message")[-1]
-    assert (read_back.path, read_back.query) == ("/session/s1/message", {"directory": "/w"})
+    assert (read_back.path, read_back.query) == ("/session/ses_s1/message", {"directory": "/w"})
     [detected] = events(logs, "loop.detected")
     assert (detected["part_id"], detected["call_index"]) == ("q1", 4)
     assert events(logs, "session.seeded")[-1] == {
         "event": "session.seeded",
         "log_level": "info",
-        "session_id": "s1",
+        "session_id": "ses_s1",
         "calls": 3,
         "loop": False,
     }
@@ -135,10 +150,10 @@ async def test_resync_reads_busy_runs_back():
 
 async def test_calls_made_while_away_count():
     fake = FakeOpencode(
-        streams=[play(loop_frames("s1", 2), then="end"), play()],
-        busy={"s1": {"type": "busy"}},
+        streams=[play(loop_frames("ses_s1", 2), then="end"), play()],
+        busy={"ses_s1": {"type": "busy"}},
         # Two more identical calls ran while the stream was down: the loop is complete.
-        messages={"s1": ff.run_record("s1", 4)},
+        messages={"ses_s1": ff.run_record("ses_s1", 4)},
     )
     with capture_logs() as logs:
         running = await start(fake)
@@ -146,14 +161,14 @@ async def test_calls_made_while_away_count():
         await stop(*running)
     [detected] = events(logs, "loop.detected")
     assert (detected["part_id"], detected["call_index"]) == ("p4", 4)
-    assert fake.of("abort")[0].path == "/session/s1/abort"
+    assert fake.of("abort")[0].path == "/session/ses_s1/abort"
 
 
 async def test_a_run_under_way_at_start_is_read_back():
     fake = FakeOpencode(
-        streams=[play(loop_frames("s1", 1, prefix="q"))],
-        busy={"s1": {"type": "busy"}},
-        messages={"s1": ff.run_record("s1", 3)},
+        streams=[play(loop_frames("ses_s1", 1, prefix="q"))],
+        busy={"ses_s1": {"type": "busy"}},
+        messages={"ses_s1": ff.run_record("ses_s1", 3)},
     )
     with capture_logs() as logs:
         running = await start(fake)
@@ -166,13 +181,13 @@ async def test_a_run_under_way_at_start_is_read_back():
 
 async def test_a_session_being_stopped_is_not_read_back():
     fake = FakeOpencode(
-        streams=[play(loop_frames("s1", 4), then="end"), play()], delays={"abort": 0.3}
+        streams=[play(loop_frames("ses_s1", 4), then="end"), play()], delays={"abort": 0.3}
     )
     running = await start(fake)
     await wait_for(lambda: fake.of("status"))
     # Busy from now on, with the loop in its record: only the abort in flight tells.
-    fake.busy = {"s1": {"type": "busy"}}
-    fake.messages = {"s1": ff.run_record("s1", 4)}
+    fake.busy = {"ses_s1": {"type": "busy"}}
+    fake.messages = {"ses_s1": ff.run_record("ses_s1", 4)}
     await wait_for(lambda: fake.of("prompt_async"))
     await stop(*running)
     [abort] = fake.of("abort")
@@ -183,7 +198,7 @@ async def test_a_session_being_stopped_is_not_read_back():
 
 
 async def test_error_in_mid_read_reconnects():
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 2), then="break")])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 2), then="break")])
     with capture_logs() as logs:
         running = await start(fake)
         await wait_for(lambda: fake.connections >= 2)
@@ -224,7 +239,7 @@ async def test_garbage_frames_are_counted_and_the_loop_still_caught():
         + b'event: odd\nid: 7\nretry: x\ndata: {"type": "session.idle"}\n\n'
         + b'data: {"half": \n\n'
     )
-    fake = FakeOpencode(streams=[play(garbage + loop_frames("s1", 4))])
+    fake = FakeOpencode(streams=[play(garbage + loop_frames("ses_s1", 4))])
     with capture_logs() as logs:
         running = await start(fake)
         await wait_for(lambda: fake.of("prompt_async"))
@@ -237,84 +252,92 @@ async def test_garbage_frames_are_counted_and_the_loop_still_caught():
 
 
 async def test_abort_500_then_200_is_retried():
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))], answers={"abort": [500, 200]})
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))], answers={"abort": [500, 200]})
     with capture_logs() as logs:
         running = await start(fake)
         await wait_for(lambda: fake.of("prompt_async"))
         await stop(*running)
     assert [r.path for r in fake.requests if r.method == "POST"] == [
-        "/session/s1/abort",
-        "/session/s1/abort",
-        "/session/s1/prompt_async",
+        "/session/ses_s1/abort",
+        "/session/ses_s1/abort",
+        "/session/ses_s1/prompt_async",
     ]
-    assert events(logs, "loop.detected")[0]["outcome"] == "aborted"
+    assert events(logs, "intervention.outcome")[0]["outcome"] == "aborted"
 
 
 async def test_abort_failing_every_time_is_logged_and_the_daemon_goes_on():
     fake = FakeOpencode(
-        streams=[play(loop_frames("s1", 4) + loop_frames("s2", 4))], answers={"abort": [503]}
+        streams=[play(loop_frames("ses_s1", 4) + loop_frames("ses_s2", 4))],
+        answers={"abort": [503]},
     )
     with capture_logs() as logs:
         running = await start(fake)
-        await wait_for(lambda: len(events(logs, "loop.detected")) == 2)
+        await wait_for(lambda: len(events(logs, "intervention.outcome")) == 2)
         await stop(*running)
     assert len(fake.of("abort")) == 2 * FAST.retry.attempts
     assert fake.of("prompt_async") == []
-    detected = events(logs, "loop.detected")
+    detected = events(logs, "intervention.outcome")
     assert [d["outcome"] for d in detected] == ["abort_failed", "abort_failed"]
     assert "503" in detected[0]["error"]
 
 
 async def test_prompt_timeout_does_not_stop_the_daemon():
     fake = FakeOpencode(
-        streams=[play(loop_frames("s1", 4) + loop_frames("s2", 4))],
+        streams=[play(loop_frames("ses_s1", 4) + loop_frames("ses_s2", 4))],
         delays={"prompt_async": 2.0},
     )
     with capture_logs() as logs:
         running = await start(fake)
         await wait_for(lambda: len(events(logs, "feedback.failed")) == 2, timeout=8)
         await stop(*running)
-    assert sorted(r.path for r in fake.of("abort")) == ["/session/s1/abort", "/session/s2/abort"]
-    assert len(fake.of("prompt_async")) == 2 * FAST.retry.attempts
-    assert "TimeoutError" in events(logs, "feedback.failed")[0]["error"]
+    assert sorted(r.path for r in fake.of("abort")) == [
+        "/session/ses_s1/abort",
+        "/session/ses_s2/abort",
+    ]
+    # Sent, never answered, not among the messages: never sent again (it may still arrive).
+    assert len(fake.of("prompt_async")) == 2
+    error = events(logs, "feedback.failed")[0]["error"]
+    assert "TimeoutError" in error and "not sent again" in error
 
 
 async def test_abort_404_drops_the_session_and_sends_no_feedback():
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))], answers={"abort": [404]})
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))], answers={"abort": [404]})
     with capture_logs() as logs:
         running = await start(fake)
-        await wait_for(lambda: events(logs, "loop.detected"))
+        await wait_for(lambda: events(logs, "intervention.outcome"))
         watch = running[1]
         await stop(*running)
     assert len(fake.of("abort")) == 1 and fake.of("prompt_async") == []
-    assert events(logs, "loop.detected")[0]["outcome"] == "abort_failed"
-    assert watch.tracker.interventions("s1") == 0  # forgotten
+    assert events(logs, "intervention.outcome")[0]["outcome"] == "abort_failed"
+    assert watch.tracker.interventions("ses_s1") == 0  # forgotten
 
 
 async def test_slow_abort_of_one_session_does_not_delay_another():
     fake = FakeOpencode(
-        streams=[play(loop_frames("slow", 4) + loop_frames("fast", 4))],
-        delays={"slow/abort": 0.4},
+        streams=[play(loop_frames("ses_slow", 4) + loop_frames("ses_fast", 4))],
+        delays={"ses_slow/abort": 0.4},
     )
     running = await start(fake)
     await wait_for(lambda: len(fake.of("prompt_async")) == 2)
     await stop(*running)
     order = [r.path for r in fake.requests if r.method == "POST"]
-    assert order.index("/session/fast/prompt_async") < order.index("/session/slow/prompt_async")
+    assert order.index("/session/ses_fast/prompt_async") < order.index(
+        "/session/ses_slow/prompt_async"
+    )
 
 
 async def test_dry_run_calls_no_api():
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))])
     with capture_logs() as logs:
         running = await start(fake, dry_run=True)
-        await wait_for(lambda: events(logs, "loop.detected"))
+        await wait_for(lambda: events(logs, "intervention.outcome"))
         await stop(*running)
     assert [r.path for r in fake.requests if r.method == "POST"] == []
-    assert events(logs, "loop.detected")[0]["outcome"] == "dry_run"
+    assert events(logs, "intervention.outcome")[0]["outcome"] == "dry_run"
 
 
 async def test_escalation_third_intervention_holds():
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 12))])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 12))])
     with capture_logs() as logs:
         running = await start(fake, max_interventions=2)
         await wait_for(lambda: len(fake.of("prompt_async")) == 3)
@@ -322,8 +345,13 @@ async def test_escalation_third_intervention_holds():
     bodies = [r.body for r in fake.of("prompt_async")]
     assert ["noReply" in b for b in bodies] == [False, False, True]
     assert "on hold" in bodies[2]["parts"][0]["text"]
-    outcomes = [(d["outcome"], d["escalated"]) for d in events(logs, "loop.detected")]
-    assert outcomes == [("aborted", False), ("aborted", False), ("held", True)]
+    escalated = [d["escalated"] for d in events(logs, "loop.detected")]
+    outcomes = [d["outcome"] for d in events(logs, "intervention.outcome")]
+    assert list(zip(outcomes, escalated, strict=True)) == [
+        ("aborted", False),
+        ("aborted", False),
+        ("held", True),
+    ]
 
 
 async def test_unauthorized_stream_is_a_config_error():
@@ -341,7 +369,7 @@ async def test_unauthorized_stream_is_a_config_error():
 
 
 async def test_directory_mode_reads_the_project_stream():
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))])
     running = await start(fake, directory="/proj")
     await wait_for(lambda: fake.of("abort"))
     await stop(*running)
@@ -351,7 +379,7 @@ async def test_directory_mode_reads_the_project_stream():
 
 async def test_large_frame_is_read():
     big = "x" * 3_000_000
-    events_ = [envelope(f) for n in range(4) for f in call("s1", f"p{n}", "write", {"c": big})]
+    events_ = [envelope(f) for n in range(4) for f in call("ses_s1", f"p{n}", "write", {"c": big})]
     fake = FakeOpencode(streams=[play(frames(*events_))])
     running = await start(fake)
     await wait_for(lambda: fake.of("abort"), timeout=10)
@@ -361,7 +389,7 @@ async def test_large_frame_is_read():
 
 def test_timing_defaults_suit_the_real_server():
     timing = Timing()
-    assert timing.read_timeout == 25.0 and timing.reconnect.cap == 30.0
+    assert timing.read_timeout == 25.0 and timing.reconnect.cap == 2.0
 
 
 async def test_record_appends_every_raw_frame(tmp_path):
@@ -369,7 +397,7 @@ async def test_record_appends_every_raw_frame(tmp_path):
 
     path = tmp_path / "day.sse"
     path.write_text('data: {"earlier": true}\n\n', encoding="utf-8")
-    body = b"data: not json\n\n" + b'data: {"a":\ndata: 1}\n\n' + loop_frames("s1", 4)
+    body = b"data: not json\n\n" + b'data: {"a":\ndata: 1}\n\n' + loop_frames("ses_s1", 4)
     fake = FakeOpencode(streams=[play(body)])
     running = await start(fake, record=str(path))
     await wait_for(lambda: fake.of("abort"))
@@ -404,9 +432,13 @@ async def test_metrics_scraped_from_a_running_monitor():
     import aiohttp
 
     fake = FakeOpencode(
-        streams=[play(b"data: nope\n\n" + loop_frames("s1", 4) + loop_frames("s2", 2), then="end")],
-        busy={"s2": {"type": "busy"}},
-        messages={"s2": ff.run_record("s2", 2)},
+        streams=[
+            play(
+                b"data: nope\n\n" + loop_frames("ses_s1", 4) + loop_frames("ses_s2", 2), then="end"
+            )
+        ],
+        busy={"ses_s2": {"type": "busy"}},
+        messages={"ses_s2": ff.run_record("ses_s2", 2)},
     )
     running = await start(fake, metrics_addr="127.0.0.1:0")
     watch = running[1]
@@ -471,7 +503,7 @@ async def test_a_failing_record_stops_recording_not_watching(tmp_path, monkeypat
             raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("monitor.shell.watch.open_record", lambda path: FullDisk())
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))])
     with capture_logs() as logs:
         running = await start(fake, record=str(tmp_path / "r.sse"))
         await wait_for(lambda: fake.of("abort"))
@@ -484,20 +516,21 @@ async def test_a_failing_record_stops_recording_not_watching(tmp_path, monkeypat
 async def test_escalation_counts_the_interventions_of_an_earlier_monitor():
     from monitor.core.feedback import MARK
 
-    feedback = ff.user_message("s1", MARK + "a repeated tool-call cycle was detected ...")
-    record = ff.run_record("s1", 4, prefix="a")
-    record += [feedback, *ff.export_reads("s1", 4, prefix="b"), feedback]
+    feedback = ff.user_message("ses_s1", MARK + "a repeated tool-call cycle was detected ...")
+    record = ff.run_record("ses_s1", 4, prefix="a")
+    record += [feedback, *ff.export_reads("ses_s1", 4, prefix="b"), feedback]
     fake = FakeOpencode(
-        streams=[play(loop_frames("s1", 4, prefix="c"))],
-        busy={"s1": {"type": "busy"}},
-        messages={"s1": record},  # a monitor before us intervened twice
+        streams=[play(loop_frames("ses_s1", 4, prefix="c"))],
+        busy={"ses_s1": {"type": "busy"}},
+        messages={"ses_s1": record},  # a monitor before us intervened twice
     )
     with capture_logs() as logs:
         running = await start(fake, max_interventions=2)
         await wait_for(lambda: fake.of("prompt_async"))
         await stop(*running)
     [detected] = events(logs, "loop.detected")
-    assert (detected["outcome"], detected["escalated"], detected["interventions"]) == (
+    [outcome] = events(logs, "intervention.outcome")
+    assert (outcome["outcome"], detected["escalated"], detected["interventions"]) == (
         "held",
         True,
         3,

@@ -81,13 +81,13 @@ def watch_for(opencode: str, hook: str, delivery: Delivery = QUICK) -> Watch:
 
 
 async def test_every_intervention_and_hold_is_posted(serve):
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 8))])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_1", 8))])
     hook = Hook()
     watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)))
     await run_until(watch, lambda: len(hook.bodies) == 2)
     first, second = sorted(hook.bodies, key=lambda body: body["interventions"])
     common = {
-        "session_id": "s1",
+        "session_id": "ses_1",
         "directory": "/w",
         "rule": "cycle",
         "tools": ["read"],
@@ -96,7 +96,7 @@ async def test_every_intervention_and_hold_is_posted(serve):
     }
     assert first == {
         **common,
-        "text": "opencode-loop-monitor: session s1 in /w looped (1 call: read, 4 times) and "
+        "text": "opencode-loop-monitor: session ses_1 in /w looped (1 call: read, 4 times) and "
         "was stopped; the model was told why and carries on",
         "event": "intervention",
         "interventions": 1,
@@ -104,7 +104,7 @@ async def test_every_intervention_and_hold_is_posted(serve):
     }
     assert second == {
         **common,
-        "text": "opencode-loop-monitor: session s1 in /w looped (1 call: read, 4 times) and "
+        "text": "opencode-loop-monitor: session ses_1 in /w looped (1 call: read, 4 times) and "
         "was stopped and put on hold: it waits for a person to read the feedback and go on",
         "event": "hold",
         "interventions": 2,
@@ -115,7 +115,7 @@ async def test_every_intervention_and_hold_is_posted(serve):
 
 
 async def test_a_failing_webhook_delays_no_intervention(serve):
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_1", 4))])
     hook = Hook(status=500, delay=0.3)
     watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)))
     with capture_logs() as logs:
@@ -128,7 +128,7 @@ async def test_a_failing_webhook_delays_no_intervention(serve):
     assert failed == {
         "event": "webhook.failed",
         "log_level": "warning",
-        "session_id": "s1",
+        "session_id": "ses_1",
         "outcome": "aborted",
         "attempts": 3,
         "error": "500",
@@ -136,7 +136,7 @@ async def test_a_failing_webhook_delays_no_intervention(serve):
 
 
 async def test_a_refusing_webhook_is_not_retried(serve):
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_1", 4))])
     hook = Hook(status=400)
     watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)))
     with capture_logs() as logs:
@@ -146,7 +146,7 @@ async def test_a_refusing_webhook_is_not_retried(serve):
 
 
 async def test_a_hanging_webhook_times_out(serve):
-    fake = FakeOpencode(streams=[play(loop_frames("s1", 4))])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_1", 4))])
     hook = Hook(delay=30)
     watch = watch_for(
         await serve(fake.app()), await serve(hook_app(hook)), Delivery(attempts=1, timeout=0.2)

@@ -70,3 +70,30 @@ def export_frames(messages: object) -> Iterator[object]:
                     "type": "message.part.updated",
                     "properties": {"sessionID": part.get("sessionID"), "part": part},
                 }
+
+
+def feedback_delivered(messages: list[Any], text: str, part_id: str) -> bool:
+    """Whether the feedback `text` for the loop caught at tool part `part_id` is stored.
+
+    Only a user message after the one holding `part_id` counts: an identical feedback from an
+    earlier intervention comes before it. Without that part in the record, any copy counts:
+    a copy too many is worse than none (the model reads every one).
+    """
+    start = 0
+    for index, message in enumerate(messages):
+        parts = message.get("parts") if isinstance(message, dict) else None
+        if isinstance(parts, list) and any(
+            isinstance(part, dict) and part.get("id") == part_id for part in parts
+        ):
+            start = index + 1
+            break
+    return any(
+        isinstance(message, dict)
+        and isinstance(message.get("info"), dict)
+        and message["info"].get("role") == "user"
+        and any(
+            isinstance(part, dict) and part.get("type") == "text" and part.get("text") == text
+            for part in message.get("parts") or ()
+        )
+        for message in messages[start:]
+    )

@@ -7,6 +7,8 @@ statement of what blocks it.
 
 from __future__ import annotations
 
+import unicodedata
+
 from monitor.core.rules.cycle import Cycle
 
 # How every feedback message starts: the monitor finds its own earlier interventions in a
@@ -14,10 +16,28 @@ from monitor.core.rules.cycle import Cycle
 MARK = "Loop guard: "
 
 
+# Longer than any real tool name (MCP tools are `server_tool`), short enough to carry no
+# paragraph of instructions.
+TOOL_NAME_MAX = 64
+
+
+def clean_tool_name(name: str) -> str:
+    """A tool name as the model may read it in our feedback.
+
+    The name comes from the stream, and a tool (an MCP server's, say) can be called
+    anything: control characters (newlines included) become spaces, runs of whitespace one
+    space, and the name is cut to `TOOL_NAME_MAX` characters, so it stays one short token.
+    """
+    printable = "".join(" " if unicodedata.category(c).startswith("C") else c for c in name)
+    words = " ".join(printable.split())
+    return words if len(words) <= TOOL_NAME_MAX else words[: TOOL_NAME_MAX - 1] + "…"
+
+
 def describe_cycle(cycle: Cycle, tools: tuple[str, ...]) -> str:
     """`3 calls (read, edit, bash) repeated 3 times`; `1 call (read) repeated 4 times`."""
     calls = "1 call" if cycle.length == 1 else f"{cycle.length} calls"
-    return f"{calls} ({', '.join(tools)}) repeated {cycle.repetitions} times"
+    names = ", ".join(clean_tool_name(tool) for tool in tools)
+    return f"{calls} ({names}) repeated {cycle.repetitions} times"
 
 
 def describe_failure(cycle: Cycle, tools: tuple[str, ...]) -> str:

@@ -34,6 +34,7 @@ from monitor.core.events import (
 from monitor.core.feedback import feedback_text, text_feedback_text
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.guard import LoopGuard, RecentMap
+from monitor.core.ids import is_permission_id, is_session_id
 from monitor.core.permissions import (
     DOOM_LOOP,
     DOOM_LOOP_CALLS,
@@ -220,12 +221,16 @@ class Tracker:
         detection: Detection = Detection(),
         directory: str | None = None,
         only_session: str | None = None,
+        check_ids: bool = False,
     ) -> None:
         self.detection = detection
         if detection.history < detection.wait_calls:
             raise ValueError(
                 f"history ({detection.history}) must hold wait_calls ({detection.wait_calls})"
             )
+        # The daemon acts on ids (they go into request paths): one that is not of OpenCode's
+        # shape makes its frame malformed. Off for replay and the core's own tests.
+        self._check_ids = check_ids
         self._guard = LoopGuard(
             max_history=detection.history,
             max_sessions=detection.max_sessions,
@@ -384,6 +389,14 @@ class Tracker:
             return _QUIET[label]
         if isinstance(event, Malformed):
             return self._malformed(label, event.reason)
+        if self._check_ids and not is_session_id(event.session_id):
+            return self._malformed(label, f"{label}: sessionID is not of the shape ses_...")
+        if (
+            self._check_ids
+            and isinstance(event, PermissionAsked)
+            and not is_permission_id(event.request_id)
+        ):
+            return self._malformed(label, f"{label}: id is not of the shape per_...")
         if self.only_session is not None and event.session_id != self.only_session:
             return _QUIET[label]
         if isinstance(event, PartDelta):  # the most frequent frames: first

@@ -174,7 +174,7 @@ class Printer:
             self.monitor_connected.set()
         elif event == "stream.disconnected":
             self.say(f"monitor: lost the event stream ({record.get('reason')}), reconnecting")
-        elif event == "loop.detected" and record.get("session_id") == self.session_id:
+        elif event == "intervention.outcome" and record.get("session_id") == self.session_id:
             self._detected(record)
         elif event == "feedback.sent" and record.get("session_id") == self.session_id:
             self.feedback_done.set()

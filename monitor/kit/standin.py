@@ -81,6 +81,9 @@ class FakeOpencode:
     projects: list[dict] = field(default_factory=list)
     # What GET /permission answers: the requests pending.
     permissions: list = field(default_factory=list)
+    # Like the real server, keep each prompt_async as a user message (before its delay, so a
+    # slow answer is one the server has already acted on).
+    store_prompts: bool = False
     requests: list[Received] = field(default_factory=list)
     connections: int = 0
     # Set once a stream played by `live` is open, so `push` reaches someone.
@@ -99,6 +102,8 @@ class FakeOpencode:
         app.router.add_get("/permission", self._permissions)
         # Answered like a session action named "reply" (statuses in `answers["reply"]`).
         app.router.add_post("/permission/{id}/{action}", self._action)
+        # Recorded too: a request that reached some other endpoint is what a test must see.
+        app.router.add_route("*", "/{tail:.*}", self._elsewhere)
         return app
 
     def of(self, action: str) -> list[Received]:
@@ -160,9 +165,18 @@ class FakeOpencode:
         await self._record(request)
         return web.json_response(self.permissions)
 
+    async def _elsewhere(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"error": "no such endpoint"}, status=404)
+
     async def _action(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)
         action = request.match_info["action"]
+        if action == "prompt_async" and self.store_prompts:
+            body = self.requests[-1].body
+            assert isinstance(body, dict)
+            message = {"info": {"role": "user"}, "parts": body["parts"]}
+            self.messages.setdefault(request.match_info["id"], []).append(message)
         # Delays keyed by action ("abort") or by session and action ("s1/abort").
         session_action = f"{request.match_info['id']}/{action}"
         await asyncio.sleep(self.delays.get(session_action, self.delays.get(action, 0)))

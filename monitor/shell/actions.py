@@ -1,10 +1,16 @@
-"""Carrying out `Intervene` decisions: abort the run, then give the model the feedback.
+"""Carrying out decisions: abort the run, then give the model the feedback.
 
 And the permission answers (`Reply`): refuse the request of a call that completes a loop (the
 call never runs; a refusal that comes second falls back to the abort), approve the others
 under `approve`. Each session's actions run in order (never two aborts racing for one
 session), and each in its own task, so a slow or failing call for one session never delays
 reading the stream or acting on another.
+
+Every decision is logged as `loop.detected` when it is handed over, before any request; how
+it was carried out ends in one `intervention.outcome`, and feedback that was due ends in
+`feedback.sent` or `feedback.failed`. An action still queued or running when `drain` gives
+up ends with outcome `cancelled` (or `feedback.failed`, if the loop was stopped already): no
+decision goes unlogged.
 """
 
 from __future__ import annotations
@@ -21,6 +27,16 @@ from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.api import OpencodeAPI
 
 log = structlog.get_logger("monitor.shell.actions")
+
+
+class _Progress:
+    """How far one action got, so that a shutdown in its middle is logged for what it is."""
+
+    __slots__ = ("decided", "feedback_due")
+
+    def __init__(self) -> None:
+        self.decided = False  # its `intervention.outcome` is logged
+        self.feedback_due = False
 
 
 class Interventions:
@@ -43,31 +59,23 @@ class Interventions:
         self._pending = pending
         self._sleep = sleep
         self._tails: dict[str, asyncio.Task[None]] = {}
-        self._approvals: set[asyncio.Task[None]] = set()
+        # Every task not yet done, queued ones and approvals too: `_tails` holds only the
+        # last per session, and shutdown must reach them all.
+        self._running: set[asyncio.Task[None]] = set()
 
     def submit(self, decision: Intervene) -> None:
-        self._queue(decision.session_id, lambda: self._act(decision))
+        log.warning("loop.detected", **_decision_fields(decision))
+        self._queue(decision, lambda progress: self._act(decision, progress))
 
     def answer(self, reply: Reply) -> None:
         """Answer a permission request: a refusal is an intervention, queued like one; an
         approval goes at once, behind nothing (the call waits for it)."""
-        if reply.loop is not None:
-            self._queue(reply.session_id, lambda: self._refuse(reply))
+        decision = reply.loop
+        if decision is not None:
+            log.warning("loop.detected", request_id=reply.request_id, **_decision_fields(decision))
+            self._queue(decision, lambda progress: self._refuse(reply, decision, progress))
             return
-        task = asyncio.create_task(self._approve(reply))
-        self._approvals.add(task)
-        task.add_done_callback(self._approvals.discard)
-
-    def _queue(self, session_id: str, act: Callable[[], Awaitable[None]]) -> None:
-        previous = self._tails.get(session_id)
-        task = asyncio.create_task(self._after(previous, act))
-        self._tails[session_id] = task
-
-        def done(task: asyncio.Task[None]) -> None:
-            if self._tails.get(session_id) is task:
-                del self._tails[session_id]
-
-        task.add_done_callback(done)
+        self._track(asyncio.create_task(self._approve(reply)))
 
     def acting_on(self, session_id: str) -> bool:
         """True while an action for this session is queued or running."""
@@ -75,7 +83,7 @@ class Interventions:
 
     async def drain(self, timeout: float) -> None:
         """Let in-flight actions finish, up to `timeout` seconds; cancel what is left."""
-        tasks = [*self._tails.values(), *self._approvals]
+        tasks = list(self._running)
         if not tasks:
             return
         _, late = await asyncio.wait(tasks, timeout=timeout)
@@ -83,58 +91,91 @@ class Interventions:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
 
+    def _queue(self, decision: Intervene, act: Callable[[_Progress], Awaitable[None]]) -> None:
+        session_id = decision.session_id
+        previous = self._tails.get(session_id)
+        task = asyncio.create_task(self._after(previous, decision, act))
+        self._tails[session_id] = task
+        self._track(task)
+
+        def done(task: asyncio.Task[None]) -> None:
+            if self._tails.get(session_id) is task:
+                del self._tails[session_id]
+
+        task.add_done_callback(done)
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
     async def _after(
-        self, previous: asyncio.Task[None] | None, act: Callable[[], Awaitable[None]]
+        self,
+        previous: asyncio.Task[None] | None,
+        decision: Intervene,
+        act: Callable[[_Progress], Awaitable[None]],
     ) -> None:
-        if previous is not None:
-            await asyncio.wait([previous])
+        progress = _Progress()
         try:
-            await act()
+            if previous is not None:
+                await asyncio.wait([previous])
+            await act(progress)
         except ConfigError as exc:
             self._on_fatal(exc)
+        except asyncio.CancelledError:
+            # Shutdown gave up on this action: say so, for the stop or for the feedback.
+            if not progress.decided:
+                self._decided(decision, "cancelled")
+            elif progress.feedback_due:
+                _feedback_failed(decision, "cancelled at shutdown")
+            raise
 
-    async def _act(self, decision: Intervene, **extra: object) -> None:
+    def _decided(self, decision: Intervene, outcome: str, **fields: object) -> None:
+        log.warning(
+            "intervention.outcome",
+            **_decision_fields(decision),
+            outcome=outcome,
+            **{key: value for key, value in fields.items() if value is not None},
+        )
+        self._on_outcome(decision, outcome)
+
+    async def _act(self, decision: Intervene, progress: _Progress, **extra: object) -> None:
         started = time.monotonic()
         outcome, error = await self._abort(decision)
-        fields = _loop_fields(decision, outcome)
-        fields["abort_ms"] = round((time.monotonic() - started) * 1000, 1)
-        fields.update(extra)
-        if error is not None:
-            fields["error"] = error
-        log.warning("loop.detected", **fields)
-        self._on_outcome(decision, outcome)
+        abort_ms = round((time.monotonic() - started) * 1000, 1)
+        progress.decided = True
+        self._decided(decision, outcome, abort_ms=abort_ms, error=error, **extra)
         if outcome in ("aborted", "held"):
+            progress.feedback_due = True
             await self._give_feedback(decision)
 
-    async def _refuse(self, reply: Reply) -> None:
+    async def _refuse(self, reply: Reply, decision: Intervene, progress: _Progress) -> None:
         """Refuse the request of a loop's call; the model reads `reply.message` as its result.
 
         A hold still needs the run stopped, and a refused `doom_loop` request ends the run
         (see ../shared/opencode/NOTES.md): then the run is aborted and the feedback follows
         as a new message.
         """
-        decision = reply.loop
-        assert decision is not None and self._api is not None
+        assert self._api is not None
+        request_id = reply.request_id
         if reply.wait:
             await self._sleep(reply.wait)
-            if not self._pending(reply.request_id):
+            if not self._pending(request_id):
                 # Somebody (a person at the TUI) answered within the grace period.
-                fields = _loop_fields(decision, "answered")
-                log.warning("loop.detected", request_id=reply.request_id, **fields)
-                self._on_outcome(decision, "answered")
+                progress.decided = True
+                self._decided(decision, "answered", request_id=request_id)
                 return
         started = time.monotonic()
         try:
             refused = await self._api.reply_permission(
-                reply.request_id, reply.directory, "reject", reply.message
+                request_id, reply.directory, "reject", reply.message
             )
         except ServerError as exc:
-            await self._act(decision, request_id=reply.request_id, fallback=str(exc))
+            await self._act(decision, progress, request_id=request_id, fallback=str(exc))
             return
         if not refused:
             # Answered first by someone else (`opencode run` answers at once): the call may
             # be running, so stop it as without the gate.
-            await self._act(decision, request_id=reply.request_id, fallback="answered first")
+            await self._act(decision, progress, request_id=request_id, fallback="answered first")
             return
         reply_ms = round((time.monotonic() - started) * 1000, 1)
         outcome, error = "rejected", None
@@ -144,13 +185,10 @@ class Interventions:
             stopped, error = await self._abort(decision)
             if decision.hold or error is not None:
                 outcome = stopped
-        fields = _loop_fields(decision, outcome)
-        fields.update(request_id=reply.request_id, reply_ms=reply_ms)
-        if error is not None:
-            fields["error"] = error
-        log.warning("loop.detected", **fields)
-        self._on_outcome(decision, outcome)
+        progress.decided = True
+        self._decided(decision, outcome, request_id=request_id, reply_ms=reply_ms, error=error)
         if outcome == "held" or (outcome == "rejected" and decision.rule == DOOM_LOOP):
+            progress.feedback_due = True
             await self._give_feedback(decision)
 
     async def _approve(self, reply: Reply) -> None:
@@ -182,6 +220,9 @@ class Interventions:
         except SessionGone as exc:
             self._forget(decision.session_id)
             return "abort_failed", str(exc)
+        except ConfigError as exc:
+            self._on_fatal(exc)  # logged as this decision's outcome, then the monitor stops
+            return "abort_failed", str(exc)
         except ServerError as exc:
             return "abort_failed", str(exc)
         return ("held" if decision.hold else "aborted"), None
@@ -190,16 +231,25 @@ class Interventions:
         assert self._api is not None
         try:
             await self._api.prompt(
-                decision.session_id, decision.directory, decision.feedback, no_reply=decision.hold
+                decision.session_id,
+                decision.directory,
+                decision.feedback,
+                no_reply=decision.hold,
+                after_part=decision.part_id,
             )
+        except ConfigError as exc:
+            _feedback_failed(decision, str(exc))
+            self._on_fatal(exc)
+            return
         except ServerError as exc:
-            log.error("feedback.failed", session_id=decision.session_id, error=str(exc))
+            _feedback_failed(decision, str(exc))
             return
         log.info("feedback.sent", session_id=decision.session_id, hold=decision.hold)
 
 
-def _loop_fields(decision: Intervene, outcome: str) -> dict[str, object]:
-    """The fields of `loop.detected`, however the loop was stopped."""
+def _decision_fields(decision: Intervene) -> dict[str, object]:
+    """What `loop.detected` says of a decision; `intervention.outcome` repeats it, so one
+    record tells the whole intervention."""
     return dict(
         session_id=decision.session_id,
         directory=decision.directory,
@@ -211,5 +261,8 @@ def _loop_fields(decision: Intervene, outcome: str) -> dict[str, object]:
         tools=list(decision.tools),
         interventions=decision.prior_interventions + 1,
         escalated=decision.escalated,
-        outcome=outcome,
     )
+
+
+def _feedback_failed(decision: Intervene, error: str) -> None:
+    log.error("feedback.failed", session_id=decision.session_id, error=error)

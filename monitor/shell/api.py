@@ -1,8 +1,18 @@
 """The OpenCode REST calls the monitor makes, with bounded retries.
 
-Transient failures (connection errors, timeouts, 5xx) are retried with backoff; a 404 means
-the session is gone (`SessionGone`), a 401 means our credentials are wrong (`ConfigError`,
-never retried), anything else is a `ServerError`. Only ids and status codes go into errors.
+A request is sent again only when it surely did not arrive (the connection was never made)
+or when sending it twice does no harm (GET, abort). `prompt_async` adds a message each time
+the server takes it: after a failure that leaves open whether it arrived (a timeout, a 5xx,
+a dropped connection), the session's messages are read first, and the feedback is sent
+again only if it is not among them. The request timeout counts from the moment a
+connection is ours: waiting for one of the pool's connections behind a slow server delays a
+request, it never times it out (a timed-out request the server already had would be sent
+twice).
+
+A 404 means the session is gone (`SessionGone`), a 401 means our credentials are wrong
+(`ConfigError`, never retried), anything else is a `ServerError`. Only ids and status codes
+go into errors. Ids are checked against OpenCode's shapes (`monitor.core.ids`) and every
+path segment is percent-encoded, dots included, so no id can reach another endpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +25,10 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+from yarl import URL
 
+from monitor.core.export import feedback_delivered
+from monitor.core.ids import is_permission_id, is_session_id
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.backoff import Backoff
 from monitor.shell.diagnosis import refused_credentials
@@ -29,7 +42,19 @@ class Retry:
 
 
 class _Transient(ServerError):
-    pass
+    """A failure that may pass; the server may or may not have taken the request."""
+
+
+class _NotSent(_Transient):
+    """The connection was never made: the server surely did not get the request."""
+
+
+class _NoAnswer(_Transient):
+    """Sent, and no answer came (timeout, dropped connection): the server may still act."""
+
+
+class MalformedId(ServerError):
+    """An id that is not of OpenCode's shape; no request was made with it."""
 
 
 def basic_auth_header(user: str, password: str) -> dict[str, str]:
@@ -41,10 +66,17 @@ def basic_auth_header(user: str, password: str) -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
+def path_segment(text: str) -> str:
+    """`text` as one path segment: `quote` leaves "." alone, and "/session/../abort" is
+    "/abort" to every URL parser on the way."""
+    return quote(text, safe="", errors="strict").replace(".", "%2E")
+
+
 def _session_path(session_id: str, action: str = "") -> str:
-    # Session ids come from the stream or the command line: quoted so that no id can reach
-    # another endpoint.
-    path = f"/session/{quote(session_id, safe='')}"
+    # Session ids come from the stream, the server or the command line.
+    if not is_session_id(session_id):
+        raise MalformedId("session id is not of the shape ses_...")
+    path = f"/session/{path_segment(session_id)}"
     return f"{path}/{action}" if action else path
 
 
@@ -60,43 +92,59 @@ class OpencodeAPI:
         """`headers` go with every request, on top of the session's own: the kit's callers
         share one session between servers with and without a password."""
         self._http = http
-        self._base = base_url.rstrip("/")
+        # Encoded once; paths are appended already encoded, so nothing decodes "%2E" again.
+        self._base = str(URL(base_url.rstrip("/")))
         self._retry = retry
         self._sleep = sleep
         self._headers = dict(headers or {})
 
     async def abort(self, session_id: str, directory: str | None) -> None:
-        await self._call("POST", _session_path(session_id, "abort"), directory)
+        # Idempotent: aborting an aborted run answers true and changes nothing.
+        await self._call("POST", _session_path(session_id, "abort"), directory, idempotent=True)
 
     async def prompt(
-        self, session_id: str, directory: str | None, text: str, no_reply: bool = False
+        self,
+        session_id: str,
+        directory: str | None,
+        text: str,
+        no_reply: bool = False,
+        after_part: str = "",
     ) -> None:
-        """Add a user message; with `no_reply` it is stored and no answer starts."""
+        """Add a user message once; with `no_reply` it is stored and no answer starts.
+
+        `after_part` is the tool part the message answers: a copy stored after it means an
+        earlier attempt arrived, and nothing is sent again.
+        """
         body: dict[str, Any] = {"parts": [{"type": "text", "text": text}]}
         if no_reply:
             body["noReply"] = True
-        await self._call("POST", _session_path(session_id, "prompt_async"), directory, body)
+
+        async def arrived() -> bool:
+            return feedback_delivered(await self.messages(session_id, directory), text, after_part)
+
+        path = _session_path(session_id, "prompt_async")
+        await self._call("POST", path, directory, body, idempotent=False, arrived=arrived)
 
     async def create_session(
         self, directory: str | None, title: str | None = None
     ) -> dict[str, Any]:
         """A new session's info (with its `id`); the monitor never makes one, its kit does."""
         body = {"title": title} if title else {}
-        info = await self._call("POST", "/session", directory, body)
+        info = await self._call("POST", "/session", directory, body, idempotent=False)
         if not isinstance(info, dict) or not isinstance(info.get("id"), str):
             raise ServerError("POST /session did not answer an object with an id")
         return info
 
     async def sessions(self, directory: str | None) -> list[Any]:
         """The project's sessions; the kit asks for them to see that a new server is up."""
-        sessions = await self._call("GET", "/session", directory)
+        sessions = await self._call("GET", "/session", directory, idempotent=True)
         if not isinstance(sessions, list):
             raise ServerError("/session did not answer a list")
         return sessions
 
     async def server_directory(self) -> str:
         """The folder the server was started in, as it names it (its sessions' `directory`)."""
-        paths = await self._call("GET", "/path", None)
+        paths = await self._call("GET", "/path", None, idempotent=True)
         if not isinstance(paths, dict) or not isinstance(paths.get("directory"), str):
             raise ServerError("/path did not answer an object with a directory")
         return str(paths["directory"])
@@ -108,23 +156,27 @@ class OpencodeAPI:
         body: dict[str, Any] = {"reply": reply}
         if message is not None:
             body["message"] = message
-        path = f"/permission/{quote(request_id, safe='')}/reply"
+        if not is_permission_id(request_id):
+            raise MalformedId("permission request id is not of the shape per_...")
+        path = f"/permission/{path_segment(request_id)}/reply"
         try:
-            await self._call("POST", path, directory, body)
+            # Not idempotent: a second copy of an answer that arrived would meet a 404, which
+            # reads as "someone answered first".
+            await self._call("POST", path, directory, body, idempotent=False)
         except SessionGone:
             return False
         return True
 
     async def pending_permissions(self, directory: str | None) -> list[dict[str, Any]]:
         """The permission requests nobody has answered yet (the stream does not replay them)."""
-        pending = await self._call("GET", "/permission", directory)
+        pending = await self._call("GET", "/permission", directory, idempotent=True)
         if not isinstance(pending, list):
             raise ServerError("/permission did not answer a list")
         return [request for request in pending if isinstance(request, dict)]
 
     async def statuses(self, directory: str | None) -> dict[str, Any]:
         """The status of each session id as the server answers it (it may leave idle ones out)."""
-        statuses = await self._call("GET", "/session/status", directory)
+        statuses = await self._call("GET", "/session/status", directory, idempotent=True)
         if not isinstance(statuses, dict):
             raise ServerError("/session/status did not answer an object")
         return statuses
@@ -139,14 +191,14 @@ class OpencodeAPI:
 
     async def session(self, session_id: str, directory: str | None) -> dict[str, Any]:
         """The session's info (with its `directory`); `SessionGone` when the server has none."""
-        info = await self._call("GET", _session_path(session_id), directory)
+        info = await self._call("GET", _session_path(session_id), directory, idempotent=True)
         if not isinstance(info, dict) or not isinstance(info.get("directory"), str):
             raise ServerError("/session/{id} did not answer an object with a directory")
         return info
 
     async def project_directories(self) -> list[str]:
         """The directories of the projects the server knows (worktrees and sandboxes)."""
-        projects = await self._call("GET", "/project", None)
+        projects = await self._call("GET", "/project", None, idempotent=True)
         if not isinstance(projects, list):
             raise ServerError("/project did not answer a list")
         directories: list[str] = []
@@ -158,37 +210,86 @@ class OpencodeAPI:
         return directories
 
     async def messages(self, session_id: str, directory: str | None) -> list[Any]:
-        messages = await self._call("GET", _session_path(session_id, "message"), directory)
+        path = _session_path(session_id, "message")
+        messages = await self._call("GET", path, directory, idempotent=True)
         if not isinstance(messages, list):
             raise ServerError("/session/{id}/message did not answer a list")
         return messages
 
     async def _call(
-        self, method: str, path: str, directory: str | None, body: object = None
+        self,
+        method: str,
+        path: str,
+        directory: str | None,
+        body: object = None,
+        *,
+        idempotent: bool,
+        arrived: Callable[[], Awaitable[bool]] | None = None,
     ) -> Any:
+        """Send once; again only if it surely did not arrive, or is idempotent.
+
+        Otherwise `arrived` (None: give up at once) is asked first. After a 5xx the request
+        is sent again if `arrived` finds no trace of it; after no answer at all it is never
+        sent again (the server may still be carrying it out), only looked for.
+        """
         params = {"directory": directory} if directory else None
         attempt = 0
         while True:
             try:
                 return await self._once(method, path, params, body)
-            except _Transient:
+            except _Transient as exc:
+                once_only = not idempotent and not isinstance(exc, _NotSent)
                 attempt += 1
-                if attempt >= self._retry.attempts:
+                if attempt >= self._retry.attempts or (once_only and arrived is None):
                     raise
                 await self._sleep(self._retry.backoff.delay(attempt - 1))
+                if not once_only:
+                    continue
+                assert arrived is not None
+                if await arrived():
+                    return None
+                if isinstance(exc, _NoAnswer):
+                    await self._look_for(arrived, attempt, exc)
+                    return None
+
+    async def _look_for(
+        self, arrived: Callable[[], Awaitable[bool]], attempt: int, failure: _NoAnswer
+    ) -> None:
+        while True:
+            attempt += 1
+            if attempt >= self._retry.attempts:
+                raise ServerError(f"{failure}; not sent again, as it may still arrive")
+            await self._sleep(self._retry.backoff.delay(attempt - 1))
+            if await arrived():
+                return
 
     async def _once(
         self, method: str, path: str, params: dict[str, str] | None, body: object
     ) -> Any:
         what = f"{method} {path}"
+        url = URL(self._base + path, encoded=True)
+        if params:
+            try:
+                # yarl would drop a lone surrogate (valid JSON, not UTF-8) and send the
+                # request to another directory's instance.
+                params["directory"].encode("utf-8")
+            except UnicodeEncodeError:
+                raise ServerError(f"{what}: the directory is not UTF-8") from None
+            url = url.with_query(params)
         try:
             async with self._http.request(
                 method,
-                self._base + path,
-                params=params,
+                url,
                 json=body,
                 headers=self._headers,
-                timeout=aiohttp.ClientTimeout(total=self._retry.timeout),
+                # No total and no pool-wait limit: a request waiting for a pooled connection
+                # has not been sent, so running out of time there would send it twice.
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=None,
+                    sock_connect=self._retry.timeout,
+                    sock_read=self._retry.timeout,
+                ),
             ) as response:
                 if response.status == 401:
                     sent = aiohttp.hdrs.AUTHORIZATION in self._http.headers
@@ -204,5 +305,7 @@ class OpencodeAPI:
                 return await response.json(content_type=None)
         except (aiohttp.ContentTypeError, ValueError) as exc:
             raise ServerError(f"{what}: unreadable answer ({type(exc).__name__})") from None
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            raise _NotSent(f"{what}: {type(exc).__name__}") from None
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _Transient(f"{what}: {type(exc).__name__}") from None
+            raise _NoAnswer(f"{what}: {type(exc).__name__}") from None

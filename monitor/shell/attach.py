@@ -16,7 +16,8 @@ from typing import Any
 
 import structlog
 
-from monitor.config import Settings
+from monitor.config import Settings, public_url
+from monitor.core.ids import is_session_id
 from monitor.core.tracker import Fed
 from monitor.errors import ServerError, SessionGone
 from monitor.shell.api import OpencodeAPI
@@ -28,9 +29,6 @@ log = structlog.get_logger("monitor.attach")
 PROG = "opencode-loop-monitor"
 EX_NOINPUT = 66  # the session does not exist
 EX_UNAVAILABLE = 69  # the server could not be asked (down, or failing)
-
-# OpenCode's session ids start with this; the server answers 500, not 404, for any other id.
-SESSION_ID_PREFIX = "ses_"
 
 
 class OneSession:
@@ -64,8 +62,9 @@ class OneSession:
 
 
 async def look_up(settings: Settings, session_id: str) -> dict[str, Any]:
-    # The server answers 500, not 404, for an id that is not an OpenCode session id.
-    if not session_id.startswith(SESSION_ID_PREFIX):
+    # The server answers 500, not 404, for an id that is not an OpenCode session id; and an
+    # id of another shape is never sent at all.
+    if not is_session_id(session_id):
         raise SessionGone("not an OpenCode session id")
     async with http_session(settings) as http:
         return await OpencodeAPI(http, settings.url).session(session_id, settings.directory)
@@ -75,7 +74,8 @@ async def attach(settings: Settings, session_id: str) -> int:
     try:
         info = await look_up(settings, session_id)
     except SessionGone:
-        print(f"{PROG}: session {session_id} not found on {settings.url}", file=sys.stderr)
+        url = public_url(settings.url)
+        print(f"{PROG}: session {session_id} not found on {url}", file=sys.stderr)
         return EX_NOINPUT
     except ServerError as exc:
         print(f"{PROG}: cannot look up session {session_id}: {exc}", file=sys.stderr)

@@ -30,10 +30,10 @@ from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
 
-OUTCOMES = ("aborted", "held", "rejected", "answered", "dry_run", "abort_failed")
+OUTCOMES = ("aborted", "held", "rejected", "answered", "dry_run", "abort_failed", "cancelled")
 # What interventions_total counts: a dry run stops nothing, so its detections are counted
 # apart, under a name that says so, and never look like sessions that were stopped.
-INTERVENTION_OUTCOMES = ("aborted", "held", "rejected", "answered", "abort_failed")
+INTERVENTION_OUTCOMES = ("aborted", "held", "rejected", "answered", "abort_failed", "cancelled")
 
 
 def readiness(connected: bool, last_frame_at: float | None, now: float, limit: float) -> str | None:

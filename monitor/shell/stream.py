@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 import aiohttp
 import structlog
 
+from monitor.config import public_url
 from monitor.core.frames import SSEChunkDecoder
 from monitor.errors import ConfigError
 from monitor.shell.backoff import Backoff
@@ -35,6 +36,10 @@ log = structlog.get_logger("monitor.shell.stream")
 HEARTBEAT_S = 10.0
 READ_TIMEOUT_S = 2.5 * HEARTBEAT_S
 CONNECT_TIMEOUT_S = 10.0
+# Between reconnects: at most 2 s, so a server that comes back after any outage is noticed
+# within 2 s (plus the connect). A refused connect to a local port costs next to nothing, so
+# the backoff only keeps a flapping server from being hammered, it need not grow further.
+RECONNECT = Backoff(initial=0.5, factor=2.0, cap=2.0)
 # How far aiohttp may read ahead of us (it buffers up to twice this); a tool part carries the
 # whole output of the call, which can be a large file.
 READ_BUFSIZE = 8 * 1024 * 1024
@@ -85,7 +90,7 @@ class EventStream:
         on_frame: Callable[[str], None],
         on_connect: Callable[[], Awaitable[None]],
         on_disconnect: Callable[[str], None] = lambda reason: None,
-        backoff: Backoff = Backoff(),
+        backoff: Backoff = RECONNECT,
         read_timeout: float = READ_TIMEOUT_S,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -157,7 +162,7 @@ class EventStream:
                 )
             self.connected = self.ever_connected = True
             self._explained.clear()
-            log.info("stream.connected", url=self.url)
+            log.info("stream.connected", url=public_url(self.url))
             await self._on_connect()
             decoder = SSEChunkDecoder()
             on_frame = self._on_frame

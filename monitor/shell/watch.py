@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
+import os
 import signal
+import stat
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -21,7 +24,7 @@ import aiohttp
 import structlog
 
 from monitor import __version__
-from monitor.config import Settings, guard_of
+from monitor.config import Settings, guard_of, public_url
 from monitor.core.export import current_run, export_frames, feedback_count
 from monitor.core.frames import encode_sse
 from monitor.core.resync import directories_to_ask, plan_resync
@@ -34,7 +37,13 @@ from monitor.shell.diagnosis import directory_known
 from monitor.shell.logs import configure_logging
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
-from monitor.shell.stream import READ_BUFSIZE, READ_TIMEOUT_S, EventStream, stream_url
+from monitor.shell.stream import (
+    READ_BUFSIZE,
+    READ_TIMEOUT_S,
+    RECONNECT,
+    EventStream,
+    stream_url,
+)
 from monitor.shell.webhook import Delivery, Webhook
 
 log = structlog.get_logger("monitor.shell.watch")
@@ -67,10 +76,19 @@ def http_session(settings: Settings) -> aiohttp.ClientSession:
 
 
 def open_record(path: Path) -> TextIO:
+    """Open the recording for appending: it holds raw tool arguments and outputs, so it is
+    created readable by its owner only, and a symlink at `path` is refused rather than
+    followed (it could point anywhere the monitor may write)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        return open(path, "a", encoding="utf-8", newline="\n")
+        fd = os.open(path, flags, 0o600)
     except OSError as exc:
-        raise ConfigError(f"record {path}: cannot append ({exc.strerror})") from None
+        reason = "a symlink" if exc.errno == errno.ELOOP else exc.strerror
+        raise ConfigError(f"record {path}: cannot append ({reason})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"record {path}: cannot append (not a regular file)")
+    return open(fd, "a", encoding="utf-8", newline="\n")
 
 
 def run_watch(settings: Settings) -> int:
@@ -84,7 +102,7 @@ class Timing:
     a real server."""
 
     read_timeout: float = READ_TIMEOUT_S
-    reconnect: Backoff = Backoff()
+    reconnect: Backoff = RECONNECT
     retry: Retry = Retry()
     drain: float = DRAIN_S
     webhook: Delivery = Delivery()
@@ -131,7 +149,10 @@ class Watch:
         self.scope = scope
         self.notifier = notifier or Notifier.from_environ()
         self.tracker = Tracker(
-            guard_of(settings), directory=settings.directory, only_session=scope.only_session
+            guard_of(settings),
+            directory=settings.directory,
+            only_session=scope.only_session,
+            check_ids=True,
         )
         self._stop = asyncio.Event()
         self._fatal: BaseException | None = None
@@ -194,11 +215,13 @@ class Watch:
         log.info(
             "monitor.started",
             version=__version__,
-            url=settings.url,
+            url=public_url(settings.url),
             directory=settings.directory,
             dry_run=settings.dry_run,
             **log_fields(self.tracker.detection),
         )
+        for warning in settings.warnings:
+            log.warning("config.warning", message=warning)
         async with http_session(settings) as http:
             self.api = OpencodeAPI(http, settings.url, self.timing.retry, self.timing.sleep)
             self.interventions = Interventions(
