@@ -17,17 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import statistics
-import sys
-import tempfile
 from contextlib import suppress
 from pathlib import Path
 
-from aiohttp import web
-
 from bench.corpus import CAPTURES
+from bench.harness import arrivals, percentile, watched
 from monitor.core.frames import iter_sse_data
 from monitor.kit.poll import until
 from monitor.kit.standin import FakeOpencode
@@ -92,79 +87,27 @@ async def play(server: FakeOpencode, loops: int, interval: float) -> dict[str, f
     return written
 
 
-def monitor_environ() -> dict[str, str]:
-    """Our environment without monitor settings or systemd variables that would apply."""
-    drop = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
-    return {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith("OPENCODE_LOOP_MONITOR_") and key not in drop
-    }
-
-
-def aborts(server: FakeOpencode) -> dict[str, list[float]]:
-    """When each session's abort requests arrived, by session id."""
-    arrived: dict[str, list[float]] = {}
-    for request in server.of("abort"):
-        arrived.setdefault(str(request.session_id), []).append(request.at)
-    return arrived
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
 async def measure(loops: int, warmup: int, interval: float) -> dict:
     server = FakeOpencode(answers={"prompt_async": [204]})
-    server.streams.append(server.live)
-    runner = web.AppRunner(server.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory() as tmp:
-        log_path = Path(tmp) / "monitor.log"
-        with open(log_path, "wb") as log:
-            monitor = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "monitor",
-                "watch",
-                "--url",
-                url,
-                "--log-format",
-                "json",
-                "--log-level",
-                "warning",
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-                env=monitor_environ(),
+    async with watched(server) as monitor:
+        written = await play(server, warmup + loops, interval)
+        # Late aborts still count; missing ones are reported, not waited for without end.
+        with suppress(TimeoutError):
+            await until(
+                lambda: len(arrivals(server, "abort")) >= warmup + loops, 5, what="every abort"
             )
-        try:
-            await asyncio.wait_for(server.live_connected.wait(), 20)
-            written = await play(server, warmup + loops, interval)
-            # Late aborts still count; missing ones are reported, not waited for without end.
-            with suppress(TimeoutError):
-                await until(lambda: len(aborts(server)) >= warmup + loops, 5, what="every abort")
-        finally:
-            server.close()
-            monitor.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(monitor.wait(), 10)
-            await runner.cleanup()
-        detected = log_path.read_text(encoding="utf-8").count('"loop.detected"')
-    arrived = aborts(server)
+    detected = monitor.log.count('"loop.detected"')
+    arrived = arrivals(server, "abort")
     measured = list(written)[warmup:]
     latencies = [
-        (arrived[session][0] - written[session]) * 1000
+        (arrived[session][0].at - written[session]) * 1000
         for session in measured
         if session in arrived
     ]
     return {
         "loops": len(measured),
         "aborted": len(latencies),
-        "repeated_aborts": sum(len(times) - 1 for times in arrived.values()),
+        "repeated_aborts": sum(len(requests) - 1 for requests in arrived.values()),
         "logged": detected,
         "p50_ms": statistics.median(latencies),
         "p99_ms": percentile(latencies, 99),

@@ -22,18 +22,13 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
-import sys
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
-from aiohttp import web
-
-from bench.latency import monitor_environ
+from bench.harness import arrivals, watched
 from bench.memory import tool_update
+from monitor.kit.standin import FakeOpencode
 
 CALLS_PER_SESSION = 8
 LOOP_CALLS = 4
@@ -83,70 +78,27 @@ def loop_block(session: str) -> bytes:
     return _sse(frames)
 
 
-class SoakServer:
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-        self.stream: web.StreamResponse | None = None
-        self.connected = asyncio.Event()
-        self.finished = asyncio.Event()
-        self.aborts: Counter[str] = Counter()
-        self.prompts: Counter[str] = Counter()
-        self.frames = 0
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/global/event", self._stream)
-        app.router.add_get("/session/status", self._status)
-        app.router.add_get("/session/{id}/message", self._messages)
-        app.router.add_post("/session/{id}/abort", self._abort)
-        app.router.add_post("/session/{id}/prompt_async", self._prompt)
-        return app
-
-    async def _stream(self, request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'data: {"payload":{"type":"server.connected","properties":{}}}\n\n')
-        self.stream = response
-        self.connected.set()
-        await self.finished.wait()
-        return response
-
-    async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    async def _messages(self, request: web.Request) -> web.Response:
-        return web.json_response([])
-
-    async def _abort(self, request: web.Request) -> web.Response:
-        self.aborts[request.match_info["id"]] += 1
-        await asyncio.sleep(self.delay)
-        return web.json_response(True)
-
-    async def _prompt(self, request: web.Request) -> web.Response:
-        await request.read()
-        self.prompts[request.match_info["id"]] += 1
-        await asyncio.sleep(self.delay)
-        return web.Response(status=204)
-
-    async def play(self, seconds: float, rate: int, loops_per_s: float) -> list[str]:
-        """Stream for `seconds`; the looping sessions, in order."""
-        assert self.stream is not None
-        block = background_block(rate // TICKS_PER_S)
-        per_block = block.count(b"\n\n")
-        loops: list[str] = []
-        started = time.perf_counter()
-        for tick in range(round(seconds * TICKS_PER_S)):
-            chunk = block.replace(TICK, f"{tick:08d}".encode())
-            due = round((tick + 1) * loops_per_s / TICKS_PER_S) - len(loops)
-            for _ in range(due):
-                session = f"ses_loop{len(loops):08d}"
-                loops.append(session)
-                chunk += loop_block(session)
-            await self.stream.write(chunk)
-            self.frames += per_block + due * LOOP_CALLS * 2
-            pause = started + (tick + 1) / TICKS_PER_S - time.perf_counter()
-            await asyncio.sleep(max(0.0, pause))
-        return loops
+async def play(
+    server: FakeOpencode, seconds: float, rate: int, loops_per_s: float
+) -> tuple[list[str], int]:
+    """Stream for `seconds`; the looping sessions, in order, and the frames written."""
+    block = background_block(rate // TICKS_PER_S)
+    per_block = block.count(b"\n\n")
+    loops: list[str] = []
+    frames = 0
+    started = time.perf_counter()
+    for tick in range(round(seconds * TICKS_PER_S)):
+        chunk = block.replace(TICK, f"{tick:08d}".encode())
+        due = round((tick + 1) * loops_per_s / TICKS_PER_S) - len(loops)
+        for _ in range(due):
+            session = f"ses_loop{len(loops):08d}"
+            loops.append(session)
+            chunk += loop_block(session)
+        await server.push(chunk)
+        frames += per_block + due * LOOP_CALLS * 2
+        pause = started + (tick + 1) / TICKS_PER_S - time.perf_counter()
+        await asyncio.sleep(max(0.0, pause))
+    return loops, frames
 
 
 def sample(pid: int) -> tuple[int, float]:
@@ -168,69 +120,49 @@ async def sampler(pid: int, samples: list[tuple[float, int, float]]) -> None:
 
 
 async def measure(seconds: float, rate: int, loops_per_s: float, delay: float) -> dict:
-    server = SoakServer(delay)
-    runner = web.AppRunner(server.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    server = FakeOpencode(
+        answers={"prompt_async": [204]}, delays={"abort": delay, "prompt_async": delay}
+    )
     samples: list[tuple[float, int, float]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        log_path = Path(tmp) / "monitor.log"
-        with open(log_path, "wb") as log:
-            monitor = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "monitor",
-                "watch",
-                "--url",
-                f"http://127.0.0.1:{port}",
-                "--log-format",
-                "json",
-                "--log-level",
-                "warning",
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-                env=monitor_environ(),
-            )
-        sampling = None
+    sampling = None
+    async with watched(server) as monitor:
         try:
-            await asyncio.wait_for(server.connected.wait(), 20)
-            sampling = asyncio.create_task(sampler(monitor.pid, samples))
+            sampling = asyncio.create_task(sampler(monitor.process.pid, samples))
             started = time.perf_counter()
-            loops = await server.play(seconds, rate, loops_per_s)
+            loops, frames = await play(server, seconds, rate, loops_per_s)
             streamed_s = time.perf_counter() - started
             # The last interventions finish, for as long as they make progress.
             progress, deadline = -1, time.monotonic()
-            while len(server.prompts) < len(loops) and time.monotonic() < deadline + 10:
-                if len(server.prompts) > progress:
-                    progress, deadline = len(server.prompts), time.monotonic()
+            while (
+                len(fed_back := arrivals(server, "prompt_async")) < len(loops)
+                and time.monotonic() < deadline + 10
+            ):
+                if len(fed_back) > progress:
+                    progress, deadline = len(fed_back), time.monotonic()
                 await asyncio.sleep(0.1)
-            samples.append((samples[-1][0] + 1, *sample(monitor.pid)))
+            samples.append((samples[-1][0] + 1, *sample(monitor.process.pid)))
         finally:
             if sampling is not None:
                 sampling.cancel()
-            server.finished.set()
-            monitor.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(monitor.wait(), 10)
-            await runner.cleanup()
-        records = [json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines()]
-        logged = Counter(record["event"] for record in records)
-        logged["cancelled"] = sum(record.get("outcome") == "cancelled" for record in records)
+    records = [json.loads(line) for line in monitor.log.splitlines()]
+    logged = Counter(record["event"] for record in records)
+    logged["cancelled"] = sum(record.get("outcome") == "cancelled" for record in records)
+    aborts = Counter({s: len(r) for s, r in arrivals(server, "abort").items()})
+    prompts = Counter({s: len(r) for s, r in arrivals(server, "prompt_async").items()})
     expected = set(loops)
-    strays = (set(server.aborts) | set(server.prompts)) - expected
-    lost = sum(1 for s in loops if server.aborts[s] == 0 or server.prompts[s] == 0)
-    duplicated = sum(max(0, n - 1) for n in [*server.aborts.values(), *server.prompts.values()])
+    strays = (set(aborts) | set(prompts)) - expected
+    lost = sum(1 for s in loops if aborts[s] == 0 or prompts[s] == 0)
+    duplicated = sum(max(0, n - 1) for n in [*aborts.values(), *prompts.values()])
     warm = [s for s in samples if s[0] >= 10] or samples
     rss_mib = [rss / 2**20 for _, rss, _ in warm]
     cpu_s = samples[-1][2] - samples[0][2]
     return {
         "seconds": round(streamed_s, 1),
-        "frames": server.frames,
-        "frames_per_s": round(server.frames / streamed_s),
+        "frames": frames,
+        "frames_per_s": round(frames / streamed_s),
         "loops": len(loops),
-        "aborted": sum(1 for s in loops if server.aborts[s]),
-        "fed_back": sum(1 for s in loops if server.prompts[s]),
+        "aborted": sum(1 for s in loops if aborts[s]),
+        "fed_back": sum(1 for s in loops if prompts[s]),
         "lost": lost,
         "duplicated": duplicated,
         "stray_sessions": len(strays),

@@ -1,0 +1,108 @@
+"""What the benchmarks that run the monitor share: the stand-in server, the monitor beside it.
+
+`bench.latency`, `bench.permissions` and `bench.soak` are each the server (the stand-in of
+`monitor.kit.standin`) and run the monitor as an operator runs it, `python -m monitor watch`,
+in a process of its own; they differ only in what they stream and what they count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+
+from monitor.kit.standin import FakeOpencode, Received
+
+
+def monitor_environ() -> dict[str, str]:
+    """Our environment without monitor settings or systemd variables that would apply."""
+    drop = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("OPENCODE_LOOP_MONITOR_") and key not in drop
+    }
+
+
+@dataclass
+class Monitor:
+    """The monitor's process; `log` is everything it logged, once it has stopped."""
+
+    process: asyncio.subprocess.Process
+    log: str = ""
+
+
+@asynccontextmanager
+async def watched(server: FakeOpencode, *options: str) -> AsyncIterator[Monitor]:
+    """Serve `server` on loopback and run the monitor against it for the `async with` block.
+
+    The monitor runs `watch --url URL *options`, logging JSON at `warning`; the block starts
+    once its event stream is open (a `live` one: `server.push` reaches it). At the end the
+    stream closes, the monitor gets SIGTERM and its log is read.
+    """
+    server.streams.append(server.live)
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        with tempfile.TemporaryDirectory() as tmp:
+            log_path = Path(tmp) / "monitor.log"
+            with open(log_path, "wb") as log:
+                process = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "monitor",
+                    "watch",
+                    "--url",
+                    f"http://127.0.0.1:{port}",
+                    *options,
+                    "--log-format",
+                    "json",
+                    "--log-level",
+                    "warning",
+                    stdout=log,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env=monitor_environ(),
+                )
+            monitor = Monitor(process)
+            try:
+                await asyncio.wait_for(server.live_connected.wait(), 20)
+                yield monitor
+            finally:
+                server.close()
+                if process.returncode is None:
+                    process.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(process.wait(), 10)
+                except TimeoutError:
+                    # A monitor that ignores SIGTERM must not outlive the benchmark.
+                    process.kill()
+                    await process.wait()
+                    raise
+                monitor.log = log_path.read_text(encoding="utf-8")
+    finally:
+        await runner.cleanup()
+
+
+def arrivals(server: FakeOpencode, action: str) -> dict[str, list[Received]]:
+    """The requests for `action`, in order, by the id in their path (a session's, or a
+    permission request's: `/session/ID/abort`, `/permission/ID/reply`)."""
+    by_id: dict[str, list[Received]] = {}
+    for request in server.of(action):
+        by_id.setdefault(request.path.split("/")[2], []).append(request)
+    return by_id
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
