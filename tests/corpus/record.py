@@ -3,9 +3,10 @@
 Each trace is one session of a real, isolated `opencode serve` driven by the scripted model
 (monitor/kit), its `/event` stream written as the server sent it, after a first comment line
 with its label (`: expect loop at N` or `: expect legit`, see monitor/core/evaluate.py).
-Paths are rewritten to /home/dev/project as in ../shared/opencode/captures. Set OPENCODE_BIN to
-the installed opencode (as for the real-server tests). Run it again only
-to refresh the recordings; the corpus test reads the files.
+Paths are rewritten to /home/dev/project as in ../shared/opencode/captures. It runs the
+opencode the real-server tests run (OPENCODE_BIN, or the shared cache). Run it again only
+to refresh the recordings; the corpus test reads the files. `tests.corpus.record_text`
+records its traces the same way.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from pathlib import Path
 
 import aiohttp
 
-from monitor.kit.sandbox import OpencodeServer, find_or_install_opencode
+from monitor.kit.sandbox import OpencodeServer, default_cache_dir, find_or_install_opencode
 from monitor.kit.scripted_model import ScriptedModel, script
 
 HERE = Path(__file__).parent
-REPO = HERE.parent.parent
 
 NOT_THERE = "ls: cannot access 'no-such-dir': No such file or directory"
 # A job that reports in_progress the first five times it is asked, then completed.
@@ -136,8 +136,9 @@ async def _collect(http: aiohttp.ClientSession, url: str, directory: str, into: 
                 into.append(text.rstrip("\n"))
 
 
-async def record(name: str, label: str, calls: list[tuple[str, dict]]) -> None:
-    binary = find_or_install_opencode(REPO / ".cache" / "opencode")
+async def record(name: str, label: str, prompt: str) -> None:
+    """Record one session that `prompt` starts as `HERE/name.sse`, labelled `label`."""
+    binary = find_or_install_opencode(default_cache_dir())
     async with ScriptedModel() as model, OpencodeServer(binary, model.url) as server:
         timeout = aiohttp.ClientTimeout(total=None)
         async with aiohttp.ClientSession(timeout=timeout) as http:
@@ -146,7 +147,7 @@ async def record(name: str, label: str, calls: list[tuple[str, dict]]) -> None:
             await asyncio.sleep(0.5)
             client = server.client(http)
             session = await client.create_session(name)
-            await client.prompt_async(session["id"], script(calls, len(calls)))
+            await client.prompt_async(session["id"], prompt)
             await client.wait_idle(session["id"], timeout=120)
             await asyncio.sleep(0.5)
             reader.cancel()
@@ -158,12 +159,14 @@ async def record(name: str, label: str, calls: list[tuple[str, dict]]) -> None:
         print(name, len(frames), "frames")
 
 
-async def main() -> None:
+async def record_all(traces: dict[str, tuple[str, str]]) -> None:
+    """Record every trace (name: label, prompt), or only the one named by `$TRACE`."""
     only = os.environ.get("TRACE")
-    for name, (label, calls) in TRACES.items():
+    for name, (label, prompt) in traces.items():
         if only is None or only == name:
-            await record(name, label, calls)
+            await record(name, label, prompt)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    prompts = {name: (label, script(calls, len(calls))) for name, (label, calls) in TRACES.items()}
+    asyncio.run(record_all(prompts))

@@ -16,20 +16,12 @@ stream (tests/test_real_text.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import math
-import os
-from pathlib import Path
 from typing import Any
 
-import aiohttp
+from monitor.kit.scripted_model import script
+from tests.corpus.record import record_all
 
-from monitor.kit.sandbox import OpencodeServer, find_or_install_opencode
-from monitor.kit.scripted_model import ScriptedModel, script
-
-HERE = Path(__file__).parent
-REPO = HERE.parent.parent
 CHUNK = 12  # characters per delta in the traces
 REPEATS = 5  # the default `text_repeats`
 STEPS = 8  # the default `text_steps`
@@ -125,42 +117,5 @@ TRACES: dict[str, tuple[str, str]] = {
 }
 
 
-async def _collect(http: aiohttp.ClientSession, url: str, directory: str, into: list[str]) -> None:
-    async with http.get(url + "/event", params={"directory": directory}) as response:
-        async for line in response.content:
-            text = line.decode()
-            if text.startswith("data:"):
-                into.append(text.rstrip("\n"))
-
-
-async def record(name: str, label: str, prompt: str) -> None:
-    binary = find_or_install_opencode(REPO / ".cache" / "opencode")
-    async with ScriptedModel() as model, OpencodeServer(binary, model.url) as server:
-        timeout = aiohttp.ClientTimeout(total=None)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
-            frames: list[str] = []
-            reader = asyncio.create_task(_collect(http, server.url, server.directory, frames))
-            await asyncio.sleep(0.5)
-            client = server.client(http)
-            session = await client.create_session(name)
-            await client.prompt_async(session["id"], prompt)
-            await client.wait_idle(session["id"], timeout=120)
-            await asyncio.sleep(0.5)
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-        text = "\n\n".join(frames).replace(server.directory, "/home/dev/project")
-        text = text.replace(json.dumps(server.directory)[1:-1], "/home/dev/project")
-        (HERE / f"{name}.sse").write_text(f": expect {label}\n\n{text}\n\n")
-        print(name, len(frames), "frames")
-
-
-async def main() -> None:
-    only = os.environ.get("TRACE")
-    for name, (label, prompt) in TRACES.items():
-        if only is None or only == name:
-            await record(name, label, prompt)
-
-
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(record_all(TRACES))
