@@ -7,12 +7,14 @@ in a process of its own; they differ only in what they stream and what they coun
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,3 +108,21 @@ def arrivals(server: FakeOpencode, action: str) -> dict[str, list[Received]]:
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def main_of_loops(
+    prog: str,
+    measure: Callable[[int, int, float], Awaitable[dict]],
+    loops: int,
+    warmup: int,
+    interval: float,
+    argv: list[str] | None,
+) -> None:
+    """The command line of a benchmark that plays loops: `--loops`, `--warmup`, `--interval`
+    (defaults given), then `measure(loops, warmup, interval)` printed as JSON."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--loops", type=int, default=loops)
+    parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument("--interval", type=float, default=interval)
+    args = parser.parse_args(argv)
+    print(json.dumps(asyncio.run(measure(args.loops, args.warmup, args.interval))))

@@ -14,7 +14,6 @@ process's event loop clock. One loop every `interval` seconds; the first `--warm
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -22,7 +21,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from bench.corpus import CAPTURES
-from bench.harness import arrivals, percentile, watched
+from bench.harness import arrivals, main_of_loops, percentile, watched
 from monitor.core.frames import iter_sse_data
 from monitor.kit.poll import until
 from monitor.kit.standin import FakeOpencode
@@ -116,12 +115,7 @@ async def measure(loops: int, warmup: int, interval: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.latency")
-    parser.add_argument("--loops", type=int, default=1000)
-    parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--interval", type=float, default=0.005)
-    args = parser.parse_args(argv)
-    print(json.dumps(asyncio.run(measure(args.loops, args.warmup, args.interval))))
+    main_of_loops("python -m bench.latency", measure, 1000, 50, 0.005, argv)
 
 
 if __name__ == "__main__":

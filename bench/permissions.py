@@ -14,13 +14,12 @@ The first `--warmup` loops are not counted.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import statistics
 from contextlib import suppress
 
-from bench.harness import arrivals, percentile, watched
+from bench.harness import arrivals, main_of_loops, percentile, watched
 from monitor.kit.poll import until
 from monitor.kit.standin import FakeOpencode
 
@@ -137,12 +136,7 @@ async def measure(loops: int, warmup: int, interval: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.permissions")
-    parser.add_argument("--loops", type=int, default=300)
-    parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--interval", type=float, default=0.01)
-    args = parser.parse_args(argv)
-    print(json.dumps(asyncio.run(measure(args.loops, args.warmup, args.interval))))
+    main_of_loops("python -m bench.permissions", measure, 300, 30, 0.01, argv)
 
 
 if __name__ == "__main__":
