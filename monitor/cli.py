@@ -60,11 +60,15 @@ class Command:
 
 
 WATCH_DESCRIPTION = """\
-Runs beside `opencode serve` and follows every tool call of every session on its event
-stream (one project with --directory). When a session repeats the same block of 1 to
---max-period calls --repeats full times (a single call: on its 4th identical repetition),
-it aborts the run and posts feedback telling the model to change approach; after
---max-interventions in one session, the next one holds the session for a person.
+Runs beside `opencode serve` and follows every tool call and streamed answer of every
+session on its event stream (one project with --directory). A session loops when it repeats
+a block of 1 to --max-period calls --repeats times (rule cycle; a single call on its 4th),
+fails the same way --failure-repeats times in a row (failure), keeps waiting past
+--wait-calls calls (wait), or writes the same passage or answer again and again
+(text_repeat, text_steps); --rules seed keeps only the original cycle rule. The monitor
+then refuses the looping call's permission request where the server asks one (--permissions
+gate, the default), or else aborts the run, and posts feedback telling the model what it
+repeated; after --max-interventions in one session, the next one holds it for a person.
 
 It runs until SIGTERM or SIGINT, waits for the server while it is away (reconnecting with
 backoff), and logs one JSON object per line when stdout is not a terminal (docs/logs.md).
