@@ -516,13 +516,13 @@ class Sink(io.TextIOBase):
 
 
 def test_a_large_file_streams_in_bounded_memory(tmp_path: Path) -> None:
-    count = 200_000
+    count = 60_000
     path = tmp_path / "large.sse"
     with open(path, "w", encoding="utf-8") as file:
         for frame in large_frames(count):
             file.write(f"data: {json.dumps(frame)}\n\n")
     size = path.stat().st_size
-    assert size > 50_000_000
+    assert size > 15_000_000  # several times the memory bound below
 
     out = Sink()
     tracemalloc.start()
