@@ -19,8 +19,8 @@ from monitor.shell.replay import (
     EX_USAGE,
     FileReplay,
     RecordingError,
-    _read_lines,
-    _replay_lines,
+    read_lines,
+    replay_lines,
 )
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def evaluate_trace(path: Path, detection: Detection) -> Result:
         label = parse_label(stream.readline().decode("utf-8", "replace"))
         stream.seek(0)
         replay = FileReplay(str(path), detection)
-        for record in _replay_lines(_read_lines(stream, lambda done: None), replay):
+        for record in replay_lines(read_lines(stream, lambda done: None), replay):
             return Result(path.name, label, record["rule"], record["position"])
     return Result(path.name, label)
 

@@ -252,7 +252,7 @@ def _readline(stream: IO[bytes]) -> bytes:
         raise _Unreadable(error.strerror or str(error)) from None
 
 
-def _read_lines(stream: IO[bytes], on_read: Callable[[int], None]) -> Iterator[str]:
+def read_lines(stream: IO[bytes], on_read: Callable[[int], None]) -> Iterator[str]:
     """Lines of a binary stream as text; bad UTF-8 is replaced (and fails as JSON later)."""
     done = 0
     while line := _readline(stream):
@@ -267,7 +267,7 @@ def _read_lines(stream: IO[bytes], on_read: Callable[[int], None]) -> Iterator[s
         yield line.decode("utf-8", "replace")
 
 
-def _replay_lines(lines: Iterator[str], replay: FileReplay) -> Iterator[dict[str, Any]]:
+def replay_lines(lines: Iterator[str], replay: FileReplay) -> Iterator[dict[str, Any]]:
     """Sniff the format from the first non-blank line, then feed every frame to `replay`."""
     head: list[str] = []
     for line in lines:
@@ -320,7 +320,7 @@ def _replay_file(replay: FileReplay, stdin: IO[bytes], out: IO[str], progress: P
         progress.update(path, done, total, replay.frames)
 
     try:
-        for record in _replay_lines(_read_lines(stream, on_read), replay):
+        for record in replay_lines(read_lines(stream, on_read), replay):
             progress.before_output()
             out.write(json.dumps(record) + "\n")
     finally:
