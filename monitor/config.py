@@ -778,17 +778,7 @@ def _is_loopback(host: str) -> bool:
 
 def detection_of(settings: Settings) -> Detection:
     """The core's detection settings, as `watch`, `attach`, `replay` and `evaluate` judge."""
-    if settings.rules == "seed":
-        return replace(
-            SEED,
-            history=settings.history,
-            match=settings.match,
-            ignore_tools=settings.ignore_tool,
-            ignore_args=settings.ignore_arg,
-            on_loop=settings.on_loop,
-            max_interventions=settings.max_interventions,
-        )
-    return Detection(
+    detection = Detection(
         max_period=settings.max_period,
         repeats=settings.repeats,
         history=settings.history,
@@ -804,6 +794,11 @@ def detection_of(settings: Settings) -> Detection:
         text_steps=settings.text_steps,
         max_sessions=settings.max_sessions,
     )
+    if settings.rules == "seed":
+        # The fields `rules = seed` fixes take the seed's values; `_check_rules` made sure
+        # none of them was set as well.
+        return replace(detection, **{name: getattr(SEED, name) for name in _SEED_FIXED})
+    return detection
 
 
 def guard_of(settings: Settings) -> Detection:

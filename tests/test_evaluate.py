@@ -141,6 +141,13 @@ def test_rules_seed_setting_gives_the_seed_detection():
     assert SEED.profile == "none"
 
 
+def test_rules_seed_keeps_the_settings_it_does_not_fix():
+    flags = {"rules": "seed", "max_sessions": "7", "on_loop": "hold", "history": "40"}
+    detection = detection_of(load_settings(flags, {}, isatty=False))
+    assert (detection.max_sessions, detection.on_loop, detection.history) == (7, "hold", 40)
+    assert (detection.max_period, detection.text_repeats) == (4, 0)
+
+
 def test_rules_seed_refuses_settings_it_fixes():
     with pytest.raises(ConfigError, match="max_period in --max-period: cannot be combined"):
         load_settings({"rules": "seed", "max_period": "6"}, {}, isatty=False)
