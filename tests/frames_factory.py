@@ -16,7 +16,11 @@ def tool_part(
     input: Any = None,
     output: Any = None,
     error: Any = None,
+    call_id: str = "call_0",
+    message_id: str = "msg_1",
 ) -> dict:
+    """One `message.part.updated` of a tool part; `call_id` and `message_id` name the call
+    the way a permission request does."""
     state: dict[str, Any] = {"status": status, "input": {} if input is None else input}
     if output is not None:
         state["output"] = output
@@ -31,9 +35,9 @@ def tool_part(
                 "id": part,
                 "type": "tool",
                 "tool": tool,
-                "callID": "call_0",
+                "callID": call_id,
                 "sessionID": session,
-                "messageID": "msg_1",
+                "messageID": message_id,
                 "state": state,
             },
         },

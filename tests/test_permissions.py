@@ -17,6 +17,7 @@ from monitor.core.events import (
 from monitor.core.feedback import MARK
 from monitor.core.permissions import Reply
 from monitor.core.tracker import Detection, Intervene, Tracker
+from tests import frames_factory as ff
 
 S = "ses_1"
 READ = ("read", {"filePath": "README.md"})
@@ -24,24 +25,11 @@ BASH = ("bash", {"command": "echo hi >> out.txt", "description": "append"})
 
 
 def part(n: int, status: str, tool: str, args: dict[str, Any], session: str = S) -> dict:
-    state: dict[str, Any] = {"status": status, "input": args}
-    if status == "completed":
-        state["output"] = "ok"
-    return {
-        "type": "message.part.updated",
-        "properties": {
-            "sessionID": session,
-            "part": {
-                "id": f"prt_{n}",
-                "type": "tool",
-                "tool": tool,
-                "callID": f"call_{n}",
-                "sessionID": session,
-                "messageID": f"msg_{n}",
-                "state": state,
-            },
-        },
-    }
+    """Update of call n, named `call_n` in message `msg_n` as its permission request names it."""
+    output = "ok" if status == "completed" else None
+    return ff.tool_part(
+        session, f"prt_{n}", tool, status, args, output, call_id=f"call_{n}", message_id=f"msg_{n}"
+    )
 
 
 def asked(n: int, permission: str = "read", session: str = S) -> dict:
