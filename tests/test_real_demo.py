@@ -79,14 +79,21 @@ def kill_group(pgid: int) -> None:
         pass
 
 
-async def test_demo_stops_the_loop_and_everything_it_started(opencode_bin, tmp_path):
+async def run_demo(
+    opencode_bin: Path, tmp_path: Path, *flags: str
+) -> tuple[MonitorProcess, int | None, list[int]]:
+    """Run `demo` to its end: the process, its exit status and what was left in its group.
+
+    Whatever happens, nothing it started outlives the test.
+    """
     demo = MonitorProcess(
-        ["demo", "--cache-dir", str(tmp_path / "cache")],
+        ["demo", "--cache-dir", str(tmp_path / "cache"), *flags],
         tmp_path,
         env={"OPENCODE_BIN": str(opencode_bin)},
     ).start()
     assert demo.process is not None
     code = None
+    left_in_group: list[int] = []
     try:
         code = await demo.wait_exit(DEMO_TIMEOUT)
         left_in_group = live_group_members(demo.process.pid)
@@ -96,6 +103,11 @@ async def test_demo_stops_the_loop_and_everything_it_started(opencode_bin, tmp_p
             # A demo killed before its cleanup leaves its server, a session of its own.
             for pid in re.findall(r"is up: pid (\d+)", demo.output()):
                 kill_group(int(pid))
+    return demo, code, left_in_group
+
+
+async def test_demo_stops_the_loop_and_everything_it_started(opencode_bin, tmp_path):
+    demo, code, left_in_group = await run_demo(opencode_bin, tmp_path)
     output = demo.stdout_path.read_text(encoding="utf-8")
     assert code == 0, demo.output()
     assert left_in_group == []
@@ -134,19 +146,7 @@ async def test_demo_stops_the_loop_and_everything_it_started(opencode_bin, tmp_p
 
 
 async def test_demo_shows_the_permission_gate(opencode_bin, tmp_path):
-    demo = MonitorProcess(
-        ["demo", "--cache-dir", str(tmp_path / "cache"), "--permissions", "approve"],
-        tmp_path,
-        env={"OPENCODE_BIN": str(opencode_bin)},
-    ).start()
-    code = None
-    try:
-        code = await demo.wait_exit(DEMO_TIMEOUT)
-    finally:
-        demo.kill()
-        if code != 0:
-            for pid in re.findall(r"is up: pid (\d+)", demo.output()):
-                kill_group(int(pid))
+    demo, code, _ = await run_demo(opencode_bin, tmp_path, "--permissions", "approve")
     output = demo.stdout_path.read_text(encoding="utf-8")
     assert code == 0, demo.output()
     lines = output.splitlines()
