@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
+import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -211,11 +212,11 @@ async def test_instances_keep_their_own_registries(state, metrics):
     other.loop(2)
     assert (
         f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 1.0'
-        in metrics.exposition().decode()
+        in prometheus_client.generate_latest(metrics.registry).decode()
     )
     assert (
         f'{P}loops_detected_total{{cycle_length="2",rule="cycle"}} 2.0'
-        in other.exposition().decode()
+        in prometheus_client.generate_latest(other.registry).decode()
     )
 
 

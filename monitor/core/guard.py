@@ -59,6 +59,10 @@ class RecentMap(Generic[K, V]):
     def __iter__(self) -> Iterator[K]:
         return iter(list(self._items))
 
+    def items(self) -> list[tuple[K, V]]:
+        """A copy, oldest first: the caller may touch or drop keys while it reads."""
+        return list(self._items.items())
+
 
 class _History:
     __slots__ = ("digests", "tools")

@@ -306,10 +306,6 @@ class Tracker:
             seeding.decided = seeding.decided or bool(decisions)
         return decisions
 
-    def follows(self, session_id: str) -> bool:
-        """False for the sessions `only_session` leaves out."""
-        return self.only_session is None or session_id == self.only_session
-
     def directory_of(self, session_id: str) -> str | None:
         session = self._sessions.get(session_id)
         if session is None or session.directory is None:
@@ -322,11 +318,7 @@ class Tracker:
 
     def known(self) -> dict[str, str | None]:
         """Every session held, with the directory the stream told us (None if it did not)."""
-        known: dict[str, str | None] = {}
-        for session_id in self._sessions:
-            session = self._sessions.get(session_id)
-            known[session_id] = None if session is None else session.directory
-        return known
+        return {session_id: session.directory for session_id, session in self._sessions.items()}
 
     def end_runs(self, session_ids: Iterable[str]) -> None:
         for session_id in session_ids:
@@ -360,21 +352,17 @@ class Tracker:
 
     def sessions_view(self) -> list[SessionView]:
         """A read-only copy of what is known about every session held, oldest first."""
-        views = []
-        for session_id in self._sessions:
-            session = self._sessions.get(session_id)
-            if session is not None:
-                views.append(
-                    SessionView(
-                        session_id,
-                        self.directory_of(session_id),
-                        session_id in self._guard,
-                        session.calls - session.run_start,
-                        session.calls,
-                        session.interventions,
-                    )
-                )
-        return views
+        return [
+            SessionView(
+                session_id,
+                session.directory or self._default_directory,
+                session_id in self._guard,
+                session.calls - session.run_start,
+                session.calls,
+                session.interventions,
+            )
+            for session_id, session in self._sessions.items()
+        ]
 
     def forget(self, session_id: str) -> None:
         self._guard.clear(session_id)

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 from prometheus_client.aiohttp import make_aiohttp_handler
@@ -173,10 +172,6 @@ class Metrics:
     def not_ready(self) -> str | None:
         """Why `/readyz` answers 503, or None when it answers 200."""
         return readiness(self._connected(), self._last_frame_at(), self._clock(), self._read_limit)
-
-    def exposition(self) -> bytes:
-        """The text Prometheus scrapes."""
-        return prometheus_client.generate_latest(self.registry)
 
     def _last_frame_timestamp(self) -> float:
         last = self._last_frame_at()
