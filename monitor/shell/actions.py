@@ -167,7 +167,7 @@ class Interventions:
         started = time.monotonic()
         try:
             refused = await self._api.reply_permission(
-                request_id, reply.directory, "reject", reply.message
+                request_id, reply.directory, reply.reply, reply.message
             )
         except ServerError as exc:
             await self._act(decision, progress, request_id=request_id, fallback=str(exc))
