@@ -42,7 +42,8 @@ def describe_cycle(cycle: Cycle, tools: tuple[str, ...]) -> str:
 
 def describe_failure(cycle: Cycle, tools: tuple[str, ...]) -> str:
     """`the same error 4 times in a row (bash)`."""
-    return f"the same error {cycle.repetitions} times in a row ({', '.join(tools)})"
+    names = ", ".join(clean_tool_name(tool) for tool in tools)
+    return f"the same error {cycle.repetitions} times in a row ({names})"
 
 
 def _finding(rule: str, cycle: Cycle, tools: tuple[str, ...]) -> str:
@@ -67,23 +68,26 @@ def feedback_text(
     cycle: Cycle, tools: tuple[str, ...], hold: bool, interventions: int, rule: str = "cycle"
 ) -> str:
     """The feedback for one intervention; `interventions` counts this one too."""
-    lines = [
-        MARK + _finding(rule, cycle, tools),
+    return _message(
+        _finding(rule, cycle, tools),
         "Do not retry the same sequence unchanged. Compare what you expected each earlier "
         "attempt to do with what it actually returned. Then either take a materially "
         "different action based on that new evidence, or explain briefly why you are blocked "
         "and what information you need.",
-    ]
-    if hold:
-        lines.append(_hold_note(interventions))
-    return "\n\n".join(lines)
-
-
-def _hold_note(interventions: int) -> str:
-    return (
-        f"This session has now been stopped {interventions} times for looping, so it is "
-        "on hold until a person replies. Do not call tools until then."
+        hold,
+        interventions,
     )
+
+
+def _message(finding: str, advice: str, hold: bool, interventions: int) -> str:
+    """Every feedback: the mark and what was found, the advice, and on hold, why it waits."""
+    lines = [MARK + finding, advice]
+    if hold:
+        lines.append(
+            f"This session has now been stopped {interventions} times for looping, so it is "
+            "on hold until a person replies. Do not call tools until then."
+        )
+    return "\n\n".join(lines)
 
 
 def describe_repetition(units: int, repetitions: int) -> str:
@@ -103,31 +107,26 @@ def text_feedback_text(
         what = f"{where} was the same at {repetitions} successive steps of this run"
     else:
         what = f"in {where} you wrote {describe_repetition(units, repetitions)} in a row"
-    lines = [
-        f"{MARK}your run was stopped because it was repeating itself: {what}.",
+    return _message(
+        f"your run was stopped because it was repeating itself: {what}.",
         "Do not write it again. State once what you have established so far, then either "
         "take a different next step based on it, or explain briefly why you are blocked "
         "and what information you need.",
-    ]
-    if hold:
-        lines.append(_hold_note(interventions))
-    return "\n\n".join(lines)
+        hold,
+        interventions,
+    )
 
 
 def rejection_text(cycle: Cycle, tools: tuple[str, ...], hold: bool, interventions: int) -> str:
     """The message of a refused permission: the model reads it as the result of the call that
     completed the loop, which never ran; its run goes on. `interventions` counts this one."""
-    lines = [
-        f"{MARK}this call was refused and did not run: it would have completed a loop, "
+    return _message(
+        "this call was refused and did not run: it would have completed a loop, "
         f"{describe_cycle(cycle, tools)} with the same arguments.",
         "Do not make the same call again. Compare what you expected the earlier calls to do "
         "with what they actually returned. Then either take a materially different action "
         "based on that evidence, or explain briefly why you are blocked and what information "
         "you need.",
-    ]
-    if hold:
-        lines.append(
-            f"This session has now been stopped {interventions} times for looping, so it is "
-            "on hold until a person replies. Do not call tools until then."
-        )
-    return "\n\n".join(lines)
+        hold,
+        interventions,
+    )
