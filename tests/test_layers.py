@@ -1,4 +1,5 @@
-"""The layers import downwards only: core imports neither shell nor kit, shell not kit.
+"""The layers import downwards only: core imports neither shell nor kit, shell not kit
+(nor either of them the stand-in server, `monitor.testing`).
 
 Read from the source (AST), so an import under `if TYPE_CHECKING:` or inside a function
 counts as much as one at the top of a module.
@@ -13,8 +14,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "monitor"
 FORBIDDEN = {
-    "monitor.core": ("monitor.shell", "monitor.kit"),
-    "monitor.shell": ("monitor.kit",),
+    "monitor.core": ("monitor.shell", "monitor.kit", "monitor.testing"),
+    "monitor.shell": ("monitor.kit", "monitor.testing"),
 }
 
 
@@ -72,3 +73,15 @@ def test_the_check_sees_imports_under_type_checking_and_relative_ones(tmp_path: 
         "monitor/core/rules/probe.py:5 imports monitor.kit.demo",
         "monitor/core/rules/probe.py:6 imports monitor.shell",
     ]
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    # Shared helpers live in tests/harness.py, tests/frames_factory.py and the fixtures.
+    tests = PACKAGE.parent / "tests"
+    found = [
+        f"{path.relative_to(tests.parent)}:{line} imports {module}"
+        for path in sorted(tests.rglob("*.py"))
+        for line, module in imported_modules(path, tests)
+        if module.startswith(("tests.test_", "tests.conftest"))
+    ]
+    assert found == []

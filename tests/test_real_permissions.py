@@ -16,7 +16,7 @@ import pytest
 from monitor.core.feedback import MARK
 from monitor.kit.sandbox import OpencodeServer, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
-from tests.test_real_watch import assistant_texts, start_watching, user_texts
+from tests.harness import assistant_texts, start_watching, user_texts
 
 pytestmark = pytest.mark.real_server
 

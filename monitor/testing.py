@@ -1,10 +1,12 @@
 """A stand-in OpenCode server: the REST calls and event stream the monitor uses, scripted.
 
-The tests use it for faults a real server cannot be made to show on demand, the benchmarks
-(`bench/harness.py`) to write loops and permission requests at a known moment. Each
-connection to the event stream plays the next script in `streams` (`play` writes fixed
-chunks; `FakeOpencode.live` writes whatever `push` is given); every request is recorded in
-`requests`, with the time it arrived, so callers assert on what the monitor actually sent and when.
+Public and shipped, as `structlog.testing` is: anything that talks to the monitor or to
+OpenCode's API can be tested against it without a server running. The tests use it for
+faults a real server cannot be made to show on demand, the benchmarks (`bench/harness.py`)
+to write loops and permission requests at a known moment. Each connection to the event
+stream plays the next script in `streams` (`play` writes fixed chunks; `FakeOpencode.live`
+writes whatever `push` is given); every request is recorded in `requests`, with the time it
+arrived, so callers assert on what the monitor actually sent and when.
 """
 
 from __future__ import annotations
