@@ -1,7 +1,7 @@
 """What the benchmarks that run the monitor share: the stand-in server, the monitor beside it.
 
 `bench.latency`, `bench.permissions` and `bench.soak` are each the server (the stand-in of
-`monitor.kit.standin`) and run the monitor as an operator runs it, `python -m monitor watch`,
+`monitor.testing`) and run the monitor as an operator runs it, `python -m monitor watch`,
 in a process of its own; they differ only in what they stream and what they count.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from monitor.kit.standin import FakeOpencode, Received
+from monitor.testing import FakeOpencode, Received
 
 
 def monitor_environ() -> dict[str, str]:

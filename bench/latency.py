@@ -2,7 +2,7 @@
 
     python -m bench.latency [--loops 1000] [--interval 0.005]
 
-This process is the server (the stand-in of `monitor.kit.standin`); the monitor runs as an
+This process is the server (the stand-in of `monitor.testing`); the monitor runs as an
 operator runs it, `python -m monitor watch`, in a process of its own. Every loop is a new
 session making the same `read` call four times (the frames of one recorded call of the real
 server, with the session and part ids replaced, sync copies included, on `/global/event` as
@@ -24,7 +24,7 @@ from bench.corpus import CAPTURES
 from bench.harness import arrivals, main_of_loops, percentile, watched
 from monitor.core.frames import iter_sse_data
 from monitor.kit.poll import until
-from monitor.kit.standin import FakeOpencode
+from monitor.testing import FakeOpencode
 
 TEMPLATE = CAPTURES / "loop-abort-feedback.global.sse"
 CALLS = 4

@@ -21,7 +21,7 @@ from contextlib import suppress
 
 from bench.harness import arrivals, main_of_loops, percentile, watched
 from monitor.kit.poll import until
-from monitor.kit.standin import FakeOpencode
+from monitor.testing import FakeOpencode
 
 CALLS = 4
 DIRECTORY = "/bench/project"

@@ -28,7 +28,7 @@ from collections import Counter
 
 from bench.harness import arrivals, watched
 from bench.memory import tool_update
-from monitor.kit.standin import FakeOpencode
+from monitor.testing import FakeOpencode
 
 CALLS_PER_SESSION = 8
 LOOP_CALLS = 4

@@ -1,7 +1,11 @@
 """Settings: one table, read from flags, the environment, a TOML file and defaults.
 
-Every way to set something (argparse flag, OPENCODE_LOOP_MONITOR_* variable, TOML key, and
-the table in docs/configuration.md) derives from `SETTINGS`, so a setting is described once.
+The table is the `Settings` dataclass: each setting is one field, with its row of the table
+beside it. Every way to set something (argparse flag, OPENCODE_LOOP_MONITOR_* variable, TOML
+key, the table in docs/configuration.md) and the core's `Detection` derive from that row
+(`SETTINGS`), so a setting is described once. How detection settings must fit each other is
+the core's to say (`Detection` raises DetectionError); this layer only says where each
+value came from and how to fix it.
 `load_settings` reads no global state: the caller passes the flags, the environment and
 whether stdout is a terminal, so tests are plain synchronous calls. It only reads the two
 files it is pointed at (the TOML file and the password file).
@@ -20,11 +24,12 @@ import json
 import stat
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit, urlunsplit
 
+from monitor.core.limits import HISTORY_FLOOR, DetectionError
 from monitor.core.permissions import PermissionMode
 from monitor.core.profile import Profile
 from monitor.core.tracker import SEED, Detection, MatchMode, OnLoop
@@ -80,6 +85,10 @@ class Setting:
     # receives the whole list, so it can build a set or a mapping.
     repeatable: bool = False
     in_file: bool = True
+    # The `Detection` field this setting fills ("" for none), and whether `rules = seed`
+    # fixes it to `SEED`'s value.
+    core: str = ""
+    seed_fixed: bool = False
 
     @property
     def flag(self) -> str:
@@ -102,7 +111,7 @@ class Setting:
     def default_text(self) -> str:
         """The default as shown in --help and docs/configuration.md."""
         if self.default is None:
-            return "none"
+            return "derived" if self.core else "none"
         if isinstance(self.default, bool):
             return "true" if self.default else "false"
         if self.repeatable and not self.default:
@@ -271,287 +280,371 @@ def _log_formats() -> tuple[str, ...]:
     return ("auto", *get_args(LogFormat))
 
 
-CONFIG = Setting(
-    "config",
-    _path,
-    None,
-    "TOML file of settings; its keys are the flag names with underscores",
-    Group.GENERAL,
-    metavar="PATH",
-    in_file=False,  # a file cannot point at itself
-)
+class _Row(NamedTuple):
+    """A row of the settings table as written beside its `Settings` field (see `_row`)."""
 
-SETTINGS: tuple[Setting, ...] = (
-    CONFIG,
-    Setting(
-        "url",
-        _url,
-        "http://127.0.0.1:4096",
-        "OpenCode server base URL",
-        Group.CONNECTION,
-        metavar="URL",
-    ),
-    Setting(
-        "directory",
-        _text,
-        None,
-        "follow one project via /event?directory=DIR instead of all projects via /global/event",
-        Group.CONNECTION,
-        metavar="DIR",
-    ),
-    Setting(
-        "password_file",
-        _path,
-        None,
-        f"file whose first line is the server password (e.g. a systemd credential); "
-        f"without it the password comes from {SERVER_PASSWORD_VAR}, the user name always "
-        f"from {SERVER_USERNAME_VAR} (default {DEFAULT_USERNAME})",
-        Group.CONNECTION,
-        metavar="FILE",
-    ),
-    Setting(
-        "max_period",
-        _integer(1, 10),
-        10,
-        "longest cycle, in tool calls, that is detected (1 to 10)",
-        Group.DETECTION,
-        metavar="N",
-    ),
-    Setting(
-        "repeats",
-        _integer(2),
-        3,
-        "full repetitions needed to call a multi-call cycle a loop (at least 2)",
-        Group.DETECTION,
-        metavar="N",
-    ),
-    Setting(
-        "history",
-        _integer(4),
-        32,
-        "tool calls the rules see per session (at least 4, max_period * repeats and wait_calls)",
-        Group.DETECTION,
-        metavar="N",
-    ),
-    Setting(
-        "rules",
-        _choice(("opencode", "seed")),
-        "opencode",
-        "opencode: every rule with the tool profile; seed: exactly the original rules (exact "
-        "arguments, periods 1-4 repeated 3 times, one call on its 4th, nothing else)",
-        Group.DETECTION,
-        metavar="opencode|seed",
-    ),
-    Setting(
-        "profile",
-        _choice(get_args(Profile)),
-        "opencode",
-        "opencode leaves label arguments (bash.description, ...) out of comparisons and "
-        "makes bookkeeping tools (todowrite) transparent; none compares everything",
-        Group.DETECTION,
-        metavar="|".join(get_args(Profile)),
-    ),
-    Setting(
-        "failure_repeats",
-        _integer(0),
-        4,
-        "the same failure this many times in a row is a loop, whatever the arguments (0: off)",
-        Group.DETECTION,
-        metavar="N",
-    ),
-    Setting(
-        "wait_calls",
-        _integer(0),
-        20,
-        "calls a loop that waits (sleeps, watches, is answered in progress) may run (0: none)",
-        Group.DETECTION,
-        metavar="N",
-    ),
-    Setting(
-        "match",
-        _choice(get_args(MatchMode)),
-        "input",
-        "what makes two calls the same: input (tool and arguments) "
-        "or input+output (the result too)",
-        Group.DETECTION,
-        metavar="|".join(get_args(MatchMode)),
-    ),
-    Setting(
-        "ignore_tool",
-        _tool_names,
-        (),
-        "tool name never recorded, e.g. todowrite (repeatable)",
-        Group.DETECTION,
-        metavar="TOOL",
-        repeatable=True,
-    ),
-    Setting(
-        "ignore_arg",
-        _tool_arguments,
-        (),
-        "argument key dropped before comparing calls, as TOOL.KEY (repeatable)",
-        Group.DETECTION,
-        metavar="TOOL.KEY",
-        repeatable=True,
-    ),
-    Setting(
-        "text_repeats",
-        _count_or_off(2),
-        5,
-        "back-to-back repetitions of a sentence or passage in one streamed answer or "
-        "reasoning block that make a text loop (0: off)",
-        Group.DETECTION,
-        metavar="N",
-    ),
-    Setting(
-        "text_steps",
-        _count_or_off(2),
-        8,
-        "successive steps of one run with the same whole answer (or reasoning) that make a "
-        "text loop (0: off)",
-        Group.DETECTION,
-        metavar="N",
-    ),
-    Setting(
-        "max_sessions",
-        _integer(1),
-        10_000,
-        "sessions tracked at most; the least recently active one is dropped first",
-        Group.DETECTION,
-        metavar="N",
-    ),
-    Setting(
-        "dry_run",
-        _boolean,
-        False,
-        "detect and log loops, but never abort a session",
-        Group.ACTION,
-    ),
-    Setting(
-        "on_loop",
-        _choice(get_args(OnLoop)),
-        "resume",
-        "after the abort: resume lets the model answer the feedback, "
-        "hold stores it and waits for a person",
-        Group.ACTION,
-        metavar="|".join(get_args(OnLoop)),
-    ),
-    Setting(
-        "max_interventions",
-        _integer(0),
-        2,
-        "interventions in one session after which the next one holds instead of resuming",
-        Group.ACTION,
-        metavar="N",
-    ),
-    Setting(
-        "permissions",
-        _choice(get_args(PermissionMode)),
-        "gate",
-        "answer the server's permission requests: gate refuses the request of a call that "
-        "completes a loop (it never runs) and leaves the others to whoever answers them; "
-        "approve also approves EVERY other call, so every call that is not a loop runs "
-        "unattended; off answers none",
-        Group.ACTION,
-        metavar="|".join(get_args(PermissionMode)),
-    ),
-    Setting(
-        "permission_grace",
-        _integer(0),
-        30,
-        "seconds a doom_loop request of the server is left to a person before gate refuses it",
-        Group.ACTION,
-        metavar="SECONDS",
-    ),
-    Setting(
-        "log_format",
-        _choice(_log_formats()),
-        "auto",
-        "log format; auto is console when stdout is a terminal and json otherwise",
-        Group.LOGGING,
-        metavar="|".join(_log_formats()),
-    ),
-    Setting(
-        "log_level",
-        _choice(get_args(LogLevel)),
-        "info",
-        "lowest level logged",
-        Group.LOGGING,
-        metavar="|".join(get_args(LogLevel)),
-    ),
-    Setting(
-        "record",
-        _path,
-        None,
-        "append every raw frame read from the server to FILE",
-        Group.WATCH,
-        metavar="FILE",
-    ),
-    Setting(
-        "metrics_addr",
-        _listen_address,
-        None,
-        "serve Prometheus /metrics, /healthz and /readyz on HOST:PORT",
-        Group.WATCH,
-        metavar="HOST:PORT",
-    ),
-    Setting(
-        "notify_url",
-        _webhook_url,
-        None,
-        "POST a JSON notification (with a text field, as Slack and ntfy take) to URL on "
-        "every intervention and hold",
-        Group.ACTION,
-        metavar="URL",
-    ),
-)
+    parse: Parse
+    default: Any
+    help: str
+    group: Group
+    metavar: str
+    repeatable: bool
+    in_file: bool
+    core: bool | str
+    seed_fixed: bool
 
+
+_ROW = "setting"  # the metadata key of a `Settings` field's row
+_CORE_DEFAULT: Any = object()  # "the default of the `Detection` field it fills"
+
+
+def _row(
+    parse: Parse,
+    help: str,
+    group: Group,
+    *,
+    default: Any = _CORE_DEFAULT,
+    metavar: str = "",
+    repeatable: bool = False,
+    in_file: bool = True,
+    core: bool | str = False,
+    seed_fixed: bool = False,
+) -> dict[str, _Row]:
+    """The metadata of a `Settings` field that is a setting: its row of the table.
+
+    `core` says the setting fills the `Detection` field of its name (or of the name given);
+    such a setting's default is that field's unless `default` says otherwise. `seed_fixed`
+    settings take `SEED`'s value under `rules = seed`.
+    """
+    row = _Row(parse, default, help, group, metavar, repeatable, in_file, core, seed_fixed)
+    return {_ROW: row}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the monitor was told, validated; also the table of settings.
+
+    Each field with a row (`_row`) is a setting, declared here only: its flag, variable, TOML
+    key, --help text, docs/configuration.md row and `Detection` field derive from it.
+    """
+
+    config: Path | None = field(
+        metadata=_row(
+            _path,
+            "TOML file of settings; its keys are the flag names with underscores",
+            Group.GENERAL,
+            default=None,
+            metavar="PATH",
+            in_file=False,  # a file cannot point at itself
+        )
+    )
+    url: str = field(
+        metadata=_row(
+            _url,
+            "OpenCode server base URL",
+            Group.CONNECTION,
+            default="http://127.0.0.1:4096",
+            metavar="URL",
+        )
+    )
+    directory: str | None = field(
+        metadata=_row(
+            _text,
+            "follow one project via /event?directory=DIR instead of all projects via /global/event",
+            Group.CONNECTION,
+            default=None,
+            metavar="DIR",
+        )
+    )
+    password_file: Path | None = field(
+        metadata=_row(
+            _path,
+            f"file whose first line is the server password (e.g. a systemd credential); "
+            f"without it the password comes from {SERVER_PASSWORD_VAR}, the user name always "
+            f"from {SERVER_USERNAME_VAR} (default {DEFAULT_USERNAME})",
+            Group.CONNECTION,
+            default=None,
+            metavar="FILE",
+        )
+    )
+    max_period: int = field(
+        metadata=_row(
+            _integer(1, 10),
+            "longest cycle, in tool calls, that is detected (1 to 10)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    repeats: int = field(
+        metadata=_row(
+            _integer(2),
+            "full repetitions needed to call a multi-call cycle a loop (at least 2)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    # Unset, it is derived from what the rules need (monitor/core/limits.py); loaded, it is
+    # the history in use.
+    history: int = field(
+        metadata=_row(
+            _integer(4),
+            f"tool calls the rules see per session (at least 4, max_period * repeats and "
+            f"wait_calls); unset, the larger of {HISTORY_FLOOR} and what those need",
+            Group.DETECTION,
+            default=None,
+            metavar="N",
+            core=True,
+        )
+    )
+    rules: str = field(
+        metadata=_row(
+            _choice(("opencode", "seed")),
+            "opencode: every rule with the tool profile; seed: exactly the original rules "
+            "(exact arguments, periods 1-4 repeated 3 times, one call on its 4th, nothing else)",
+            Group.DETECTION,
+            default="opencode",
+            metavar="opencode|seed",
+        )
+    )
+    profile: Profile = field(
+        metadata=_row(
+            _choice(get_args(Profile)),
+            "opencode leaves label arguments (bash.description, ...) out of comparisons and "
+            "makes bookkeeping tools (todowrite) transparent; none compares everything",
+            Group.DETECTION,
+            metavar="|".join(get_args(Profile)),
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    failure_repeats: int = field(
+        metadata=_row(
+            _integer(0),
+            "the same failure this many times in a row is a loop, whatever the arguments (0: off)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    wait_calls: int = field(
+        metadata=_row(
+            _integer(0),
+            "calls a loop that waits (sleeps, watches, is answered in progress) may run (0: none)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    match: MatchMode = field(
+        metadata=_row(
+            _choice(get_args(MatchMode)),
+            "what makes two calls the same: input (tool and arguments) "
+            "or input+output (the result too)",
+            Group.DETECTION,
+            metavar="|".join(get_args(MatchMode)),
+            core=True,
+        )
+    )
+    ignore_tool: frozenset[str] = field(
+        metadata=_row(
+            _tool_names,
+            "tool name never recorded, e.g. todowrite (repeatable)",
+            Group.DETECTION,
+            default=(),
+            metavar="TOOL",
+            repeatable=True,
+            core="ignore_tools",
+        )
+    )
+    # tool -> argument keys dropped before comparing
+    ignore_arg: Mapping[str, frozenset[str]] = field(
+        metadata=_row(
+            _tool_arguments,
+            "argument key dropped before comparing calls, as TOOL.KEY (repeatable)",
+            Group.DETECTION,
+            default=(),
+            metavar="TOOL.KEY",
+            repeatable=True,
+            core="ignore_args",
+        )
+    )
+    text_repeats: int = field(
+        metadata=_row(
+            _count_or_off(2),
+            "back-to-back repetitions of a sentence or passage in one streamed answer or "
+            "reasoning block that make a text loop (0: off)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    text_steps: int = field(
+        metadata=_row(
+            _count_or_off(2),
+            "successive steps of one run with the same whole answer (or reasoning) that make "
+            "a text loop (0: off)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    max_sessions: int = field(
+        metadata=_row(
+            _integer(1),
+            "sessions tracked at most; the least recently active one is dropped first",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+        )
+    )
+    dry_run: bool = field(
+        metadata=_row(
+            _boolean,
+            "detect and log loops, but never abort a session",
+            Group.ACTION,
+            default=False,
+        )
+    )
+    on_loop: OnLoop = field(
+        metadata=_row(
+            _choice(get_args(OnLoop)),
+            "after the abort: resume lets the model answer the feedback, "
+            "hold stores it and waits for a person",
+            Group.ACTION,
+            metavar="|".join(get_args(OnLoop)),
+            core=True,
+        )
+    )
+    max_interventions: int = field(
+        metadata=_row(
+            _integer(0),
+            "interventions in one session after which the next one holds instead of resuming",
+            Group.ACTION,
+            metavar="N",
+            core=True,
+        )
+    )
+    permissions: PermissionMode = field(
+        metadata=_row(
+            _choice(get_args(PermissionMode)),
+            "answer the server's permission requests: gate refuses the request of a call that "
+            "completes a loop (it never runs) and leaves the others to whoever answers them; "
+            "approve also approves EVERY other call, so every call that is not a loop runs "
+            "unattended; off answers none",
+            Group.ACTION,
+            # The core's default is "off": only the daemon, which acts, answers by default.
+            default="gate",
+            metavar="|".join(get_args(PermissionMode)),
+            core=True,
+        )
+    )
+    permission_grace: int = field(
+        metadata=_row(
+            _integer(0),
+            "seconds a doom_loop request of the server is left to a person before gate refuses it",
+            Group.ACTION,
+            default=30,  # a TOML integer; the core's is the float 30.0
+            metavar="SECONDS",
+            core=True,
+        )
+    )
+    log_format: LogFormat = field(  # "auto" is already resolved
+        metadata=_row(
+            _choice(_log_formats()),
+            "log format; auto is console when stdout is a terminal and json otherwise",
+            Group.LOGGING,
+            default="auto",
+            metavar="|".join(_log_formats()),
+        )
+    )
+    log_level: LogLevel = field(
+        metadata=_row(
+            _choice(get_args(LogLevel)),
+            "lowest level logged",
+            Group.LOGGING,
+            default="info",
+            metavar="|".join(get_args(LogLevel)),
+        )
+    )
+    record: Path | None = field(
+        metadata=_row(
+            _path,
+            "append every raw frame read from the server to FILE",
+            Group.WATCH,
+            default=None,
+            metavar="FILE",
+        )
+    )
+    metrics_addr: ListenAddress | None = field(
+        metadata=_row(
+            _listen_address,
+            "serve Prometheus /metrics, /healthz and /readyz on HOST:PORT",
+            Group.WATCH,
+            default=None,
+            metavar="HOST:PORT",
+        )
+    )
+    notify_url: str | None = field(
+        repr=False,  # a chat webhook's URL is its secret
+        metadata=_row(
+            _webhook_url,
+            "POST a JSON notification (with a text field, as Slack and ntfy take) to URL on "
+            "every intervention and hold",
+            Group.ACTION,
+            default=None,
+            metavar="URL",
+        ),
+    )
+    # Not settings of ours: taken from the server's variables or password_file.
+    username: str = field(repr=False)
+    password: str | None = field(repr=False)
+    # What is allowed but probably a mistake; `watch` logs each as `config.warning`.
+    warnings: tuple[str, ...] = ()
+
+
+_CORE_DEFAULTS = {item.name: item.default for item in fields(Detection)}
+
+
+def _setting_of(item: Field[Any]) -> Setting:
+    row: _Row = item.metadata[_ROW]
+    core = item.name if row.core is True else row.core or ""
+    default = _CORE_DEFAULTS[core] if row.default is _CORE_DEFAULT else row.default
+    return Setting(
+        item.name,
+        row.parse,
+        default,
+        row.help,
+        row.group,
+        row.metavar,
+        row.repeatable,
+        row.in_file,
+        core,
+        row.seed_fixed,
+    )
+
+
+SETTINGS: tuple[Setting, ...] = tuple(
+    _setting_of(item) for item in fields(Settings) if _ROW in item.metadata
+)
 SETTINGS_BY_NAME: Mapping[str, Setting] = {setting.name: setting for setting in SETTINGS}
+CONFIG = SETTINGS_BY_NAME["config"]
 _FILE_KEYS = tuple(setting.name for setting in SETTINGS if setting.in_file)
+# Setting by the `Detection` field it fills, to name the setting a DetectionError is about.
+_BY_CORE = {setting.core: setting for setting in SETTINGS if setting.core}
 
 
 def settings_for(groups: Iterable[Group]) -> tuple[Setting, ...]:
     """The settings a subcommand using `groups` accepts, in table order."""
     wanted = {Group.GENERAL, *groups}
     return tuple(setting for setting in SETTINGS if setting.group in wanted)
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    """Everything the monitor was told, validated. Field names are the table's names."""
-
-    config: Path | None
-    url: str
-    directory: str | None
-    password_file: Path | None
-    max_period: int
-    repeats: int
-    history: int
-    rules: str
-    profile: Profile
-    failure_repeats: int
-    wait_calls: int
-    match: MatchMode
-    ignore_tool: frozenset[str]
-    ignore_arg: Mapping[str, frozenset[str]]  # tool -> argument keys dropped before comparing
-    text_repeats: int
-    text_steps: int
-    max_sessions: int
-    dry_run: bool
-    on_loop: OnLoop
-    max_interventions: int
-    permissions: PermissionMode
-    permission_grace: int
-    log_format: LogFormat  # "auto" is already resolved
-    log_level: LogLevel
-    record: Path | None
-    metrics_addr: ListenAddress | None
-    notify_url: str | None = field(repr=False)  # a chat webhook's URL is its secret
-    # Not settings of ours: taken from the server's variables or password_file.
-    username: str = field(repr=False)
-    password: str | None = field(repr=False)
-    # What is allowed but probably a mistake; `watch` logs each as `config.warning`.
-    warnings: tuple[str, ...] = ()
 
 
 class _File(NamedTuple):
@@ -591,8 +684,12 @@ def load_settings(
         for setting in SETTINGS
     }
     values = {name: _parse(SETTINGS_BY_NAME[name], raw) for name, raw in raws.items()}
-    _check_history(values, raws)
     _check_rules(raws)
+    try:
+        detection = _detection(values)
+    except DetectionError as error:
+        raise ConfigError(_misfit(error, raws, values)) from error
+    values["history"] = detection.history  # as derived, when it was not set
     if values["log_format"] == "auto":
         values["log_format"] = "console" if isatty else "json"
     username, password = _credentials(values["password_file"], raws["password_file"].label, environ)
@@ -633,15 +730,15 @@ def _parse(setting: Setting, raw: _Raw) -> Any:
 def _check_toml_type(setting: Setting, value: object) -> None:
     """TOML has numbers and booleans: `repeats = "3"` or `dry_run = "yes"` is a mistake.
 
-    Text is parsed only where text is all there is (flags, variables). Defaults are written
-    as TOML writes them, so they tell a number or boolean setting apart.
+    Text is parsed only where text is all there is (flags, variables). A setting whose
+    parse gives an integer is a number setting.
     """
     if setting.is_switch and not isinstance(value, bool):
         raise ValueError(f"expected true or false (a TOML boolean), got {_show(value)}")
-    is_number = isinstance(setting.default, int) and not isinstance(setting.default, bool)
-    if is_number and isinstance(value, str):
-        setting.parse(value)  # its own message for text that is no number at all
-        raise ValueError(f"expected a TOML integer, without quotes, got {_show(value)}")
+    if isinstance(value, str) and not setting.repeatable:
+        parsed = setting.parse(value)  # its own message for text that is no number at all
+        if isinstance(parsed, int):  # a number setting (a boolean one was refused above)
+            raise ValueError(f"expected a TOML integer, without quotes, got {_show(value)}")
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
@@ -683,45 +780,46 @@ def _unknown_key(key: str, path: Path) -> str:
     return f"{key} in {path}: unknown key{hint}"
 
 
-def _check_history(values: Mapping[str, Any], raws: Mapping[str, _Raw]) -> None:
-    # A cycle of max_period calls repeated `repeats` times must fit in the remembered calls,
-    # or the longest loops could never be seen.
-    need = values["max_period"] * values["repeats"]
-    if values["history"] < need:
-        raise ConfigError(
-            f"history in {raws['history'].label}: must be at least max_period * repeats so a "
-            f"whole loop fits; history {values['history']} < max_period {values['max_period']} "
-            f"({raws['max_period'].label}) * repeats {values['repeats']} "
-            f"({raws['repeats'].label}) = {need}"
-        )
-    if values["history"] < values["wait_calls"]:
-        raise ConfigError(
-            f"history in {raws['history'].label}: must be at least wait_calls so a waiting loop "
-            f"can be counted; history {values['history']} < wait_calls {values['wait_calls']} "
-            f"({raws['wait_calls'].label})"
-        )
+def _misfit(error: DetectionError, raws: Mapping[str, _Raw], values: Mapping[str, Any]) -> str:
+    """The core's complaint about settings that do not fit, with where each value came from
+    and how to fix it where it was set."""
+    setting = _BY_CORE[error.field]
+    raw = raws[setting.name]
+    seeded = values["rules"] == "seed"
+
+    def label(name: str, value: int) -> str:
+        used = _BY_CORE[name]
+        if seeded and used.seed_fixed:
+            return f"{used.name} {value} (rules = seed in {raws['rules'].label})"
+        return f"{used.name} {value} ({raws[used.name].label})"
+
+    fix = f"set {_assignment(setting, raw, error.minimum)} or more"
+    if setting.default is None:
+        fix += f", or leave {setting.name} unset to derive it"
+    return (
+        f"{setting.name} in {raw.label}: must be at least {error.minimum}"
+        f"{error.formula(label)} {error.why}, not {error.value}; {fix}"
+    )
 
 
-# What `rules = seed` fixes: setting any of these as well would not give the seed's behaviour.
-_SEED_FIXED = (
-    "max_period",
-    "repeats",
-    "profile",
-    "failure_repeats",
-    "wait_calls",
-    "text_repeats",
-    "text_steps",
-)
+def _assignment(setting: Setting, raw: _Raw, value: object) -> str:
+    """How to give `setting` the value `value` where it is set now (a flag by default)."""
+    if raw.label == setting.env_var:
+        return f"{setting.env_var}={value}"
+    if raw.from_file:
+        return f"{setting.name} = {value} in {raw.label}"
+    return f"{setting.flag} {value}"
 
 
 def _check_rules(raws: Mapping[str, _Raw]) -> None:
     if _parse(SETTINGS_BY_NAME["rules"], raws["rules"]) != "seed":
         return
-    for name in _SEED_FIXED:
-        if raws[name].label != "default":
+    # Setting any of what `rules = seed` fixes as well would not give the seed's behaviour.
+    for setting in SETTINGS:
+        if setting.seed_fixed and raws[setting.name].label != "default":
             raise ConfigError(
-                f"{name} in {raws[name].label}: cannot be combined with rules = seed "
-                f"({raws['rules'].label}), which fixes it"
+                f"{setting.name} in {raws[setting.name].label}: cannot be combined with "
+                f"rules = seed ({raws['rules'].label}), which fixes it"
             )
 
 
@@ -776,36 +874,33 @@ def _is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve to anything
 
 
-def detection_of(settings: Settings) -> Detection:
-    """The core's detection settings, as `watch`, `attach`, `replay` and `evaluate` judge."""
-    detection = Detection(
-        max_period=settings.max_period,
-        repeats=settings.repeats,
-        history=settings.history,
-        match=settings.match,
-        ignore_tools=settings.ignore_tool,
-        ignore_args=settings.ignore_arg,
-        on_loop=settings.on_loop,
-        max_interventions=settings.max_interventions,
-        failure_repeats=settings.failure_repeats,
-        wait_calls=settings.wait_calls,
-        profile=settings.profile,
-        text_repeats=settings.text_repeats,
-        text_steps=settings.text_steps,
-        max_sessions=settings.max_sessions,
-    )
-    if settings.rules == "seed":
-        # The fields `rules = seed` fixes take the seed's values; `_check_rules` made sure
-        # none of them was set as well.
-        return replace(detection, **{name: getattr(SEED, name) for name in _SEED_FIXED})
-    return detection
+def _detection(values: Mapping[str, Any]) -> Detection:
+    """The `Detection` that setting values describe; raises DetectionError if they misfit."""
+    seeded = values["rules"] == "seed"
+    core = {}
+    for setting in SETTINGS:
+        if not setting.core:
+            continue
+        # `_check_rules` made sure none of what the seed fixes was set as well.
+        fixed = seeded and setting.seed_fixed
+        value = getattr(SEED, setting.core) if fixed else values[setting.name]
+        if value is not None:  # unset: the core derives it
+            core[setting.core] = value
+    return Detection(**core)
+
+
+def _values(settings: Settings) -> dict[str, Any]:
+    return {setting.name: getattr(settings, setting.name) for setting in SETTINGS}
 
 
 def guard_of(settings: Settings) -> Detection:
-    """What `watch` and `attach` act by: `detection_of`, and how permission requests are
-    answered (never in a dry run, which changes nothing on the server)."""
-    return replace(
-        detection_of(settings),
-        permissions="off" if settings.dry_run else settings.permissions,
-        permission_grace=float(settings.permission_grace),
-    )
+    """What `watch` and `attach` act by: the detection settings, and how permission requests
+    are answered (never in a dry run, which changes nothing on the server)."""
+    detection = _detection(_values(settings))
+    return replace(detection, permissions="off") if settings.dry_run else detection
+
+
+def detection_of(settings: Settings) -> Detection:
+    """The core's detection settings, as `replay` and `evaluate` judge: they answer no
+    permission request."""
+    return replace(guard_of(settings), permissions="off")

@@ -11,10 +11,9 @@ import pytest
 
 from monitor.kit.sandbox import OpencodeServer, default_cache_dir, find_or_install_opencode
 from monitor.kit.scripted_model import ScriptedModel
+from tests.harness import REPO
 from tests.monitor_process import MonitorProcess
 from tests.overshoot import overshoot
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")

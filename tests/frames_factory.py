@@ -133,3 +133,57 @@ def export_reads(session: str, count: int, prefix: str = "p", status: str = "com
 def run_record(session: str, count: int, prefix: str = "p") -> list[dict]:
     """A session's messages: a prompt, then `count` identical reads (the current run)."""
     return [user_message(session), *export_reads(session, count, prefix)]
+
+
+# --- permission requests, as the gate sees them -------------------------------------------
+
+PERMISSION_SESSION = "ses_1"
+BASH = ("bash", {"command": "echo hi >> out.txt", "description": "append"})
+
+
+def part(
+    n: int, status: str, tool: str, args: dict[str, Any], session: str = PERMISSION_SESSION
+) -> dict:
+    """Update of call n, named `call_n` in message `msg_n` as its permission request names it."""
+    output = "ok" if status == "completed" else None
+    return tool_part(
+        session, f"prt_{n}", tool, status, args, output, call_id=f"call_{n}", message_id=f"msg_{n}"
+    )
+
+
+def asked(n: int, permission: str = "read", session: str = PERMISSION_SESSION) -> dict:
+    return {
+        "type": "permission.asked",
+        "properties": {
+            "id": f"per_{n}",
+            "sessionID": session,
+            "permission": permission,
+            "patterns": ["README.md"],
+            "metadata": {},
+            "always": ["*"],
+            "tool": {"messageID": f"msg_{n}", "callID": f"call_{n}"},
+        },
+    }
+
+
+def doom_loop(n: int, tool: str = "read", session: str = PERMISSION_SESSION) -> dict:
+    return {
+        "type": "permission.asked",
+        "properties": {
+            "id": f"per_doom{n}",
+            "sessionID": session,
+            "permission": "doom_loop",
+            "patterns": [tool],
+            "metadata": {"tool": tool, "input": {"filePath": "README.md"}},
+            "always": [tool],
+            "tool": None,
+        },
+    }
+
+
+def replied(n: int | str, reply: str, session: str = PERMISSION_SESSION) -> dict:
+    request = n if isinstance(n, str) else f"per_{n}"
+    return {
+        "type": "permission.replied",
+        "properties": {"sessionID": session, "requestID": request, "reply": reply},
+    }

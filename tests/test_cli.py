@@ -140,7 +140,7 @@ BAD_VALUES = [
     ("max_period", "11", 'expected an integer from 1 to 10, got "11"'),
     ("repeats", "1", 'expected an integer >= 2, got "1"'),
     ("history", "3", 'expected an integer >= 4, got "3"'),
-    ("history", "8", "must be at least max_period * repeats"),
+    ("history", "8", "must be at least 30 = max_period 10 (default) * repeats 3 (default)"),
     ("match", "output", 'expected one of input, input+output, got "output"'),
     (
         "ignore_tool",
@@ -166,8 +166,10 @@ BAD_VALUES = [
 
 
 def _numeric(name: str) -> bool:
-    default = SETTINGS_BY_NAME[name].default
-    return isinstance(default, int) and not isinstance(default, bool)
+    try:
+        return type(SETTINGS_BY_NAME[name].parse("5")) is int
+    except ValueError:
+        return False
 
 
 def _given_as(
@@ -346,3 +348,41 @@ def test_every_exit_status_named_at_the_top_is_named_by_a_command() -> None:
     for status in ("0", "78", "130"):
         assert f" {status} " in EPILOG
         assert all(f" {status} " in command.epilog.replace("\n", " ") for command in COMMANDS)
+
+
+# Each command that takes detection settings, and the function of its own it runs.
+RUNNERS = [
+    (["watch"], "monitor.shell.watch", "run_watch"),
+    (["replay", "trace.sse"], "monitor.shell.replay", "run_replay"),
+    (["demo"], "monitor.kit.demo", "run_demo"),
+]
+
+
+@pytest.mark.parametrize(("argv", "module", "function"), RUNNERS)
+def test_repeats_4_as_the_docs_suggest_runs_with_a_history_that_holds_it(
+    argv: list[str], module: str, function: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    got: list[Settings] = []
+
+    def fake(settings: Settings, *args: object, **kwargs: object) -> int:
+        got.append(settings)
+        return 0
+
+    monkeypatch.setitem(sys.modules, module, types.SimpleNamespace(**{function: fake}))
+    assert main([*argv, "--repeats", "4"]) == 0
+    [settings] = got
+    # max_period 10 * repeats 4: the longest loop fits.
+    assert (settings.repeats, settings.history) == (4, 40)
+
+
+def test_history_too_small_for_repeats_names_the_flag_and_the_fix(
+    run_watch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = run_watch(lambda settings: 0)
+    assert main(["watch", "--history", "8", "--repeats", "4"]) == EX_CONFIG
+    assert calls == []
+    assert capsys.readouterr().err == (
+        "opencode-loop-monitor: config error: history in --history: must be at least 40 = "
+        "max_period 10 (default) * repeats 4 (--repeats) so the longest loop fits, not 8; "
+        "set --history 40 or more, or leave history unset to derive it\n"
+    )

@@ -17,6 +17,8 @@ from monitor.config import (
     Group,
     ListenAddress,
     Settings,
+    detection_of,
+    guard_of,
     load_settings,
 )
 from monitor.errors import ConfigError
@@ -285,29 +287,61 @@ def test_file_that_is_not_utf8(tmp_path: Path) -> None:
     [
         (
             {"flags": {"history": "8", "max_period": "4"}},
-            "history in --history: must be at least max_period * repeats so a whole loop fits; "
-            "history 8 < max_period 4 (--max-period) * repeats 3 (default) = 12",
+            "history in --history: must be at least 12 = max_period 4 (--max-period) * "
+            "repeats 3 (default) so the longest loop fits, not 8; set --history 12 or more, "
+            "or leave history unset to derive it",
         ),
         (
             {"flags": {"history": "12", "max_period": "4"}},
-            "history in --history: must be at least wait_calls so a waiting loop can be "
-            "counted; history 12 < wait_calls 20 (default)",
+            "history in --history: must be at least 20 = wait_calls 20 (default) so a "
+            "waiting loop can be counted, not 12; set --history 20 or more, or leave history "
+            "unset to derive it",
         ),
         (
-            {
-                "flags": {"max_period": "10"},
-                "env": {"OPENCODE_LOOP_MONITOR_REPEATS": "4"},
-            },
-            "history in default: must be at least max_period * repeats so a whole loop fits; "
-            "history 32 < max_period 10 (--max-period) * repeats 4 "
-            "(OPENCODE_LOOP_MONITOR_REPEATS) = 40",
+            {"flags": {"wait_calls": "40"}, "env": {"OPENCODE_LOOP_MONITOR_HISTORY": "32"}},
+            "history in OPENCODE_LOOP_MONITOR_HISTORY: must be at least 40 = wait_calls 40 "
+            "(--wait-calls) so a waiting loop can be counted, not 32; set "
+            "OPENCODE_LOOP_MONITOR_HISTORY=40 or more, or leave history unset to derive it",
+        ),
+        (
+            {"toml": "history = 16\nrepeats = 4\n"},
+            "history in {path}: must be at least 40 = max_period 10 (default) * repeats 4 "
+            "({path}) so the longest loop fits, not 16; set history = 40 in {path} or more, "
+            "or leave history unset to derive it",
+        ),
+        (
+            {"flags": {"rules": "seed", "history": "4"}},
+            "history in --history: must be at least 12 = max_period 4 (rules = seed in "
+            "--rules) * repeats 3 (rules = seed in --rules) so the longest loop fits, not 4; "
+            "set --history 12 or more, or leave history unset to derive it",
         ),
     ],
 )
-def test_history_must_hold_a_whole_loop(
+def test_history_that_cannot_hold_the_rules_names_its_source_and_the_fix(
     tmp_path: Path, sources: dict[str, Any], expected: str
 ) -> None:
+    expected = expected.replace("{path}", str(tmp_path / "monitor.toml"))
     assert load_error(tmp_path, **sources) == expected
+
+
+@pytest.mark.parametrize(
+    ("sources", "history"),
+    [
+        ({}, 32),  # the measured default: a derived history is never shorter
+        ({"flags": {"repeats": "4"}}, 40),  # as the README and `demo --help` suggest
+        ({"env": {"OPENCODE_LOOP_MONITOR_REPEATS": "4"}}, 40),
+        ({"toml": "repeats = 5\nmax_period = 8\n"}, 40),
+        ({"flags": {"wait_calls": "50"}}, 50),
+        ({"flags": {"max_period": "4", "wait_calls": "0"}}, 32),
+        ({"flags": {"rules": "seed"}}, 32),
+    ],
+)
+def test_history_left_unset_is_derived_from_what_the_rules_need(
+    tmp_path: Path, sources: dict[str, Any], history: int
+) -> None:
+    settings = load(tmp_path, **sources)
+    assert settings.history == history
+    assert detection_of(settings).history == guard_of(settings).history == history
 
 
 def test_history_exactly_max_period_times_repeats_is_enough(tmp_path: Path) -> None:

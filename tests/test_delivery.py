@@ -22,36 +22,17 @@ from monitor.core.export import feedback_delivered
 from monitor.core.feedback import TOOL_NAME_MAX, clean_tool_name
 from monitor.core.ids import is_permission_id, is_session_id
 from monitor.errors import ConfigError
-from monitor.kit.standin import FakeOpencode, frames, play
 from monitor.shell.api import path_segment
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Timing, Watch
+from monitor.testing import FakeOpencode, frames, play
 from tests import frames_factory as ff
-from tests.frames_factory import call, envelope
-from tests.test_watch_faults import FAST, READ, events, loop_frames, wait_for
+from tests.frames_factory import READ, call, envelope
+from tests.harness import FAST, events, loop_frames, start, stop, wait_for
 
 # Real ids, from tests/captures (shared/opencode/captures).
 REAL_SESSION = "ses_dd4d5c831ffemmgMvdYdtbM3cW"
 REAL_PERMISSION = "per_22b2a3d850013DUJ47NNWqN5pa"
-
-
-async def start(fake: FakeOpencode, timing: Timing = FAST, **flags):
-    server = TestServer(fake.app(), host="127.0.0.1")
-    await server.start_server()
-    settings = load_settings(
-        {"url": str(server.make_url("")).rstrip("/"), **flags}, {}, isatty=False
-    )
-    watch = Watch(settings, notifier=Notifier(None), timing=timing)
-    task = asyncio.create_task(watch.run())
-    return server, watch, task
-
-
-async def stop(server, watch, task) -> int:
-    watch.stop()
-    try:
-        return await asyncio.wait_for(task, 5)
-    finally:
-        await server.close()
 
 
 def sessions(count: int) -> list[str]:

@@ -18,11 +18,11 @@ from structlog.testing import capture_logs
 
 from monitor.config import load_settings
 from monitor.errors import ConfigError
-from monitor.kit.standin import FakeOpencode, play
 from monitor.shell.diagnosis import directory_known
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Watch
-from tests.test_watch_faults import FAST, events, stop, wait_for
+from monitor.testing import FakeOpencode, play
+from tests.harness import FAST, events, stop, wait_for
 
 
 def free_port() -> int:

@@ -6,10 +6,9 @@ from __future__ import annotations
 from structlog.testing import capture_logs
 
 from monitor.core.feedback import MARK
-from monitor.kit.standin import FakeOpencode, frames, play
-from tests.frames_factory import envelope
-from tests.test_permissions import BASH, asked, doom_loop, part, replied
-from tests.test_watch_faults import events, start, stop, wait_for
+from monitor.testing import FakeOpencode, frames, play
+from tests.frames_factory import BASH, asked, doom_loop, envelope, part, replied
+from tests.harness import events, start, stop, wait_for
 
 DIRECTORY = "/w"
 

@@ -17,57 +17,10 @@ from monitor.core.events import (
 from monitor.core.feedback import MARK
 from monitor.core.permissions import Reply
 from monitor.core.tracker import Detection, Intervene, Tracker
-from tests import frames_factory as ff
+from tests.frames_factory import BASH, asked, doom_loop, part, replied
 
 S = "ses_1"
 READ = ("read", {"filePath": "README.md"})
-BASH = ("bash", {"command": "echo hi >> out.txt", "description": "append"})
-
-
-def part(n: int, status: str, tool: str, args: dict[str, Any], session: str = S) -> dict:
-    """Update of call n, named `call_n` in message `msg_n` as its permission request names it."""
-    output = "ok" if status == "completed" else None
-    return ff.tool_part(
-        session, f"prt_{n}", tool, status, args, output, call_id=f"call_{n}", message_id=f"msg_{n}"
-    )
-
-
-def asked(n: int, permission: str = "read", session: str = S) -> dict:
-    return {
-        "type": "permission.asked",
-        "properties": {
-            "id": f"per_{n}",
-            "sessionID": session,
-            "permission": permission,
-            "patterns": ["README.md"],
-            "metadata": {},
-            "always": ["*"],
-            "tool": {"messageID": f"msg_{n}", "callID": f"call_{n}"},
-        },
-    }
-
-
-def doom_loop(n: int, tool: str = "read", session: str = S) -> dict:
-    return {
-        "type": "permission.asked",
-        "properties": {
-            "id": f"per_doom{n}",
-            "sessionID": session,
-            "permission": "doom_loop",
-            "patterns": [tool],
-            "metadata": {"tool": tool, "input": {"filePath": "README.md"}},
-            "always": [tool],
-            "tool": None,
-        },
-    }
-
-
-def replied(n: int | str, reply: str, session: str = S) -> dict:
-    request = n if isinstance(n, str) else f"per_{n}"
-    return {
-        "type": "permission.replied",
-        "properties": {"sessionID": session, "requestID": request, "reply": reply},
-    }
 
 
 class Run:

@@ -7,13 +7,12 @@ only work if the server stores the text as sent and takes the encoded paths.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from monitor.core.export import feedback_delivered
 from monitor.core.feedback import MARK
 from monitor.core.ids import is_session_id
+from monitor.kit.poll import until
 from monitor.shell.api import OpencodeAPI, Retry
 
 pytestmark = pytest.mark.real_server
@@ -31,10 +30,9 @@ async def test_the_server_stores_feedback_verbatim_and_takes_encoded_paths(openc
     await api.prompt(session["id"], directory, text, no_reply=True)
     # prompt_async answers before the message is stored: what the monitor looks for after a
     # failure shows up a moment later (it looks after a backoff of at least 0.1 s).
-    deadline = asyncio.get_running_loop().time() + 5
-    while not (messages := await api.messages(session["id"], directory)):
-        assert asyncio.get_running_loop().time() < deadline, "the message was never stored"
-        await asyncio.sleep(0.05)
+    messages = await until(
+        lambda: api.messages(session["id"], directory), 5, what="the message to be stored"
+    )
     assert feedback_delivered(messages, text, "")
     assert not feedback_delivered(messages, text.strip(), "")
     await api.abort(session["id"], directory)  # idle: answers true, changes nothing

@@ -14,9 +14,10 @@ import aiohttp
 import pytest
 
 from monitor.core.feedback import MARK
+from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
-from tests.test_real_watch import assistant_texts, start_watching, user_texts
+from tests.harness import assistant_texts, start_watching, user_texts
 
 pytestmark = pytest.mark.real_server
 
@@ -159,10 +160,7 @@ async def test_under_gate_alone_requests_stay_pending(asking_server, start_monit
     client = asking_server.client(http)
     session = await client.create_session("nobody answers")
     await client.prompt_async(session["id"], script([APPEND], 3))
-    deadline = time.monotonic() + 30
-    while not await pending(http, asking_server):
-        assert time.monotonic() < deadline, "no permission request came"
-        await asyncio.sleep(0.1)
+    await until(lambda: pending(http, asking_server), 30, 0.1, "a permission request")
     await asyncio.sleep(1.5)
     [request] = await pending(http, asking_server)
     assert request["sessionID"] == session["id"] and request["permission"] == "bash"
@@ -201,10 +199,7 @@ async def doom_loop_run(server, start_monitor, http, *flags):
     client = server.client(http)
     session = await client.create_session("doom loop")
     await client.prompt_async(session["id"], script([READ], 4, parallel=4))
-    deadline = time.monotonic() + 30
-    while not (asked := await pending(http, server)):
-        assert time.monotonic() < deadline, "no doom_loop request came"
-        await asyncio.sleep(0.05)
+    asked = await until(lambda: pending(http, server), 30, what="the doom_loop request")
     asked_at = time.monotonic()
     assert asked[0]["permission"] == "doom_loop"
     messages = await client.wait_idle(session["id"], 40, user_messages=2)

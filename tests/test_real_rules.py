@@ -7,7 +7,7 @@ import pytest
 
 from monitor.kit.sandbox import free_loopback_port, tool_parts
 from monitor.kit.scripted_model import script
-from tests.test_real_watch import MODEL_DELAY, start_watching, user_texts
+from tests.harness import MODEL_DELAY, start_watching, user_texts
 
 pytestmark = pytest.mark.real_server
 

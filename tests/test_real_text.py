@@ -14,7 +14,6 @@ import math
 import pytest
 
 from monitor.kit.scripted_model import script
-from tests.conftest import REPO
 from tests.corpus.record_text import (
     PARAGRAPH,
     REASONING,
@@ -23,7 +22,7 @@ from tests.corpus.record_text import (
     numbered_list,
     table,
 )
-from tests.test_real_watch import assistant_texts, start_watching, user_texts
+from tests.harness import REPO, assistant_texts, start_watching, user_texts
 
 pytestmark = pytest.mark.real_server
 

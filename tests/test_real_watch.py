@@ -14,6 +14,7 @@ import pytest
 from monitor.kit.poll import until
 from monitor.kit.sandbox import tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
+from tests.harness import MODEL_DELAY, assistant_texts, start_watching, user_texts, watch_args
 
 pytestmark = pytest.mark.real_server
 
@@ -22,37 +23,6 @@ SECRET_FILE = "notes-4f7c2a91.md"
 SECRET_COMMAND = "echo canary-81d3b6e0"
 READ = ("read", {"filePath": SECRET_FILE})
 BASH = ("bash", {"command": SECRET_COMMAND, "description": "print a word"})
-# A model takes time to answer; without any, the race between the abort and the next call
-# is not one a real loop runs.
-MODEL_DELAY = 0.2
-
-
-def user_texts(messages):
-    return [
-        "".join(p.get("text", "") for p in m["parts"] if p.get("type") == "text")
-        for m in messages
-        if m["info"]["role"] == "user"
-    ]
-
-
-def assistant_texts(messages):
-    return [
-        p["text"]
-        for m in messages
-        if m["info"]["role"] == "assistant"
-        for p in m["parts"]
-        if p.get("type") == "text"
-    ]
-
-
-def watch_args(server, *flags):
-    return ["watch", "--url", server.url, "--log-format", "json", "--log-level", "debug", *flags]
-
-
-async def start_watching(start_monitor, server, *flags):
-    monitor = start_monitor(*watch_args(server, *flags))
-    await monitor.wait_event("stream.connected")
-    return monitor
 
 
 async def test_two_call_cycle_aborted_on_its_sixth_call(

@@ -13,12 +13,12 @@ from structlog.testing import capture_logs
 from monitor.cli import main
 from monitor.config import load_settings
 from monitor.errors import EX_CONFIG
-from monitor.kit.standin import FakeOpencode, frames, play
 from monitor.shell.notify import Notifier
 from monitor.shell.status import EX_UNAVAILABLE
 from monitor.shell.watch import Watch
+from monitor.testing import FakeOpencode, frames, play
 from tests.frames_factory import call, envelope
-from tests.test_watch_faults import FAST, events, loop_frames, wait_for
+from tests.harness import FAST, events, loop_frames, wait_for
 
 
 @pytest.fixture(autouse=True)

@@ -12,54 +12,12 @@ from structlog.testing import capture_logs
 
 from monitor.config import load_settings
 from monitor.errors import ConfigError
-from monitor.kit.poll import until
-from monitor.kit.standin import FakeOpencode, frames, no_headers, play
-from monitor.shell.api import Retry
-from monitor.shell.backoff import Backoff
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Timing, Watch
+from monitor.testing import FakeOpencode, frames, no_headers, play
 from tests import frames_factory as ff
 from tests.frames_factory import call, envelope
-
-READ = {"filePath": "README.md"}
-FAST = Timing(
-    read_timeout=0.5,
-    reconnect=Backoff(initial=0.05, cap=0.1),
-    retry=Retry(attempts=3, backoff=Backoff(initial=0.01, cap=0.02), timeout=0.5),
-)
-
-
-def loop_frames(session: str, calls: int, directory: str = "/w", prefix: str = "p") -> bytes:
-    events = []
-    for n in range(calls):
-        events += [envelope(f, directory) for f in call(session, f"{prefix}{n + 1}", "read", READ)]
-    return frames(*events)
-
-
-async def start(fake: FakeOpencode, **flags):
-    server = TestServer(fake.app(), host="127.0.0.1")
-    await server.start_server()
-    settings = load_settings(
-        {"url": str(server.make_url("")).rstrip("/"), **flags}, {}, isatty=False
-    )
-    watch = Watch(settings, notifier=Notifier(None), timing=FAST)
-    task = asyncio.create_task(watch.run())
-    return server, watch, task
-
-
-async def stop(server, watch, task) -> int:
-    watch._stop.set()
-    code = await asyncio.wait_for(task, 5)
-    await server.close()
-    return code
-
-
-async def wait_for(condition, timeout: float = 5.0) -> None:
-    await until(condition, timeout, 0.01)
-
-
-def events(logs, name):
-    return [entry for entry in logs if entry["event"] == name]
+from tests.harness import FAST, events, loop_frames, start, stop, wait_for
 
 
 async def test_loop_is_aborted_and_feedback_posted():

@@ -8,7 +8,7 @@ import socket
 from aiohttp.test_utils import TestServer
 
 from monitor.kit.poll import until
-from monitor.kit.standin import FakeOpencode, play
+from monitor.testing import FakeOpencode, play
 
 
 async def collect(sock: socket.socket, into: list[tuple[float, bytes]]) -> None:

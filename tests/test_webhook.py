@@ -13,12 +13,12 @@ from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
 from monitor.config import load_settings
-from monitor.kit.standin import FakeOpencode, play
 from monitor.shell.backoff import Backoff
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Watch
 from monitor.shell.webhook import Delivery
-from tests.test_watch_faults import FAST, events, loop_frames, wait_for
+from monitor.testing import FakeOpencode, play
+from tests.harness import FAST, events, loop_frames, wait_for
 
 QUICK = Delivery(attempts=3, timeout=0.5, backoff=Backoff(initial=0.01, cap=0.02))
 

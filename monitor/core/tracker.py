@@ -35,6 +35,7 @@ from monitor.core.feedback import feedback_text, text_feedback_text
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.guard import LoopGuard, RecentMap
 from monitor.core.ids import is_permission_id, is_session_id
+from monitor.core.limits import check_history, derived_history
 from monitor.core.permissions import (
     DOOM_LOOP,
     DOOM_LOOP_CALLS,
@@ -94,13 +95,14 @@ class Detection:
     `failure_repeats` (0: off) identical failures in a row are a loop (rule `failure`); a cycle
     holding a waiting call is one only after `wait_calls` calls (rule `wait`; 0: no allowance);
     `profile` says which arguments and tools are noise (monitor/core/profile.py). `history`
-    is what the rules see: it bounds the repetitions counted, so it must hold `wait_calls`.
+    is what the rules see (0: derived from what they need, monitor/core/limits.py); one that
+    does not fit them raises DetectionError, a ValueError.
     The defaults are measured, see docs/detection.md; `SEED` is the original rule set.
     """
 
     max_period: int = 10
     repeats: int = 3
-    history: int = 32
+    history: int = 0
     match: MatchMode = "input"
     ignore_tools: frozenset[str] = frozenset()
     ignore_args: Mapping[str, frozenset[str]] | None = None
@@ -118,6 +120,12 @@ class Detection:
     # leaves them all to others, and every loop to the abort.
     permissions: PermissionMode = "off"
     permission_grace: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.history:
+            derived = derived_history(self.max_period, self.repeats, self.wait_calls)
+            object.__setattr__(self, "history", derived)  # frozen: set once, here
+        check_history(self.history, self.max_period, self.repeats, self.wait_calls)
 
 
 # Exactly the seed's behaviour: exact arguments, periods 1-4 repeated 3 times, a single call

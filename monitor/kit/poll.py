@@ -10,17 +10,36 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
 
+# A `check` answers None (or False) for "not yet", so what `until` returns is never None.
+@overload
 async def until(
-    check: Callable[[], T | Awaitable[T]],
+    check: Callable[[], Awaitable[T | None]],
+    timeout: float,
+    interval: float = ...,
+    what: str = ...,
+) -> T: ...
+
+
+@overload
+async def until(
+    check: Callable[[], T | None],
+    timeout: float,
+    interval: float = ...,
+    what: str = ...,
+) -> T: ...
+
+
+async def until(
+    check: Callable[[], Any],
     timeout: float,
     interval: float = 0.05,
     what: str = "the condition",
-) -> T:
+) -> Any:
     """Call `check` (plain or async) until it returns something true, and return that.
 
     `check` is called at least once, also with a timeout of 0; it may raise to end the wait
@@ -34,7 +53,7 @@ async def until(
         if inspect.isawaitable(result):
             result = await result
         if result:
-            return result  # type: ignore[return-value]
+            return result
         if loop.time() >= deadline:
             raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
         await asyncio.sleep(interval)

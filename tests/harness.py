@@ -1,0 +1,113 @@
+"""Starting the monitor for a test: in-process against the stand-in server, or as an operator
+runs it against the real `opencode serve` (the fixtures in tests/conftest.py).
+
+The one place the tests start and stop a monitor; test modules import from here, never from
+each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp.test_utils import TestServer
+
+from monitor.config import load_settings
+from monitor.kit.poll import until
+from monitor.kit.sandbox import OpencodeServer
+from monitor.shell.api import Retry
+from monitor.shell.backoff import Backoff
+from monitor.shell.notify import Notifier
+from monitor.shell.watch import Timing, Watch
+from monitor.testing import FakeOpencode, frames
+from tests.frames_factory import READ, call, envelope
+from tests.monitor_process import MonitorProcess
+
+REPO = Path(__file__).resolve().parent.parent
+
+# --- in-process, against the stand-in ---------------------------------------------------
+
+FAST = Timing(
+    read_timeout=0.5,
+    reconnect=Backoff(initial=0.05, cap=0.1),
+    retry=Retry(attempts=3, backoff=Backoff(initial=0.01, cap=0.02), timeout=0.5),
+)
+Running = tuple[TestServer, Watch, "asyncio.Task[int]"]
+
+
+def loop_frames(session: str, calls: int, directory: str = "/w", prefix: str = "p") -> bytes:
+    """`calls` identical reads of one session, as the stream sends them."""
+    events = []
+    for n in range(calls):
+        events += [envelope(f, directory) for f in call(session, f"{prefix}{n + 1}", "read", READ)]
+    return frames(*events)
+
+
+async def start(fake: FakeOpencode, timing: Timing = FAST, **flags: Any) -> Running:
+    """Serve `fake` on loopback and run a `Watch` of it with these flags; `stop` ends both."""
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    settings = load_settings(
+        {"url": str(server.make_url("")).rstrip("/"), **flags}, {}, isatty=False
+    )
+    watch = Watch(settings, notifier=Notifier(None), timing=timing)
+    task = asyncio.create_task(watch.run())
+    return server, watch, task
+
+
+async def stop(server: TestServer, watch: Watch, task: asyncio.Task[int]) -> int:
+    """Stop the watch, then the server also when the watch fails; the watch's exit status."""
+    watch.stop()
+    try:
+        return await asyncio.wait_for(task, 5)
+    finally:
+        await server.close()
+
+
+async def wait_for(condition: Callable[[], object], timeout: float = 5.0) -> None:
+    await until(condition, timeout, 0.01)
+
+
+def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [entry for entry in logs if entry["event"] == name]
+
+
+# --- a subprocess, against the real server ----------------------------------------------
+
+# A model takes time to answer; without any, the race between the abort and the next call
+# is not one a real loop runs.
+MODEL_DELAY = 0.2
+
+
+def user_texts(messages: list[dict[str, Any]]) -> list[str]:
+    return [
+        "".join(p.get("text", "") for p in m["parts"] if p.get("type") == "text")
+        for m in messages
+        if m["info"]["role"] == "user"
+    ]
+
+
+def assistant_texts(messages: list[dict[str, Any]]) -> list[str]:
+    return [
+        p["text"]
+        for m in messages
+        if m["info"]["role"] == "assistant"
+        for p in m["parts"]
+        if p.get("type") == "text"
+    ]
+
+
+def watch_args(server: OpencodeServer, *flags: str) -> list[str]:
+    return ["watch", "--url", server.url, "--log-format", "json", "--log-level", "debug", *flags]
+
+
+async def start_watching(
+    start_monitor: Callable[..., MonitorProcess], server: OpencodeServer, *flags: str
+) -> MonitorProcess:
+    """`watch` of the real server through the console script (the `start_monitor` fixture
+    ends it), once it follows the stream."""
+    monitor = start_monitor(*watch_args(server, *flags))
+    await monitor.wait_event("stream.connected")
+    return monitor
