@@ -34,7 +34,7 @@ from monitor.shell.actions import Interventions
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.backoff import Backoff
 from monitor.shell.diagnosis import directory_known
-from monitor.shell.logs import configure_logging
+from monitor.shell.logs import LoopErrors, configure_logging
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.shell.stream import (
@@ -212,6 +212,7 @@ class Watch:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._stop.set)
+        loop.set_exception_handler(LoopErrors())
         log.info(
             "monitor.started",
             version=__version__,
