@@ -305,7 +305,9 @@ class _Handler(RequestHandler):
             keepalive_timeout=IDLE_S,
             max_line_size=MAX_LINE,
             max_field_size=MAX_LINE,
-            access_log=None,  # a scrape every few seconds would drown the monitor's own lines
+            # No access log (a scrape every few seconds would drown the monitor's own lines);
+            # aiohttp takes None here though its hint says Logger.
+            access_log=None,  # type: ignore[arg-type]
         )
         self._listener = listener
         self._deadline: asyncio.TimerHandle | None = None

@@ -26,6 +26,7 @@ import structlog
 from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
 from monitor.core.export import current_run, export_frames, feedback_count
+from monitor.core.feedback import clean_tool_name
 from monitor.core.frames import encode_sse
 from monitor.core.resync import directories_to_ask, plan_resync
 from monitor.core.tracker import Detection, Fed, Intervene, Tracker
@@ -53,6 +54,10 @@ DRAIN_S = 3.0
 # Then notifications still being posted get this long (within the same 5 s).
 WEBHOOK_DRAIN_S = 1.0
 MALFORMED_LOG_EVERY_S = 10.0
+# /status lists at most this many sessions (its totals count them all), so its body stays
+# small and quick to build whatever the server runs.
+STATUS_SESSIONS_MAX = 100
+DIRECTORY_MAX = 256
 
 
 def log_fields(detection: Detection) -> dict[str, object]:
@@ -339,21 +344,34 @@ class Watch:
             for view in views
             if self._held.get(view.session_id) == view.calls
         }
+        states = {
+            view.session_id: "held"
+            if view.session_id in self._held
+            else ("busy" if view.busy else "idle")
+            for view in views
+        }
+        # Bounded whatever the count: held sessions first, then busy ones, then idle ones.
+        shown = [
+            view
+            for rank in ("held", "busy", "idle")
+            for view in views
+            if states[view.session_id] == rank
+        ][:STATUS_SESSIONS_MAX]
         sessions = [
             {
                 "session_id": view.session_id,
-                "directory": view.directory,
-                "state": "held"
-                if view.session_id in self._held
-                else ("busy" if view.busy else "idle"),
+                "directory": None
+                if view.directory is None
+                else clean_tool_name(view.directory, DIRECTORY_MAX),
+                "state": states[view.session_id],
                 "run_calls": view.run_calls,
                 "interventions": view.interventions,
             }
-            for view in views
+            for view in shown
         ]
         return {
             "version": __version__,
-            "url": self.settings.url,
+            "url": public_url(self.settings.url),
             "directory": self.settings.directory,
             "dry_run": self.settings.dry_run,
             "stream": {
@@ -362,12 +380,13 @@ class Watch:
                 "last_frame_unix": self.last_frame_unix(),
             },
             "totals": {
-                "sessions": len(sessions),
-                "busy": sum(entry["state"] == "busy" for entry in sessions),
+                "sessions": len(views),
+                "busy": sum(state == "busy" for state in states.values()),
                 "held": len(self._held),
                 "interventions": sum(view.interventions for view in views),
             },
             "sessions": sessions,
+            "sessions_omitted": len(views) - len(sessions),
         }
 
     def _log_malformed(self, reason: str) -> None:
