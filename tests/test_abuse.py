@@ -94,3 +94,39 @@ async def test_loop_is_aborted_with_the_metrics_port_flooded_by_idle_connections
             writer.close()
         fake.close()
         await server.close()
+
+
+async def test_a_redirected_abort_is_not_followed_and_logged_as_failed() -> None:
+    import dataclasses
+
+    from aiohttp import web
+    from structlog.testing import capture_logs
+
+    from tests.test_watch_faults import FAST, events, loop_frames, start, stop, wait_for
+
+    elsewhere = FakeOpencode()
+    other = TestServer(elsewhere.app(), host="127.0.0.1")
+    await other.start_server()
+
+    @dataclasses.dataclass
+    class Redirecting(FakeOpencode):
+        async def _action(self, request: web.Request) -> web.StreamResponse:
+            await self._record(request)
+            raise web.HTTPTemporaryRedirect(str(other.make_url(request.path)))
+
+    from monitor.kit.standin import play
+
+    fake = Redirecting(streams=[play(loop_frames("ses_1", 4))])
+    assert FAST.retry.attempts > 1
+    with capture_logs() as logs:
+        server, watch, task = await start(fake)
+        try:
+            await wait_for(lambda: events(logs, "intervention.outcome"))
+        finally:
+            await stop(server, watch, task)
+            await other.close()
+    [outcome] = events(logs, "intervention.outcome")
+    assert outcome["outcome"] == "abort_failed"
+    assert outcome["error"] == "POST /session/ses_1/abort: redirected (307), not followed"
+    assert elsewhere.requests == [] and events(logs, "feedback.sent") == []
+    assert len(fake.of("abort")) == 1

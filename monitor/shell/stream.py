@@ -146,7 +146,9 @@ class EventStream:
 
     async def _read_once(self) -> None:
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
-        async with self._http.get(self.url, headers=headers, timeout=self._timeout) as response:
+        async with self._http.get(
+            self.url, headers=headers, timeout=self._timeout, allow_redirects=False
+        ) as response:
             status, content_type = response.status, response.content_type
             if status in (401, 407):
                 sent = aiohttp.hdrs.AUTHORIZATION in self._http.headers
