@@ -9,7 +9,8 @@ connection is ours: waiting for one of the pool's connections behind a slow serv
 request, it never times it out (a timed-out request the server already had would be sent
 twice).
 
-Redirects are never followed: a 3xx is a `ServerError` that says so. A 404 means the session is gone (`SessionGone`), a 401 means our credentials are wrong
+Redirects are never followed: a 3xx is a `ServerError` that says so. A 404 means the
+session is gone (`SessionGone`), a 401 means our credentials are wrong
 (`ConfigError`, never retried), anything else is a `ServerError`. Only ids and status codes
 go into errors. Ids are checked against OpenCode's shapes (`monitor.core.ids`) and every
 path segment is percent-encoded, dots included, so no id can reach another endpoint.
