@@ -598,3 +598,64 @@ async def test_resync_of_many_directories_asks_concurrently_within_the_bound():
     [abort] = fake.of("abort")
     assert abort.session_id == "ses_x" and abort.at > max(r.at for r in asked)
     assert len(events(logs, "stream.resynced")) == 2
+
+
+def heartbeats_after(chunk: bytes, every: float = 0.05):
+    """A stream that sends `chunk`, then heartbeats alone: connected, alive, and silent."""
+
+    async def script(request, response):
+        await response.prepare(request)
+        await response.write(frames({"type": "server.connected", "properties": {}}))
+        await response.write(chunk)
+        for _ in range(1000):
+            await response.write(frames(envelope({"type": "server.heartbeat", "properties": {}})))
+            await asyncio.sleep(every)
+
+    return script
+
+
+async def test_a_stream_of_heartbeats_alone_is_checked_against_the_server_and_resynced():
+    import dataclasses
+
+    # Two reads seen live; then only heartbeats, while the server ran two more (a loop).
+    fake = FakeOpencode(streams=[heartbeats_after(loop_frames("ses_h", 2)), play()])
+    with capture_logs() as logs:
+        server, watch, task = await start(fake)
+        watch.timing = dataclasses.replace(FAST, silence=0.3)
+        try:
+            await wait_for(lambda: watch.tracker.running())
+            # From now on the server runs ses_h, whose record holds two reads more.
+            fake.busy = {"ses_h": {"type": "busy"}}
+            fake.messages = {"ses_h": ff.run_record("ses_h", 4)}
+            await wait_for(lambda: fake.of("abort"), timeout=5)
+        finally:
+            await stop(server, watch, task)
+    [stalled] = events(logs, "stream.stalled")
+    assert stalled["sessions"] == ["ses_h"] and stalled["silent_s"] >= 0.3
+    [disconnected] = events(logs, "stream.disconnected")
+    assert disconnected["reason"] == "stalled: the server ran what the stream did not show"
+    assert [r.session_id for r in fake.of("abort")] == ["ses_h"]
+
+
+async def test_a_long_call_under_way_is_not_taken_for_a_stall():
+    import dataclasses
+
+    # One call running for ever: the server agrees with what we saw; no reconnect.
+    running = [envelope(f, "/w") for f in call("ses_l", "p1", "bash", {"c": "make"})[:2]]
+    record = [
+        ff.user_message("ses_l"),
+        ff.assistant_message("ses_l", ff.export_part("ses_l", "p1", "running")),
+    ]
+    fake = FakeOpencode(
+        streams=[heartbeats_after(frames(*running))],
+        busy={"ses_l": {"type": "busy"}},
+        messages={"ses_l": record},
+    )
+    with capture_logs() as logs:
+        server, watch, task = await start(fake)
+        watch.timing = dataclasses.replace(FAST, silence=0.2)
+        try:
+            await wait_for(lambda: len(fake.of("message")) >= 2, timeout=5)
+        finally:
+            await stop(server, watch, task)
+    assert events(logs, "stream.stalled") == [] and fake.connections == 1

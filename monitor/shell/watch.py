@@ -28,7 +28,8 @@ from monitor.config import Settings, guard_of, public_url
 from monitor.core.export import current_run, export_frames, feedback_count
 from monitor.core.feedback import clean_tool_name
 from monitor.core.frames import encode_sse
-from monitor.core.resync import directories_to_ask, plan_resync
+from monitor.core.profile import transparent_tools
+from monitor.core.resync import directories_to_ask, finished_calls, missed_by_stream, plan_resync
 from monitor.core.tracker import Detection, Fed, Intervene, Tracker
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.actions import Interventions
@@ -58,6 +59,13 @@ MALFORMED_LOG_EVERY_S = 10.0
 # small and quick to build whatever the server runs.
 STATUS_SESSIONS_MAX = 100
 DIRECTORY_MAX = 256
+# While runs are under way, a stream that brought no event but heartbeats for SILENCE_S is
+# checked against the server (its busy sessions, their finished calls) every SILENCE_S / 2,
+# and dropped, so resynced, when the server has what the stream did not bring. At most
+# CHECK_SESSIONS_MAX sessions' messages are read per check.
+SILENCE_S = 30.0
+CHECK_SESSIONS_MAX = 64
+QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
 # Requests a resync has under way at once: 10,000 directories asked one by one took 4.8 s;
 # all at once would take every connection of the pool from the aborts.
 RESYNC_CONCURRENCY = 16
@@ -133,6 +141,8 @@ class Timing:
     reconnect: Backoff = RECONNECT
     retry: Retry = Retry()
     drain: float = DRAIN_S
+    # No event (heartbeats aside) for this long while runs are under way: ask the server.
+    silence: float = SILENCE_S
     webhook: Delivery = Delivery()
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     clock: Callable[[], float] = time.monotonic
@@ -189,6 +199,7 @@ class Watch:
         self._record: TextIO | None = None
         self._stream: EventStream | None = None
         self._last_frame_at: float | None = None
+        self._last_event_at = timing.clock()
         self.metrics: Metrics | None = None
         if settings.metrics_addr is not None:
             self.metrics = Metrics(
@@ -282,7 +293,11 @@ class Watch:
         return 0
 
     async def _until_stopped(self, stream: EventStream) -> None:
-        tasks = [asyncio.create_task(stream.run()), asyncio.create_task(self._stop.wait())]
+        tasks = [
+            asyncio.create_task(stream.run()),
+            asyncio.create_task(self._stop.wait()),
+            asyncio.create_task(self._check_silence(stream)),
+        ]
         interval = watchdog_interval()
         if interval is not None:
             tasks.append(asyncio.create_task(watchdog_pings(self.notifier, interval)))
@@ -305,6 +320,8 @@ class Watch:
             self._write_record(self._record, data)
         fed = self.tracker.feed_data(data)
         self._carry_out(fed)
+        if fed.event_type not in QUIET_EVENTS:
+            self._last_event_at = self.timing.clock()
         metrics = self.metrics
         if metrics is not None:
             self._last_frame_at = self.timing.clock()
@@ -420,12 +437,57 @@ class Watch:
             log.warning("frame.malformed", reason=reason, count=self.tracker.malformed_total)
 
     async def _on_connect(self) -> None:
+        self._last_event_at = self.timing.clock()
         self.notifier.status("streaming events")
         if not self._ready_sent:
             self._ready_sent = True
             self.notifier.ready()
             await self._check_directory()
         await self._resync()
+
+    async def _check_silence(self, stream: EventStream) -> None:
+        """Bound the unwatched time of a stream that stalls but stays connected (see
+        SILENCE_S): the server's state says whether the silence is real."""
+        timing = self.timing
+        while True:
+            await timing.sleep(timing.silence / 2)
+            running = self.tracker.running()
+            silent_s = timing.clock() - self._last_event_at
+            if not stream.connected or not running or silent_s < timing.silence:
+                continue
+            try:
+                missed = await self._missed(running)
+            except ServerError as exc:
+                log.warning("stream.check_failed", error=str(exc))
+                continue
+            self._last_event_at = timing.clock()  # the next check comes a silence later
+            if missed:
+                log.warning("stream.stalled", sessions=missed, silent_s=round(silent_s, 1))
+                stream.reconnect("stalled: the server ran what the stream did not show")
+
+    async def _missed(self, running: dict[str, str | None]) -> list[str]:
+        directories = list(directories_to_ask(running, self.settings.directory))
+        busy = set().union(*await bounded(self.api.busy_sessions(d) for d in directories))
+        ours = {
+            view.session_id: view.run_calls
+            for view in self.tracker.sessions_view()
+            if view.session_id in running
+        }
+        ours = dict(list(ours.items())[:CHECK_SESSIONS_MAX])
+        asked = [session_id for session_id in ours if session_id in busy]
+        detection = self.tracker.detection
+        skip = transparent_tools(detection.profile, detection.ignore_tools)
+
+        async def finished(session_id: str) -> int:
+            try:
+                return finished_calls(
+                    await self.api.messages(session_id, running[session_id]), skip
+                )
+            except SessionGone:
+                return 0
+
+        counts = await bounded(finished(session_id) for session_id in asked)
+        return missed_by_stream(ours, busy, dict(zip(asked, counts, strict=True)))
 
     async def _check_directory(self) -> None:
         """Warn once, at the first connect, when --directory names no project the server has.
