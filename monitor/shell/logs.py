@@ -52,6 +52,8 @@ def writes_to_journal(stream: TextIO, environ: Mapping[str, str]) -> bool:
     return expected == f"{status.st_dev}:{status.st_ino}"
 
 
+log = structlog.get_logger("monitor.shell.logs")
+
 STRING_MAX = 512
 LIST_MAX = 32
 # A traceback keeps its lines (JSON escapes them) but not its whole length.
@@ -132,9 +134,7 @@ class LoopErrors:
             self._seen[kind] = (logged_at, count)
             return
         self._seen[kind] = (now, 0)
-        structlog.get_logger("monitor.shell.logs").error(
-            "loop.error", message=context.get("message"), error=error, count=count
-        )
+        log.error("loop.error", message=context.get("message"), error=error, count=count)
 
 
 def _journal_priority(_: Any, method: str, line: str) -> str:
