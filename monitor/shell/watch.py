@@ -450,7 +450,8 @@ class Watch:
         SILENCE_S): the server's state says whether the silence is real."""
         timing = self.timing
         while True:
-            await timing.sleep(timing.silence / 2)
+            # A real wait, not `timing.sleep`: tests record those as the reconnect backoff's.
+            await asyncio.sleep(timing.silence / 2)
             running = self.tracker.running()
             silent_s = timing.clock() - self._last_event_at
             if not stream.connected or not running or silent_s < timing.silence:
