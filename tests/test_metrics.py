@@ -149,7 +149,15 @@ async def test_no_session_id_in_any_label(state, metrics, server):
         for sample in family.samples
         for name in sample.labels
     }
-    assert labels == {"event_type", "cycle_length", "outcome", "rule", "version", "python_version"}
+    assert labels == {
+        "event_type",
+        "cycle_length",
+        "outcome",
+        "rule",
+        "reason",
+        "version",
+        "python_version",
+    }
     assert "ses_1" not in text
     assert all(
         family.name.startswith((P, "process_")) for family in text_string_to_metric_families(text)

@@ -31,3 +31,28 @@ def test_attach_reads_back_only_the_followed_session():
 def test_every_directory_of_a_run_is_asked_and_the_configured_one_too():
     assert directories_to_ask({"a": "/x", "b": "/y", "c": "/x"}, None) == {"/x", "/y", None}
     assert directories_to_ask({}, "/proj") == {"/proj"}
+
+
+def test_the_stream_missed_runs_the_server_idled_or_ran_further():
+    from monitor.core.resync import missed_by_stream
+
+    ours = {"idled": 2, "further": 2, "agrees": 3, "long_call": 1}
+    busy = {"further", "agrees", "long_call"}
+    theirs = {"further": 4, "agrees": 3, "long_call": 0}
+    assert missed_by_stream(ours, busy, theirs) == ["idled", "further"]
+
+
+def test_finished_calls_count_the_current_run_without_transparent_tools():
+    from monitor.core.resync import finished_calls
+    from tests import frames_factory as ff
+
+    messages = [
+        *ff.run_record("ses_1", 3),  # an earlier run: not counted
+        ff.user_message("ses_1", "again"),
+        *ff.export_reads("ses_1", 2),
+        ff.assistant_message("ses_1", ff.export_part("ses_1", "t", "completed", tool="todowrite")),
+        ff.assistant_message("ses_1", ff.export_part("ses_1", "r", "running")),
+    ]
+    assert finished_calls(messages, {"todowrite"}) == 2
+    assert finished_calls(messages, set()) == 3
+    assert finished_calls({"not": "a list"}, set()) == 0

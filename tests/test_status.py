@@ -105,3 +105,85 @@ def test_status_without_a_monitor_exits_69(capsys):
 def test_status_without_an_address_is_a_config_error(capsys):
     assert main(["status"]) == EX_CONFIG
     assert "metrics_addr: status asks the monitor" in capsys.readouterr().err
+
+
+async def test_status_of_10000_sessions_is_bounded_cached_and_rate_limited():
+    import time
+
+    from monitor.shell import metrics as metrics_module
+    from monitor.shell.metrics import STATUS_RATE
+    from monitor.shell.watch import STATUS_SESSIONS_MAX
+
+    settings = load_settings(
+        {"url": "http://127.0.0.1:9", "metrics_addr": "127.0.0.1:0"}, {}, isatty=False
+    )
+    watch = Watch(settings, notifier=Notifier(None), timing=FAST)
+    for n in range(10_000):
+        directory = "/w\n<!channel>" + "d" * 10_000 if n == 0 else f"/p{n}"
+        for frame in call(f"ses_{n}", f"prt_{n}", "read", {"n": n})[:2]:  # pending, running
+            watch.tracker.feed(envelope(frame, directory))
+    started = time.perf_counter()
+    status = watch.status()
+    build_ms = (time.perf_counter() - started) * 1000
+    assert status["totals"]["sessions"] == 10_000 and status["sessions_omitted"] == 9_900
+    assert len(status["sessions"]) == STATUS_SESSIONS_MAX
+    hostile = status["sessions"][0]["directory"]
+    assert hostile.startswith("/w <!channel>ddd") and len(hostile) == 256
+    body = json.dumps(status)
+    assert len(body) < 20_000, len(body)
+    print(f"status of 10,000 sessions: built in {build_ms:.1f} ms, {len(body)} bytes")
+
+    calls = [0]
+
+    def counted():
+        calls[0] += 1
+        return status
+
+    metrics = watch.metrics
+    assert metrics is not None
+    server = await metrics_module.start_metrics_server(metrics, "127.0.0.1", 0, counted)
+    try:
+        import aiohttp
+
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=8)) as http:
+            url = f"http://127.0.0.1:{server.port}/status"
+
+            async def get() -> int:
+                async with http.get(url) as response:
+                    await response.read()
+                    return response.status
+
+            answers = await asyncio.gather(*(get() for _ in range(100)))
+        # One build for the burst; the rate limit's burst answered, the rest refused.
+        assert calls[0] == 1
+        assert answers.count(200) == int(STATUS_RATE) and answers.count(429) == 100 - int(
+            STATUS_RATE
+        )
+    finally:
+        await server.close()
+
+
+def test_status_table_says_how_many_sessions_it_left_out():
+    from monitor.shell.status import render_status
+
+    status = {
+        "version": "1",
+        "url": "http://x",
+        "directory": None,
+        "dry_run": False,
+        "stream": {"state": "connected", "frames": 1, "last_frame_unix": None},
+        "totals": {"sessions": 101, "busy": 0, "held": 0, "interventions": 0},
+        "sessions": [
+            {
+                "session_id": "ses_1",
+                "state": "idle",
+                "run_calls": 0,
+                "interventions": 0,
+                "directory": None,
+            }
+        ],
+        "sessions_omitted": 100,
+    }
+    assert render_status(status, 0).endswith(
+        "... and 100 more (held first, then busy, then idle)\n"
+    )

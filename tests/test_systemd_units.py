@@ -79,6 +79,14 @@ def test_notify_watchdog_and_restart_policy(path: Path) -> None:
 
 
 @both_units
+def test_open_file_limit_is_raised_well_above_the_metrics_cap(path: Path) -> None:
+    from monitor.shell.metrics import MAX_CONNECTIONS
+
+    # systemd's default (1024) is what a flood of idle metrics connections exhausted.
+    assert int(value(load(path), "Service", "LimitNOFILE")) >= 8 * 1024 > 16 * MAX_CONNECTIONS
+
+
+@both_units
 def test_runs_unprivileged_and_confined(path: Path) -> None:
     unit = load(path)
     expected = {

@@ -172,8 +172,29 @@ async def test_silent_stream_hits_read_timeout_and_reconnects():
         await wait_for(lambda: fake.connections >= 2, timeout=3)
         await stop(*running)
     first, second = [r.at for r in fake.requests if r.path == "/global/event"][:2]
-    assert second - first >= 0.5  # the read timeout ran out first
-    assert events(logs, "stream.disconnected")[0]["reason"] == "read timeout"
+    assert second - first >= 0.5  # the read limit ran out first
+    # The socket's read timeout and the frame deadline run out together; either says it.
+    reason = events(logs, "stream.disconnected")[0]["reason"]
+    assert reason in ("read timeout", "no frame for 0.5 s")
+
+
+async def test_a_stream_of_comments_alone_is_dropped_at_the_read_limit():
+    # A byte every 0.1 s keeps the socket busy, well inside the 0.5 s read timeout.
+    async def comments(request, response):
+        await response.prepare(request)
+        await response.write(frames({"type": "server.connected", "properties": {}}))
+        for _ in range(100):
+            await response.write(b":\n")
+            await asyncio.sleep(0.1)
+
+    fake = FakeOpencode(streams=[comments])
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.connections >= 2, timeout=3)
+        await stop(*running)
+    first, second = [r.at for r in fake.requests if r.path == "/global/event"][:2]
+    assert 0.5 <= second - first < 1.5
+    assert events(logs, "stream.disconnected")[0]["reason"] == "no frame for 0.5 s"
 
 
 async def test_stream_without_headers_hits_read_timeout():
@@ -494,3 +515,105 @@ async def test_escalation_counts_the_interventions_of_an_earlier_monitor():
         3,
     )
     assert fake.of("prompt_async")[0].body["noReply"] is True
+
+
+async def test_resync_of_many_directories_asks_concurrently_within_the_bound():
+    import dataclasses
+
+    from monitor.shell.watch import RESYNC_CONCURRENCY
+
+    @dataclasses.dataclass
+    class Slow(FakeOpencode):
+        under_way: int = 0
+        most: int = 0
+
+        async def _status(self, request):
+            self.under_way += 1
+            self.most = max(self.most, self.under_way)
+            await asyncio.sleep(0.02)
+            self.under_way -= 1
+            return await super()._status(request)
+
+    # A call under way in each of 200 directories, then the stream ends: the resync asks
+    # every one of them (and the configured one); a loop comes while it runs.
+    first = [
+        envelope(f, f"/d{n}") for n in range(200) for f in call(f"ses_d{n}", "p", "read", {})[:2]
+    ]
+    fake = Slow(
+        streams=[play(frames(*first), then="end"), play(loop_frames("ses_x", 4, "/d0"))],
+        busy={f"ses_d{n}": {"type": "busy"} for n in range(200)},
+    )
+    with capture_logs() as logs:
+        server, watch, task = await start(fake)
+        try:
+            await wait_for(lambda: fake.of("abort"), timeout=10)
+        finally:
+            await stop(server, watch, task)
+    asked = [r for r in fake.of("status") if r.at > fake.requests[0].at]
+    assert len({r.query.get("directory") for r in asked}) == 201
+    assert fake.most == RESYNC_CONCURRENCY
+    # The loop that came during the resync was fed after it, and caught.
+    [abort] = fake.of("abort")
+    assert abort.session_id == "ses_x" and abort.at > max(r.at for r in asked)
+    assert len(events(logs, "stream.resynced")) == 2
+
+
+def heartbeats_after(chunk: bytes, every: float = 0.05):
+    """A stream that sends `chunk`, then heartbeats alone: connected, alive, and silent."""
+
+    async def script(request, response):
+        await response.prepare(request)
+        await response.write(frames({"type": "server.connected", "properties": {}}))
+        await response.write(chunk)
+        for _ in range(1000):
+            await response.write(frames(envelope({"type": "server.heartbeat", "properties": {}})))
+            await asyncio.sleep(every)
+
+    return script
+
+
+async def test_a_stream_of_heartbeats_alone_is_checked_against_the_server_and_resynced():
+    import dataclasses
+
+    # Two reads seen live; then only heartbeats, while the server ran two more (a loop).
+    fake = FakeOpencode(streams=[heartbeats_after(loop_frames("ses_h", 2)), play()])
+    with capture_logs() as logs:
+        server, watch, task = await start(fake)
+        watch.timing = dataclasses.replace(FAST, silence=0.3)
+        try:
+            await wait_for(lambda: watch.tracker.running())
+            # From now on the server runs ses_h, whose record holds two reads more.
+            fake.busy = {"ses_h": {"type": "busy"}}
+            fake.messages = {"ses_h": ff.run_record("ses_h", 4)}
+            await wait_for(lambda: fake.of("abort"), timeout=5)
+        finally:
+            await stop(server, watch, task)
+    [stalled] = events(logs, "stream.stalled")
+    assert stalled["sessions"] == ["ses_h"] and stalled["silent_s"] >= 0.3
+    [disconnected] = events(logs, "stream.disconnected")
+    assert disconnected["reason"] == "stalled: the server ran what the stream did not show"
+    assert [r.session_id for r in fake.of("abort")] == ["ses_h"]
+
+
+async def test_a_long_call_under_way_is_not_taken_for_a_stall():
+    import dataclasses
+
+    # One call running for ever: the server agrees with what we saw; no reconnect.
+    running = [envelope(f, "/w") for f in call("ses_l", "p1", "bash", {"c": "make"})[:2]]
+    record = [
+        ff.user_message("ses_l"),
+        ff.assistant_message("ses_l", ff.export_part("ses_l", "p1", "running")),
+    ]
+    fake = FakeOpencode(
+        streams=[heartbeats_after(frames(*running))],
+        busy={"ses_l": {"type": "busy"}},
+        messages={"ses_l": record},
+    )
+    with capture_logs() as logs:
+        server, watch, task = await start(fake)
+        watch.timing = dataclasses.replace(FAST, silence=0.2)
+        try:
+            await wait_for(lambda: len(fake.of("message")) >= 2, timeout=5)
+        finally:
+            await stop(server, watch, task)
+    assert events(logs, "stream.stalled") == [] and fake.connections == 1

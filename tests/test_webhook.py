@@ -86,6 +86,8 @@ async def test_every_intervention_and_hold_is_posted(serve):
     watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)))
     await run_until(watch, lambda: len(hook.bodies) == 2)
     first, second = sorted(hook.bodies, key=lambda body: body["interventions"])
+    ids = first.pop("id"), second.pop("id")
+    assert len(set(ids)) == 2 and all(len(i) == 32 for i in ids)
     common = {
         "session_id": "ses_1",
         "directory": "/w",
@@ -125,7 +127,9 @@ async def test_a_failing_webhook_delays_no_intervention(serve):
     assert abort.at < prompt.at < hook.answered_at[0]
     assert len(hook.bodies) == 3  # tried, then retried twice
     [failed] = events(logs, "webhook.failed")
+    assert len({body["id"] for body in hook.bodies}) == 1  # every copy the same id
     assert failed == {
+        "id": hook.bodies[0]["id"],
         "event": "webhook.failed",
         "log_level": "warning",
         "session_id": "ses_1",
@@ -154,4 +158,61 @@ async def test_a_hanging_webhook_times_out(serve):
     with capture_logs() as logs:
         await run_until(watch, lambda: events(logs, "webhook.failed"))
     assert fake.of("prompt_async")
-    assert events(logs, "webhook.failed")[0]["error"] in ("TimeoutError", "ServerTimeoutError")
+    assert events(logs, "webhook.failed")[0]["error"] == "timeout"
+
+
+async def test_a_timed_out_post_is_never_sent_again(serve):
+    fake = FakeOpencode(streams=[play(loop_frames("ses_1", 4))])
+    hook = Hook(delay=1.0)
+    watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)), QUICK)
+    with capture_logs() as logs:
+        await run_until(watch, lambda: events(logs, "webhook.failed"))
+    assert len(hook.bodies) == 1
+    assert events(logs, "webhook.failed")[0]["attempts"] == 1
+
+
+async def test_a_slow_receiver_gets_each_notification_once_and_none_fails(serve):
+    # Ten loops at once, a receiver taking 0.3 s, two connections: the last posts wait about
+    # 1.5 s for a connection, three times their 0.5 s timeout, which must not count it.
+    sessions = [f"ses_{n}" for n in range(10)]
+    fake = FakeOpencode(streams=[play(b"".join(loop_frames(s, 4, prefix=s) for s in sessions))])
+    hook = Hook(delay=0.3)
+    delivery = dataclasses.replace(QUICK, connections=2)
+    watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)), delivery)
+    with capture_logs() as logs:
+        await run_until(watch, lambda: len(hook.answered_at) == 10)
+        await asyncio.sleep(0.2)
+    assert sorted(body["session_id"] for body in hook.bodies) == sorted(sessions)
+    assert len({body["id"] for body in hook.bodies}) == 10
+    assert events(logs, "webhook.failed") == []
+
+
+async def test_notifications_given_up_at_shutdown_are_counted(serve):
+    sessions = [f"ses_{n}" for n in range(3)]
+    fake = FakeOpencode(streams=[play(b"".join(loop_frames(s, 4, prefix=s) for s in sessions))])
+    hook = Hook(delay=30)
+    delivery = dataclasses.replace(QUICK, timeout=10.0)
+    watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)), delivery)
+    with capture_logs() as logs:
+        await run_until(watch, lambda: len(hook.bodies) == 3)
+    assert [(r["count"], r["reason"]) for r in events(logs, "webhook.dropped")] == [(3, "shutdown")]
+
+
+async def test_hostile_names_reach_the_webhook_cleaned_and_escaped(serve):
+    from monitor.kit.standin import frames
+    from tests.frames_factory import call, envelope
+
+    tool = "read\n\x1b[2J\x00\u202e<!channel> <https://evil|click> @here" + "x" * 10_000
+    directory = "/w\n<!here>"
+    calls = [envelope(f, directory) for n in range(4) for f in call("ses_1", f"p{n}", tool, {})]
+    fake = FakeOpencode(streams=[play(frames(*calls))])
+    hook = Hook()
+    watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)))
+    await run_until(watch, lambda: len(hook.bodies) == 1)
+    [body] = hook.bodies
+    [name] = body["tools"]
+    assert name.startswith("read [2J <!channel> <https://evil|click> @herexx") and len(name) == 64
+    assert body["directory"] == "/w <!here>"
+    text = body["text"]
+    assert "<" not in text and ">" not in text and "\n" not in text and "\x1b" not in text
+    assert "&lt;!channel&gt;" in text and "@\u2060here" in text and len(text) < 400

@@ -21,16 +21,18 @@ MARK = "Loop guard: "
 TOOL_NAME_MAX = 64
 
 
-def clean_tool_name(name: str) -> str:
+def clean_tool_name(name: str, limit: int = TOOL_NAME_MAX) -> str:
     """A tool name as the model may read it in our feedback.
 
     The name comes from the stream, and a tool (an MCP server's, say) can be called
-    anything: control characters (newlines included) become spaces, runs of whitespace one
-    space, and the name is cut to `TOOL_NAME_MAX` characters, so it stays one short token.
+    anything: control characters (newlines, NUL, escape codes, bidi overrides, surrogates)
+    become spaces, runs of whitespace one space, and the name is cut to `limit` characters,
+    so it stays one short token. The shell cleans every name that leaves the process (logs,
+    webhooks, /status) with it, with limits of its own for directories.
     """
     printable = "".join(" " if unicodedata.category(c).startswith("C") else c for c in name)
     words = " ".join(printable.split())
-    return words if len(words) <= TOOL_NAME_MAX else words[: TOOL_NAME_MAX - 1] + "…"
+    return words if len(words) <= limit else words[: limit - 1] + "…"
 
 
 def describe_cycle(cycle: Cycle, tools: tuple[str, ...]) -> str:

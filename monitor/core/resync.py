@@ -9,12 +9,18 @@ The shell connects the stream before it asks, and asks before it reads the first
 nothing that happens meanwhile is lost (it waits in the socket). Busy is asked before the
 messages are read: a run that ends in between still leaves its `session.idle` on the stream,
 which ends the read-back run; the other order could take a finished run for a current one.
+
+A stream can also stall while connected (events stop, heartbeats go on): `missed_by_stream`
+compares what we followed with what the server reports, so the shell reconnects, and so
+resyncs, when the two disagree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+
+from monitor.core.export import current_run
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,3 +70,37 @@ def plan_resync(
         if (follows is None or session_id in follows) and session_id not in acting
     )
     return ResyncPlan(end_runs, read_back)
+
+
+def finished_calls(messages: object, skip: Collection[str]) -> int:
+    """Tool calls of the session's current run that the server has finished (`skip`: the
+    transparent tools, which the tracker does not count either)."""
+    if not isinstance(messages, list):
+        return 0
+    count = 0
+    for message in current_run(messages):
+        parts = message.get("parts") if isinstance(message, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            if not isinstance(part, dict) or part.get("type") != "tool":
+                continue
+            state = part.get("state")
+            status = state.get("status") if isinstance(state, dict) else None
+            count += part.get("tool") not in skip and status in ("completed", "error")
+    return count
+
+
+def missed_by_stream(
+    ours: Mapping[str, int], busy: Collection[str], theirs: Mapping[str, int]
+) -> list[str]:
+    """The sessions the stream has fallen silent about, from the server's own state.
+
+    `ours`: the runs we follow, with the calls we counted; `busy`: the sessions the server
+    runs; `theirs`: the finished calls of its current run, for the busy ones we asked about.
+    A run the server calls idle ended without our seeing it; one with more finished calls
+    than we counted made calls we never saw. A long call, quiet and under way, is neither.
+    """
+    return [
+        session_id
+        for session_id, calls in ours.items()
+        if session_id not in busy or theirs.get(session_id, 0) > calls
+    ]

@@ -9,7 +9,8 @@ connection is ours: waiting for one of the pool's connections behind a slow serv
 request, it never times it out (a timed-out request the server already had would be sent
 twice).
 
-A 404 means the session is gone (`SessionGone`), a 401 means our credentials are wrong
+Redirects are never followed: a 3xx is a `ServerError` that says so. A 404 means the
+session is gone (`SessionGone`), a 401 means our credentials are wrong
 (`ConfigError`, never retried), anything else is a `ServerError`. Only ids and status codes
 go into errors. Ids are checked against OpenCode's shapes (`monitor.core.ids`) and every
 path segment is percent-encoded, dots included, so no id can reach another endpoint.
@@ -282,6 +283,9 @@ class OpencodeAPI:
                 url,
                 json=body,
                 headers=self._headers,
+                # A redirect would carry the request, the password with it, anywhere; and a
+                # redirected abort answered 200 elsewhere would read as done.
+                allow_redirects=False,
                 # No total and no pool-wait limit: a request waiting for a pooled connection
                 # has not been sent, so running out of time there would send it twice.
                 timeout=aiohttp.ClientTimeout(
@@ -300,6 +304,8 @@ class OpencodeAPI:
                     raise _Transient(f"{what}: server error {response.status}")
                 if response.status >= 400:
                     raise ServerError(f"{what}: refused ({response.status})")
+                if response.status >= 300:
+                    raise ServerError(f"{what}: redirected ({response.status}), not followed")
                 if response.status == 204 or response.content_length == 0:
                     return None
                 return await response.json(content_type=None)

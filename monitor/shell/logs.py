@@ -2,17 +2,27 @@
 
 Every event the monitor logs is listed in docs/logs.md. Nothing here ever receives a tool
 argument, a tool output, a prompt or a password: callers log ids, names and counts only.
+
+Names come from the stream and can be anything, so every line is bounded here, whatever the
+caller passed: each string is cleaned as the feedback cleans tool names and cut to
+`STRING_MAX` characters, each list to `LIST_MAX` items, and a line still longer than
+`LINE_MAX` (journald splits lines at 48 KiB, which breaks the JSON) is replaced by its event,
+level and time with `truncated_chars`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, TextIO
 
 import structlog
+
+from monitor.core.feedback import clean_tool_name
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -40,6 +50,91 @@ def writes_to_journal(stream: TextIO, environ: Mapping[str, str]) -> bool:
     except (OSError, ValueError, AttributeError):  # no file descriptor (e.g. StringIO)
         return False
     return expected == f"{status.st_dev}:{status.st_ino}"
+
+
+log = structlog.get_logger("monitor.shell.logs")
+
+STRING_MAX = 512
+LIST_MAX = 32
+# A traceback keeps its lines (JSON escapes them) but not its whole length.
+EXCEPTION_MAX = 8192
+LINE_MAX = 16384
+# Errors the event loop reports itself (a failed accept when descriptors run out comes back
+# every time the listener is readable): one line per kind per interval, with the count.
+LOOP_ERROR_EVERY_S = 10.0
+
+
+def _bounded(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return clean_tool_name(value, STRING_MAX)
+    if depth < 3 and isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+        kept = [_bounded(item, depth + 1) for item in items[:LIST_MAX]]
+        if len(items) > LIST_MAX:
+            kept.append(f"… {len(items) - LIST_MAX} more")
+        return kept
+    if depth < 3 and isinstance(value, dict):
+        pairs = list(value.items())
+        bounded = {
+            clean_tool_name(str(key), STRING_MAX): _bounded(item, depth + 1)
+            for key, item in pairs[:LIST_MAX]
+        }
+        if len(pairs) > LIST_MAX:
+            bounded["…"] = f"{len(pairs) - LIST_MAX} more"
+        return bounded
+    if isinstance(value, (int, float, bool)) or value is None:
+        return value
+    return clean_tool_name(repr(value), STRING_MAX)
+
+
+def bound_fields(_: Any, __: str, record: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Clean and cut every field (see the module's docstring)."""
+    for key, value in record.items():
+        if key == "exception" and isinstance(value, str):
+            record[key] = value[:EXCEPTION_MAX]
+        else:
+            record[key] = _bounded(value)
+    return record
+
+
+def bound_line(render: structlog.typing.Processor) -> structlog.typing.Processor:
+    """`render`, with a line longer than `LINE_MAX` replaced by a short one that says so."""
+
+    def bounded(logger: Any, method: str, record: MutableMapping[str, Any]) -> Any:
+        short = {key: record[key] for key in ("event", "level", "timestamp") if key in record}
+        line = render(logger, method, record)
+        if isinstance(line, str) and len(line) > LINE_MAX:
+            return render(logger, method, {**short, "truncated_chars": len(line)})
+        return line
+
+    return bounded
+
+
+class LoopErrors:
+    """An event loop exception handler that logs each kind of error once per interval."""
+
+    def __init__(
+        self, every: float = LOOP_ERROR_EVERY_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._every = every
+        self._clock = clock
+        # Per kind: when it was last logged, and how many came since.
+        self._seen: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        error = type(exc).__name__ if exc is not None else ""
+        if isinstance(exc, OSError) and exc.strerror:
+            error = exc.strerror
+        kind = f"{context.get('message', '')}: {error}"
+        now = self._clock()
+        logged_at, count = self._seen.get(kind, (float("-inf"), 0))
+        count += 1
+        if now - logged_at < self._every:
+            self._seen[kind] = (logged_at, count)
+            return
+        self._seen[kind] = (now, 0)
+        log.error("loop.error", message=context.get("message"), error=error, count=count)
 
 
 def _journal_priority(_: Any, method: str, line: str) -> str:
@@ -76,11 +171,11 @@ def configure_logging(
 
         processors.append(forward)
         threshold = min(threshold, logging.INFO)
-    processors.append(structlog.processors.format_exc_info)
+    processors += [structlog.processors.format_exc_info, bound_fields]
     if log_format == "json":
-        processors.append(structlog.processors.JSONRenderer())
+        processors.append(bound_line(structlog.processors.JSONRenderer()))
     else:
-        processors.append(structlog.dev.ConsoleRenderer(colors=False))
+        processors.append(bound_line(structlog.dev.ConsoleRenderer(colors=False)))
     if writes_to_journal(stream, environ):
         processors.append(_journal_priority)
     structlog.configure(

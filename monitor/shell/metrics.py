@@ -13,12 +13,15 @@ monitors in one process do not clash.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import platform
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 from prometheus_client.aiohttp import make_aiohttp_handler
 
@@ -33,6 +36,25 @@ OUTCOMES = ("aborted", "held", "rejected", "answered", "dry_run", "abort_failed"
 # What interventions_total counts: a dry run stops nothing, so its detections are counted
 # apart, under a name that says so, and never look like sessions that were stopped.
 INTERVENTION_OUTCOMES = ("aborted", "held", "rejected", "answered", "abort_failed", "cancelled")
+
+
+# This server shares the event loop and the file limit with detection: whoever can reach the
+# port must not be able to take either. At most MAX_CONNECTIONS are open (more are reset at
+# once, so an idle flood costs one descriptor each only for an instant); a connection that
+# sends nothing for IDLE_S is closed, and none lives longer than LIFETIME_S, however slowly it
+# trickles a request in. Requests are GETs: a line, headers and body have small bounds.
+MAX_CONNECTIONS = 64
+IDLE_S = 5.0
+LIFETIME_S = 15.0
+MAX_LINE = 4096
+MAX_BODY = 1024
+BACKLOG = 64
+REFUSALS = ("connections", "rate")
+# /status: built at most once per STATUS_CACHE_S (every request in between gets the same
+# bytes), and at most STATUS_RATE requests a second are answered (a burst of as many), the
+# rest get 429: a client in a loop costs a few writes, never a rebuild per request.
+STATUS_CACHE_S = 1.0
+STATUS_RATE = 20.0
 
 
 def readiness(connected: bool, last_frame_at: float | None, now: float, limit: float) -> str | None:
@@ -110,6 +132,15 @@ class Metrics:
             ["outcome"],
             registry=registry,
         )
+        self._http_refused = Counter(
+            PREFIX + "http_refused",
+            "Requests to this HTTP server turned away: 'connections' over the cap, 'rate' over "
+            "the /status rate limit.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in REFUSALS:
+            self._http_refused.labels(reason)
         for outcome in INTERVENTION_OUTCOMES:
             # Present from the start at 0, so rate() and absence alerts work before the first.
             self._interventions.labels(outcome)
@@ -169,6 +200,9 @@ class Metrics:
             return
         self._interventions.labels(outcome if outcome in OUTCOMES else OTHER).inc()
 
+    def http_refused(self, reason: str) -> None:
+        self._http_refused.labels(reason).inc()
+
     def not_ready(self) -> str | None:
         """Why `/readyz` answers 503, or None when it answers 200."""
         return readiness(self._connected(), self._last_frame_at(), self._clock(), self._read_limit)
@@ -183,11 +217,50 @@ class Metrics:
         return max(self._clock() - since, 0.0)
 
 
+class RateLimit:
+    """A token bucket: `rate` a second, bursts of as many."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._rate = rate
+        self._clock = clock
+        self._tokens = rate
+        self._at = clock()
+
+    def take(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self._rate, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
+class Cached:
+    """`build()` serialised as JSON, rebuilt only when the last build is `ttl` seconds old."""
+
+    def __init__(
+        self, build: Callable[[], object], ttl: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._build = build
+        self._ttl = ttl
+        self._clock = clock
+        self._body = b""
+        self._at = float("-inf")
+
+    def body(self) -> bytes:
+        now = self._clock()
+        if now - self._at >= self._ttl:
+            self._body = json.dumps(self._build(), separators=(",", ":")).encode()
+            self._at = now
+        return self._body
+
+
 def metrics_app(metrics: Metrics, status: Callable[[], object] | None = None) -> web.Application:
     """`/metrics`, `/healthz` and `/readyz` (ready as `metrics.not_ready` says).
 
     With `status`, also `/status`: its answer as JSON, what `opencode-loop-monitor status`
-    reads (session ids and directories, never arguments or outputs).
+    reads (session ids and directories, never arguments or outputs), cached and rate limited.
     """
 
     async def healthz(request: web.Request) -> web.Response:
@@ -200,20 +273,78 @@ def metrics_app(metrics: Metrics, status: Callable[[], object] | None = None) ->
             return web.Response(text="ready\n")
         return web.Response(status=503, text=f"not ready: {reason}\n")
 
-    app = web.Application()
+    app = web.Application(client_max_size=MAX_BODY)
     # prometheus-client's own handler: OpenMetrics when the scraper asks for it (Accept),
     # gzip when it accepts it (Accept-Encoding), the text format otherwise.
     app.router.add_get("/metrics", make_aiohttp_handler(metrics.registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if status is not None:
-        describe = status
+        cached = Cached(status, STATUS_CACHE_S)
+        limit = RateLimit(STATUS_RATE)
 
         async def serve_status(request: web.Request) -> web.Response:
-            return web.json_response(describe())
+            if not limit.take():
+                metrics.http_refused("rate")
+                return web.Response(
+                    status=429, text="too many requests\n", headers={"Retry-After": "1"}
+                )
+            return web.Response(body=cached.body(), content_type="application/json")
 
         app.router.add_get("/status", serve_status)
     return app
+
+
+class _Handler(RequestHandler):
+    """aiohttp's connection handler, counted by its listener and closed at its deadline."""
+
+    def __init__(self, listener: _Listener) -> None:
+        super().__init__(
+            listener.server,
+            loop=asyncio.get_running_loop(),
+            keepalive_timeout=IDLE_S,
+            max_line_size=MAX_LINE,
+            max_field_size=MAX_LINE,
+            # No access log (a scrape every few seconds would drown the monitor's own lines);
+            # aiohttp takes None here though its hint says Logger.
+            access_log=None,  # type: ignore[arg-type]
+        )
+        self._listener = listener
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._deadline = asyncio.get_running_loop().call_later(LIFETIME_S, self.force_close)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._listener.open -= 1
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+
+class _Reset(asyncio.Protocol):
+    """A connection over the cap: reset at once, so it holds no descriptor."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.abort()
+
+
+class _Listener:
+    """The listening socket's protocol factory: aiohttp's handler, up to `MAX_CONNECTIONS`."""
+
+    def __init__(self, server: web.Server, metrics: Metrics) -> None:
+        self.server = server
+        self.open = 0
+        self._metrics = metrics
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        if self.open >= MAX_CONNECTIONS:
+            self._metrics.http_refused("connections")
+            return _Reset()
+        self.open += 1
+        return _Handler(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,9 +352,11 @@ class MetricsServer:
     """A running metrics server; `port` is the bound one (useful when asked for port 0)."""
 
     runner: web.AppRunner
+    listener: asyncio.Server
     port: int
 
     async def close(self) -> None:
+        self.listener.close()
         await self.runner.cleanup()
 
 
@@ -231,13 +364,14 @@ async def start_metrics_server(
     metrics: Metrics, host: str, port: int, status: Callable[[], object] | None = None
 ) -> MetricsServer:
     """Listen on `host:port` (port 0 picks a free one); raises OSError if it cannot bind."""
-    # No access log: a scrape every few seconds would drown the monitor's own lines.
     runner = web.AppRunner(metrics_app(metrics, status), access_log=None)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        assert runner.server is not None
+        listener = await asyncio.get_running_loop().create_server(
+            _Listener(runner.server, metrics), host, port, backlog=BACKLOG, reuse_address=True
+        )
     except BaseException:
         await runner.cleanup()
         raise
-    bound = runner.addresses[0][1]
-    return MetricsServer(runner, bound)
+    return MetricsServer(runner, listener, listener.sockets[0].getsockname()[1])

@@ -72,6 +72,9 @@ def render_status(status: dict[str, Any], now: float) -> str:
                 row[i].ljust(widths[i]) if i < 2 else row[i].rjust(widths[i]) for i in range(4)
             ]
             lines.append("  ".join((*cells, row[4])))
+    omitted = status.get("sessions_omitted", 0)
+    if omitted:
+        lines.append(f"... and {omitted} more (held first, then busy, then idle)")
     return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,13 @@ reported, and the next connection resyncs. The session's read timeout, keyed to 
 server's 10 s heartbeat, is what notices a stream that never sends headers or goes silent
 without a FIN.
 
+Bytes are no proof of life: a proxy or a broken server can keep a connection busy with `:`
+comments. So the read limit is also kept on frames: a connection that brings no frame (the
+server's heartbeat is one) for the read limit is dropped as `no frame`. And the resync that
+runs at each connect does not stop the reading: frames that come meanwhile are read off the
+socket and held, then fed in order once the resync is done (feeding them earlier would let
+the stream's view of a run race the server's record of it).
+
 The stream is decoded in whatever chunks have arrived rather than line by line: at tens of
 thousands of frames a second, a coroutine round trip per line cost more than decoding the
 JSON (docs/performance.md has the profile).
@@ -67,8 +74,12 @@ class _NotAStream(Exception):
         self.diagnosis = diagnosis
 
 
+class _NoFrame(Exception):
+    """Bytes came, frames did not: the stream is stalled whatever the socket says."""
+
+
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, _NotAStream):
+    if isinstance(exc, (_NotAStream, _NoFrame)):
         return str(exc)
     if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return "read timeout"
@@ -101,6 +112,9 @@ class EventStream:
         self._on_disconnect = on_disconnect
         self._backoff = backoff
         self._timeout = stream_timeout(read_timeout)
+        self._read_limit = read_timeout
+        self._response: aiohttp.ClientResponse | None = None
+        self._dropped: str | None = None  # why `reconnect` dropped the connection
         self._sleep = sleep
         self.connected = False
         self.frames = 0
@@ -114,13 +128,14 @@ class EventStream:
         failures = 0
         while True:
             frames_before = self.frames
+            self._dropped = None
             try:
                 await self._read_once()
-                reason = "stream ended"
+                reason = self._dropped or "stream ended"
             except ConfigError:
                 raise
             except Exception as exc:  # any failure of one connection means: reconnect
-                reason = _reason(exc)
+                reason = self._dropped or _reason(exc)
                 self._explain(exc)
             finally:
                 self.connected = False
@@ -146,7 +161,9 @@ class EventStream:
 
     async def _read_once(self) -> None:
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
-        async with self._http.get(self.url, headers=headers, timeout=self._timeout) as response:
+        async with self._http.get(
+            self.url, headers=headers, timeout=self._timeout, allow_redirects=False
+        ) as response:
             status, content_type = response.status, response.content_type
             if status in (401, 407):
                 sent = aiohttp.hdrs.AUTHORIZATION in self._http.headers
@@ -163,10 +180,69 @@ class EventStream:
             self.connected = self.ever_connected = True
             self._explained.clear()
             log.info("stream.connected", url=public_url(self.url))
-            await self._on_connect()
             decoder = SSEChunkDecoder()
-            on_frame = self._on_frame
-            async for chunk in response.content.iter_any():
-                for data in decoder.feed(chunk):
-                    self.frames += 1
-                    on_frame(data)
+            self._response = response
+            try:
+                backlog = await self._read_while(self._on_connect(), response.content, decoder)
+                await self._read_frames(response.content, decoder, backlog)
+            finally:
+                self._response = None
+
+    def reconnect(self, reason: str) -> None:
+        """Drop the current connection: the next one resyncs (see `monitor.shell.watch`)."""
+        if self._response is not None:
+            self._dropped = reason
+            self._response.close()
+
+    async def _read_while(
+        self, work: Awaitable[None], content: aiohttp.StreamReader, decoder: SSEChunkDecoder
+    ) -> list[str]:
+        """Run `work`, reading frames meanwhile; the frames read, to be fed after it."""
+        task = asyncio.ensure_future(work)
+        read: asyncio.Future[bytes] | None = None
+        backlog: list[str] = []
+        try:
+            while not task.done():
+                if read is None:
+                    read = asyncio.ensure_future(content.readany())
+                await asyncio.wait((task, read), return_when=asyncio.FIRST_COMPLETED)
+                if read.done():
+                    chunk = read.result()
+                    read = None
+                    if not chunk:  # the stream ended: what came still counts
+                        await task
+                        break
+                    backlog += decoder.feed(chunk)
+            task.result()  # its failure is this connection's
+            return backlog
+        finally:
+            # A read not yet answered leaves its bytes in the buffer for the next one.
+            for pending in (read, task):
+                if pending is not None and not pending.done():
+                    pending.cancel()
+                    # Until it has unwound, the reader still counts as waiting.
+                    await asyncio.gather(pending, return_exceptions=True)
+
+    async def _read_frames(
+        self, content: aiohttp.StreamReader, decoder: SSEChunkDecoder, backlog: list[str]
+    ) -> None:
+        on_frame = self._on_frame
+        for data in backlog:
+            self.frames += 1
+            on_frame(data)
+        loop = asyncio.get_running_loop()
+        limit = self._read_limit
+        deadline = asyncio.timeout(limit)
+        try:
+            async with deadline:
+                async for chunk in content.iter_any():
+                    batch = decoder.feed(chunk)
+                    if batch:
+                        deadline.reschedule(loop.time() + limit)
+                    for data in batch:
+                        self.frames += 1
+                        on_frame(data)
+        except TimeoutError:
+            if deadline.expired():
+                raise _NoFrame(f"no frame for {limit:g} s") from None
+            raise

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Protocol, TextIO, TypeVar
 
 import aiohttp
 import structlog
@@ -26,15 +26,17 @@ import structlog
 from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
 from monitor.core.export import current_run, export_frames, feedback_count
+from monitor.core.feedback import clean_tool_name
 from monitor.core.frames import encode_sse
-from monitor.core.resync import directories_to_ask, plan_resync
+from monitor.core.profile import transparent_tools
+from monitor.core.resync import directories_to_ask, finished_calls, missed_by_stream, plan_resync
 from monitor.core.tracker import Detection, Fed, Intervene, Tracker
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.actions import Interventions
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.backoff import Backoff
 from monitor.shell.diagnosis import directory_known
-from monitor.shell.logs import configure_logging
+from monitor.shell.logs import LoopErrors, configure_logging
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.shell.stream import (
@@ -53,6 +55,20 @@ DRAIN_S = 3.0
 # Then notifications still being posted get this long (within the same 5 s).
 WEBHOOK_DRAIN_S = 1.0
 MALFORMED_LOG_EVERY_S = 10.0
+# /status lists at most this many sessions (its totals count them all), so its body stays
+# small and quick to build whatever the server runs.
+STATUS_SESSIONS_MAX = 100
+DIRECTORY_MAX = 256
+# While runs are under way, a stream that brought no event but heartbeats for SILENCE_S is
+# checked against the server (its busy sessions, their finished calls) every SILENCE_S / 2,
+# and dropped, so resynced, when the server has what the stream did not bring. At most
+# CHECK_SESSIONS_MAX sessions' messages are read per check.
+SILENCE_S = 30.0
+CHECK_SESSIONS_MAX = 64
+QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
+# Requests a resync has under way at once: 10,000 directories asked one by one took 4.8 s;
+# all at once would take every connection of the pool from the aborts.
+RESYNC_CONCURRENCY = 16
 
 
 def log_fields(detection: Detection) -> dict[str, object]:
@@ -66,6 +82,26 @@ def log_fields(detection: Detection) -> dict[str, object]:
             value = {tool: sorted(keys) for tool, keys in (value or {}).items()}
         fields[field.name] = value
     return fields
+
+
+T = TypeVar("T")
+
+
+async def bounded(calls: Iterable[Awaitable[T]], limit: int = RESYNC_CONCURRENCY) -> list[T]:
+    """Await `calls` at most `limit` at a time, their results in order; the first failure
+    cancels the rest and is raised."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Awaitable[T]) -> T:
+        async with gate:
+            return await call
+
+    tasks = [asyncio.ensure_future(one(call)) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def http_session(settings: Settings) -> aiohttp.ClientSession:
@@ -105,6 +141,8 @@ class Timing:
     reconnect: Backoff = RECONNECT
     retry: Retry = Retry()
     drain: float = DRAIN_S
+    # No event (heartbeats aside) for this long while runs are under way: ask the server.
+    silence: float = SILENCE_S
     webhook: Delivery = Delivery()
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     clock: Callable[[], float] = time.monotonic
@@ -161,6 +199,7 @@ class Watch:
         self._record: TextIO | None = None
         self._stream: EventStream | None = None
         self._last_frame_at: float | None = None
+        self._last_event_at = timing.clock()
         self.metrics: Metrics | None = None
         if settings.metrics_addr is not None:
             self.metrics = Metrics(
@@ -212,6 +251,7 @@ class Watch:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._stop.set)
+        loop.set_exception_handler(LoopErrors())
         log.info(
             "monitor.started",
             version=__version__,
@@ -253,7 +293,11 @@ class Watch:
         return 0
 
     async def _until_stopped(self, stream: EventStream) -> None:
-        tasks = [asyncio.create_task(stream.run()), asyncio.create_task(self._stop.wait())]
+        tasks = [
+            asyncio.create_task(stream.run()),
+            asyncio.create_task(self._stop.wait()),
+            asyncio.create_task(self._check_silence(stream)),
+        ]
         interval = watchdog_interval()
         if interval is not None:
             tasks.append(asyncio.create_task(watchdog_pings(self.notifier, interval)))
@@ -276,6 +320,8 @@ class Watch:
             self._write_record(self._record, data)
         fed = self.tracker.feed_data(data)
         self._carry_out(fed)
+        if fed.event_type not in QUIET_EVENTS:
+            self._last_event_at = self.timing.clock()
         metrics = self.metrics
         if metrics is not None:
             self._last_frame_at = self.timing.clock()
@@ -338,21 +384,34 @@ class Watch:
             for view in views
             if self._held.get(view.session_id) == view.calls
         }
+        states = {
+            view.session_id: "held"
+            if view.session_id in self._held
+            else ("busy" if view.busy else "idle")
+            for view in views
+        }
+        # Bounded whatever the count: held sessions first, then busy ones, then idle ones.
+        shown = [
+            view
+            for rank in ("held", "busy", "idle")
+            for view in views
+            if states[view.session_id] == rank
+        ][:STATUS_SESSIONS_MAX]
         sessions = [
             {
                 "session_id": view.session_id,
-                "directory": view.directory,
-                "state": "held"
-                if view.session_id in self._held
-                else ("busy" if view.busy else "idle"),
+                "directory": None
+                if view.directory is None
+                else clean_tool_name(view.directory, DIRECTORY_MAX),
+                "state": states[view.session_id],
                 "run_calls": view.run_calls,
                 "interventions": view.interventions,
             }
-            for view in views
+            for view in shown
         ]
         return {
             "version": __version__,
-            "url": self.settings.url,
+            "url": public_url(self.settings.url),
             "directory": self.settings.directory,
             "dry_run": self.settings.dry_run,
             "stream": {
@@ -361,12 +420,13 @@ class Watch:
                 "last_frame_unix": self.last_frame_unix(),
             },
             "totals": {
-                "sessions": len(sessions),
-                "busy": sum(entry["state"] == "busy" for entry in sessions),
+                "sessions": len(views),
+                "busy": sum(state == "busy" for state in states.values()),
                 "held": len(self._held),
                 "interventions": sum(view.interventions for view in views),
             },
             "sessions": sessions,
+            "sessions_omitted": len(views) - len(sessions),
         }
 
     def _log_malformed(self, reason: str) -> None:
@@ -377,12 +437,58 @@ class Watch:
             log.warning("frame.malformed", reason=reason, count=self.tracker.malformed_total)
 
     async def _on_connect(self) -> None:
+        self._last_event_at = self.timing.clock()
         self.notifier.status("streaming events")
         if not self._ready_sent:
             self._ready_sent = True
             self.notifier.ready()
             await self._check_directory()
         await self._resync()
+
+    async def _check_silence(self, stream: EventStream) -> None:
+        """Bound the unwatched time of a stream that stalls but stays connected (see
+        SILENCE_S): the server's state says whether the silence is real."""
+        timing = self.timing
+        while True:
+            # A real wait, not `timing.sleep`: tests record those as the reconnect backoff's.
+            await asyncio.sleep(timing.silence / 2)
+            running = self.tracker.running()
+            silent_s = timing.clock() - self._last_event_at
+            if not stream.connected or not running or silent_s < timing.silence:
+                continue
+            try:
+                missed = await self._missed(running)
+            except ServerError as exc:
+                log.warning("stream.check_failed", error=str(exc))
+                continue
+            self._last_event_at = timing.clock()  # the next check comes a silence later
+            if missed:
+                log.warning("stream.stalled", sessions=missed, silent_s=round(silent_s, 1))
+                stream.reconnect("stalled: the server ran what the stream did not show")
+
+    async def _missed(self, running: dict[str, str | None]) -> list[str]:
+        directories = list(directories_to_ask(running, self.settings.directory))
+        busy = set().union(*await bounded(self.api.busy_sessions(d) for d in directories))
+        ours = {
+            view.session_id: view.run_calls
+            for view in self.tracker.sessions_view()
+            if view.session_id in running
+        }
+        ours = dict(list(ours.items())[:CHECK_SESSIONS_MAX])
+        asked = [session_id for session_id in ours if session_id in busy]
+        detection = self.tracker.detection
+        skip = transparent_tools(detection.profile, detection.ignore_tools)
+
+        async def finished(session_id: str) -> int:
+            try:
+                return finished_calls(
+                    await self.api.messages(session_id, running[session_id]), skip
+                )
+            except SessionGone:
+                return 0
+
+        counts = await bounded(finished(session_id) for session_id in asked)
+        return missed_by_stream(ours, busy, dict(zip(asked, counts, strict=True)))
 
     async def _check_directory(self) -> None:
         """Warn once, at the first connect, when --directory names no project the server has.
@@ -415,11 +521,12 @@ class Watch:
             self._stop.set()
             return
         tracker = self.tracker
+        directories = list(directories_to_ask(tracker.running(), self.settings.directory))
         busy: dict[str, str | None] = {}
         try:
-            for directory in directories_to_ask(tracker.running(), self.settings.directory):
-                for session_id in await self.api.busy_sessions(directory):
-                    busy[session_id] = directory
+            answers = await bounded(self.api.busy_sessions(where) for where in directories)
+            for directory, sessions in zip(directories, answers, strict=True):
+                busy.update(dict.fromkeys(sessions, directory))
         except ServerError as exc:
             # Without an answer we cannot tell finished runs from live ones: keep them all.
             log.warning("stream.resync_failed", error=str(exc))
@@ -433,9 +540,7 @@ class Watch:
         )
         tracker.end_runs(plan.end_runs)
         # Read back at once, concurrently: the stream's frames wait in the socket meanwhile.
-        seeded = sum(
-            await asyncio.gather(*(self._seed(session, where) for session, where in plan.read_back))
-        )
+        seeded = sum(await bounded(self._seed(session, where) for session, where in plan.read_back))
         pending = await self._read_back_permissions(
             directories_to_ask(busy, self.settings.directory)
         )

@@ -8,11 +8,22 @@ Never an argument, an output or the feedback text.
 Delivery runs in tasks of its own, with a timeout and a few retries, on an HTTP session of
 its own (the OpenCode password must never reach the webhook). A slow or failing webhook
 therefore never delays an abort: `send` returns at once.
+
+At most once: a post is sent again only when it surely did not arrive (no connection) or the
+receiver answered that it failed (5xx, 429); never after a timeout or a dropped connection.
+Each body carries an `id`, the same for every copy (and for every monitor that notifies the
+same intervention), for a receiver to deduplicate on. The timeout counts from the moment the
+post has a connection, never the wait for one of the `connections` in the pool. Every
+notification given up at shutdown is counted in one `webhook.dropped` line.
+
+Names come from the stream: they are cleaned as the feedback cleans them, and the `text`
+is escaped for chat (`<`, `>`, `&` as Slack wants them, `@` kept from starting a mention).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +31,7 @@ from typing import Any
 import aiohttp
 import structlog
 
+from monitor.core.feedback import clean_tool_name
 from monitor.core.tracker import Intervene
 from monitor.shell.backoff import Backoff
 
@@ -33,29 +45,53 @@ _SAID = {
 }
 
 
+DIRECTORY_MAX = 256
+# Statuses that say the receiver did not take the post: sending it again is no duplicate.
+_RETRIED = range(500, 600)
+_TOO_MANY = 429
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     attempts: int = 3
     timeout: float = 5.0
     backoff: Backoff = Backoff(initial=1.0, cap=5.0)
+    connections: int = 10
+
+
+def for_chat(text: str) -> str:
+    """`text` safe in a chat message: no `<!channel>`, `<url|link>` or `@here` from a name."""
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return escaped.replace("@", "@\u2060")  # a word joiner: `@channel` stays text
+
+
+def notification_id(decision: Intervene, outcome: str) -> str:
+    """The same for every copy of one notification, in every monitor that sends it."""
+    key = "\0".join((decision.session_id, decision.part_id, str(decision.call_index), outcome))
+    return hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()[:32]
 
 
 def notification(decision: Intervene, outcome: str) -> dict[str, Any]:
-    """The JSON body for one intervention (ids, names and counts only)."""
+    """The JSON body for one intervention (ids, cleaned names and counts only)."""
     cycle = decision.cycle
-    where = f" in {decision.directory}" if decision.directory else ""
+    tools = [clean_tool_name(tool) for tool in decision.tools]
+    directory = None
+    if decision.directory is not None:
+        directory = clean_tool_name(decision.directory, DIRECTORY_MAX)
+    where = f" in {directory}" if directory else ""
     text = (
         f"opencode-loop-monitor: session {decision.session_id}{where} looped "
-        f"({cycle.length} call{'s' if cycle.length > 1 else ''}: {', '.join(decision.tools)}, "
+        f"({cycle.length} call{'s' if cycle.length > 1 else ''}: {', '.join(tools)}, "
         f"{cycle.repetitions} times) and {_SAID.get(outcome, outcome)}"
     )
     return {
-        "text": text,
+        "id": notification_id(decision, outcome),
+        "text": for_chat(text),
         "event": "hold" if outcome == "held" else "intervention",
         "session_id": decision.session_id,
-        "directory": decision.directory,
+        "directory": directory,
         "rule": decision.rule,
-        "tools": list(decision.tools),
+        "tools": tools,
         "cycle_length": cycle.length,
         "repetitions": cycle.repetitions,
         "interventions": decision.prior_interventions + 1,
@@ -90,38 +126,58 @@ class Webhook:
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+            if late:
+                # Some may have reached the receiver; none is tried again.
+                log.warning("webhook.dropped", count=len(late), reason="shutdown")
         if self._http is not None:
             await self._http.close()
 
     async def _post(self, body: dict[str, Any]) -> None:
-        if self._http is None:
-            self._http = aiohttp.ClientSession()
         delivery = self._delivery
+        if self._http is None:
+            connector = aiohttp.TCPConnector(limit=delivery.connections)
+            self._http = aiohttp.ClientSession(connector=connector)
         for attempt in range(delivery.attempts):
-            error = await self._post_once(self._http, body)
+            error, again = await self._post_once(self._http, body)
             if error is None:
                 return
-            permanent = error.startswith("4")  # the webhook refuses this body: retry is futile
-            if permanent or attempt + 1 == delivery.attempts:
+            if not again or attempt + 1 == delivery.attempts:
                 # The URL is left out: a chat webhook's URL is its secret.
                 log.warning(
                     "webhook.failed",
                     session_id=body["session_id"],
                     outcome=body["outcome"],
+                    id=body["id"],
                     attempts=attempt + 1,
                     error=error,
                 )
                 return
             await self._sleep(delivery.backoff.delay(attempt))
 
-    async def _post_once(self, http: aiohttp.ClientSession, body: dict[str, Any]) -> str | None:
-        """None when delivered, else what went wrong (a status or an error type)."""
+    async def _post_once(
+        self, http: aiohttp.ClientSession, body: dict[str, Any]
+    ) -> tuple[str | None, bool]:
+        """(None when delivered, else what went wrong; whether a second copy may go)."""
+        timeout = self._delivery.timeout
         try:
             async with http.post(
-                self._url, json=body, timeout=aiohttp.ClientTimeout(total=self._delivery.timeout)
+                self._url,
+                json=body,
+                headers={"Idempotency-Key": body["id"]},
+                allow_redirects=False,  # a redirect could carry the body anywhere
+                # No total and no pool-wait limit: a post waiting for a connection was not
+                # sent, and timing it out there would make a second copy of one that then goes.
+                timeout=aiohttp.ClientTimeout(
+                    total=None, connect=None, sock_connect=timeout, sock_read=timeout
+                ),
             ) as response:
                 if response.status < 300:
-                    return None
-                return str(response.status)
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            return type(exc).__name__
+                    return None, False
+                status = response.status
+                return str(status), status in _RETRIED or status == _TOO_MANY
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            return type(exc).__name__, True  # never connected: it surely did not arrive
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            return "timeout", False
+        except aiohttp.ClientError as exc:
+            return type(exc).__name__, False
