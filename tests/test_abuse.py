@@ -11,7 +11,7 @@ from pathlib import Path
 
 from aiohttp.test_utils import TestServer
 
-from monitor.kit.standin import FakeOpencode, frames
+from monitor.testing import FakeOpencode, frames
 from tests import frames_factory as ff
 from tests.monitor_process import MonitorProcess
 
@@ -102,7 +102,7 @@ async def test_a_redirected_abort_is_not_followed_and_logged_as_failed() -> None
     from aiohttp import web
     from structlog.testing import capture_logs
 
-    from tests.test_watch_faults import FAST, events, loop_frames, start, stop, wait_for
+    from tests.harness import FAST, events, loop_frames, start, stop, wait_for
 
     elsewhere = FakeOpencode()
     other = TestServer(elsewhere.app(), host="127.0.0.1")
@@ -114,7 +114,7 @@ async def test_a_redirected_abort_is_not_followed_and_logged_as_failed() -> None
             await self._record(request)
             raise web.HTTPTemporaryRedirect(str(other.make_url(request.path)))
 
-    from monitor.kit.standin import play
+    from monitor.testing import play
 
     fake = Redirecting(streams=[play(loop_frames("ses_1", 4))])
     assert FAST.retry.attempts > 1

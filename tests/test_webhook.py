@@ -199,7 +199,7 @@ async def test_notifications_given_up_at_shutdown_are_counted(serve):
 
 
 async def test_hostile_names_reach_the_webhook_cleaned_and_escaped(serve):
-    from monitor.kit.standin import frames
+    from monitor.testing import frames
     from tests.frames_factory import call, envelope
 
     tool = "read\n\x1b[2J\x00\u202e<!channel> <https://evil|click> @here" + "x" * 10_000
