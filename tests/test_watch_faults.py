@@ -536,3 +536,34 @@ async def test_escalation_counts_the_interventions_of_an_earlier_monitor():
         3,
     )
     assert fake.of("prompt_async")[0].body["noReply"] is True
+
+
+async def bad_gateway(request, response) -> None:
+    """What a proxy in front of a restarting server answers: no stream."""
+    response.set_status(502)
+    await response.prepare(request)
+
+
+async def test_an_outage_is_one_warning_and_one_info_and_one_reconnect():
+    import aiohttp
+
+    # Connected, lost, six failed attempts (a proxy answering 502), then back.
+    fake = FakeOpencode(streams=[play(then="end"), *[bad_gateway] * 6, play()])
+    with capture_logs() as logs:
+        running = await start(fake, metrics_addr="127.0.0.1:0")
+        watch = running[1]
+        await wait_for(lambda: fake.connections == 8 and watch._stream.connected)
+        async with aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{watch.metrics_server.port}/metrics"
+            async with http.get(url) as response:
+                text = await response.text()
+        await stop(*running)
+    [down] = events(logs, "stream.disconnected")
+    assert down["reason"] == "stream ended"
+    [back] = events(logs, "stream.reconnected")
+    assert back["attempts"] == 7 and back["down_s"] > 0
+    assert [e["attempts"] for e in events(logs, "stream.retry_failed")] == [1, 2, 3, 4, 5, 6]
+    names = [e["event"] for e in logs]
+    assert names.index("stream.disconnected") < names.index("stream.reconnected")
+    # Counted once: the stream came back once, whatever it took.
+    assert "opencode_loop_monitor_stream_reconnects_total 1.0" in text.splitlines()

@@ -241,6 +241,7 @@ class Watch:
                 backoff=self.timing.reconnect,
                 read_timeout=self.timing.read_timeout,
                 sleep=self.timing.sleep,
+                clock=self.timing.clock,
             )
             await self._until_stopped(stream)
             self.notifier.stopping()
@@ -378,6 +379,8 @@ class Watch:
 
     async def _on_connect(self) -> None:
         self.notifier.status("streaming events")
+        if self._ready_sent and self.metrics is not None:
+            self.metrics.reconnect()  # every connection after the first is a reconnect
         if not self._ready_sent:
             self._ready_sent = True
             self.notifier.ready()
@@ -403,8 +406,6 @@ class Watch:
 
     def _on_disconnect(self, reason: str) -> None:
         self.notifier.status(f"reconnecting: {reason}")
-        if self.metrics is not None:
-            self.metrics.reconnect()
 
     async def _resync(self) -> None:
         """Events missed while away are gone: rebuild every run from the server's record.
