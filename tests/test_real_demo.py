@@ -157,6 +157,6 @@ async def test_demo_shows_the_permission_gate(opencode_bin, tmp_path):
     assert lines[detected + 1] == f'model: "{DEFAULT_ANSWER}"'
     assert "MessageAbortedError" not in output and "feedback sent" not in output
     assert lines[-1] == (
-        "demo finished: 6 calls ran: call 6 completed the loop and was refused before it ran; "
-        "the model went on. Everything stopped."
+        "demo finished: the model asked for 6 calls, 5 ran: call 6 completed the loop and was "
+        "refused before it ran; the model went on. Everything stopped."
     )

@@ -79,12 +79,16 @@ def feedback_text(
     )
 
 
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
+
+
 def _message(finding: str, advice: str, hold: bool, interventions: int) -> str:
     """Every feedback: the mark and what was found, the advice, and on hold, why it waits."""
     lines = [MARK + finding, advice]
     if hold:
         lines.append(
-            f"This session has now been stopped {interventions} times for looping, so it is "
+            f"This session has now been stopped {_times(interventions)} for looping, so it is "
             "on hold until a person replies. Do not call tools until then."
         )
     return "\n\n".join(lines)
