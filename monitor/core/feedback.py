@@ -12,8 +12,11 @@ import unicodedata
 from monitor.core.rules.cycle import Cycle
 
 # How every feedback message starts: the monitor finds its own earlier interventions in a
-# session's messages by it (escalation survives a restart of the monitor).
-MARK = "Loop guard: "
+# session's messages by it (escalation survives a restart of the monitor). It names the
+# monitor, so a person at the TUI does not take the message for one they typed.
+MARK = "[opencode-loop-monitor] Loop guard: "
+# What earlier versions started with: their interventions count too.
+MARKS = (MARK, "Loop guard: ")
 
 
 # Longer than any real tool name (MCP tools are `server_tool`), short enough to carry no

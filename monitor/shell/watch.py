@@ -44,6 +44,7 @@ from monitor.shell.stream import (
     EventStream,
     stream_url,
 )
+from monitor.shell.toast import Toasts
 from monitor.shell.webhook import Delivery, Webhook
 
 log = structlog.get_logger("monitor.shell.watch")
@@ -224,6 +225,7 @@ class Watch:
             log.warning("config.warning", message=warning)
         async with http_session(settings) as http:
             self.api = OpencodeAPI(http, settings.url, self.timing.retry, self.timing.sleep)
+            self.toasts = Toasts(self.api)
             self.interventions = Interventions(
                 None if settings.dry_run else self.api,
                 forget=self.tracker.forget,
@@ -246,6 +248,7 @@ class Watch:
             await self._until_stopped(stream)
             self.notifier.stopping()
             await self.interventions.drain(self.timing.drain)
+            await self.toasts.close()
             if self.webhook is not None:
                 await self.webhook.close(WEBHOOK_DRAIN_S)
         log.info("monitor.stopped")
@@ -314,6 +317,7 @@ class Watch:
             self.metrics.intervention(outcome)
         if outcome == "held":
             self._held[decision.session_id] = decision.call_index
+        self.toasts.show(decision, outcome)  # returns at once: posting runs apart
         if self.webhook is not None:
             self.webhook.send(decision, outcome)  # returns at once: posting runs apart
 
