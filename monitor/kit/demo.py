@@ -75,7 +75,7 @@ RUN_TIMEOUT = 60.0
 # How long a log record may trail the server event it is about (the abort call's answer).
 RECORD_GRACE = 5.0
 SUMMARY_WIDTH = 60
-FEEDBACK_WIDTH = 160
+FEEDBACK_WIDTH = 200
 
 
 class DemoError(Exception):
