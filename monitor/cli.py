@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from monitor import __version__
 from monitor.config import (
@@ -317,7 +318,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser, uses: frozenset[Group]) 
 def _add_flag(section: argparse._ArgumentGroup, setting: Setting) -> None:
     # SUPPRESS leaves flags that were not given out of the namespace, which is how
     # load_settings tells "not given" from "given", so env and file values can show through.
-    options = {
+    options: dict[str, Any] = {
         "dest": setting.name,
         "default": argparse.SUPPRESS,
         "help": _flag_help(setting),

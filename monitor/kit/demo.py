@@ -45,7 +45,7 @@ from monitor.kit.sandbox import (
     free_loopback_port,
     tool_parts,
 )
-from monitor.kit.scripted_model import ScriptedModel, script
+from monitor.kit.scripted_model import DEFAULT_ANSWER, ScriptedModel, script
 from monitor.shell.logs import configure_logging
 from monitor.shell.notify import Notifier
 from monitor.shell.stream import READ_BUFSIZE, stream_timeout, stream_url
@@ -362,8 +362,8 @@ async def _story(
     session_id = printer.session_id = session["id"]
     printer.say(f"session {session_id}: the model is scripted to {STORY}")
     calls = GATED_CALLS if _gated(settings) else CALLS
-    answer = {"answer": DRY_RUN_ANSWER} if settings.dry_run else {}
-    await client.prompt_async(session_id, script(pattern, calls, delay=MODEL_DELAY, **answer))
+    answer = DRY_RUN_ANSWER if settings.dry_run else DEFAULT_ANSWER
+    await client.prompt_async(session_id, script(pattern, calls, delay=MODEL_DELAY, answer=answer))
 
     first_run = asyncio.create_task(client.wait_idle(session_id, RUN_TIMEOUT))
     detected = asyncio.create_task(printer.detected.wait())

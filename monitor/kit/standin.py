@@ -13,6 +13,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -77,13 +78,13 @@ class FakeOpencode:
     # Per action a list of statuses to answer in turn; the last one repeats.
     answers: dict[str, list[int]] = field(default_factory=dict)
     delays: dict[str, float] = field(default_factory=dict)
-    busy: dict[str, dict] = field(default_factory=dict)
+    busy: dict[str, dict[str, Any]] = field(default_factory=dict)
     # What GET /session/{id}/message answers, per session (an empty list when not given).
-    messages: dict[str, list] = field(default_factory=dict)
+    messages: dict[str, list[Any]] = field(default_factory=dict)
     # What GET /project answers: the server's projects, as {"worktree": DIR, ...} objects.
-    projects: list[dict] = field(default_factory=list)
+    projects: list[dict[str, Any]] = field(default_factory=list)
     # What GET /permission answers: the requests pending.
-    permissions: list = field(default_factory=list)
+    permissions: list[Any] = field(default_factory=list)
     # Like the real server, keep each prompt_async as a user message (before its delay, so a
     # slow answer is one the server has already acted on).
     store_prompts: bool = False
