@@ -352,9 +352,22 @@ def _reject_unknown(parser: argparse.ArgumentParser, command: str, extras: list[
     subparser.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
 
 
+def _check_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Answer a misspelled command with a guess, as `_reject_unknown` does for a flag."""
+    # The top level takes no option with a value: the first word that is no option is it.
+    word = next((arg for arg in argv if not arg.startswith("-")), None)
+    names = [command.name for command in COMMANDS]
+    if word is None or word in names:
+        return
+    close = difflib.get_close_matches(word, names, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    parser.error(f"unknown command {word!r}{hint}; the commands: {', '.join(names)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
+        _check_command(parser, sys.argv[1:] if argv is None else argv)
         args, extras = parser.parse_known_args(argv)
         if extras:
             _reject_unknown(parser, args.command, extras)

@@ -21,6 +21,7 @@ import difflib
 import enum
 import ipaddress
 import json
+import os
 import stat
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -189,6 +190,19 @@ def _text(raw: object) -> str:
     raise ValueError(f"expected a non-empty string, got {_show(raw)}")
 
 
+def _directory(raw: object) -> str:
+    """The project folder as OpenCode names it: an absolute path, compared as a string, so
+    `.` or a trailing slash would match no project and the monitor would watch nothing."""
+    text = _text(raw)
+    if not text.startswith("/") or (text.endswith("/") and text != "/"):
+        fixed = os.path.normpath(os.path.abspath(os.path.expanduser(text)))
+        raise ValueError(
+            f"must be the project's absolute path, without a trailing slash, as OpenCode "
+            f"shows it (did you mean {fixed}?), got {_show(raw)}"
+        )
+    return text
+
+
 def _path(raw: object) -> Path:
     if isinstance(raw, str) and raw.strip():
         return Path(raw.strip()).expanduser()
@@ -349,7 +363,7 @@ class Settings:
     )
     directory: str | None = field(
         metadata=_row(
-            _text,
+            _directory,
             "follow one project via /event?directory=DIR instead of all projects via /global/event",
             Group.CONNECTION,
             default=None,
@@ -770,13 +784,15 @@ def _read_file(path: Path, label: str) -> _File:
         raise ConfigError(f"config in {label}: {path} is not valid TOML: {error}") from error
     for key in values:
         if key not in _FILE_KEYS:
-            raise ConfigError(_unknown_key(key, path))
+            raise ConfigError(_unknown_key(key, path, table=isinstance(values[key], dict)))
     return _File(str(path), values)
 
 
-def _unknown_key(key: str, path: Path) -> str:
+def _unknown_key(key: str, path: Path, table: bool = False) -> str:
     close = difflib.get_close_matches(key, _FILE_KEYS, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
+    if table:
+        hint = f" (a [{key}] table: the file has no tables, its keys go at the top level)"
     return f"{key} in {path}: unknown key{hint}"
 
 

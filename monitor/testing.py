@@ -69,6 +69,9 @@ async def no_headers(request: web.Request, response: web.StreamResponse) -> None
     await asyncio.sleep(3600)
 
 
+TOAST_PATH = "/tui/show-toast"
+
+
 @dataclass
 class FakeOpencode:
     """The server; `app()` is its aiohttp application, to run on any port."""
@@ -105,6 +108,8 @@ class FakeOpencode:
         app.router.add_get("/permission", self._permissions)
         # Answered like a session action named "reply" (statuses in `answers["reply"]`).
         app.router.add_post("/permission/{id}/{action}", self._action)
+        # Answered like an action named "show-toast" (statuses in `answers["show-toast"]`).
+        app.router.add_post(TOAST_PATH, self._toast)
         # Recorded too: a request that reached some other endpoint is what a test must see.
         app.router.add_route("*", "/{tail:.*}", self._elsewhere)
         return app
@@ -112,6 +117,11 @@ class FakeOpencode:
     def of(self, action: str) -> list[Received]:
         """The requests for one action (`abort`, `prompt_async`, `status`...), in order."""
         return [r for r in self.requests if r.path.endswith("/" + action)]
+
+    def actions(self) -> list[str]:
+        """The paths of the POSTs that act on sessions and permissions, in order (the toasts,
+        posted apart and best effort, left out)."""
+        return [r.path for r in self.requests if r.method == "POST" and r.path != TOAST_PATH]
 
     async def live(self, request: web.Request, response: web.StreamResponse) -> None:
         """A stream script: stays open, writing what `push` is given, until `close`."""
@@ -183,6 +193,13 @@ class FakeOpencode:
         # Delays keyed by action ("abort") or by session and action ("s1/abort").
         session_action = f"{request.match_info['id']}/{action}"
         await asyncio.sleep(self.delays.get(session_action, self.delays.get(action, 0)))
+        return self._answer(action)
+
+    async def _toast(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        return self._answer("show-toast")
+
+    def _answer(self, action: str) -> web.StreamResponse:
         statuses = self.answers.get(action, [200])
         status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
         if status == 200:

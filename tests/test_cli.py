@@ -318,6 +318,16 @@ def test_flags_are_never_abbreviated(run_watch, capsys: pytest.CaptureFixture[st
     )
 
 
+def test_misspelled_command_gets_a_guess(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["wach", "--url", "http://127.0.0.1:4096"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: opencode-loop-monitor ")
+    assert err.endswith(
+        "error: unknown command 'wach' (did you mean watch?); the commands: watch, attach, "
+        "replay, evaluate, demo, status\n"
+    )
+
+
 def test_unknown_flag_gets_the_subcommands_usage_and_a_guess(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

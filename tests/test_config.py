@@ -251,7 +251,11 @@ def test_log_format_auto_follows_the_terminal(
             "text_repeats in {path}: expected 0 (off) or an integer >= 2, got 1",
         ),
         ("config = 'other.toml'", "config in {path}: unknown key"),
-        ("[detection]\nmax_period = 4", "detection in {path}: unknown key"),
+        (
+            "[monitor]\nmax_period = 4",
+            "monitor in {path}: unknown key (a [monitor] table: the file has no tables, its "
+            "keys go at the top level)",
+        ),
     ],
 )
 def test_file_errors_name_key_and_file(tmp_path: Path, line: str, expected: str) -> None:
@@ -527,3 +531,24 @@ def test_notify_url_is_checked_and_never_echoed(tmp_path: Path) -> None:
         "notify_url in --notify-url: expected an http:// or https:// URL without user or password"
     )
     assert "sEcReT" not in repr(load(tmp_path, flags={"notify_url": f"https://{secret}"}))
+
+
+@pytest.mark.parametrize("directory", [".", "project", "/home/dev/project/"])
+def test_directory_must_be_absolute_without_a_trailing_slash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, directory: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    message = load_error(tmp_path, flags={"directory": directory})
+    fixed = str(tmp_path) if directory == "." else str((tmp_path / directory).resolve())
+    if directory.startswith("/"):
+        fixed = directory.rstrip("/")
+    assert message == (
+        "directory in --directory: must be the project's absolute path, without a trailing "
+        f'slash, as OpenCode shows it (did you mean {fixed}?), got "{directory}"'
+    )
+
+
+def test_an_absolute_directory_is_kept_as_given(tmp_path: Path) -> None:
+    assert load(tmp_path, flags={"directory": "/home/dev/project"}).directory == (
+        "/home/dev/project"
+    )

@@ -40,10 +40,13 @@ async def attempts(watch: Watch, logs: list, count: int) -> None:
     """Run the watch until it has failed `count` times, then stop it."""
     task = asyncio.create_task(watch.run())
     try:
-        await wait_for(lambda: len(events(logs, "stream.connect_failed")) >= count)
+        # One warning for the outage, then a debug line per retry.
+        failed = ("stream.connect_failed", "stream.retry_failed")
+        await wait_for(lambda: sum(e["event"] in failed for e in logs) >= count)
     finally:
         watch.stop()
         assert await asyncio.wait_for(task, 5) == 0
+    assert len(events(logs, "stream.connect_failed")) == 1
 
 
 @pytest.fixture

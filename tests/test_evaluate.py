@@ -104,9 +104,10 @@ def test_corpus_has_both_sides_and_recordings():
 
 def test_unlabelled_trace_is_a_usage_error(tmp_path):
     (tmp_path / "x.sse").write_text("data: {}\n\n")
-    err = io.StringIO()
-    assert evaluate_paths([str(tmp_path)], Detection(), out=io.StringIO(), err=err) == 2
+    err, out = io.StringIO(), io.StringIO()
+    assert evaluate_paths([str(tmp_path)], Detection(), out=out, err=err) == 2
     assert "no label" in err.getvalue()
+    assert out.getvalue() == ""  # no empty table under the error
 
 
 @pytest.mark.parametrize(

@@ -144,7 +144,7 @@ async def test_a_refused_doom_loop_is_aborted_then_given_the_feedback():
         running = await start(fake, permission_grace=0)
         await wait_for(lambda: fake.of("prompt_async"))
         await stop(*running)
-    order = [r.path for r in fake.requests if r.method == "POST"]
+    order = fake.actions()
     assert order == [
         "/permission/per_doom1/reply",
         "/session/ses_1/abort",

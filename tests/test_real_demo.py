@@ -129,7 +129,8 @@ async def test_demo_stops_the_loop_and_everything_it_started(opencode_bin, tmp_p
     assert lines[detected - 1].startswith("  call 6 ")
     assert lines[detected + 1] == "server: run aborted (MessageAbortedError)"
     assert lines[detected + 2] == (
-        'monitor: feedback sent to the model: "Loop guard: a repeated tool-call cycle was '
+        'monitor: feedback sent to the model: "[opencode-loop-monitor] Loop guard: a repeated '
+        "tool-call cycle was "
         f'detected and your run was stopped at this call: {SHAPE} with the same arguments."'
     )
     assert lines[detected + 3] == f'model: "{DEFAULT_ANSWER}"'
@@ -157,6 +158,6 @@ async def test_demo_shows_the_permission_gate(opencode_bin, tmp_path):
     assert lines[detected + 1] == f'model: "{DEFAULT_ANSWER}"'
     assert "MessageAbortedError" not in output and "feedback sent" not in output
     assert lines[-1] == (
-        "demo finished: 6 calls ran: call 6 completed the loop and was refused before it ran; "
-        "the model went on. Everything stopped."
+        "demo finished: the model asked for 6 calls, 5 ran: call 6 completed the loop and was "
+        "refused before it ran; the model went on. Everything stopped."
     )

@@ -24,6 +24,7 @@ FROM_THE_SDIST = [
     "tests/test_readme.py",
     "tests/test_config.py",
     "tests/test_observability.py",
+    "tests/test_launchd.py",
 ]
 
 

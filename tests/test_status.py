@@ -84,7 +84,7 @@ async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
     lines = table.splitlines()
     assert lines[0] == f"monitor 0.1.0 watching {url}"
     assert lines[1].startswith("stream: connected, 31 frames, last frame ")
-    assert lines[2] == "sessions followed: 2 (busy 1, held 1), interventions: 2"
+    assert lines[2] == "sessions known: 2 (busy 1, held 1, idle 0), interventions: 2"
     assert lines[4:] == [
         "SESSION  STATE  CALLS  INTERVENTIONS  DIRECTORY",
         "ses_1    held       8              2  /w",

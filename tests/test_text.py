@@ -160,7 +160,7 @@ def test_tracker_stops_a_repeated_sentence_and_says_so_without_quoting_it():
     assert (decision.cycle, decision.tools) == (Cycle(1, 5), ())
     assert decision.call_index == chunk_of("", ONE_LINE)
     assert not decision.hold and not decision.escalated and decision.prior_interventions == 0
-    assert decision.feedback.startswith("Loop guard: ")
+    assert decision.feedback.startswith("[opencode-loop-monitor] Loop guard: ")
     assert "in your answer you wrote the same sentence 5 times in a row" in decision.feedback
     assert "configuration" not in decision.feedback
     # Every delta after the one that decided was streamed for nothing.

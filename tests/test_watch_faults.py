@@ -236,7 +236,7 @@ async def test_abort_500_then_200_is_retried():
         running = await start(fake)
         await wait_for(lambda: fake.of("prompt_async"))
         await stop(*running)
-    assert [r.path for r in fake.requests if r.method == "POST"] == [
+    assert fake.actions() == [
         "/session/ses_s1/abort",
         "/session/ses_s1/abort",
         "/session/ses_s1/prompt_async",
@@ -299,7 +299,7 @@ async def test_slow_abort_of_one_session_does_not_delay_another():
     running = await start(fake)
     await wait_for(lambda: len(fake.of("prompt_async")) == 2)
     await stop(*running)
-    order = [r.path for r in fake.requests if r.method == "POST"]
+    order = fake.actions()
     assert order.index("/session/ses_fast/prompt_async") < order.index(
         "/session/ses_slow/prompt_async"
     )
@@ -311,7 +311,7 @@ async def test_dry_run_calls_no_api():
         running = await start(fake, dry_run=True)
         await wait_for(lambda: events(logs, "intervention.outcome"))
         await stop(*running)
-    assert [r.path for r in fake.requests if r.method == "POST"] == []
+    assert fake.actions() == []
     assert events(logs, "intervention.outcome")[0]["outcome"] == "dry_run"
 
 
@@ -617,3 +617,65 @@ async def test_a_long_call_under_way_is_not_taken_for_a_stall():
         finally:
             await stop(server, watch, task)
     assert events(logs, "stream.stalled") == [] and fake.connections == 1
+
+
+async def bad_gateway(request, response) -> None:
+    """What a proxy in front of a restarting server answers: no stream."""
+    response.set_status(502)
+    await response.prepare(request)
+
+
+async def test_an_outage_is_one_warning_and_one_info_and_one_reconnect():
+    import aiohttp
+
+    # Connected, lost, six failed attempts (a proxy answering 502), then back.
+    fake = FakeOpencode(streams=[play(then="end"), *[bad_gateway] * 6, play()])
+    with capture_logs() as logs:
+        running = await start(fake, metrics_addr="127.0.0.1:0")
+        watch = running[1]
+        await wait_for(lambda: fake.connections == 8 and watch._stream.connected)
+        async with aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{watch.metrics_server.port}/metrics"
+            async with http.get(url) as response:
+                text = await response.text()
+        await stop(*running)
+    [down] = events(logs, "stream.disconnected")
+    assert down["reason"] == "stream ended"
+    [back] = events(logs, "stream.reconnected")
+    assert back["attempts"] == 7 and back["down_s"] > 0
+    assert [e["attempts"] for e in events(logs, "stream.retry_failed")] == [1, 2, 3, 4, 5, 6]
+    names = [e["event"] for e in logs]
+    assert names.index("stream.disconnected") < names.index("stream.reconnected")
+    # Counted once: the stream came back once, whatever it took.
+    assert "opencode_loop_monitor_stream_reconnects_total 1.0" in text.splitlines()
+
+
+async def test_a_stopped_loop_is_toasted_at_the_tui():
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))])
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("show-toast") and events(logs, "toast.posted"))
+        await stop(*running)
+    [toast] = fake.of("show-toast")
+    assert toast.query == {"directory": "/w"}
+    assert toast.body == {
+        "title": "opencode-loop-monitor",
+        "message": "opencode-loop-monitor: session ses_s1 in /w looped (1 call: read, 4 times) "
+        "and was stopped; the model was told why and carries on",
+        "variant": "warning",
+    }
+    # After the stop, never before it.
+    assert toast.at > fake.of("abort")[0].at
+    assert events(logs, "toast.posted")[0]["answer"] is True
+
+
+async def test_a_failing_toast_changes_nothing_else():
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))], answers={"show-toast": [400]})
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("prompt_async") and events(logs, "toast.failed"))
+        await stop(*running)
+    [failed] = events(logs, "toast.failed")
+    assert failed["log_level"] == "debug" and "400" in failed["error"]
+    assert events(logs, "intervention.outcome")[0]["outcome"] == "aborted"
+    assert events(logs, "feedback.sent")[0]["session_id"] == "ses_s1"

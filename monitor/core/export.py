@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from monitor.core.events import Malformed
-from monitor.core.feedback import MARK
+from monitor.core.feedback import MARKS
 
 
 def current_run(messages: list[Any]) -> list[Any]:
@@ -38,7 +38,7 @@ def feedback_count(messages: list[Any]) -> int:
         and any(
             isinstance(part, dict)
             and part.get("type") == "text"
-            and str(part.get("text", "")).startswith(MARK)
+            and str(part.get("text", "")).startswith(MARKS)
             for part in message.get("parts") or ()
         )
     )

@@ -12,8 +12,11 @@ import unicodedata
 from monitor.core.rules.cycle import Cycle
 
 # How every feedback message starts: the monitor finds its own earlier interventions in a
-# session's messages by it (escalation survives a restart of the monitor).
-MARK = "Loop guard: "
+# session's messages by it (escalation survives a restart of the monitor). It names the
+# monitor, so a person at the TUI does not take the message for one they typed.
+MARK = "[opencode-loop-monitor] Loop guard: "
+# What earlier versions started with: their interventions count too.
+MARKS = (MARK, "Loop guard: ")
 
 
 # Longer than any real tool name (MCP tools are `server_tool`), short enough to carry no
@@ -81,12 +84,16 @@ def feedback_text(
     )
 
 
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
+
+
 def _message(finding: str, advice: str, hold: bool, interventions: int) -> str:
     """Every feedback: the mark and what was found, the advice, and on hold, why it waits."""
     lines = [MARK + finding, advice]
     if hold:
         lines.append(
-            f"This session has now been stopped {interventions} times for looping, so it is "
+            f"This session has now been stopped {_times(interventions)} for looping, so it is "
             "on hold until a person replies. Do not call tools until then."
         )
     return "\n\n".join(lines)

@@ -45,7 +45,7 @@ from monitor.kit.sandbox import (
     free_loopback_port,
     tool_parts,
 )
-from monitor.kit.scripted_model import ScriptedModel, script
+from monitor.kit.scripted_model import DEFAULT_ANSWER, ScriptedModel, script
 from monitor.shell.logs import configure_logging
 from monitor.shell.notify import Notifier
 from monitor.shell.stream import READ_BUFSIZE, stream_timeout, stream_url
@@ -65,6 +65,8 @@ ASK_EVERY_CALL = {"*": "ask"}
 # call is not one a real loop runs.
 MODEL_DELAY = 0.2
 STORY = "read README.md, then run `ls`, again and again"
+# In a dry run nobody tells the model anything: its last words must not answer feedback.
+DRY_RUN_ANSWER = "That was the last call of my script."
 
 REST_TIMEOUT = 30.0
 HEALTH_TIMEOUT = aiohttp.ClientTimeout(total=5.0)
@@ -73,7 +75,7 @@ RUN_TIMEOUT = 60.0
 # How long a log record may trail the server event it is about (the abort call's answer).
 RECORD_GRACE = 5.0
 SUMMARY_WIDTH = 60
-FEEDBACK_WIDTH = 160
+FEEDBACK_WIDTH = 200
 
 
 class DemoError(Exception):
@@ -257,8 +259,12 @@ class Printer:
         if role == "user":
             # The only user message after the script is the monitor's feedback.
             self._texts_shown.add(part_id)
-            first = str(part.get("text", "")).split("\n\n")[0]
-            self.say(f'monitor: feedback sent to the model: "{_clip(first, FEEDBACK_WIDTH)}"')
+            first = _clip(str(part.get("text", "")).split("\n\n")[0], FEEDBACK_WIDTH)
+            if (self.detection or {}).get("outcome") == "held":
+                # Stored with noReply: no model reads it until a person answers.
+                self.say(f'monitor: feedback stored in the session for a person: "{first}"')
+            else:
+                self.say(f'monitor: feedback sent to the model: "{first}"')
         elif role == "assistant" and "end" in (part.get("time") or {}):
             self._texts_shown.add(part_id)
             self.say(f'model: "{_clip(str(part.get("text", "")), FEEDBACK_WIDTH)}"')
@@ -356,7 +362,8 @@ async def _story(
     session_id = printer.session_id = session["id"]
     printer.say(f"session {session_id}: the model is scripted to {STORY}")
     calls = GATED_CALLS if _gated(settings) else CALLS
-    await client.prompt_async(session_id, script(pattern, calls, delay=MODEL_DELAY))
+    answer = DRY_RUN_ANSWER if settings.dry_run else DEFAULT_ANSWER
+    await client.prompt_async(session_id, script(pattern, calls, delay=MODEL_DELAY, answer=answer))
 
     first_run = asyncio.create_task(client.wait_idle(session_id, RUN_TIMEOUT))
     detected = asyncio.create_task(printer.detected.wait())
@@ -456,8 +463,9 @@ def _summary(detection: Mapping[str, Any], parts: list[dict[str, Any]]) -> str:
         return f"{ran}; the loop was detected on call {at} and left running (dry run)."
     if detection["outcome"] == "rejected":
         stopped = parts[at - 1]["state"]["status"] == "error"
+        made = f"demo finished: the model asked for {len(parts)} calls, {len(parts) - stopped} ran"
         return (
-            f"{ran}: call {at} completed the loop and was refused before it ran"
+            f"{made}: call {at} completed the loop and was refused before it ran"
             f"{'' if stopped else ' (but the server ran it!)'}; the model went on."
         )
     after = len(parts) - at

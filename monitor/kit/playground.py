@@ -4,16 +4,21 @@ Starts `opencode serve` isolated on loopback (as `demo` and the tests do) with t
 model, prints how to point the monitor at it and how to start a looping session with the
 real `opencode run` client, then waits until Ctrl-C and stops everything it started. For
 trying flags, logs, `status` and `attach` by hand without an API key or your own server.
+
+The commands are small scripts in the sandbox (a one-line `opencode run` with its script
+wraps in a narrow terminal and then does nothing). With `OPENCODE_SERVER_PASSWORD` set, the
+server runs with it and the scripts pass it on, so authentication can be tried too.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -28,22 +33,84 @@ from monitor.kit.scripted_model import ScriptedModel, script
 
 PROG = "python -m monitor.kit.playground"
 # What `opencode run` sends: read a file, list the folder, again and again (12 calls).
-LOOP = script([("read", {"filePath": "README.md"}), ("bash", {"command": "ls"})], 12, delay=0.5)
+PATTERN = [("read", {"filePath": "README.md"}), ("bash", {"command": "ls"})]
+LOOP = script(PATTERN, 12, delay=0.5)
+# The same, but after each feedback the model loops again: the monitor escalates and, at
+# the stop after --max-interventions, holds the session for a person.
+ESCALATE = script(PATTERN, 12, delay=0.5, after_feedback="loop")
+METRICS_ADDR = "127.0.0.1:9464"
+# What the monitor and the client read, and what the server was started with, when set.
+CREDENTIALS = ("OPENCODE_SERVER_PASSWORD", "OPENCODE_SERVER_USERNAME")
 
 
-def instructions(server: OpencodeServer, binary: Path) -> str:
+def monitor_command() -> str:
+    """The console script beside this Python (the README's `.venv/bin/...`), else its name."""
+    beside = Path(sys.executable).parent / "opencode-loop-monitor"
+    return str(beside) if beside.exists() else ".venv/bin/opencode-loop-monitor"
+
+
+def credentials(environ: Mapping[str, str]) -> dict[str, str]:
+    return {name: environ[name] for name in CREDENTIALS if environ.get(name)}
+
+
+def _script(exports: Mapping[str, str], body: str) -> str:
+    lines = ["#!/bin/sh", "# Written by the playground; it runs as long as the playground does."]
+    lines += [f"export {name}={shlex.quote(value)}" for name, value in exports.items()]
+    return "\n".join([*lines, body, ""])
+
+
+def write_scripts(server: OpencodeServer, binary: Path, secrets: Mapping[str, str]) -> Path:
+    """watch.sh, status.sh and loop.sh in the sandbox: commands short enough for any
+    terminal, carrying the password without showing it. Readable by their owner only."""
     url = server.url
-    run = f"{shlex.quote(str(binary))} run --attach {url} --model {MODEL_ID} {shlex.quote(LOOP)}"
+    client = server.client_environment()
+    # The sandbox's own HOME and XDG folders, so the client uses its config, not yours.
+    sandbox_env = {k: v for k, v in client.items() if os.environ.get(k) != v} | dict(secrets)
+    monitor = shlex.quote(monitor_command())
+    scripts = {
+        "watch.sh": _script(
+            secrets, f'exec {monitor} watch --url {url} --metrics-addr {METRICS_ADDR} "$@"'
+        ),
+        "status.sh": _script(secrets, f'exec {monitor} status --metrics-addr {METRICS_ADDR} "$@"'),
+        "loop.sh": _script(
+            sandbox_env,
+            "\n".join(
+                [
+                    'case "${1:-}" in',
+                    f"  escalate) prompt={shlex.quote(ESCALATE)} ;;",
+                    f"  *) prompt={shlex.quote(LOOP)} ;;",
+                    "esac",
+                    f"exec {shlex.quote(str(binary))} run --attach {url} --model {MODEL_ID}"
+                    ' "$prompt"',
+                ]
+            ),
+        ),
+    }
+    folder = server.root
+    for name, text in scripts.items():
+        path = folder / name
+        path.write_text(text, encoding="utf-8")
+        path.chmod(0o700)
+    return folder
+
+
+def instructions(server: OpencodeServer, folder: Path, secrets: Mapping[str, str]) -> str:
+    url = server.url
+    auth = f" with {' and '.join(secrets)} from this shell" if secrets else ""
     return f"""\
-opencode serve is up on {url} (isolated in {server.root}; its log: {server.log_path})
+opencode serve is up on {url}{auth}
+(isolated in {server.root}; its log: {server.log_path})
 the only model is the scripted {MODEL_ID}: a prompt that is a script makes it loop
 
-In another terminal, watch it:
-  opencode-loop-monitor watch --url {url} --metrics-addr 127.0.0.1:9464
-start a looping session with the real client (it prints `Error: Aborted` when stopped):
-  {run}
+In another terminal, watch it
+({monitor_command()} watch --url {url} --metrics-addr {METRICS_ADDR}):
+  sh {folder / "watch.sh"}
+start a looping session with the real client (`Error: Aborted` when it is stopped):
+  sh {folder / "loop.sh"}
+or one whose model loops again after each feedback, until the monitor holds it:
+  sh {folder / "loop.sh"} escalate
 and see what the monitor sees:
-  opencode-loop-monitor status --metrics-addr 127.0.0.1:9464
+  sh {folder / "status.sh"}
 
 Ctrl-C here stops the server and the model."""
 
@@ -53,8 +120,13 @@ async def _serve(binary: Path, port: int | None, out: TextIO) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    async with ScriptedModel() as model, OpencodeServer(binary, model.url, port=port) as server:
-        print(instructions(server, binary), file=out, flush=True)
+    secrets = credentials(os.environ)
+    async with (
+        ScriptedModel() as model,
+        OpencodeServer(binary, model.url, port=port, env_extra=secrets) as server,
+    ):
+        folder = write_scripts(server, binary, secrets)
+        print(instructions(server, folder, secrets), file=out, flush=True)
         await stop.wait()
         print("stopping the server and the model", file=out, flush=True)
 

@@ -126,6 +126,11 @@ class OpencodeAPI:
         path = _session_path(session_id, "prompt_async")
         await self._call("POST", path, directory, body, idempotent=False, arrived=arrived)
 
+    async def show_toast(self, directory: str | None, body: Mapping[str, Any]) -> Any:
+        """Once, never again: a toast shown twice is worse than none. The server's answer."""
+        params = {"directory": directory} if directory else None
+        return await self._once("POST", "/tui/show-toast", params, dict(body))
+
     async def create_session(
         self, directory: str | None, title: str | None = None
     ) -> dict[str, Any]:

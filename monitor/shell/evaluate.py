@@ -65,7 +65,8 @@ def evaluate_paths(
             continue
         results.append(result)
         out.write(trace_line(result) + "\n")
-    out.write("\n" + "\n".join(table(results)) + "\n")
+    if results:  # a table of nothing under the errors would read as a result
+        out.write("\n" + "\n".join(table(results)) + "\n")
     if failed:
         return EX_USAGE
     return 0 if all_right(results) else EX_FOUND

@@ -117,7 +117,8 @@ class Metrics:
         )
         self._reconnects = Counter(
             PREFIX + "stream_reconnects",
-            "Times the event stream was lost or could not be opened; each is retried.",
+            "Times the event stream was opened again after it was lost (successful"
+            " reconnects, not failed attempts).",
             registry=registry,
         )
         self._loops = Counter(
@@ -156,7 +157,8 @@ class Metrics:
         ).set_function(lambda: 1.0 if connected() else 0.0)
         Gauge(
             PREFIX + "sessions_tracked",
-            "Sessions whose tool calls the monitor currently remembers.",
+            "Runs under way whose tool calls the monitor follows now (busy ones only: idle"
+            " and held ones are not counted; `status` lists them).",
             registry=registry,
         ).set_function(lambda: float(sessions()))
         Gauge(

@@ -49,8 +49,10 @@ def render_status(status: dict[str, Any], now: float) -> str:
         + (", dry run: detects only" if status["dry_run"] else ""),
         f"stream: {stream['state']}, {stream['frames']} frames, "
         f"{_ago(stream['last_frame_unix'], now)}",
-        f"sessions followed: {totals['sessions']} (busy {totals['busy']}, held "
-        f"{totals['held']}), interventions: {totals['interventions']}",
+        # "busy" is what the sessions_tracked gauge counts; the total includes idle and held.
+        f"sessions known: {totals['sessions']} (busy {totals['busy']}, held {totals['held']}, "
+        f"idle {totals['sessions'] - totals['busy'] - totals['held']}), "
+        f"interventions: {totals['interventions']}",
     ]
     sessions = status["sessions"]
     if sessions:

@@ -1,8 +1,9 @@
 """Following the server's event stream for as long as the monitor runs.
 
 aiohttp reads the response; `SSEChunkDecoder` (monitor/core/frames.py) splits its bytes into
-events. Around them sits our reconnect loop: every end of a connection, clean or not, is
-reported, and the next connection resyncs. The session's read timeout, keyed to the
+events. Around them sits our reconnect loop: an outage is logged as a change of state, once when
+the stream goes down and once when it is back (with the time down and the attempts), and
+the next connection resyncs. The session's read timeout, keyed to the
 server's 10 s heartbeat, is what notices a stream that never sends headers or goes silent
 without a FIN.
 
@@ -21,6 +22,7 @@ JSON (docs/performance.md has the profile).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlencode
 
@@ -104,6 +106,7 @@ class EventStream:
         backoff: Backoff = RECONNECT,
         read_timeout: float = READ_TIMEOUT_S,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._http = http
         self.url = url
@@ -116,12 +119,16 @@ class EventStream:
         self._response: aiohttp.ClientResponse | None = None
         self._dropped: str | None = None  # why `reconnect` dropped the connection
         self._sleep = sleep
+        self._clock = clock
         self.connected = False
         self.frames = 0
         # Until the first connection, a failure is "could not connect", never "disconnected".
         self.ever_connected = False
         # Kinds of failure already explained since the last good connection: one hint each.
         self._explained: set[str] = set()
+        # The outage under way, if any: since when, and how many connects have failed in it.
+        self._down_since: float | None = None
+        self._attempts = 0
 
     async def run(self) -> None:
         """Read for ever; returns only by cancellation, raises only ConfigError (401)."""
@@ -143,12 +150,35 @@ class EventStream:
             failures = 0 if self.frames > frames_before else failures + 1
             delay = self._backoff.delay(max(failures - 1, 0))
             retry_in_s = round(delay, 2)
-            if self.ever_connected:
-                log.warning("stream.disconnected", reason=reason, retry_in_s=retry_in_s)
-            else:
-                log.warning("stream.connect_failed", reason=reason, retry_in_s=retry_in_s)
+            self._went_down(reason, retry_in_s)
             self._on_disconnect(reason)
             await self._sleep(delay)
+
+    def _went_down(self, reason: str, retry_in_s: float) -> None:
+        """One warning per outage: a server down for minutes is retried a hundred times."""
+        if self._down_since is not None:
+            self._attempts += 1
+            log.debug("stream.retry_failed", reason=reason, attempts=self._attempts)
+            return
+        self._down_since = self._clock()
+        # A lost connection is no attempt of the outage; a first connect that failed is one.
+        self._attempts = 0 if self.ever_connected else 1
+        if self.ever_connected:
+            log.warning("stream.disconnected", reason=reason, retry_in_s=retry_in_s)
+        else:
+            log.warning("stream.connect_failed", reason=reason, retry_in_s=retry_in_s)
+
+    def _came_back(self) -> None:
+        """The outage, if any, is over: say how long it lasted and what it took."""
+        if self._down_since is not None:
+            log.info(
+                "stream.reconnected",
+                down_s=round(self._clock() - self._down_since, 2),
+                # The connects tried since it went down, the one that worked included.
+                attempts=self._attempts + 1,
+            )
+        self._down_since = None
+        self._attempts = 0
 
     def _explain(self, exc: Exception) -> None:
         if isinstance(exc, _NotAStream):
@@ -180,6 +210,7 @@ class EventStream:
             self.connected = self.ever_connected = True
             self._explained.clear()
             log.info("stream.connected", url=public_url(self.url))
+            self._came_back()
             decoder = SSEChunkDecoder()
             self._response = response
             try:

@@ -46,6 +46,7 @@ from monitor.shell.stream import (
     EventStream,
     stream_url,
 )
+from monitor.shell.toast import Toasts
 from monitor.shell.webhook import Delivery, Webhook
 
 log = structlog.get_logger("monitor.shell.watch")
@@ -264,6 +265,7 @@ class Watch:
             log.warning("config.warning", message=warning)
         async with http_session(settings) as http:
             self.api = OpencodeAPI(http, settings.url, self.timing.retry, self.timing.sleep)
+            self.toasts = Toasts(self.api)
             self.interventions = Interventions(
                 None if settings.dry_run else self.api,
                 forget=self.tracker.forget,
@@ -281,10 +283,12 @@ class Watch:
                 backoff=self.timing.reconnect,
                 read_timeout=self.timing.read_timeout,
                 sleep=self.timing.sleep,
+                clock=self.timing.clock,
             )
             await self._until_stopped(stream)
             self.notifier.stopping()
             await self.interventions.drain(self.timing.drain)
+            await self.toasts.close()
             if self.webhook is not None:
                 await self.webhook.close(WEBHOOK_DRAIN_S)
         log.info("monitor.stopped")
@@ -359,6 +363,7 @@ class Watch:
             self.metrics.intervention(outcome)
         if outcome == "held":
             self._held[decision.session_id] = decision.call_index
+        self.toasts.show(decision, outcome)  # returns at once: posting runs apart
         if self.webhook is not None:
             self.webhook.send(decision, outcome)  # returns at once: posting runs apart
 
@@ -439,6 +444,8 @@ class Watch:
     async def _on_connect(self) -> None:
         self._last_event_at = self.timing.clock()
         self.notifier.status("streaming events")
+        if self._ready_sent and self.metrics is not None:
+            self.metrics.reconnect()  # every connection after the first is a reconnect
         if not self._ready_sent:
             self._ready_sent = True
             self.notifier.ready()
@@ -509,8 +516,6 @@ class Watch:
 
     def _on_disconnect(self, reason: str) -> None:
         self.notifier.status(f"reconnecting: {reason}")
-        if self.metrics is not None:
-            self.metrics.reconnect()
 
     async def _resync(self) -> None:
         """Events missed while away are gone: rebuild every run from the server's record.
