@@ -52,7 +52,19 @@ async def test_slow_server_delays_but_never_aborts_twice():
     pool_taken, slow_server = asyncio.Event(), asyncio.Event()
     fake = FakeOpencode(holds={"hold": pool_taken, "abort": slow_server})
     fake.streams = [fake.live]
-    timing = dataclasses.replace(FAST, read_timeout=60)  # the stream is silent meanwhile
+
+    async def no_wait(seconds: float) -> None:
+        await asyncio.sleep(0)  # a retry's backoff needs no moving clock
+
+    # The stream is silent meanwhile.
+    timing = dataclasses.replace(FAST, read_timeout=60, sleep=no_wait)
+
+    def settled() -> bool:
+        outcomes = events(logs, "intervention.outcome")
+        aborted = sum(o["outcome"] == "aborted" for o in outcomes)
+        fed = len(events(logs, "feedback.sent")) + len(events(logs, "feedback.failed"))
+        return len(outcomes) == len(ids) and fed == aborted
+
     with capture_logs() as logs, loop_clock() as clock:
         running = await start(fake, timing)
         server, watch, _ = running
@@ -74,13 +86,13 @@ async def test_slow_server_delays_but_never_aborts_twice():
         assert fake.of("abort") == []
         clock.freeze()
         pool_taken.set()
-        await settle(lambda: fake.of("abort"), wall_timeout=10)
+        await settle(lambda: fake.of("abort") or settled())
         clock.advance(0.3)
         slow_server.set()
-        await settle(lambda: len(events(logs, "feedback.sent")) == len(ids))
+        await settle(settled)
         clock.thaw()
-        await stop(*running)
         await asyncio.gather(*takers)
+        await stop(*running)
     aborted = [r.path for r in fake.of("abort")]
     prompted = [r.path for r in fake.of("prompt_async")]
     assert sorted(aborted) == [f"/session/{s}/abort" for s in ids]
