@@ -80,6 +80,9 @@ class FakeOpencode:
     # Per action a list of statuses to answer in turn; the last one repeats.
     answers: dict[str, list[int]] = field(default_factory=dict)
     delays: dict[str, float] = field(default_factory=dict)
+    # Keyed as `delays`: the action waits until its event is set (before any delay), so a
+    # test decides when a slow server answers instead of racing a timer against it.
+    holds: dict[str, asyncio.Event] = field(default_factory=dict)
     busy: dict[str, dict[str, Any]] = field(default_factory=dict)
     # What GET /session/{id}/message answers, per session (an empty list when not given).
     messages: dict[str, list[Any]] = field(default_factory=dict)
@@ -192,6 +195,9 @@ class FakeOpencode:
             self.messages.setdefault(request.match_info["id"], []).append(message)
         # Delays keyed by action ("abort") or by session and action ("s1/abort").
         session_action = f"{request.match_info['id']}/{action}"
+        hold = self.holds.get(session_action, self.holds.get(action))
+        if hold is not None:
+            await hold.wait()
         await asyncio.sleep(self.delays.get(session_action, self.delays.get(action, 0)))
         return self._answer(action)
 

@@ -8,7 +8,9 @@ each other.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,55 @@ async def stop(server: TestServer, watch: Watch, task: asyncio.Task[int]) -> int
 
 async def wait_for(condition: Callable[[], object], timeout: float = 5.0) -> None:
     await until(condition, timeout, 0.01)
+
+
+class LoopClock:
+    """The running loop's clock, which a test can stop: while it is frozen no timer comes
+    due (aiohttp's request timeouts, sleeps, `wait_for`) until `advance` moves it. A request
+    timeout then depends on how far the test moved the clock, never on how loaded the
+    machine is."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._real = loop.time
+        self._offset = 0.0
+        self._frozen: float | None = None
+
+    def time(self) -> float:
+        return self._real() - self._offset if self._frozen is None else self._frozen
+
+    def freeze(self) -> None:
+        self._frozen = self.time()
+
+    def advance(self, seconds: float) -> None:
+        assert self._frozen is not None, "advance a frozen clock only"
+        self._frozen += seconds
+
+    def thaw(self) -> None:
+        assert self._frozen is not None
+        self._offset = self._real() - self._frozen
+        self._frozen = None
+
+
+@contextmanager
+def loop_clock() -> Iterator[LoopClock]:
+    """The running loop reads its time from a `LoopClock` until the block ends."""
+    loop = asyncio.get_running_loop()
+    clock = LoopClock(loop)
+    loop.time = clock.time  # type: ignore[method-assign]
+    try:
+        yield clock
+    finally:
+        del loop.time  # type: ignore[method-assign]
+
+
+async def settle(condition: Callable[[], object], wall_timeout: float = 30.0) -> None:
+    """`wait_for` for a frozen clock: yields to the loop (no timer) until `condition` holds;
+    the bound is wall time, only so that a broken monitor fails rather than hangs."""
+    deadline = time.monotonic() + wall_timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not settled within {wall_timeout:g} s")
+        await asyncio.sleep(0)
 
 
 def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:

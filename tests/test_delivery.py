@@ -13,6 +13,7 @@ import os
 import stat
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
@@ -28,7 +29,7 @@ from monitor.shell.watch import Timing, Watch
 from monitor.testing import FakeOpencode, frames, play
 from tests import frames_factory as ff
 from tests.frames_factory import READ, call, envelope
-from tests.harness import FAST, events, loop_frames, start, stop, wait_for
+from tests.harness import FAST, events, loop_clock, loop_frames, settle, start, stop, wait_for
 
 # Real ids, from tests/captures (shared/opencode/captures).
 REAL_SESSION = "ses_dd4d5c831ffemmgMvdYdtbM3cW"
@@ -43,16 +44,54 @@ def sessions(count: int) -> list[str]:
 
 
 async def test_slow_server_delays_but_never_aborts_twice():
-    # 250 loops at once, 0.3 s per request: behind aiohttp's 100 pooled connections the last
-    # ones wait 0.6 s for a connection, longer than the 0.5 s request timeout.
+    # 250 loops at once while every pooled connection is taken: the aborts wait for one far
+    # longer than the 0.5 s request timeout (which must not count that wait), then meet a
+    # server that takes 0.3 s. From the moment they can go the loop's clock stands still but
+    # for those 0.3 s, so no request times out however loaded the machine is.
     ids = sessions(250)
-    fake = FakeOpencode(
-        streams=[play(b"".join(loop_frames(s, 4) for s in ids))],
-        delays={"abort": 0.3, "prompt_async": 0.3},
-    )
-    with capture_logs() as logs:
-        running = await start(fake)
-        await wait_for(lambda: len(events(logs, "feedback.sent")) == len(ids), timeout=20)
+    pool_taken, slow_server = asyncio.Event(), asyncio.Event()
+    fake = FakeOpencode(holds={"hold": pool_taken, "abort": slow_server})
+    fake.streams = [fake.live]
+
+    async def no_wait(seconds: float) -> None:
+        await asyncio.sleep(0)  # a retry's backoff needs no moving clock
+
+    # The stream is silent meanwhile.
+    timing = dataclasses.replace(FAST, read_timeout=60, sleep=no_wait)
+
+    def settled() -> bool:
+        outcomes = events(logs, "intervention.outcome")
+        aborted = sum(o["outcome"] == "aborted" for o in outcomes)
+        fed = len(events(logs, "feedback.sent")) + len(events(logs, "feedback.failed"))
+        return len(outcomes) == len(ids) and fed == aborted
+
+    with capture_logs() as logs, loop_clock() as clock:
+        running = await start(fake, timing)
+        server, watch, _ = running
+        await wait_for(fake.live_connected.is_set)
+        http = watch.api._http
+        limit = http.connector.limit
+
+        async def take_a_connection() -> None:
+            url = server.make_url("/session/ses_fill/hold")
+            async with http.post(url, timeout=aiohttp.ClientTimeout(total=None)) as held:
+                assert held.status == 200
+
+        takers = [asyncio.create_task(take_a_connection()) for _ in range(limit)]
+        await wait_for(lambda: len(fake.of("hold")) >= limit - 1)  # the stream holds one
+        await fake.push(b"".join(loop_frames(s, 4) for s in ids))
+        await wait_for(lambda: len(events(logs, "loop.detected")) == len(ids))
+        # Queued for longer than three attempts timed out from the start would take.
+        await asyncio.sleep(4 * timing.retry.timeout)
+        assert fake.of("abort") == []
+        clock.freeze()
+        pool_taken.set()
+        await settle(lambda: fake.of("abort") or settled())
+        clock.advance(0.3)
+        slow_server.set()
+        await settle(settled)
+        clock.thaw()
+        await asyncio.gather(*takers)
         await stop(*running)
     aborted = [r.path for r in fake.of("abort")]
     prompted = [r.path for r in fake.of("prompt_async")]
