@@ -1,8 +1,8 @@
 import sys
 
 import pytest
-
 from monitor.core.guard import LoopGuard, RecentMap
+
 from monitor.core.rules.cycle import Cycle
 
 

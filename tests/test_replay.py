@@ -101,6 +101,8 @@ def detected(file: str, session: str, part: str, position: int, length: int, too
         "cycle_length": length,
         "repetitions": 4 if length == 1 else 3,
         "tools": tools,
+        "finding": f"{length} call{'s' if length > 1 else ''} ({', '.join(tools)}) repeated "
+        f"{4 if length == 1 else 3} times",
     }
 
 
@@ -555,3 +557,4 @@ def test_replay_reports_text_loops_by_rule():
         5,
     )
     assert line["tools"] == [] and run.status == 0
+    assert line["finding"] == "the same sentence 5 times in a row"

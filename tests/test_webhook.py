@@ -13,11 +13,13 @@ from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
 from monitor.config import load_settings
+from monitor.core.decisions import Outcome
+from monitor.core.tracker import Tracker
 from monitor.kit.standin import FakeOpencode, play
 from monitor.shell.backoff import Backoff
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Watch
-from monitor.shell.webhook import Delivery
+from monitor.shell.webhook import Delivery, notification
 from tests.test_watch_faults import FAST, events, loop_frames, wait_for
 
 QUICK = Delivery(attempts=3, timeout=0.5, backoff=Backoff(initial=0.01, cap=0.02))
@@ -96,16 +98,16 @@ async def test_every_intervention_and_hold_is_posted(serve):
     }
     assert first == {
         **common,
-        "text": "opencode-loop-monitor: session ses_1 in /w looped (1 call: read, 4 times) and "
-        "was stopped; the model was told why and carries on",
+        "text": "opencode-loop-monitor: session ses_1 in /w looped "
+        "(1 call (read) repeated 4 times) and was stopped; the model was told why and carries on",
         "event": "intervention",
         "interventions": 1,
         "outcome": "aborted",
     }
     assert second == {
         **common,
-        "text": "opencode-loop-monitor: session ses_1 in /w looped (1 call: read, 4 times) and "
-        "was stopped and put on hold: it waits for a person to read the feedback and go on",
+        "text": "opencode-loop-monitor: session ses_1 in /w looped "
+        "(1 call (read) repeated 4 times) and was stopped and put on hold: it waits for a person to read the feedback and go on",
         "event": "hold",
         "interventions": 2,
         "outcome": "held",
@@ -155,3 +157,27 @@ async def test_a_hanging_webhook_times_out(serve):
         await run_until(watch, lambda: events(logs, "webhook.failed"))
     assert fake.of("prompt_async")
     assert events(logs, "webhook.failed")[0]["error"] in ("TimeoutError", "ServerTimeoutError")
+
+
+def test_a_text_loop_is_told_as_what_was_repeated():
+    tracker = Tracker()
+    delta = {
+        "sessionID": "ses_1",
+        "messageID": "msg_1",
+        "partID": "prt_t",
+        "field": "text",
+        "delta": "I will read the file again. ",
+    }
+    frames = [{"type": "message.part.delta", "properties": delta}] * 6
+    [decision] = [d for frame in frames for d in tracker.feed(frame).decisions]
+    body = notification(decision, Outcome.ABORTED)
+    assert body["text"] == (
+        "opencode-loop-monitor: session ses_1 looped (the same sentence 5 times in a row) and "
+        "was stopped; the model was told why and carries on"
+    )
+    assert (body["rule"], body["tools"], body["cycle_length"], body["repetitions"]) == (
+        "text_repeat",
+        [],
+        1,
+        5,
+    )

@@ -28,9 +28,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
+from monitor.core.decisions import Intervene
 from monitor.core.export import export_frames
+from monitor.core.findings import fields
 from monitor.core.frames import MAX_FRAME_BYTES, iter_sse_data
-from monitor.core.tracker import Detection, Intervene, Tracker
+from monitor.core.tracker import Detection, Tracker
 
 if TYPE_CHECKING:
     from monitor.config import Settings
@@ -97,14 +99,12 @@ def detection_record(file: str, decision: Intervene) -> dict[str, Any]:
     """The output line of one detection; never the tool arguments or outputs."""
     return {
         "event": "loop.detected",
-        "rule": decision.rule,
+        "rule": str(decision.rule),
         "file": file,
         "session_id": decision.session_id,
         "part_id": decision.part_id,
-        "position": decision.call_index,
-        "cycle_length": decision.cycle.length,
-        "repetitions": decision.cycle.repetitions,
-        "tools": list(decision.tools),
+        "position": decision.position,
+        **fields(decision.finding),
     }
 
 

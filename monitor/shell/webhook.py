@@ -20,12 +20,12 @@ from typing import Any
 import aiohttp
 import structlog
 
-from monitor.core.tracker import Intervene
+from monitor.core.decisions import Intervene, Outcome
 from monitor.shell.backoff import Backoff
 
 log = structlog.get_logger("monitor.shell.webhook")
 
-_SAID = {
+_SAID: dict[str, str] = {
     "aborted": "was stopped; the model was told why and carries on",
     "held": "was stopped and put on hold: it waits for a person to read the feedback and go on",
     "abort_failed": "could not be stopped (the abort failed)",
@@ -40,26 +40,25 @@ class Delivery:
     backoff: Backoff = Backoff(initial=1.0, cap=5.0)
 
 
-def notification(decision: Intervene, outcome: str) -> dict[str, Any]:
+def notification(decision: Intervene, outcome: Outcome) -> dict[str, Any]:
     """The JSON body for one intervention (ids, names and counts only)."""
-    cycle = decision.cycle
+    length, repetitions, tools = decision.finding.shape()
     where = f" in {decision.directory}" if decision.directory else ""
     text = (
         f"opencode-loop-monitor: session {decision.session_id}{where} looped "
-        f"({cycle.length} call{'s' if cycle.length > 1 else ''}: {', '.join(decision.tools)}, "
-        f"{cycle.repetitions} times) and {_SAID.get(outcome, outcome)}"
+        f"({decision.finding.describe()}) and {_SAID.get(outcome, outcome)}"
     )
     return {
         "text": text,
         "event": "hold" if outcome == "held" else "intervention",
         "session_id": decision.session_id,
         "directory": decision.directory,
-        "rule": decision.rule,
-        "tools": list(decision.tools),
-        "cycle_length": cycle.length,
-        "repetitions": cycle.repetitions,
+        "rule": str(decision.rule),
+        "tools": list(tools),
+        "cycle_length": length,
+        "repetitions": repetitions,
         "interventions": decision.prior_interventions + 1,
-        "outcome": outcome,
+        "outcome": str(outcome),
     }
 
 
