@@ -17,6 +17,7 @@ from monitor.core.events import (
 )
 from monitor.core.feedback import MARK
 from monitor.core.permissions import Reply
+from monitor.core.findings import CallCycle
 from monitor.core.tracker import Detection, Intervene, Tracker
 from tests import frames_factory as ff
 
@@ -295,3 +296,19 @@ def test_permission_events_are_typed_from_both_stream_forms():
     assert isinstance(typed, ToolPart) and (typed.message_id, typed.call_id) == ("msg_4", "call_4")
     missing_id = {"type": "permission.asked", "properties": {"sessionID": S}}
     assert isinstance(parse_event(missing_id)[1], Malformed)
+
+
+def test_a_relabelled_call_that_asks_is_refused_not_aborted():
+    # Models reword `description` on every retry; the profile drops it, and the gate must
+    # count these as the same call as the rules do: it learns they ask, and refuses the 4th.
+    run = Run("gate")
+    for n in range(1, 4):
+        run.asking_call(n, ("bash", {"command": "make", "description": f"Build, try {n}"}))
+    assert run.decisions == [] and run.replies == []
+    run.running(4, ("bash", {"command": "make", "description": "Build once more"}))
+    assert run.decisions == [] and run.replies == []  # waits for its request
+    run.feed(asked(4, "bash"))
+    [reply] = run.replies
+    assert (reply.request_id, reply.reply) == ("per_4", "reject")
+    assert reply.loop is not None and reply.loop.finding == CallCycle(("bash",), 4)
+    assert run.decisions == []
