@@ -16,8 +16,8 @@ from monitor.core.events import (
     parse_event,
 )
 from monitor.core.feedback import MARK
-from monitor.core.permissions import Reply
 from monitor.core.findings import CallCycle
+from monitor.core.permissions import Reply
 from monitor.core.tracker import Detection, Intervene, Tracker
 from tests import frames_factory as ff
 
