@@ -31,7 +31,7 @@ from typing import IO, TYPE_CHECKING, Any
 from monitor.core.decisions import Intervene
 from monitor.core.export import export_frames
 from monitor.core.findings import fields
-from monitor.core.frames import MAX_FRAME_BYTES, iter_sse_data
+from monitor.core.frames import MAX_LINE_BYTES, iter_sse_data
 from monitor.core.tracker import Detection, Tracker
 
 if TYPE_CHECKING:
@@ -42,10 +42,6 @@ EX_FOUND = 1  # --fail-on-detect and a loop was detected
 EX_USAGE = 2  # a file could not be read or is not a recording; argparse's code too
 EX_PIPE = 141  # 128 + SIGPIPE: what a shell reports when the reader of the output left
 
-# A line longer than any frame the tracker accepts (plus the `data: ` prefix) is cut here and
-# the rest skipped, so one broken or binary file cannot make us hold it in memory whole; the
-# cut line then fails as a frame that is too large.
-MAX_LINE_BYTES = MAX_FRAME_BYTES + 64
 PROGRESS_INTERVAL_S = 0.2  # at most five redraws a second: drawing must not cost the replay
 
 _SSE_FIELDS = frozenset({"data", "event", "id", "retry"})
