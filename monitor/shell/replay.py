@@ -33,14 +33,12 @@ from monitor.core.export import export_frames
 from monitor.core.findings import fields
 from monitor.core.frames import MAX_LINE_BYTES, iter_sse_data
 from monitor.core.tracker import Detection, Tracker
+from monitor.exits import EX_DETECTED, EX_PIPE, EX_USAGE
 
 if TYPE_CHECKING:
     from monitor.config import Settings
 
 PROG = "opencode-loop-monitor replay"
-EX_FOUND = 1  # --fail-on-detect and a loop was detected
-EX_USAGE = 2  # a file could not be read or is not a recording; argparse's code too
-EX_PIPE = 141  # 128 + SIGPIPE: what a shell reports when the reader of the output left
 
 PROGRESS_INTERVAL_S = 0.2  # at most five redraws a second: drawing must not cost the replay
 
@@ -178,7 +176,7 @@ def exit_status(totals: Totals, *, failed: bool, fail_on_detect: bool) -> int:
     if failed:
         return EX_USAGE
     if fail_on_detect and totals.detections:
-        return EX_FOUND
+        return EX_DETECTED
     return 0
 
 
