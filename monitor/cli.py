@@ -24,11 +24,11 @@ from monitor.config import (
     settings_for,
     unknown_variables,
 )
-from monitor.errors import EX_CONFIG, ConfigError
+from monitor.errors import ConfigError
+from monitor.exits import EX_CONFIG, EX_INTERRUPTED
 
 PROG = "opencode-loop-monitor"
 # 128 + SIGINT, what a shell reports for a program stopped with Ctrl-C.
-EX_INTERRUPTED = 130
 
 DESCRIPTION = """\
 Follows the event stream of `opencode serve`, spots AI coding agents that repeat the

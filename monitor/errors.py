@@ -1,11 +1,13 @@
 """The monitor's errors: one base, a local kind and a remote kind.
 
-Callers catch what they mean: a `ConfigError` ends the process with EX_CONFIG (78) and
-no retry, because retrying a wrong setting only fills the journal; a `ServerError` is
-about the OpenCode server and is usually worth retrying.
+Callers catch what they mean: a `ConfigError` ends the process with EX_CONFIG (78, see
+monitor/exits.py) and no retry, because retrying a wrong setting only fills the journal; a
+`ServerError` is about the OpenCode server and is usually worth retrying.
 """
 
-EX_CONFIG = 78
+from monitor.exits import EX_CONFIG
+
+__all__ = ["EX_CONFIG", "ConfigError", "MonitorError", "ServerError", "SessionGone"]
 
 
 class MonitorError(Exception):

@@ -103,7 +103,9 @@ def test_seed_short_of_a_cycle_decides_nothing(count):
 def test_seed_that_completes_a_cycle_acts_at_once():
     tracker, [decision] = seeded([user(), *reads(4)])
     assert (decision.session_id, decision.part_id, decision.call_index) == (S, "p4", 4)
-    assert decision.cycle == Cycle(1, 4) and decision.tools == ("read",)
+    assert Cycle(*decision.finding.shape()[:2]) == Cycle(1, 4) and decision.finding.shape()[2] == (
+        "read",
+    )
     assert decision.directory == "/project" and not decision.hold
     assert tracker.interventions(S) == 1
 
@@ -232,8 +234,9 @@ def test_seed_keeps_the_directory():
 def test_feedback_in_the_record_counts_as_earlier_interventions():
     from monitor.core.export import feedback_count
     from monitor.core.feedback import feedback_text
+    from monitor.core.findings import CallCycle
 
-    first = feedback_text(Cycle(1, 4), ("read",), hold=False, interventions=1)
+    first = feedback_text(CallCycle(("read",), 4), hold=False, interventions=1)
     messages = [user(), *reads(4), user(first), *reads(4, prefix="q"), user(first), *reads(3, "r")]
     assert feedback_count(messages) == 2
     tracker = Tracker(Detection(max_interventions=2))

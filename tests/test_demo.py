@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 from monitor.core.feedback import feedback_text
-from monitor.core.rules.cycle import Cycle
+from monitor.core.findings import CallCycle
 from monitor.kit.demo import DRY_RUN_ANSWER, Printer, _summary
 from monitor.kit.scripted_model import DEFAULT_ANSWER
 
@@ -22,6 +22,7 @@ def outcome(name: str) -> dict[str, object]:
         "cycle_length": 2,
         "repetitions": 3,
         "tools": ["read", "bash"],
+        "finding": "2 calls (read, bash) repeated 3 times",
     }
 
 
@@ -76,5 +77,5 @@ def test_the_dry_run_answer_does_not_answer_feedback_never_sent():
 
 
 def test_a_session_held_at_its_first_stop_says_once():
-    text = feedback_text(Cycle(2, 3), ("read", "bash"), hold=True, interventions=1)
+    text = feedback_text(CallCycle(("read", "bash"), 3), hold=True, interventions=1)
     assert "stopped once for looping" in text and "1 times" not in text

@@ -158,7 +158,9 @@ def seed_run(letters: str, detection: Detection) -> list[tuple[int, Cycle]]:
     frames = []
     for n, letter in enumerate(letters):
         frames += call("s", f"p{n}", "read", {"filePath": letter})
-    return [(d.call_index, d.cycle) for d in feed_all(Tracker(detection), frames)][:1]
+    return [
+        (d.call_index, Cycle(*d.finding.shape()[:2])) for d in feed_all(Tracker(detection), frames)
+    ][:1]
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,39 @@ import sys
 
 import pytest
 
-from monitor.core.guard import LoopGuard, RecentMap
-from monitor.core.rules.cycle import Cycle
+from monitor.core.rules.cycle import Cycle, CycleRule
+from monitor.core.session import Call, RecentMap, SessionRecord, call_digest
+from monitor.core.tracker import Detection
+
+
+class LoopGuard:
+    """Sessions' histories in one bounded table, fed to the cycle rule, as the tracker does."""
+
+    def __init__(self, max_history=32, max_sessions=10_000, max_period=4, repeats=3):
+        self.rule = CycleRule(max_period, repeats, max_history, wait_calls=0)
+        self._sessions = RecentMap(max_sessions)
+
+    def record(self, session_id, tool, args):
+        session = self._sessions.touch(session_id, SessionRecord)
+        call = Call("p", tool, call_digest(tool, args), args)
+        session.record(call.digest, tool, self.rule.history)
+        finding = self.rule.call(session, call, recorded=True, finished=False)
+        return None if finding is None else Cycle(*finding.shape()[:2])
+
+    def tools(self, session_id, count):
+        return self._sessions.get(session_id).last_tools(count)
+
+    def history_length(self, session_id):
+        return self._sessions.get(session_id).history_length()
+
+    def clear(self, session_id):
+        self._sessions.pop(session_id)
+
+    def __contains__(self, session_id):
+        return session_id in self._sessions
+
+    def __len__(self):
+        return len(self._sessions)
 
 
 def calls_until_detection(guard, session, calls):
@@ -98,8 +129,9 @@ def test_history_keeps_digests_not_signatures():
 
 
 def test_history_must_hold_a_full_cycle():
-    with pytest.raises(ValueError, match="max_history"):
-        LoopGuard(max_history=8, max_period=4, repeats=3)
+    # The one check, made where the settings are (monitor/core/limits.py).
+    with pytest.raises(ValueError, match="history"):
+        Detection(history=8, max_period=4, repeats=3)
 
 
 def test_recent_map_rejects_zero_capacity():

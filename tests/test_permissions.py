@@ -3,6 +3,7 @@ these answers. Frames are shaped like the recording `permission-gate` of the rea
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from monitor.core.events import (
     parse_event,
 )
 from monitor.core.feedback import MARK
+from monitor.core.findings import CallCycle
 from monitor.core.permissions import Reply
 from monitor.core.tracker import Detection, Intervene, Tracker
 from tests.frames_factory import BASH, asked, doom_loop, part, replied
@@ -70,7 +72,7 @@ def test_the_fourth_identical_call_is_refused_before_it_runs():
     assert reply.session_id == S and reply.directory == "/p"
     assert reply.loop is not None and reply.loop.rule == "cycle"
     assert (reply.loop.part_id, reply.loop.call_index) == ("prt_4", 4)
-    assert (reply.loop.cycle.length, reply.loop.cycle.repetitions) == (1, 4)
+    assert (reply.loop.finding.shape()[0], reply.loop.finding.shape()[1]) == (1, 4)
     assert reply.message is not None and reply.message.startswith(MARK)
     assert (
         "refused and did not run" in reply.message and "1 call (read) repeated 4" in reply.message
@@ -138,7 +140,7 @@ def test_two_call_cycle_refuses_the_sixth_call():
     run.feed(asked(6, "bash"))
     assert [r.reply for r in run.replies] == ["once"] * 5 + ["reject"]
     loop = run.replies[-1].loop
-    assert loop is not None and loop.tools == ("read", "bash") and loop.call_index == 6
+    assert loop is not None and loop.finding.shape()[2] == ("read", "bash") and loop.call_index == 6
 
 
 def test_a_call_that_asks_no_permission_is_aborted_at_once():
@@ -182,12 +184,13 @@ def test_doom_loop_request_is_refused_with_our_feedback(mode, wait):
     [reply] = run.replies
     assert (reply.request_id, reply.reply, reply.wait) == ("per_doom1", "reject", wait)
     loop = reply.loop
-    assert loop is not None and loop.rule == "doom_loop" and loop.tools == ("read",)
-    assert (loop.cycle.length, loop.cycle.repetitions, loop.part_id) == (1, 3, "prt_3")
+    assert loop is not None and loop.rule == "doom_loop" and loop.finding.shape()[2] == ("read",)
+    assert (loop.finding.shape()[0], loop.finding.shape()[1], loop.part_id) == (1, 3, "prt_3")
     assert loop.feedback.startswith(MARK) and loop.prior_interventions == 0
-    assert run.tracker.permissions.pending("per_doom1")
+    # The deadline passed with the request still pending: the core says to refuse it now.
+    assert run.tracker.expire(reply) == dataclasses.replace(reply, wait=0.0)
     run.feed(replied("per_doom1", "once"))
-    assert not run.tracker.permissions.pending("per_doom1")
+    assert run.tracker.expire(reply) is None  # a person answered first: nothing to send
 
 
 def test_off_answers_nothing_and_aborts_as_before():
@@ -246,3 +249,19 @@ def test_permission_events_are_typed_from_both_stream_forms():
     assert isinstance(typed, ToolPart) and (typed.message_id, typed.call_id) == ("msg_4", "call_4")
     missing_id = {"type": "permission.asked", "properties": {"sessionID": S}}
     assert isinstance(parse_event(missing_id)[1], Malformed)
+
+
+def test_a_relabelled_call_that_asks_is_refused_not_aborted():
+    # Models reword `description` on every retry; the profile drops it, and the gate must
+    # count these as the same call as the rules do: it learns they ask, and refuses the 4th.
+    run = Run("gate")
+    for n in range(1, 4):
+        run.asking_call(n, ("bash", {"command": "make", "description": f"Build, try {n}"}))
+    assert run.decisions == [] and run.replies == []
+    run.running(4, ("bash", {"command": "make", "description": "Build once more"}))
+    assert run.decisions == [] and run.replies == []  # waits for its request
+    run.feed(asked(4, "bash"))
+    [reply] = run.replies
+    assert (reply.request_id, reply.reply) == ("per_4", "reject")
+    assert reply.loop is not None and reply.loop.finding == CallCycle(("bash",), 4)
+    assert run.decisions == []

@@ -22,7 +22,7 @@ from monitor.core.export import export_frames
 from monitor.core.frames import iter_sse_data
 from monitor.core.tracker import Detection
 from monitor.shell.replay import (
-    EX_FOUND,
+    EX_DETECTED,
     EX_USAGE,
     FileReplay,
     Format,
@@ -101,6 +101,8 @@ def detected(file: str, session: str, part: str, position: int, length: int, too
         "cycle_length": length,
         "repetitions": 4 if length == 1 else 3,
         "tools": tools,
+        "finding": f"{length} call{'s' if length > 1 else ''} ({', '.join(tools)}) repeated "
+        f"{4 if length == 1 else 3} times",
     }
 
 
@@ -387,7 +389,7 @@ def test_an_overlong_line_is_cut_counted_and_skipped(
 
 
 def test_fail_on_detect_sets_the_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["replay", "--fail-on-detect", str(ONE_TOOL)]) == EX_FOUND
+    assert main(["replay", "--fail-on-detect", str(ONE_TOOL)]) == EX_DETECTED
     assert main(["replay", "--fail-on-detect", str(ABORT_EVENT)]) == 0
     assert main(["replay", str(ONE_TOOL)]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -555,3 +557,4 @@ def test_replay_reports_text_loops_by_rule():
         5,
     )
     assert line["tools"] == [] and run.status == 0
+    assert line["finding"] == "the same sentence 5 times in a row"

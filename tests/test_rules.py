@@ -37,7 +37,10 @@ def failing_read(part: str, path: str, message: str) -> list:
 
 
 def decisions(frames: list, detection: Detection = Detection()) -> list[tuple[str, int, Cycle]]:
-    return [(d.rule, d.call_index, d.cycle) for d in feed_all(Tracker(detection), frames)]
+    return [
+        (d.rule, d.call_index, Cycle(*d.finding.shape()[:2]))
+        for d in feed_all(Tracker(detection), frames)
+    ]
 
 
 # -- failure ----------------------------------------------------------------------------------
@@ -49,7 +52,10 @@ def test_same_bash_failure_with_rewritten_commands_stops_at_the_4th():
         frames += bash_call(f"p{n}", command, "ls: cannot access 'x': No such file", 2)
     [decision] = feed_all(Tracker(), frames)
     assert (decision.rule, decision.call_index, decision.part_id) == ("failure", 4, "p3")
-    assert (decision.cycle, decision.tools) == (Cycle(1, 4), ("bash",))
+    assert (Cycle(*decision.finding.shape()[:2]), decision.finding.shape()[2]) == (
+        Cycle(1, 4),
+        ("bash",),
+    )
     assert "the same error 4 times in a row (bash)" in decision.feedback
 
 
@@ -146,7 +152,11 @@ def test_a_wait_that_never_ends_is_stopped_at_wait_calls():
     for n in range(25):
         frames += bash_call(f"p{n}", "sleep 30 && gh run view 1", "status: queued")
     [decision] = feed_all(Tracker(), frames)
-    assert (decision.rule, decision.call_index, decision.cycle) == ("wait", 20, Cycle(1, 20))
+    assert (decision.rule, decision.call_index, Cycle(*decision.finding.shape()[:2])) == (
+        "wait",
+        20,
+        Cycle(1, 20),
+    )
     assert "1 call (bash) repeated 20 times while waiting" in decision.feedback
     assert decisions(frames, Detection(wait_calls=8)) == [
         ("wait", 8, Cycle(1, 8)),

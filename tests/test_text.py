@@ -157,14 +157,14 @@ def test_tracker_stops_a_repeated_sentence_and_says_so_without_quoting_it():
     tracker = Tracker()
     [decision] = stream_part(tracker, "prt_a", ONE_LINE * 30, size=12)
     assert decision.rule == "text_repeat" and decision.part_id == "prt_a"
-    assert (decision.cycle, decision.tools) == (Cycle(1, 5), ())
-    assert decision.call_index == chunk_of("", ONE_LINE)
+    assert (Cycle(*decision.finding.shape()[:2]), decision.finding.shape()[2]) == (Cycle(1, 5), ())
+    assert decision.position == chunk_of("", ONE_LINE)
     assert not decision.hold and not decision.escalated and decision.prior_interventions == 0
     assert decision.feedback.startswith("[opencode-loop-monitor] Loop guard: ")
     assert "in your answer you wrote the same sentence 5 times in a row" in decision.feedback
     assert "configuration" not in decision.feedback
     # Every delta after the one that decided was streamed for nothing.
-    assert tracker.chunks_after_detection == len(pieces(ONE_LINE * 30, 12)) - decision.call_index
+    assert tracker.chunks_after_detection == len(pieces(ONE_LINE * 30, 12)) - decision.position
 
 
 def test_tracker_names_reasoning():
@@ -190,7 +190,11 @@ def test_the_same_text_at_successive_steps_is_a_loop_at_the_eighth():
     for step in range(10):
         decisions += stream_part(tracker, f"prt_{step}", "I will look around a bit more.")
     [decision] = decisions
-    assert (decision.rule, decision.part_id, decision.cycle) == ("text_steps", "prt_7", Cycle(1, 8))
+    assert (decision.rule, decision.part_id, Cycle(*decision.finding.shape()[:2])) == (
+        "text_steps",
+        "prt_7",
+        Cycle(1, 8),
+    )
     assert "your answer was the same at 8 successive steps" in decision.feedback
 
 
@@ -251,7 +255,7 @@ def test_corpus_trace_gets_its_label(path):
     tracker = Tracker()
     with path.open(encoding="utf-8") as lines:
         found = [
-            d.call_index for data in iter_sse_data(lines) for d in tracker.feed_data(data).decisions
+            d.position for data in iter_sse_data(lines) for d in tracker.feed_data(data).decisions
         ]
     match = re.fullmatch(r": expect (legit|loop at (\d+))", label)
     assert match is not None
@@ -267,5 +271,5 @@ def test_the_recorded_stream_types_reasoning_and_text_parts():
     # The reasoning says "Hmm, think." 4 times: allowed; the answer "The cat sat." 6 times.
     assert decision.part_id == "prt_22c3312970012bDm5lsz20J1Jv"
     assert "in your answer you wrote the same sentence 5 times" in decision.feedback
-    assert decision.call_index == 10  # "The cat sat. " x 5, then the next character, in 7s
+    assert decision.position == 10  # "The cat sat. " x 5, then the next character, in 7s
     assert tracker.chunks_after_detection == 2

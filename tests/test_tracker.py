@@ -2,6 +2,7 @@ from dataclasses import replace
 
 import pytest
 
+from monitor.core.findings import CallCycle
 from monitor.core.rules.cycle import Cycle
 from monitor.core.tracker import SEED, Detection, Fed, Intervene, Tracker
 from tests.captures import capture_frames
@@ -33,7 +34,10 @@ def tool_part_ids(capture):
 
 def test_one_tool_recording_intervenes_at_the_4th_and_8th_call():
     decisions = feed_all(Tracker(), capture_frames("one-tool-8-calls-no-guard.event.sse"))
-    assert [(d.call_index, d.part_id, d.cycle, d.tools) for d in decisions] == [
+    assert [
+        (d.call_index, d.part_id, Cycle(*d.finding.shape()[:2]), d.finding.shape()[2])
+        for d in decisions
+    ] == [
         (4, "prt_229776465001jK6sb9iP16JWPv", Cycle(1, 4), ("read",)),
         (8, "prt_2297767a8001XjOKeDrU2rNezx", Cycle(1, 4), ("read",)),
     ]
@@ -56,7 +60,9 @@ def test_two_cycle_recording_intervenes_every_6_calls():
     ]
     parts = tool_part_ids("two-cycle-40-calls-no-guard.event.sse")
     assert [parts[n - 1] for n in (6, 12, 18, 24, 30, 36)] == [d.part_id for d in decisions]
-    assert {(d.cycle, d.tools) for d in decisions} == {(Cycle(2, 3), ("glob", "read"))}
+    assert {(Cycle(*d.finding.shape()[:2]), d.finding.shape()[2]) for d in decisions} == {
+        (Cycle(2, 3), ("glob", "read"))
+    }
     assert {d.session_id for d in decisions} == {"ses_dd68d699dffeLqECqreqwVGTcg"}
 
 
@@ -336,11 +342,9 @@ def test_decision_fields_and_feedback_text():
         frames += call("s", f"p{n + 1}", tool, args)
     [decision] = feed_all(tracker, [envelope(f, "/w") for f in frames])
     assert decision == Intervene(
-        rule="cycle",
         session_id="s",
         directory="/w",
-        cycle=Cycle(3, 3),
-        tools=("read", "edit", "bash"),
+        finding=CallCycle(("read", "edit", "bash"), 3),
         part_id="p9",
         call_index=9,
         prior_interventions=0,
@@ -348,6 +352,7 @@ def test_decision_fields_and_feedback_text():
         escalated=False,
         feedback=decision.feedback,
     )
+    assert decision.rule == "cycle"
     text = decision.feedback
     assert "3 calls (read, edit, bash) repeated 3 times" in text
     assert "repeated tool-call cycle was detected" in text

@@ -122,6 +122,25 @@ async def test_calls_made_while_away_count():
     assert fake.of("abort")[0].path == "/session/ses_s1/abort"
 
 
+async def test_a_loop_found_in_a_read_back_is_counted_like_one_from_the_stream():
+    fake = FakeOpencode(
+        streams=[play(loop_frames("ses_s1", 2), then="end"), play()],
+        busy={"ses_s1": {"type": "busy"}},
+        messages={"ses_s1": ff.run_record("ses_s1", 4)},
+    )
+    with capture_logs() as logs:
+        running = await start(fake, metrics_addr="127.0.0.1:0")
+        watch = running[1]
+        await wait_for(lambda: fake.of("prompt_async"))
+        await stop(*running)
+    assert [d["call_index"] for d in events(logs, "loop.detected")] == [4]
+    assert watch.metrics is not None
+    loops = watch.metrics.registry.get_sample_value(
+        "opencode_loop_monitor_loops_detected_total", {"cycle_length": "1", "rule": "cycle"}
+    )
+    assert loops == 1.0
+
+
 async def test_a_run_under_way_at_start_is_read_back():
     fake = FakeOpencode(
         streams=[play(loop_frames("ses_s1", 1, prefix="q"))],
@@ -660,8 +679,8 @@ async def test_a_stopped_loop_is_toasted_at_the_tui():
     assert toast.query == {"directory": "/w"}
     assert toast.body == {
         "title": "opencode-loop-monitor",
-        "message": "opencode-loop-monitor: session ses_s1 in /w looped (1 call: read, 4 times) "
-        "and was stopped; the model was told why and carries on",
+        "message": "opencode-loop-monitor: session ses_s1 in /w looped (1 call (read) repeated "
+        "4 times) and was stopped; the model was told why and carries on",
         "variant": "warning",
     }
     # After the stop, never before it.

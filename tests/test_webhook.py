@@ -13,10 +13,12 @@ from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
 from monitor.config import load_settings
+from monitor.core.decisions import Outcome
+from monitor.core.tracker import Tracker
 from monitor.shell.backoff import Backoff
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Watch
-from monitor.shell.webhook import Delivery
+from monitor.shell.webhook import Delivery, notification
 from monitor.testing import FakeOpencode, play
 from tests.harness import FAST, events, loop_frames, wait_for
 
@@ -98,16 +100,17 @@ async def test_every_intervention_and_hold_is_posted(serve):
     }
     assert first == {
         **common,
-        "text": "opencode-loop-monitor: session ses_1 in /w looped (1 call: read, 4 times) and "
-        "was stopped; the model was told why and carries on",
+        "text": "opencode-loop-monitor: session ses_1 in /w looped "
+        "(1 call (read) repeated 4 times) and was stopped; the model was told why and carries on",
         "event": "intervention",
         "interventions": 1,
         "outcome": "aborted",
     }
     assert second == {
         **common,
-        "text": "opencode-loop-monitor: session ses_1 in /w looped (1 call: read, 4 times) and "
-        "was stopped and put on hold: it waits for a person to read the feedback and go on",
+        "text": "opencode-loop-monitor: session ses_1 in /w looped "
+        "(1 call (read) repeated 4 times) and was stopped and put on hold: "
+        "it waits for a person to read the feedback and go on",
         "event": "hold",
         "interventions": 2,
         "outcome": "held",
@@ -216,3 +219,27 @@ async def test_hostile_names_reach_the_webhook_cleaned_and_escaped(serve):
     text = body["text"]
     assert "<" not in text and ">" not in text and "\n" not in text and "\x1b" not in text
     assert "&lt;!channel&gt;" in text and "@\u2060here" in text and len(text) < 400
+
+
+def test_a_text_loop_is_told_as_what_was_repeated():
+    tracker = Tracker()
+    delta = {
+        "sessionID": "ses_1",
+        "messageID": "msg_1",
+        "partID": "prt_t",
+        "field": "text",
+        "delta": "I will read the file again. ",
+    }
+    frames = [{"type": "message.part.delta", "properties": delta}] * 6
+    [decision] = [d for frame in frames for d in tracker.feed(frame).decisions]
+    body = notification(decision, Outcome.ABORTED)
+    assert body["text"] == (
+        "opencode-loop-monitor: session ses_1 looped (the same sentence 5 times in a row) and "
+        "was stopped; the model was told why and carries on"
+    )
+    assert (body["rule"], body["tools"], body["cycle_length"], body["repetitions"]) == (
+        "text_repeat",
+        [],
+        1,
+        5,
+    )

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from monitor.core.tracker import RULES
+from monitor.core.findings import RULES
 
 _LABEL = re.compile(r"^:\s*expect\s+(?:(legit)|loop\s+at\s+(\d+))\s*$")
 

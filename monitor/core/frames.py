@@ -32,8 +32,11 @@ def decode_frame(data: str) -> object:
 
 
 _BOM = b"\xef\xbb\xbf"
-# The longest line the live decoder holds: a `data:` line carrying the largest frame we take.
-MAX_LINE_BYTES = MAX_FRAME_BYTES + len(b"data: ")
+# The longest line held, by the live decoder and by replay: a `data:` line carrying the
+# largest frame we take, with room for the prefix and line ends. A longer line is cut there
+# and the rest skipped, so one broken or binary stream cannot make us hold it whole; the cut
+# line then fails as a frame that is too large.
+MAX_LINE_BYTES = MAX_FRAME_BYTES + 64
 
 
 class SSEChunkDecoder:

@@ -18,170 +18,103 @@ grace period in which a person may answer it first (`gate`). Under `approve` eve
 request is approved (`once`), once its call's `running` update has shown it is not a loop's.
 Mode `off` answers nothing and leaves every decision as it is.
 
-Pure: events in, decisions out; the shell sends the replies and owns the grace timer.
+Pure: events in, decisions out; the shell sends the replies and runs the grace timer: a
+`Reply` with a `wait` is a deadline, whose expiry the shell feeds back (`Tracker.expire`), and
+the gate answers then whether to refuse the request after all.
+
+The gate keeps no table of its own: what it knows of a session's calls and requests lives in
+the session's record (monitor/core/session.py), beside the tracker's, and a call's identity is
+the one the rules use (its digest after the tool profile), so a call relabelled by its
+`description` is the same call here too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from monitor.core.decisions import Intervene, Reply
 from monitor.core.events import PermissionAsked, PermissionReplied, ToolPart
 from monitor.core.feedback import rejection_text
-from monitor.core.guard import RecentMap
-from monitor.core.signature import canonical_signature, signature_digest
+from monitor.core.findings import Rule
+from monitor.core.session import (
+    MAX_ASKS,
+    MAX_IN_FLIGHT,
+    MAX_REQUESTS,
+    Call,
+    Request,
+    SessionRecord,
+    bounded_put,
+)
 
-if TYPE_CHECKING:
-    from monitor.core.tracker import Intervene
+__all__ = ["DOOM_LOOP", "DOOM_LOOP_CALLS", "PermissionGate", "PermissionMode", "Reply"]
 
 PermissionMode = Literal["off", "gate", "approve"]
-DOOM_LOOP = "doom_loop"
+DOOM_LOOP = Rule.DOOM_LOOP
 # OpenCode asks `doom_loop` when the last calls of one message are this many identical ones.
 DOOM_LOOP_CALLS = 3
 
-# Bounds on what one session (and the whole gate) remembers; a model step rarely runs more
-# than a few calls at once, and a session makes few distinct calls that ask.
-_MAX_CALLS = 64
-_MAX_SIGNATURES = 256
-_MAX_REQUESTS = 4096
-
 _FINISHED = ("completed", "error")
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """Answer permission request `request_id`.
-
-    `loop` is the loop this answer stops (always with `reject` and `message`, the text the
-    model reads as the refused call's result); None for an approval. `wait` is how long to
-    leave the request to others first: answer only if it is still pending then.
-    """
-
-    request_id: str
-    session_id: str
-    directory: str | None
-    reply: Literal["once", "reject"]
-    message: str | None = None
-    loop: Intervene | None = None
-    wait: float = 0.0
-
-
-class _Call:
-    """A call seen at `running`, until its final update."""
-
-    __slots__ = ("part_id", "tool", "digest", "asked", "request", "loop", "stopped")
-
-    def __init__(self, part_id: str, tool: str, digest: int) -> None:
-        self.part_id = part_id
-        self.tool = tool
-        self.digest = digest
-        self.asked = False
-        # Its request, while nobody (we included) has been told to answer it.
-        self.request: str | None = None
-        # The loop this call completes, waiting for the call's permission request.
-        self.loop: Intervene | None = None
-        # The loop it completes is stopped by an abort: its request must never be approved.
-        self.stopped = False
-
-
-class _Session:
-    __slots__ = ("calls", "asks", "early")
-
-    def __init__(self) -> None:
-        self.calls: dict[tuple[str, str], _Call] = {}
-        # Requests that came before their call's `running` update, by call.
-        self.early: dict[tuple[str, str], str] = {}
-        # Per call signature, what its last call did: the permission it asked, or None
-        # when it ran without asking.
-        self.asks: dict[int, str | None] = {}
-
-
-class _Request:
-    __slots__ = ("session_id", "permission", "reply")
-
-    def __init__(self, session_id: str, permission: str) -> None:
-        self.session_id = session_id
-        self.permission = permission
-        self.reply: str | None = None
-
-
-def _bounded_put(table: dict, key: object, value: object, limit: int) -> None:
-    table.pop(key, None)
-    if len(table) >= limit:
-        del table[next(iter(table))]
-    table[key] = value
 
 
 class PermissionGate:
     """Follows the calls and permission requests of every session; see the module doc."""
 
-    def __init__(
-        self, mode: PermissionMode = "off", grace: float = 30.0, max_sessions: int = 10_000
-    ) -> None:
+    def __init__(self, mode: PermissionMode = "off", grace: float = 30.0) -> None:
         self.mode = mode
         self.grace = grace
-        self._sessions: RecentMap[str, _Session] = RecentMap(max_sessions)
-        self._requests: dict[str, _Request] = {}
 
-    def part(self, part: ToolPart, live: bool) -> Intervene | None:
-        """Take every tool part update, before the tracker records it.
+    def follows(self, part: ToolPart) -> bool:
+        """Whether the gate follows this call (it must be named as requests name it)."""
+        return self.mode != "off" and part.message_id is not None and part.call_id is not None
+
+    def started(self, session: SessionRecord, call: Call, part: ToolPart) -> None:
+        """`call` is seen at `running` for the first time (`follows(part)` holds)."""
+        assert part.message_id is not None and part.call_id is not None
+        key = call.key = (part.message_id, part.call_id)
+        early = None if session.early is None else session.early.pop(key, None)
+        if early is not None:
+            self._ask(session, call, early)
+
+    def finished(self, session: SessionRecord, call: Call, live: bool) -> Intervene | None:
+        """The final update of a call the gate follows, before the tracker takes it.
 
         Returns a loop that was waiting for a request that never came (the call finished
         without asking): it must now be stopped as without the gate. `live` is False for
         parts read back, whose past requests we cannot know.
         """
-        if self.mode == "off" or part.message_id is None or part.call_id is None:
-            return None
-        key = (part.message_id, part.call_id)
-        session = self._sessions.get(part.session_id)
-        call = None if session is None else session.calls.get(key)
-        if call is None:
-            if part.status != "running":
-                return None
-            session = self._sessions.touch(part.session_id, _Session)
-            digest = signature_digest(canonical_signature(part.tool, part.input))
-            call = _Call(part.part_id, part.tool, digest)
-            _bounded_put(session.calls, key, call, _MAX_CALLS)
-            early = session.early.pop(key, None)
-            if early is not None:
-                self._ask(session, call, early)
-            return None
-        if part.status not in _FINISHED:
-            return None
-        assert session is not None
-        del session.calls[key]
         if live and not call.asked:
             # Learned: calls like this one run without asking.
-            _bounded_put(session.asks, call.digest, None, _MAX_SIGNATURES)
+            _put_ask(session, call.digest, None)
+        call.key = None
         return call.loop
 
     def decide(
-        self, part: ToolPart, decision: Intervene | None, directory: str | None
+        self,
+        session_id: str,
+        session: SessionRecord,
+        call: Call | None,
+        decision: Intervene | None,
+        directory: str | None,
     ) -> Intervene | Reply | None:
-        """After the tracker took `part`: `decision` is the loop it completes, if any;
-        `directory` the session's project.
+        """After the tracker took a `running` update of `call`: `decision` is the loop it
+        completes, if any; `directory` the session's project.
 
         Returns the decision to carry out now (the abort), a `Reply` (the refusal of a request
         that came already, or under `approve` the approval of a call that is no loop), or
         None: nothing, or wait for the call's request (`asked` then returns the refusal).
         """
-        if self.mode == "off" or part.status != "running":
-            return decision
-        session = self._sessions.get(part.session_id)
-        call = None
-        if session is not None and part.message_id is not None and part.call_id is not None:
-            call = session.calls.get((part.message_id, part.call_id))
-        if session is None or call is None:
+        if call is None or call.key is None:
             return decision
         request, call.request = call.request, None
         if decision is None:
             if request is not None and self.mode == "approve":
-                return Reply(request, part.session_id, directory, "once")
+                return Reply(request, session_id, directory, "once")
             return None
         if request is not None:
             return self._refuse(request, decision, 0.0)
-        if call.asked or session.asks.get(call.digest) is None:
+        asks = session.asks
+        if call.asked or asks is None or asks.get(call.digest) is None:
             # Its request was answered already by someone else, or its like ran without
             # asking (or we never saw one finish): abort as before.
             call.stopped = True
@@ -191,6 +124,7 @@ class PermissionGate:
 
     def asked(
         self,
+        session: SessionRecord,
         event: PermissionAsked,
         directory: str | None,
         doom_loop: Callable[[PermissionAsked, str], Intervene],
@@ -201,13 +135,14 @@ class PermissionGate:
         server found, given the request and the part id of the last call of that tool.
         A request seen before (read back again after a reconnect) gets no second answer.
         """
-        if self.mode == "off" or event.request_id in self._requests:
+        requests = session.requests
+        if self.mode == "off" or (requests is not None and event.request_id in requests):
             return None
-        request = _Request(event.session_id, event.permission)
-        _bounded_put(self._requests, event.request_id, request, _MAX_REQUESTS)
-        session = self._sessions.get(event.session_id)
+        if requests is None:
+            requests = session.requests = {}
+        bounded_put(requests, event.request_id, Request(event.permission), MAX_REQUESTS)
         if event.permission == DOOM_LOOP:
-            decision = doom_loop(event, self._last_part(session, event.tool))
+            decision = doom_loop(event, _last_part(session, event.tool))
             wait = 0.0 if self.mode == "approve" else self.grace
             return self._refuse(event.request_id, decision, wait)
         if event.message_id is None or event.call_id is None:
@@ -216,12 +151,13 @@ class PermissionGate:
                 return Reply(event.request_id, event.session_id, directory, "once")
             return None
         key = (event.message_id, event.call_id)
-        session = self._sessions.touch(event.session_id, _Session)
-        call = session.calls.get(key)
+        call = session.by_key(key)
         if call is None:
             # Before the call's `running` update: whether it is a loop's is not known yet,
             # so it is answered then (`decide`).
-            _bounded_put(session.early, key, event.request_id, _MAX_CALLS)
+            if session.early is None:
+                session.early = {}
+            bounded_put(session.early, key, event.request_id, MAX_IN_FLIGHT)
             return None
         self._ask(session, call, event.request_id)
         if call.loop is not None:
@@ -232,41 +168,38 @@ class PermissionGate:
             return None
         return Reply(event.request_id, event.session_id, directory, "once")
 
-    def _ask(self, session: _Session, call: _Call, request_id: str) -> None:
+    def _ask(self, session: SessionRecord, call: Call, request_id: str) -> None:
         """Learn that `call` asked: calls like it will ask too."""
-        request = self._requests.get(request_id)
+        request = None if session.requests is None else session.requests.get(request_id)
         call.asked = True
         # A request answered before its call's `running` update (by a person, a client)
         # is not ours to answer any more.
-        call.request = request_id if self.pending(request_id) else None
+        call.request = request_id if self.pending(session, request_id) else None
         if request is not None:
-            _bounded_put(session.asks, call.digest, request.permission, _MAX_SIGNATURES)
+            _put_ask(session, call.digest, request.permission)
 
-    def replied(self, event: PermissionReplied) -> None:
+    def replied(self, session: SessionRecord, event: PermissionReplied) -> None:
         """Someone answered a request (we, a person, a client)."""
-        request = self._requests.get(event.request_id)
+        request = None if session.requests is None else session.requests.get(event.request_id)
         if request is None:
             return
         request.reply = event.reply
-        session = self._sessions.get(request.session_id)
-        if event.reply == "always" and session is not None:
+        if event.reply == "always" and session.asks is not None:
             # Later calls under this permission will not ask: their loops need the abort.
             for digest, permission in session.asks.items():
                 if permission == request.permission:
                     session.asks[digest] = None
 
-    def pending(self, request_id: str) -> bool:
+    @staticmethod
+    def pending(session: SessionRecord | None, request_id: str) -> bool:
         """True while nobody has answered the request, as far as the stream told us."""
-        request = self._requests.get(request_id)
+        requests = None if session is None else session.requests
+        request = None if requests is None else requests.get(request_id)
         return request is not None and request.reply is None
 
-    def forget(self, session_id: str) -> None:
-        self._sessions.pop(session_id)
-
-    def _refuse(self, request_id: str, decision: Intervene, wait: float) -> Reply:
-        message = rejection_text(
-            decision.cycle, decision.tools, decision.hold, decision.prior_interventions + 1
-        )
+    @staticmethod
+    def _refuse(request_id: str, decision: Intervene, wait: float) -> Reply:
+        message = rejection_text(decision.finding, decision.hold, decision.prior_interventions + 1)
         return Reply(
             request_id,
             decision.session_id,
@@ -277,12 +210,17 @@ class PermissionGate:
             wait=wait,
         )
 
-    @staticmethod
-    def _last_part(session: _Session | None, tool: str | None) -> str:
-        """The part id of the session's last unfinished call of `tool` ("" if none)."""
-        if session is None:
-            return ""
-        for call in reversed(session.calls.values()):
-            if call.tool == tool:
-                return call.part_id
-        return ""
+
+def _put_ask(session: SessionRecord, digest: int, permission: str | None) -> None:
+    if session.asks is None:
+        session.asks = {}
+    bounded_put(session.asks, digest, permission, MAX_ASKS)
+
+
+def _last_part(session: SessionRecord, tool: str | None) -> str:
+    """The part id of the session's last unfinished call of `tool` that the gate follows
+    ("" if none)."""
+    for call in reversed(list((session.in_flight or {}).values())):
+        if call.key is not None and call.tool == tool:
+            return call.part_id
+    return ""

@@ -11,11 +11,13 @@ through `seed` under the same rules.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from monitor.core.decisions import Intervene, Reply
 from monitor.core.events import (
     KNOWN_EVENT_TYPES,
     MALFORMED,
@@ -31,61 +33,27 @@ from monitor.core.events import (
     ToolPart,
     parse_event,
 )
-from monitor.core.feedback import feedback_text, text_feedback_text
+from monitor.core.feedback import feedback_text
+from monitor.core.findings import RULES, DoomLoop, Finding, TextPassage
 from monitor.core.frames import FrameError, decode_frame
-from monitor.core.guard import LoopGuard, RecentMap
 from monitor.core.ids import is_permission_id, is_session_id
 from monitor.core.limits import check_history, derived_history
-from monitor.core.permissions import (
-    DOOM_LOOP,
-    DOOM_LOOP_CALLS,
-    PermissionGate,
-    PermissionMode,
-    Reply,
-)
+from monitor.core.permissions import DOOM_LOOP_CALLS, PermissionGate, PermissionMode
 from monitor.core.profile import Profile, ignored_args, transparent_tools
-from monitor.core.rules.cycle import Cycle
-from monitor.core.rules.failure import FailureRun, failure_digest
-from monitor.core.rules.text import StepRepeats, TextStream, text_digest
-from monitor.core.rules.waiting import answers_in_progress, waits_by_command
-from monitor.core.signature import canonical_signature, signature_digest
+from monitor.core.rules import CallRule, TextRule
+from monitor.core.rules.cycle import CycleRule
+from monitor.core.rules.failure import FailureRule
+from monitor.core.rules.text import StepsRule, TextStream
+from monitor.core.session import Call, RecentMap, SessionRecord, call_digest
+
+__all__ = ["RULES", "SEED", "Detection", "Fed", "Intervene", "SessionView", "Tracker"]
 
 MatchMode = Literal["input", "input+output"]
 OnLoop = Literal["resume", "hold"]
 
-# Parts of one session that started but have not finished yet; a model step rarely runs more
-# than a few calls at once, so this bound only matters for a server that never finishes any.
-_MAX_IN_FLIGHT = 64
 # Text and reasoning parts streaming at once, over all sessions; the oldest is dropped first.
 # Each holds at most about 3 KB (docs/performance.md), so all of them stay under 12 MB.
 MAX_STREAMING_PARTS = 4096
-# Distinct waiting calls remembered per run; a run rarely waits on more than a few things.
-_MAX_WAITING = 16
-
-# Every rule's name, as decisions, logs, the metric label and `evaluate` carry it.
-RULES = ("cycle", "failure", "wait", "text_repeat", "text_steps", DOOM_LOOP)
-
-
-@dataclass(frozen=True, slots=True)
-class Intervene:
-    """Stop this session's run and give the model `feedback`.
-
-    `rule` names the rule that found the loop (`cycle`, ..., or `doom_loop`: the server's own
-    check, seen as its permission request): it goes into logs, metrics, replay output and the
-    feedback.
-    """
-
-    rule: str
-    session_id: str
-    directory: str | None
-    cycle: Cycle
-    tools: tuple[str, ...]
-    part_id: str
-    call_index: int
-    prior_interventions: int
-    hold: bool
-    escalated: bool
-    feedback: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +103,19 @@ SEED = Detection(
 )
 
 
+def rules_of(detection: Detection) -> tuple[list[CallRule], list[TextRule]]:
+    """The rules a `Detection` turns on, in the order the tracker asks them."""
+    call_rules: list[CallRule] = [
+        CycleRule(detection.max_period, detection.repeats, detection.history, detection.wait_calls)
+    ]
+    if detection.failure_repeats:
+        call_rules.append(FailureRule(detection.failure_repeats))
+    text_rules: list[TextRule] = []
+    if detection.text_steps:
+        text_rules.append(StepsRule(detection.text_steps))
+    return call_rules, text_rules
+
+
 @dataclass(frozen=True, slots=True)
 class Fed:
     """What one frame did: the decisions it led to, and what the shell counts and logs.
@@ -179,48 +160,6 @@ class _Seeding:
         self.decided = False
 
 
-class _Session:
-    __slots__ = (
-        "directory",
-        "interventions",
-        "calls",
-        "run_start",
-        "intervened_part",
-        "in_flight",
-        "steps",
-        "failures",
-        "waiting",
-    )
-
-    def __init__(self) -> None:
-        self.directory: str | None = None
-        self.interventions = 0
-        self.calls = 0
-        # `calls` when the current run began, so a run read back again (`seed`) is not
-        # counted twice.
-        self.run_start = 0
-        # The part that completed the last cycle: a seed that replays the same run must not
-        # act on it a second time (the feedback may not be stored yet when we read back).
-        self.intervened_part: str | None = None
-        # Part ids recorded at `running` whose final update has not come yet: their later
-        # updates must not be recorded a second time. The value says whether the part's
-        # outcome was already taken (a part read back finished, or one a decision stopped).
-        # None until needed, to stay small.
-        self.in_flight: dict[str, bool] | None = None
-        # The run of identical failures (rule `failure`); None until a call fails.
-        self.failures: FailureRun | None = None
-        # Digests of the run's calls that wait (rule `wait`); None until one does.
-        self.waiting: dict[int, None] | None = None
-        # The current run's finished text and reasoning parts, by kind. None until needed.
-        self.steps: dict[str, StepRepeats] | None = None
-
-    def reset_rules(self) -> None:
-        """A new run, or a run stopped: the rules' own state starts over."""
-        self.failures = None
-        self.waiting = None
-        self.steps = None
-
-
 class Tracker:
     """Feeds frames through the loop rules; see `feed`."""
 
@@ -231,30 +170,21 @@ class Tracker:
         only_session: str | None = None,
         check_ids: bool = False,
     ) -> None:
+        # `Detection` checked its invariants when it was made (monitor/core/limits.py).
         self.detection = detection
-        if detection.history < detection.wait_calls:
-            raise ValueError(
-                f"history ({detection.history}) must hold wait_calls ({detection.wait_calls})"
-            )
         # The daemon acts on ids (they go into request paths): one that is not of OpenCode's
         # shape makes its frame malformed. Off for replay and the core's own tests.
         self._check_ids = check_ids
-        self._guard = LoopGuard(
-            max_history=detection.history,
-            max_sessions=detection.max_sessions,
-            max_period=detection.max_period,
-            repeats=detection.repeats,
-        )
+        self._call_rules, self._text_rules = rules_of(detection)
         self._ignore_args = ignored_args(detection.profile, detection.ignore_args)
         self._transparent = transparent_tools(detection.profile, detection.ignore_tools)
         self._record_at_running = detection.match == "input"
         self._default_directory = directory
-        self._sessions: RecentMap[str, _Session] = RecentMap(detection.max_sessions)
+        # The one table of session state (monitor/core/session.py).
+        self._sessions: RecentMap[str, SessionRecord] = RecentMap(detection.max_sessions)
         # Events of every other session are ignored, as if the stream did not carry them.
         self.only_session = only_session
-        self.permissions = PermissionGate(
-            detection.permissions, detection.permission_grace, detection.max_sessions
-        )
+        self._gate = PermissionGate(detection.permissions, detection.permission_grace)
         self.malformed: Counter[str] = Counter()
         # Sessions taken in since the start (one forgotten and seen again counts twice).
         self.sessions_seen = 0
@@ -280,6 +210,17 @@ class Tracker:
         """
         return self._feed(frame, None)
 
+    def expire(self, reply: Reply) -> Reply | None:
+        """The deadline of `reply` (its `wait`) has passed: the time as an event.
+
+        Returns the reply to send now (`wait` 0), or None when somebody (a person at the TUI)
+        answered the request meanwhile, as far as the stream told us.
+        """
+        session = self._sessions.get(reply.session_id)
+        if not self._gate.pending(session, reply.request_id):
+            return None
+        return dataclasses.replace(reply, wait=0.0)
+
     def seed(
         self,
         session_id: str,
@@ -294,15 +235,14 @@ class Tracker:
         messages (each part in the state it had when they were read). The run starts over
         (its history and in-flight parts go; its intervention count stays) and the frames go
         through the rules of the live stream, with the differences `_tool_part` explains.
+        Returns its decisions, for the shell to carry out as those of any frame.
 
         `interventions` is how many feedback messages the session's record holds, so that
         escalation counts the interventions of an earlier monitor process too.
         """
         session = self._seen(session_id, directory)
         session.interventions = max(session.interventions, interventions)
-        self._guard.clear(session_id)
-        session.in_flight = None
-        session.reset_rules()
+        session.end_run()
         session.calls = session.run_start
         seeding = _Seeding()
         decisions: list[Intervene] = []
@@ -322,7 +262,11 @@ class Tracker:
 
     def running(self) -> dict[str, str | None]:
         """The sessions with a run under way (a history), with their directories."""
-        return {session_id: self.directory_of(session_id) for session_id in self._guard}
+        return {
+            session_id: session.directory or self._default_directory
+            for session_id, session in self._sessions.items()
+            if session.running
+        }
 
     def known(self) -> dict[str, str | None]:
         """Every session held, with the directory the stream told us (None if it did not)."""
@@ -334,12 +278,13 @@ class Tracker:
 
     def history_length(self, session_id: str) -> int:
         """Calls of the session's current run that the rules remember."""
-        return self._guard.history_length(session_id)
+        session = self._sessions.get(session_id)
+        return 0 if session is None else session.history_length()
 
     @property
     def active_sessions(self) -> int:
         """Sessions with a run under way: what the sessions gauge reports."""
-        return len(self._guard)
+        return sum(session.running for session in self._sessions.values())
 
     @property
     def malformed_total(self) -> int:
@@ -351,11 +296,9 @@ class Tracker:
 
     def end_run(self, session_id: str) -> None:
         """The session's run is over: its history goes, its intervention count stays."""
-        self._guard.clear(session_id)
         session = self._sessions.get(session_id)
         if session is not None:
-            session.in_flight = None
-            session.reset_rules()
+            session.end_run()
             session.run_start = session.calls
 
     def sessions_view(self) -> list[SessionView]:
@@ -364,7 +307,7 @@ class Tracker:
             SessionView(
                 session_id,
                 session.directory or self._default_directory,
-                session_id in self._guard,
+                session.running,
                 session.calls - session.run_start,
                 session.calls,
                 session.interventions,
@@ -373,9 +316,7 @@ class Tracker:
         ]
 
     def forget(self, session_id: str) -> None:
-        self._guard.clear(session_id)
         self._sessions.pop(session_id)
-        self.permissions.forget(session_id)
 
     def _feed(self, frame: object, seeding: _Seeding | None) -> Fed:
         if isinstance(frame, Malformed):
@@ -399,17 +340,22 @@ class Tracker:
             decision = self._delta(event)
             return _QUIET[label] if decision is None else Fed((decision,), label)
         if isinstance(event, ToolPart):
-            return self._call(event, seeding, label)
+            return self._tool_part(event, seeding, label)
         if isinstance(event, TextPart):
             decision = self._text_part(event)
             return _QUIET[label] if decision is None else Fed((decision,), label)
         if isinstance(event, PermissionAsked):
-            reply = self.permissions.asked(
-                event, self.directory_of(event.session_id), self._doom_loop
+            if self._gate.mode == "off":
+                return _QUIET[label]
+            session = self._seen(event.session_id, event.directory)
+            reply = self._gate.asked(
+                session, event, self.directory_of(event.session_id), self._doom_loop
             )
             return _QUIET[label] if reply is None else Fed(event_type=label, replies=(reply,))
         if isinstance(event, PermissionReplied):
-            self.permissions.replied(event)
+            replied = self._sessions.get(event.session_id)
+            if replied is not None:
+                self._gate.replied(replied, event)
             return _QUIET[label]
         if isinstance(event, SessionIdle):
             self._seen(event.session_id, event.directory)
@@ -425,37 +371,86 @@ class Tracker:
         self.malformed[reason] += 1
         return Fed(event_type=label, malformed=reason)
 
-    def _seen(self, session_id: str, directory: str | None) -> _Session:
+    def _seen(self, session_id: str, directory: str | None) -> SessionRecord:
         if session_id not in self._sessions:
             self.sessions_seen += 1
-        session = self._sessions.touch(session_id, _Session)
+        session = self._sessions.touch(session_id, SessionRecord)
         if directory is not None:
             session.directory = directory
         return session
 
-    def _call(self, part: ToolPart, seeding: _Seeding | None, label: str) -> Fed:
-        # The gate sees the update first: a call must be known before its loop is decided.
-        late = self.permissions.part(part, live=seeding is None)
-        decision = self._tool_part(part, seeding)
-        now = self.permissions.decide(part, decision, self.directory_of(part.session_id))
+    def _doom_loop(self, request: PermissionAsked, part_id: str) -> Intervene:
+        """The server's `doom_loop` check found a loop: an intervention like our own."""
+        session = self._seen(request.session_id, request.directory)
+        finding = DoomLoop(request.tool or request.permission, DOOM_LOOP_CALLS)
+        return self._decide(session, request.session_id, finding, part_id)
+
+    def _identify(self, part: ToolPart) -> Call:
+        """A call's identity, made once: its arguments after the profile, and their digest."""
+        args = part.input
+        dropped = self._ignore_args.get(part.tool)
+        if dropped and isinstance(args, dict):
+            args = {key: value for key, value in args.items() if key not in dropped}
+        return Call(part.part_id, part.tool, call_digest(part.tool, args), args)
+
+    def _tool_part(self, part: ToolPart, seeding: _Seeding | None, label: str) -> Fed:
+        transparent = part.tool in self._transparent
+        follows = self._gate.follows(part)
+        if transparent and not follows:
+            return _QUIET[label]
+        session = self._seen(part.session_id, part.directory)
+        call = session.call(part.part_id)
+        finished = part.status in _FINISHED
+        late = None
+        if call is None and part.status == "running" and follows:
+            call = self._identify(part)
+            session.start(call)
+            self._gate.started(session, call, part)
+        elif call is not None and call.key is not None and finished:
+            # The gate sees the update first: a call must be known before its loop is decided.
+            late = self._gate.finished(session, call, live=seeding is None)
+        decision = None if transparent else self._call(session, call, part, seeding)
+        if part.status == "running" and follows:
+            now = self._gate.decide(
+                part.session_id, session, call, decision, self.directory_of(part.session_id)
+            )
+        else:
+            now = decision
+        if finished:
+            held = session.call(part.part_id)
+            if held is not None and not held.held and held.key is None:
+                session.finish(part.part_id)
         if isinstance(now, Reply):
             return Fed(() if late is None else (late,), label, replies=(now,))
         decisions = tuple(d for d in (late, now) if d is not None)
         return Fed(decisions, label) if decisions else _QUIET[label]
 
-    def _doom_loop(self, request: PermissionAsked, part_id: str) -> Intervene:
-        """The server's `doom_loop` check found a loop: an intervention like our own."""
-        session = self._seen(request.session_id, request.directory)
-        tools = (request.tool or request.permission,)
-        return self._decide(
-            session, request.session_id, DOOM_LOOP, Cycle(1, DOOM_LOOP_CALLS), tools, part_id
-        )
-
-    def _tool_part(self, part: ToolPart, seeding: _Seeding | None) -> Intervene | None:
-        if part.tool in self._transparent:
+    def _call(
+        self, session: SessionRecord, call: Call | None, part: ToolPart, seeding: _Seeding | None
+    ) -> Intervene | None:
+        """Take a tool call's update: record it, take its outcome, ask the rules."""
+        finished = part.status in _FINISHED
+        # Each part is recorded once and its outcome taken once.
+        if finished and call is not None and call.held:
+            call.held = False
+            record, outcome = False, not call.taken
+        elif part.status == "running" and self._record_at_running:
+            if call is not None and call.held:
+                return None  # bash re-sends `running` while it streams output
+            record, outcome = True, False
+        else:
+            # `completed` or `error` of a part whose `running` we never saw (or, in
+            # input+output mode, never record at): this is its one full update.
+            record = outcome = finished
+        if not (record or outcome):
             return None
-        session = self._seen(part.session_id, part.directory)
-        record, outcome = self._update_kind(session, part)
+        if call is None:
+            call = self._identify(part)
+            session.start(call)
+        if record and part.status == "running":
+            call.held, call.taken = True, False
+        if outcome:
+            call.finished(part.status, part.output, part.error, part.metadata)
         if record:
             session.calls += 1
             if seeding is not None:
@@ -464,8 +459,9 @@ class Tracker:
                 # twice, in the messages and on the stream, and must count once. So every part
                 # read back is held in flight, also a finished one: its later updates on the
                 # stream are dropped as live. A part still `pending` (no input yet) is not
-                # recorded here (`_update_kind`): its `running` on the stream will be.
-                _hold_in_flight(session, part.part_id, outcome)
+                # recorded here: its `running` on the stream will be.
+                if not call.held or part.status != "running":
+                    call.held, call.taken = True, outcome
                 if seeding.decided:
                     # A run that looped several times before we came is stopped once, at the
                     # first call where `watch` would have stopped it; later calls are counted
@@ -474,98 +470,22 @@ class Tracker:
                 if part.part_id == session.intervened_part:
                     # The run read back is the one we just stopped, its feedback not stored
                     # yet: the same loop must not be acted on twice.
-                    self._guard.clear(part.session_id)
-                    session.reset_rules()
+                    session.digests = session.tools = None
+                    session.rule_state = None
                     seeding.decided = True
                     return None
-            args = self._call_args(part)
-            digest = signature_digest(canonical_signature(part.tool, args))
-            if outcome:
-                self._note_waiting(session, part, digest)
-            decision = self._record(session, part, args, digest)
-            if decision is not None:
-                return decision
-        elif outcome:
-            self._note_waiting(session, part, None)
-        return self._failure(session, part) if outcome else None
-
-    def _update_kind(self, session: _Session, part: ToolPart) -> tuple[bool, bool]:
-        """Whether this update records a call, and whether it brings the call's outcome.
-
-        Each part is recorded once and its outcome taken once.
-        """
-        finished = part.status in ("completed", "error")
-        in_flight = session.in_flight
-        if finished and in_flight is not None and part.part_id in in_flight:
-            taken = in_flight.pop(part.part_id)
-            return False, not taken
-        if part.status == "running" and self._record_at_running:
-            if in_flight is not None and part.part_id in in_flight:
-                return False, False  # bash re-sends `running` while it streams output
-            _hold_in_flight(session, part.part_id, False)
-            return True, False
-        # `completed` or `error` of a part whose `running` we never saw (or, in input+output
-        # mode, never record at): this is its one full update.
-        return finished, finished
-
-    def _record(
-        self, session: _Session, part: ToolPart, args: Any, digest: int
-    ) -> Intervene | None:
-        """Rules `cycle` and `wait`: does this call complete a cycle?"""
-        wait_calls = self.detection.wait_calls
-        if wait_calls and waits_by_command(part.tool, args):
-            _remember_waiting(session, digest)
-        cycle = self._guard.record_digest(part.session_id, part.tool, digest)
-        if cycle is None:
-            return None
-        waiting = session.waiting
-        if waiting is not None and any(
-            call in waiting for call in self._guard.block(part.session_id, cycle.length)
-        ):
-            # A wait gets its allowance; the history (at least wait_calls long) counts it.
-            if cycle.length * cycle.repetitions < wait_calls:
-                return None
-            return self._intervene(session, part, "wait", cycle)
-        return self._intervene(session, part, "cycle", cycle)
-
-    def _note_waiting(self, session: _Session, part: ToolPart, digest: int | None) -> None:
-        """A call answered "in progress" waits: later calls with its signature too."""
-        if not self.detection.wait_calls or part.status != "completed":
-            return
-        if not answers_in_progress(part.output):
-            return
-        if digest is None:
-            digest = signature_digest(canonical_signature(part.tool, self._call_args(part)))
-        _remember_waiting(session, digest)
-
-    def _failure(self, session: _Session, part: ToolPart) -> Intervene | None:
-        """Rule `failure`: the same failure `failure_repeats` times in a row."""
-        limit = self.detection.failure_repeats
-        if not limit:
-            return None
-        digest = failure_digest(part.tool, part.status, part.output, part.error, part.metadata)
-        failures = session.failures
-        if failures is None:
-            if digest is None:
-                return None  # successes cost nothing until a call fails
-            failures = session.failures = FailureRun()
-        count = failures.feed(digest)
-        if count < limit:
-            return None
-        return self._intervene(session, part, "failure", Cycle(1, count), (part.tool,))
-
-    def _call_args(self, part: ToolPart) -> Any:
-        args = part.input
-        dropped = self._ignore_args.get(part.tool)
-        if dropped and isinstance(args, dict):
-            args = {key: value for key, value in args.items() if key not in dropped}
-        if self._record_at_running:
-            return args
-        if part.status == "error":
-            return {"input": args, "error": part.error}
-        return {"input": args, "output": part.output}
+            if not self._record_at_running:
+                call.recorded_as = hash((call.digest, call.outcome))
+            session.record(call.recorded_as, call.tool, self.detection.history)
+        for rule in self._call_rules:
+            finding = rule.call(session, call, record, outcome)
+            if finding is not None:
+                return self._decide(session, part.session_id, finding, part.part_id)
+        return None
 
     def _delta(self, event: PartDelta) -> Intervene | None:
+        """Rule `text_repeat`, the one rule over a part's deltas as they stream: its state
+        is per part (`TextStream`), not per session."""
         if not self.detection.text_repeats or event.field != "text":
             return None
         stream = self._streams.get(event.part_id)
@@ -575,8 +495,9 @@ class Tracker:
         found = stream.feed(event.delta)
         if found is None:
             return None
-        cycle = Cycle(found.units, found.repetitions)
-        return self._intervene_text(event, stream.kind, cycle, found.chunk, steps=False)
+        session = self._seen(event.session_id, event.directory)
+        finding = TextPassage(stream.kind, found.units, found.repetitions, found.chunk)
+        return self._decide(session, event.session_id, finding, event.part_id)
 
     def _stream(self, part_id: str, kind: str) -> TextStream:
         streams = self._streams
@@ -593,110 +514,46 @@ class Tracker:
         stream = self._streams.pop(part.part_id, None)
         if stream is not None and stream.found is not None:
             self.chunks_after_detection += stream.chunks - stream.found.chunk
-        digest = text_digest(part.text) if self.detection.text_steps else None
-        if digest is None:
+        if not self._text_rules:
             return None
-        session = self._seen(part.session_id, part.directory)
-        if session.steps is None:
-            session.steps = {}
-        repeated = session.steps.setdefault(part.kind, StepRepeats()).see(digest)
-        if repeated < self.detection.text_steps:
-            return None
-        return self._intervene_text(part, part.kind, Cycle(1, repeated), session.calls, steps=True)
+        session = self._sessions.get(part.session_id)
+        for rule in self._text_rules:
+            if session is None:
+                session = self._seen(part.session_id, part.directory)
+            finding = rule.text(session, part)
+            if finding is not None:
+                return self._decide(session, part.session_id, finding, part.part_id)
+        return None
 
-    def _intervene_text(
-        self, event: PartDelta | TextPart, kind: str, cycle: Cycle, index: int, steps: bool
+    def _decide(
+        self, session: SessionRecord, session_id: str, finding: Finding, part_id: str
     ) -> Intervene:
-        session = self._seen(event.session_id, event.directory)
-        session.reset_rules()  # the model gets a fresh start, as after a tool loop
-        prior, hold, escalated = self._escalation(session)
-        return Intervene(
-            rule="text_steps" if steps else "text_repeat",
-            session_id=event.session_id,
-            directory=session.directory or self._default_directory,
-            cycle=cycle,
-            tools=(),
-            part_id=event.part_id,
-            call_index=index,
-            prior_interventions=prior,
-            hold=hold,
-            escalated=escalated,
-            feedback=text_feedback_text(
-                kind, cycle.length, cycle.repetitions, steps, hold, prior + 1
-            ),
-        )
-
-    def _escalation(self, session: _Session) -> tuple[int, bool, bool]:
-        """Count one more intervention: the earlier ones, whether to hold, and whether that
-        is because there were too many."""
+        """The one way a finding becomes a decision, whichever rule found it."""
+        # Later updates of the parts already recorded must not fire again, so the history
+        # and the rules' state start over; the calls in flight stay to keep recognising those
+        # parts, and their outcomes (the abort ends them in error) are not taken.
+        session.digests = session.tools = None
+        session.rule_state = None
+        for call in (session.in_flight or {}).values():
+            if call.held:
+                call.taken = True
+        session.intervened_part = part_id
         prior = session.interventions
         session.interventions += 1
         detection = self.detection
         escalated = detection.on_loop == "resume" and prior >= detection.max_interventions
         hold = escalated or detection.on_loop == "hold"
-        return prior, hold, escalated
-
-    def _intervene(
-        self,
-        session: _Session,
-        part: ToolPart,
-        rule: str,
-        cycle: Cycle,
-        tools: tuple[str, ...] | None = None,
-    ) -> Intervene:
-        if tools is None:
-            tools = self._guard.tools(part.session_id, cycle.length)
-        return self._decide(session, part.session_id, rule, cycle, tools, part.part_id)
-
-    def _decide(
-        self,
-        session: _Session,
-        session_id: str,
-        rule: str,
-        cycle: Cycle,
-        tools: tuple[str, ...],
-        part_id: str,
-    ) -> Intervene:
-        # Later updates of the parts already recorded must not fire again, so the history
-        # starts over; the in-flight set stays to keep recognising those parts, and their
-        # outcomes (the abort ends them in error) are not taken.
-        self._guard.clear(session_id)
-        session.reset_rules()
-        if session.in_flight is not None:
-            session.in_flight = dict.fromkeys(session.in_flight, True)
-        session.intervened_part = part_id
-        prior, hold, escalated = self._escalation(session)
         return Intervene(
-            rule=rule,
             session_id=session_id,
             directory=session.directory or self._default_directory,
-            cycle=cycle,
-            tools=tools,
+            finding=finding,
             part_id=part_id,
             call_index=session.calls,
             prior_interventions=prior,
             hold=hold,
             escalated=escalated,
-            feedback=feedback_text(cycle, tools, hold, prior + 1, rule),
+            feedback=feedback_text(finding, hold, prior + 1),
         )
 
 
-def _hold_in_flight(session: _Session, part_id: str, taken: bool) -> None:
-    """Remember a recorded part until its final update comes; `taken`: its outcome is known."""
-    in_flight = session.in_flight
-    if in_flight is None:
-        in_flight = session.in_flight = {}
-    elif part_id in in_flight:
-        return
-    if len(in_flight) >= _MAX_IN_FLIGHT:
-        del in_flight[next(iter(in_flight))]
-    in_flight[part_id] = taken
-
-
-def _remember_waiting(session: _Session, digest: int) -> None:
-    waiting = session.waiting
-    if waiting is None:
-        waiting = session.waiting = {}
-    elif len(waiting) >= _MAX_WAITING:
-        del waiting[next(iter(waiting))]
-    waiting[digest] = None
+_FINISHED = ("completed", "error")

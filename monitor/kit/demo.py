@@ -29,9 +29,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from monitor.config import Settings
-from monitor.core.feedback import describe_cycle
 from monitor.core.frames import FrameError, SSEChunkDecoder, decode_frame
-from monitor.core.rules.cycle import Cycle
 from monitor.errors import ServerError
 from monitor.kit.poll import until
 from monitor.kit.sandbox import (
@@ -197,9 +195,8 @@ class Printer:
             "dry_run": "dry run, so the session goes on",
             "abort_failed": f"the abort failed ({record.get('error')})",
         }.get(str(outcome), str(outcome))
-        # The record carries the decision's cycle field by field: say it as the feedback does.
-        cycle = Cycle(record["cycle_length"], record["repetitions"])
-        shape = describe_cycle(cycle, tuple(record["tools"]))
+        # The record says what was found as the finding describes itself.
+        shape = record["finding"]
         _say(self.out, f"monitor: loop detected on call {call}: {shape}; {done}")
         self._flush_abort()
         self.detected.set()

@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from monitor.core.permissions import DOOM_LOOP, Reply
-from monitor.core.tracker import Intervene
+from monitor.core.decisions import Intervene, Outcome, Reply
+from monitor.core.findings import Rule
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.api import OpencodeAPI
 
@@ -47,16 +47,17 @@ class Interventions:
         api: OpencodeAPI | None,
         forget: Callable[[str], None],
         on_fatal: Callable[[BaseException], None],
-        on_outcome: Callable[[Intervene, str], None] = lambda decision, outcome: None,
-        pending: Callable[[str], bool] = lambda request_id: True,
+        on_outcome: Callable[[Intervene, Outcome], None] = lambda decision, outcome: None,
+        expire: Callable[[Reply], Reply | None] = lambda reply: reply,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._api = api
         self._forget = forget
         self._on_fatal = on_fatal
         self._on_outcome = on_outcome
-        # Whether a permission request is still unanswered (the tracker follows the replies).
-        self._pending = pending
+        # A reply's deadline passed: the core says what to send now (None: nothing, somebody
+        # answered meanwhile). The shell only runs the timer.
+        self._expire = expire
         self._sleep = sleep
         self._tails: dict[str, asyncio.Task[None]] = {}
         # Every task not yet done, queued ones and approvals too: `_tails` holds only the
@@ -64,7 +65,7 @@ class Interventions:
         self._running: set[asyncio.Task[None]] = set()
 
     def submit(self, decision: Intervene) -> None:
-        log.warning("loop.detected", **_decision_fields(decision))
+        log.warning("loop.detected", **decision.fields())
         self._queue(decision, lambda progress: self._act(decision, progress))
 
     def answer(self, reply: Reply) -> None:
@@ -72,7 +73,7 @@ class Interventions:
         approval goes at once, behind nothing (the call waits for it)."""
         decision = reply.loop
         if decision is not None:
-            log.warning("loop.detected", request_id=reply.request_id, **_decision_fields(decision))
+            log.warning("loop.detected", request_id=reply.request_id, **decision.fields())
             self._queue(decision, lambda progress: self._refuse(reply, decision, progress))
             return
         self._track(asyncio.create_task(self._approve(reply)))
@@ -124,16 +125,16 @@ class Interventions:
         except asyncio.CancelledError:
             # Shutdown gave up on this action: say so, for the stop or for the feedback.
             if not progress.decided:
-                self._decided(decision, "cancelled")
+                self._decided(decision, Outcome.CANCELLED)
             elif progress.feedback_due:
                 _feedback_failed(decision, "cancelled at shutdown")
             raise
 
-    def _decided(self, decision: Intervene, outcome: str, **fields: object) -> None:
+    def _decided(self, decision: Intervene, outcome: Outcome, **fields: object) -> None:
         log.warning(
             "intervention.outcome",
-            **_decision_fields(decision),
-            outcome=outcome,
+            **decision.fields(),
+            outcome=str(outcome),
             **{key: value for key, value in fields.items() if value is not None},
         )
         self._on_outcome(decision, outcome)
@@ -144,7 +145,7 @@ class Interventions:
         abort_ms = round((time.monotonic() - started) * 1000, 1)
         progress.decided = True
         self._decided(decision, outcome, abort_ms=abort_ms, error=error, **extra)
-        if outcome in ("aborted", "held"):
+        if outcome in (Outcome.ABORTED, Outcome.HELD):
             progress.feedback_due = True
             await self._give_feedback(decision)
 
@@ -159,11 +160,13 @@ class Interventions:
         request_id = reply.request_id
         if reply.wait:
             await self._sleep(reply.wait)
-            if not self._pending(request_id):
+            now = self._expire(reply)
+            if now is None:
                 # Somebody (a person at the TUI) answered within the grace period.
                 progress.decided = True
-                self._decided(decision, "answered", request_id=request_id)
+                self._decided(decision, Outcome.ANSWERED, request_id=request_id)
                 return
+            reply = now
         started = time.monotonic()
         try:
             refused = await self._api.reply_permission(
@@ -178,8 +181,9 @@ class Interventions:
             await self._act(decision, progress, request_id=request_id, fallback="answered first")
             return
         reply_ms = round((time.monotonic() - started) * 1000, 1)
-        outcome, error = "rejected", None
-        if decision.hold or decision.rule == DOOM_LOOP:
+        outcome: Outcome = Outcome.REJECTED
+        error = None
+        if decision.hold or decision.rule == Rule.DOOM_LOOP:
             # The run must end before the feedback starts a new one; a refused doom_loop
             # request ends it only seconds later, and a message posted meanwhile is lost.
             stopped, error = await self._abort(decision)
@@ -187,7 +191,9 @@ class Interventions:
                 outcome = stopped
         progress.decided = True
         self._decided(decision, outcome, request_id=request_id, reply_ms=reply_ms, error=error)
-        if outcome == "held" or (outcome == "rejected" and decision.rule == DOOM_LOOP):
+        if outcome == Outcome.HELD or (
+            outcome == Outcome.REJECTED and decision.rule == Rule.DOOM_LOOP
+        ):
             progress.feedback_due = True
             await self._give_feedback(decision)
 
@@ -212,20 +218,20 @@ class Interventions:
             reply_ms=round((time.monotonic() - started) * 1000, 1),
         )
 
-    async def _abort(self, decision: Intervene) -> tuple[str, str | None]:
+    async def _abort(self, decision: Intervene) -> tuple[Outcome, str | None]:
         if self._api is None:
-            return "dry_run", None
+            return Outcome.DRY_RUN, None
         try:
             await self._api.abort(decision.session_id, decision.directory)
         except SessionGone as exc:
             self._forget(decision.session_id)
-            return "abort_failed", str(exc)
+            return Outcome.ABORT_FAILED, str(exc)
         except ConfigError as exc:
             self._on_fatal(exc)  # logged as this decision's outcome, then the monitor stops
-            return "abort_failed", str(exc)
+            return Outcome.ABORT_FAILED, str(exc)
         except ServerError as exc:
-            return "abort_failed", str(exc)
-        return ("held" if decision.hold else "aborted"), None
+            return Outcome.ABORT_FAILED, str(exc)
+        return (Outcome.HELD if decision.hold else Outcome.ABORTED), None
 
     async def _give_feedback(self, decision: Intervene) -> None:
         assert self._api is not None
@@ -245,23 +251,6 @@ class Interventions:
             _feedback_failed(decision, str(exc))
             return
         log.info("feedback.sent", session_id=decision.session_id, hold=decision.hold)
-
-
-def _decision_fields(decision: Intervene) -> dict[str, object]:
-    """What `loop.detected` says of a decision; `intervention.outcome` repeats it, so one
-    record tells the whole intervention."""
-    return dict(
-        session_id=decision.session_id,
-        directory=decision.directory,
-        rule=decision.rule,
-        part_id=decision.part_id,
-        call_index=decision.call_index,
-        cycle_length=decision.cycle.length,
-        repetitions=decision.cycle.repetitions,
-        tools=list(decision.tools),
-        interventions=decision.prior_interventions + 1,
-        escalated=decision.escalated,
-    )
 
 
 def _feedback_failed(decision: Intervene, error: str) -> None:

@@ -20,6 +20,7 @@ from monitor.config import Settings, public_url
 from monitor.core.ids import is_session_id
 from monitor.core.tracker import Fed
 from monitor.errors import ServerError, SessionGone
+from monitor.exits import EX_NOINPUT, EX_UNAVAILABLE
 from monitor.shell.api import OpencodeAPI
 from monitor.shell.logs import configure_logging
 from monitor.shell.watch import Watch, http_session
@@ -27,8 +28,6 @@ from monitor.shell.watch import Watch, http_session
 log = structlog.get_logger("monitor.attach")
 
 PROG = "opencode-loop-monitor"
-EX_NOINPUT = 66  # the session does not exist
-EX_UNAVAILABLE = 69  # the server could not be asked (down, or failing)
 
 
 class OneSession:

@@ -14,9 +14,8 @@ from typing import IO, TYPE_CHECKING
 
 from monitor.core.evaluate import LabelError, Result, all_right, parse_label, table, trace_line
 from monitor.core.tracker import Detection
+from monitor.exits import EX_MISJUDGED, EX_USAGE
 from monitor.shell.replay import (
-    EX_FOUND,
-    EX_USAGE,
     FileReplay,
     RecordingError,
     read_lines,
@@ -69,7 +68,7 @@ def evaluate_paths(
         out.write("\n" + "\n".join(table(results)) + "\n")
     if failed:
         return EX_USAGE
-    return 0 if all_right(results) else EX_FOUND
+    return 0 if all_right(results) else EX_MISJUDGED
 
 
 def run_evaluate(settings: Settings, paths: list[str]) -> int:

@@ -26,16 +26,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from monitor import __version__
+from monitor.core.decisions import Outcome
 from monitor.core.events import KNOWN_EVENT_TYPES, MALFORMED, OTHER
-from monitor.core.tracker import RULES
+from monitor.core.findings import RULES
 from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
 
-OUTCOMES = ("aborted", "held", "rejected", "answered", "dry_run", "abort_failed", "cancelled")
+OUTCOMES = tuple(Outcome)
 # What interventions_total counts: a dry run stops nothing, so its detections are counted
 # apart, under a name that says so, and never look like sessions that were stopped.
-INTERVENTION_OUTCOMES = ("aborted", "held", "rejected", "answered", "abort_failed", "cancelled")
+INTERVENTION_OUTCOMES = tuple(outcome for outcome in Outcome if outcome != Outcome.DRY_RUN)
 
 
 # This server shares the event loop and the file limit with detection: whoever can reach the
@@ -123,7 +124,8 @@ class Metrics:
         )
         self._loops = Counter(
             PREFIX + "loops_detected",
-            "Tool-call loops detected, by cycle length in tool calls and by rule.",
+            "Loops detected, by rule and by the length of what repeated (the calls of a "
+            "cycle, the sentences of a text passage; 1 for the other rules).",
             ["cycle_length", "rule"],
             registry=registry,
         )
@@ -197,7 +199,7 @@ class Metrics:
         self._loops.labels(str(cycle_length), rule if rule in RULES else OTHER).inc()
 
     def intervention(self, outcome: str) -> None:
-        if outcome == "dry_run":
+        if outcome == Outcome.DRY_RUN:
             self._dry_run.inc()
             return
         self._interventions.labels(outcome if outcome in OUTCOMES else OTHER).inc()

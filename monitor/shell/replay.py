@@ -28,22 +28,18 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
+from monitor.core.decisions import Intervene
 from monitor.core.export import export_frames
-from monitor.core.frames import MAX_FRAME_BYTES, iter_sse_data
-from monitor.core.tracker import Detection, Intervene, Tracker
+from monitor.core.findings import fields
+from monitor.core.frames import MAX_LINE_BYTES, iter_sse_data
+from monitor.core.tracker import Detection, Tracker
+from monitor.exits import EX_DETECTED, EX_PIPE, EX_USAGE
 
 if TYPE_CHECKING:
     from monitor.config import Settings
 
 PROG = "opencode-loop-monitor replay"
-EX_FOUND = 1  # --fail-on-detect and a loop was detected
-EX_USAGE = 2  # a file could not be read or is not a recording; argparse's code too
-EX_PIPE = 141  # 128 + SIGPIPE: what a shell reports when the reader of the output left
 
-# A line longer than any frame the tracker accepts (plus the `data: ` prefix) is cut here and
-# the rest skipped, so one broken or binary file cannot make us hold it in memory whole; the
-# cut line then fails as a frame that is too large.
-MAX_LINE_BYTES = MAX_FRAME_BYTES + 64
 PROGRESS_INTERVAL_S = 0.2  # at most five redraws a second: drawing must not cost the replay
 
 _SSE_FIELDS = frozenset({"data", "event", "id", "retry"})
@@ -97,14 +93,12 @@ def detection_record(file: str, decision: Intervene) -> dict[str, Any]:
     """The output line of one detection; never the tool arguments or outputs."""
     return {
         "event": "loop.detected",
-        "rule": decision.rule,
+        "rule": str(decision.rule),
         "file": file,
         "session_id": decision.session_id,
         "part_id": decision.part_id,
-        "position": decision.call_index,
-        "cycle_length": decision.cycle.length,
-        "repetitions": decision.cycle.repetitions,
-        "tools": list(decision.tools),
+        "position": decision.position,
+        **fields(decision.finding),
     }
 
 
@@ -182,7 +176,7 @@ def exit_status(totals: Totals, *, failed: bool, fail_on_detect: bool) -> int:
     if failed:
         return EX_USAGE
     if fail_on_detect and totals.detections:
-        return EX_FOUND
+        return EX_DETECTED
     return 0
 
 

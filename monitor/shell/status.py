@@ -16,9 +16,9 @@ from typing import Any
 
 from monitor.config import ListenAddress, Settings
 from monitor.errors import ConfigError
+from monitor.exits import EX_UNAVAILABLE
 
 # sysexits.h: the service is not there (no monitor answers on that address).
-EX_UNAVAILABLE = 69
 TIMEOUT_S = 5.0
 
 

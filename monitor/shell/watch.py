@@ -25,12 +25,13 @@ import structlog
 
 from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
+from monitor.core.decisions import Intervene, Outcome
 from monitor.core.export import current_run, export_frames, feedback_count
 from monitor.core.feedback import clean_tool_name
 from monitor.core.frames import encode_sse
 from monitor.core.profile import transparent_tools
 from monitor.core.resync import directories_to_ask, finished_calls, missed_by_stream, plan_resync
-from monitor.core.tracker import Detection, Fed, Intervene, Tracker
+from monitor.core.tracker import Detection, Fed, Tracker
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.actions import Interventions
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
@@ -271,7 +272,7 @@ class Watch:
                 forget=self.tracker.forget,
                 on_fatal=self._fail,
                 on_outcome=self._on_outcome,
-                pending=self.tracker.permissions.pending,
+                expire=self.tracker.expire,
                 sleep=self.timing.sleep,
             )
             stream = self._stream = EventStream(
@@ -338,14 +339,16 @@ class Watch:
             self._stop.set()
 
     def _carry_out(self, fed: Fed) -> None:
-        """Hand the decisions and permission answers of one frame to `Interventions`."""
+        """Hand the decisions and permission answers of one frame, or of one session read
+        back, to `Interventions`: every decision takes this one path (logged, counted,
+        carried out)."""
         for decision in fed.decisions:
             self.interventions.submit(decision)
         for reply in fed.replies:
             self.interventions.answer(reply)
         if self.metrics is not None:
             for loop in (*fed.decisions, *(r.loop for r in fed.replies if r.loop is not None)):
-                self.metrics.loop(loop.cycle.length, loop.rule)
+                self.metrics.loop(loop.finding.shape()[0], loop.rule)
 
     def _write_record(self, record: TextIO, data: str) -> None:
         try:
@@ -358,10 +361,10 @@ class Watch:
             log.error("record.failed", path=str(self.settings.record), error=exc.strerror)
             self._record = None
 
-    def _on_outcome(self, decision: Intervene, outcome: str) -> None:
+    def _on_outcome(self, decision: Intervene, outcome: Outcome) -> None:
         if self.metrics is not None:
             self.metrics.intervention(outcome)
-        if outcome == "held":
+        if outcome == Outcome.HELD:
             self._held[decision.session_id] = decision.call_index
         self.toasts.show(decision, outcome)  # returns at once: posting runs apart
         if self.webhook is not None:
@@ -591,6 +594,5 @@ class Watch:
             calls=sum(isinstance(frame, dict) for frame in frames),
             loop=bool(decisions),
         )
-        for decision in decisions:
-            self.interventions.submit(decision)
+        self._carry_out(Fed(tuple(decisions)))
         return 1

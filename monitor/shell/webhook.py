@@ -31,13 +31,13 @@ from typing import Any
 import aiohttp
 import structlog
 
+from monitor.core.decisions import Intervene, Outcome
 from monitor.core.feedback import clean_tool_name
-from monitor.core.tracker import Intervene
 from monitor.shell.backoff import Backoff
 
 log = structlog.get_logger("monitor.shell.webhook")
 
-_SAID = {
+_SAID: dict[str, str] = {
     "aborted": "was stopped; the model was told why and carries on",
     "held": "was stopped and put on hold: it waits for a person to read the feedback and go on",
     "abort_failed": "could not be stopped (the abort failed)",
@@ -71,18 +71,17 @@ def notification_id(decision: Intervene, outcome: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()[:32]
 
 
-def notification(decision: Intervene, outcome: str) -> dict[str, Any]:
+def notification(decision: Intervene, outcome: Outcome) -> dict[str, Any]:
     """The JSON body for one intervention (ids, cleaned names and counts only)."""
-    cycle = decision.cycle
-    tools = [clean_tool_name(tool) for tool in decision.tools]
+    length, repetitions, names = decision.finding.shape()
+    tools = [clean_tool_name(tool) for tool in names]
     directory = None
     if decision.directory is not None:
         directory = clean_tool_name(decision.directory, DIRECTORY_MAX)
     where = f" in {directory}" if directory else ""
     text = (
         f"opencode-loop-monitor: session {decision.session_id}{where} looped "
-        f"({cycle.length} call{'s' if cycle.length > 1 else ''}: {', '.join(tools)}, "
-        f"{cycle.repetitions} times) and {_SAID.get(outcome, outcome)}"
+        f"({decision.finding.describe()}) and {_SAID.get(outcome, outcome)}"
     )
     return {
         "id": notification_id(decision, outcome),
@@ -90,12 +89,12 @@ def notification(decision: Intervene, outcome: str) -> dict[str, Any]:
         "event": "hold" if outcome == "held" else "intervention",
         "session_id": decision.session_id,
         "directory": directory,
-        "rule": decision.rule,
+        "rule": str(decision.rule),
         "tools": tools,
-        "cycle_length": cycle.length,
-        "repetitions": cycle.repetitions,
+        "cycle_length": length,
+        "repetitions": repetitions,
         "interventions": decision.prior_interventions + 1,
-        "outcome": outcome,
+        "outcome": str(outcome),
     }
 
 

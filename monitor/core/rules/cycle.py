@@ -1,6 +1,7 @@
 """Cycle detection over a history of call signatures.
 
-A loop is a block of 1 to `max_period` calls repeated back to back until the newest call.
+Rules `cycle` and `wait` (`CycleRule`): a loop is a block of 1 to `max_period` calls repeated
+back to back until the newest call.
 For a period L the last max(L * repeats, min_calls) entries must each equal the entry L
 places before them. `min_calls` exists for period 1: three identical calls in a row are
 still allowed (OpenCode's own doom_loop check asks the user on the third one within a step),
@@ -11,6 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+
+from monitor.core.findings import CallCycle, EndlessWait, Finding
+from monitor.core.rules.waiting import answers_in_progress, waits_by_command
+from monitor.core.session import Call, SessionRecord
 
 MIN_WINDOW = 16
 
@@ -60,3 +65,58 @@ def _periodic_tail(history: Sequence[Hashable], size: int, length: int, window: 
     while run < window and history[size - 1 - run] == history[size - 1 - run + length]:
         run += 1
     return min(run, window)
+
+
+# Distinct waiting calls remembered per run; a run rarely waits on more than a few things.
+_MAX_WAITING = 16
+
+
+class CycleRule:
+    """Rules `cycle` and `wait`: does this call complete a cycle of the run's history?
+
+    A cycle that holds a call that waits (monitor/core/rules/waiting.py) is a loop only after
+    `wait_calls` calls (0: no allowance); the history, at least `wait_calls` long, counts them.
+    Its state is the digests of the run's calls that wait.
+    """
+
+    def __init__(
+        self, max_period: int, repeats: int, history: int, wait_calls: int, min_calls: int = 4
+    ) -> None:
+        self.max_period = max_period
+        self.repeats = repeats
+        self.history = history
+        self.wait_calls = wait_calls
+        self.min_calls = min_calls
+
+    def call(
+        self, session: SessionRecord, call: Call, recorded: bool, finished: bool
+    ) -> Finding | None:
+        wait_calls = self.wait_calls
+        if wait_calls and finished and call.status == "completed":
+            if answers_in_progress(call.output):
+                _remember_waiting(session, call.recorded_as)
+        if not recorded:
+            return None
+        if wait_calls and waits_by_command(call.tool, call.args):
+            _remember_waiting(session, call.recorded_as)
+        digests = session.digests
+        if digests is None:
+            return None
+        cycle = detect_cycle(digests, self.max_period, self.repeats, self.min_calls, self.history)
+        if cycle is None:
+            return None
+        tools = session.last_tools(cycle.length)
+        waiting: dict[int, None] | None = session.peek("wait")
+        if waiting is not None and any(d in waiting for d in session.block(cycle.length)):
+            # A wait gets its allowance.
+            if cycle.length * cycle.repetitions < wait_calls:
+                return None
+            return EndlessWait(tools, cycle.repetitions)
+        return CallCycle(tools, cycle.repetitions)
+
+
+def _remember_waiting(session: SessionRecord, digest: int) -> None:
+    waiting: dict[int, None] = session.state("wait", dict)
+    if digest not in waiting and len(waiting) >= _MAX_WAITING:
+        del waiting[next(iter(waiting))]
+    waiting[digest] = None

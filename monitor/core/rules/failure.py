@@ -8,8 +8,9 @@ failures are the same when the tool, the exit status and the error text agree on
 bits are normalized: numbers (line numbers, counters, timestamps, pids), long hex ids and
 temporary paths; other paths and file names are kept, as they say what failed.
 
-Successful calls never feed this rule, they end the run: output equality is not a sign of a
-loop (silence, exit 0 with empty output, repeats in long runs of strong models all the time).
+Rule `failure` (`FailureRule`). Successful calls never feed this rule, they end the run:
+output equality is not a sign of a loop (silence, exit 0 with empty output, repeats in long
+runs of strong models all the time).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from monitor.core import findings
+from monitor.core.session import Call, SessionRecord
 from monitor.core.signature import signature_digest
 
 # Only the head and tail of a long output are compared: errors sit at either end, and the
@@ -81,3 +84,25 @@ class FailureRun:
         else:
             self.digest, self.count = digest, 1
         return self.count
+
+
+class FailureRule:
+    """Rule `failure`: the same failure `repeats` times in a row. Its state is the run of
+    failures, made at the first failure (successes cost nothing until then)."""
+
+    def __init__(self, repeats: int) -> None:
+        self.repeats = repeats
+
+    def call(
+        self, session: SessionRecord, call: Call, recorded: bool, finished: bool
+    ) -> findings.Finding | None:
+        if not finished:
+            return None
+        digest = failure_digest(call.tool, call.status, call.output, call.error, call.metadata)
+        run: FailureRun | None = session.peek("failure")
+        if run is None:
+            if digest is None:
+                return None
+            run = session.state("failure", FailureRun)
+        count = run.feed(digest)
+        return None if count < self.repeats else findings.FailureRun(call.tool, count)

@@ -24,14 +24,18 @@ The chunking was chosen by measurement (docs/detection.md, "Text loops"): whole 
 paragraph streamed as one long line; fixed windows only line up with a repeated passage
 whose length divides the window; sentences catch both and name what the user sees.
 
-`StepRepeats` is the other check: the same whole text (or reasoning) at successive steps of
-one run.
+`StepRepeats` is the other check, rule `text_steps` (`StepsRule`): the same whole text (or
+reasoning) at successive steps of one run.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from monitor.core.events import TextPart
+from monitor.core.findings import Finding, TextSteps
+from monitor.core.session import SessionRecord
 
 MAX_UNIT = 512  # characters of one unit held at most; a longer unit is cut
 MAX_BLOCK = 32  # units in the longest repeated passage looked for
@@ -237,3 +241,19 @@ class StepRepeats:
         self.count = self.count + 1 if digest == self._last else 1
         self._last = digest
         return self.count
+
+
+class StepsRule:
+    """Rule `text_steps`: the same whole text of one kind at `steps` successive steps. Its
+    state is a `StepRepeats` per kind."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def text(self, session: SessionRecord, part: TextPart) -> Finding | None:
+        digest = text_digest(part.text)
+        if digest is None:
+            return None
+        kinds: dict[str, StepRepeats] = session.state("text_steps", dict)
+        repeated = kinds.setdefault(part.kind, StepRepeats()).see(digest)
+        return None if repeated < self.steps else TextSteps(part.kind, repeated)

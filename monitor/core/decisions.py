@@ -1,0 +1,89 @@
+"""What the core tells the shell to do: stop a run (`Intervene`), answer a request (`Reply`).
+
+Both are frozen values; the shell carries them out and reports back only through events
+(`Tracker.feed`, `Tracker.expire`). `Outcome` names how an intervention ended, as the logs,
+the metrics and the webhook carry it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Literal
+
+from monitor.core.findings import Finding, Rule, TextPassage, fields
+
+
+class Outcome(enum.StrEnum):
+    """How one intervention ended (`intervention.outcome`)."""
+
+    ABORTED = "aborted"
+    HELD = "held"
+    REJECTED = "rejected"
+    ANSWERED = "answered"  # a person answered the request within the grace period
+    DRY_RUN = "dry_run"
+    ABORT_FAILED = "abort_failed"
+    CANCELLED = "cancelled"  # shutdown gave up on it
+
+
+@dataclass(frozen=True, slots=True)
+class Intervene:
+    """Stop this session's run and give the model `feedback`, for what `finding` says.
+
+    `call_index` is how many calls the session's run had made when it was decided; `part_id`
+    the part that completed the loop (the feedback goes after it).
+    """
+
+    session_id: str
+    directory: str | None
+    finding: Finding
+    part_id: str
+    call_index: int
+    prior_interventions: int
+    hold: bool
+    escalated: bool
+    feedback: str
+
+    @property
+    def rule(self) -> Rule:
+        return self.finding.rule
+
+    @property
+    def position(self) -> int:
+        """Where in its stream the loop was found: the call, or for a passage inside one
+        part, the delta (what `loop.detected` logs as `call_index`, replay as `position`)."""
+        if isinstance(self.finding, TextPassage):
+            return self.finding.delta
+        return self.call_index
+
+    def fields(self) -> dict[str, object]:
+        """What `loop.detected` says of a decision; `intervention.outcome` repeats it."""
+        return dict(
+            session_id=self.session_id,
+            directory=self.directory,
+            rule=str(self.rule),
+            part_id=self.part_id,
+            call_index=self.position,
+            **fields(self.finding),
+            interventions=self.prior_interventions + 1,
+            escalated=self.escalated,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Answer permission request `request_id`.
+
+    `loop` is the loop this answer stops (always with `reject` and `message`, the text the
+    model reads as the refused call's result); None for an approval. `wait` is a deadline:
+    leave the request to others that long, then feed `Tracker.expire(request_id)`, which says
+    whether to answer it after all.
+    """
+
+    request_id: str
+    session_id: str
+    directory: str | None
+    reply: Literal["once", "reject"]
+    message: str | None = None
+    loop: Intervene | None = None
+    wait: float = 0.0

@@ -1,0 +1,174 @@
+"""What a rule found: a small tagged union of frozen dataclasses, one per kind of loop.
+
+Each finding carries only what means something for it (a cycle has its block of tools, a text
+passage its number of sentences and the delta it was found on) and says what it is in one
+way, `describe()`, which the feedback, the logs, the metrics, the webhook, replay, status and
+the demo all use. `shape()` is what the logs and the metrics always carried of every loop
+(`cycle_length`, `repetitions`, `tools`, see `fields`); for a kind without a block of calls it
+says what comes closest (a text passage: its sentences, no tools). A new rule adds its class
+here and to `Finding`.
+"""
+
+from __future__ import annotations
+
+import enum
+import unicodedata
+from dataclasses import dataclass
+from typing import ClassVar
+
+# Longer than any real tool name (MCP tools are `server_tool`), short enough to carry no
+# paragraph of instructions.
+TOOL_NAME_MAX = 64
+
+
+class Rule(enum.StrEnum):
+    """Every rule's name, as decisions, logs, the metric label and `evaluate` carry it."""
+
+    CYCLE = "cycle"
+    FAILURE = "failure"
+    WAIT = "wait"
+    TEXT_REPEAT = "text_repeat"
+    TEXT_STEPS = "text_steps"
+    # The server's own check, seen as its `doom_loop` permission request.
+    DOOM_LOOP = "doom_loop"
+
+
+RULES = tuple(Rule)
+
+
+def clean_tool_name(name: str, limit: int = TOOL_NAME_MAX) -> str:
+    """A tool name as a model or a person may read it in what we write.
+
+    The name comes from the stream, and a tool (an MCP server's, say) can be called
+    anything: control characters (newlines, NUL, escape codes, bidi overrides, surrogates)
+    become spaces, runs of whitespace one space, and the name is cut to `limit` characters,
+    so it stays one short token. The shell cleans every name that leaves the process (logs,
+    webhooks, /status) with it, with limits of its own for directories.
+    """
+    printable = "".join(" " if unicodedata.category(c).startswith("C") else c for c in name)
+    words = " ".join(printable.split())
+    return words if len(words) <= limit else words[: limit - 1] + "…"
+
+
+def _calls(tools: tuple[str, ...], repetitions: int) -> str:
+    calls = "1 call" if len(tools) == 1 else f"{len(tools)} calls"
+    names = ", ".join(clean_tool_name(tool) for tool in tools)
+    return f"{calls} ({names}) repeated {repetitions} times"
+
+
+def _where(kind: str) -> str:
+    return "reasoning" if kind == "reasoning" else "answer"
+
+
+@dataclass(frozen=True, slots=True)
+class CallCycle:
+    """A block of calls (`tools`, oldest first) repeated `repetitions` times back to back,
+    with the same arguments."""
+
+    rule: ClassVar[Rule] = Rule.CYCLE
+    tools: tuple[str, ...]
+    repetitions: int
+
+    def describe(self) -> str:
+        """`3 calls (read, edit, bash) repeated 3 times`."""
+        return _calls(self.tools, self.repetitions)
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return len(self.tools), self.repetitions, self.tools
+
+
+@dataclass(frozen=True, slots=True)
+class EndlessWait:
+    """A cycle holding a call that waits, run past its allowance (`wait_calls`)."""
+
+    rule: ClassVar[Rule] = Rule.WAIT
+    tools: tuple[str, ...]
+    repetitions: int
+
+    def describe(self) -> str:
+        return _calls(self.tools, self.repetitions) + " while waiting"
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return len(self.tools), self.repetitions, self.tools
+
+
+@dataclass(frozen=True, slots=True)
+class FailureRun:
+    """The same failure of `tool`, `count` times in a row, whatever the arguments."""
+
+    rule: ClassVar[Rule] = Rule.FAILURE
+    tool: str
+    count: int
+
+    def describe(self) -> str:
+        """`the same error 4 times in a row (bash)`."""
+        return f"the same error {self.count} times in a row ({clean_tool_name(self.tool)})"
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return 1, self.count, (self.tool,)
+
+
+@dataclass(frozen=True, slots=True)
+class TextPassage:
+    """Inside one streamed part of `kind` ("text" or "reasoning"), a passage of `units`
+    sentences written `repetitions` times back to back, found on the part's `delta`-th delta."""
+
+    rule: ClassVar[Rule] = Rule.TEXT_REPEAT
+    kind: str
+    units: int
+    repetitions: int
+    delta: int
+
+    def describe(self) -> str:
+        """`the same sentence 12 times in a row`; `the same passage of 3 sentences ...`."""
+        what = "sentence" if self.units == 1 else f"passage of {self.units} sentences"
+        return f"the same {what} {self.repetitions} times in a row"
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return self.units, self.repetitions, ()
+
+
+@dataclass(frozen=True, slots=True)
+class TextSteps:
+    """The same whole text of `kind` at `steps` successive steps of one run."""
+
+    rule: ClassVar[Rule] = Rule.TEXT_STEPS
+    kind: str
+    steps: int
+
+    def describe(self) -> str:
+        """`the same answer at 8 successive steps`."""
+        return f"the same {_where(self.kind)} at {self.steps} successive steps"
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return 1, self.steps, ()
+
+
+@dataclass(frozen=True, slots=True)
+class DoomLoop:
+    """The server's `doom_loop` check: the last `calls` calls of one message, of `tool`, were
+    identical, and it asked permission to go on."""
+
+    rule: ClassVar[Rule] = Rule.DOOM_LOOP
+    tool: str
+    calls: int
+
+    def describe(self) -> str:
+        return _calls((self.tool,), self.calls)
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return 1, self.calls, (self.tool,)
+
+
+Finding = CallCycle | EndlessWait | FailureRun | TextPassage | TextSteps | DoomLoop
+
+
+def fields(finding: Finding) -> dict[str, object]:
+    """A finding's part of the `loop.detected` log record (docs/logs.md)."""
+    length, repetitions, tools = finding.shape()
+    return {
+        "cycle_length": length,
+        "repetitions": repetitions,
+        "tools": list(tools),
+        "finding": finding.describe(),
+    }

@@ -1,0 +1,314 @@
+"""One record per session, in one bounded table: every piece of a session's state in one place.
+
+A `SessionRecord` holds:
+
+- what is known of the session: its directory, its calls, its interventions;
+- the current run's history, what the cycle rules see: a 64-bit digest per call in an `array`
+  and the interned tool names (never the arguments: edit and write calls can be many KB),
+  at most `history` long; None while no run is under way;
+- its calls in flight (`Call`, by part id): recorded, or asking permission, and not finished
+  yet. The tracker and the permission gate share them, so a call has one identity;
+- the rules' own running state (`rule_state`, by rule name), started over with every run;
+- the permission gate's view: its requests, the permission each kind of call asked, and the
+  requests that came before their call.
+
+Memory is bounded whatever the server does: the table holds at most `max_sessions` records
+and forgets the least recently active one first (one eviction policy for all of the above);
+each table inside a record is bounded too. Everything inside a record is None until needed:
+most sessions are idle most of the time and must cost little (under 2 KB, bench/memory.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+from monitor.core.decisions import Intervene
+from monitor.core.signature import canonical_signature, signature_digest
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+# Parts of one session that started but have not finished yet; a model step rarely runs more
+# than a few calls at once, so this bound only matters for a server that never finishes any.
+MAX_IN_FLIGHT = 64
+# Distinct kinds of call whose permission behaviour is remembered, and requests, per session.
+MAX_ASKS = 256
+MAX_REQUESTS = 256
+
+
+class RecentMap(Generic[K, V]):
+    """A dict that holds at most `capacity` keys and forgets the least recently used one.
+
+    A plain dict keeps insertion order, so re-inserting a key on use is enough; it costs less
+    memory per entry than OrderedDict, which matters at tens of thousands of sessions.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self._capacity = capacity
+        self._items: dict[K, V] = {}
+
+    def touch(self, key: K, make: Callable[[], V]) -> V:
+        """Return the value of `key`, made with `make()` if absent, and mark it most recent."""
+        items = self._items
+        value = items.pop(key, None)
+        if value is None:
+            value = make()
+            if len(items) >= self._capacity:
+                del items[next(iter(items))]
+        items[key] = value
+        return value
+
+    def get(self, key: K) -> V | None:
+        return self._items.get(key)
+
+    def pop(self, key: K) -> V | None:
+        return self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(list(self._items))
+
+    def items(self) -> list[tuple[K, V]]:
+        """A copy, oldest first: the caller may touch or drop keys while it reads."""
+        return list(self._items.items())
+
+    def values(self) -> list[V]:
+        return list(self._items.values())
+
+
+def bounded_put(table: dict[K, V], key: K, value: V, limit: int) -> None:
+    """Put `key` last in `table`, dropping the oldest entry when `table` is full."""
+    table.pop(key, None)
+    if len(table) >= limit:
+        del table[next(iter(table))]
+    table[key] = value
+
+
+def call_digest(tool: str, args: Any) -> int:
+    """A call's identity: the digest of its signature, after the tool profile dropped noise."""
+    return signature_digest(canonical_signature(tool, args))
+
+
+def outcome_digest(status: str, output: Any, error: Any, metadata: Any) -> int:
+    """What a finished call answered: its output, error and exit status, as one digest."""
+    code = metadata.get("exit") if isinstance(metadata, dict) else None
+    return call_digest(status, {"output": output, "error": error, "exit": code})
+
+
+class Call:
+    """One tool call of a session, from its first update that counts to its final one.
+
+    Its identity is made once: `digest` is the signature digest of its arguments after the
+    tool profile (monitor/core/profile.py), the same for every rule and for the permission
+    gate; `outcome` the digest of what it answered (`outcome_digest`) once it finished.
+    """
+
+    __slots__ = (
+        "part_id",
+        "tool",
+        "digest",
+        "status",
+        "outcome",
+        "args",
+        "recorded_as",
+        "output",
+        "error",
+        "metadata",
+        "held",
+        "taken",
+        "key",
+        "asked",
+        "request",
+        "loop",
+        "stopped",
+    )
+
+    def __init__(self, part_id: str, tool: str, digest: int, args: Any) -> None:
+        self.part_id = part_id
+        self.tool = tool
+        self.digest = digest
+        self.status = "running"
+        self.outcome: int | None = None
+        # The arguments after the profile, for rules that read them (`wait` reads a command);
+        # dropped with the call when it finishes.
+        self.args = args
+        # The digest the run's history holds for it: `digest`, or with `input+output`
+        # matching, `digest` and `outcome` together.
+        self.recorded_as = digest
+        # What the finishing update brought, for the rules that read it (`failure`, `wait`).
+        self.output: Any = None
+        self.error: Any = None
+        self.metadata: Any = None
+        # Recorded by the tracker, its final update not come yet: later updates are not
+        # recorded again. `taken`: its outcome is known already (read back finished, or the
+        # loop it completed was stopped, so its error is the abort's).
+        self.held = False
+        self.taken = False
+        # The permission gate's view: the call's (message id, call id), by which requests
+        # name it; whether it asked; its request while nobody has been told to answer it;
+        # the loop it completes, waiting for that request; and whether an abort stops that
+        # loop (then its request must never be approved).
+        self.key: tuple[str, str] | None = None
+        self.asked = False
+        self.request: str | None = None
+        self.loop: Intervene | None = None
+        self.stopped = False
+
+    def finished(self, status: str, output: Any, error: Any, metadata: Any) -> None:
+        """Its final update came: take its outcome."""
+        self.status = status
+        self.output, self.error, self.metadata = output, error, metadata
+        self.outcome = outcome_digest(status, output, error, metadata)
+
+
+class Request:
+    """A permission request the gate saw, until it falls out of the session's table."""
+
+    __slots__ = ("permission", "reply")
+
+    def __init__(self, permission: str) -> None:
+        self.permission = permission
+        self.reply: str | None = None  # who answered first, as the stream told us
+
+
+class SessionRecord:
+    """Everything known about one session; see the module doc."""
+
+    __slots__ = (
+        "directory",
+        "interventions",
+        "calls",
+        "run_start",
+        "intervened_part",
+        "digests",
+        "tools",
+        "in_flight",
+        "rule_state",
+        "requests",
+        "asks",
+        "early",
+    )
+
+    def __init__(self) -> None:
+        self.directory: str | None = None
+        self.interventions = 0
+        self.calls = 0
+        # `calls` when the current run began, so a run read back again (`seed`) is not
+        # counted twice.
+        self.run_start = 0
+        # The part that completed the last loop: a seed that replays the same run must not
+        # act on it a second time (the feedback may not be stored yet when we read back).
+        self.intervened_part: str | None = None
+        # The run's history (None: no run under way), oldest first.
+        self.digests: array[int] | None = None
+        self.tools: list[str] | None = None
+        self.in_flight: dict[str, Call] | None = None
+        self.rule_state: dict[str, Any] | None = None
+        self.requests: dict[str, Request] | None = None
+        # Per call digest, what its last call did: the permission it asked, or None when it
+        # ran without asking.
+        self.asks: dict[int, str | None] | None = None
+        # Requests that came before their call's first update, by (message id, call id).
+        self.early: dict[tuple[str, str], str] | None = None
+
+    # -- the run's history ------------------------------------------------------------------
+
+    def record(self, digest: int, tool: str, limit: int) -> None:
+        """Add a call to the run's history, keeping the newest `limit`."""
+        digests, tools = self.digests, self.tools
+        if digests is None or tools is None:
+            digests = self.digests = array("q")
+            # Interned so thousands of histories share one string per tool name.
+            tools = self.tools = []
+        digests.append(digest)
+        tools.append(sys.intern(tool))
+        if len(digests) > limit:
+            del digests[0]
+            del tools[0]
+
+    def block(self, count: int) -> tuple[int, ...]:
+        """Digests of the run's last `count` calls, oldest first."""
+        digests = self.digests
+        return tuple(digests[-count:]) if digests is not None and count else ()
+
+    def last_tools(self, count: int) -> tuple[str, ...]:
+        """Tool names of the run's last `count` calls, oldest first."""
+        tools = self.tools
+        return tuple(tools[-count:]) if tools is not None and count else ()
+
+    @property
+    def running(self) -> bool:
+        """A run is under way: it has a history."""
+        return self.digests is not None
+
+    def history_length(self) -> int:
+        return 0 if self.digests is None else len(self.digests)
+
+    def end_run(self) -> None:
+        """The run is over, or stopped: its history and the rules' state start over; its
+        calls are no longer the tracker's (the gate's view of them stays)."""
+        self.digests = self.tools = None
+        self.rule_state = None
+        self.release_calls()
+
+    def release_calls(self) -> None:
+        in_flight = self.in_flight
+        if in_flight is None:
+            return
+        for part_id, call in list(in_flight.items()):
+            call.held = False
+            if call.key is None:
+                del in_flight[part_id]
+        if not in_flight:
+            self.in_flight = None
+
+    # -- calls in flight --------------------------------------------------------------------
+
+    def call(self, part_id: str) -> Call | None:
+        in_flight = self.in_flight
+        return None if in_flight is None else in_flight.get(part_id)
+
+    def start(self, call: Call) -> None:
+        """Follow `call` until its final update."""
+        in_flight = self.in_flight
+        if in_flight is None:
+            in_flight = self.in_flight = {}
+        bounded_put(in_flight, call.part_id, call, MAX_IN_FLIGHT)
+
+    def finish(self, part_id: str) -> None:
+        in_flight = self.in_flight
+        if in_flight is not None:
+            in_flight.pop(part_id, None)
+            if not in_flight:
+                self.in_flight = None
+
+    def by_key(self, key: tuple[str, str]) -> Call | None:
+        """The call a permission request names."""
+        for call in (self.in_flight or {}).values():
+            if call.key == key:
+                return call
+        return None
+
+    def state(self, rule: str, make: Callable[[], V]) -> V:
+        """The running state of `rule` in this run, made with `make()` when it has none."""
+        states = self.rule_state
+        if states is None:
+            states = self.rule_state = {}
+        value: V | None = states.get(rule)
+        if value is None:
+            value = states[rule] = make()
+        return value
+
+    def peek(self, rule: str) -> Any:
+        """The running state of `rule`, or None."""
+        return None if self.rule_state is None else self.rule_state.get(rule)

@@ -1,0 +1,20 @@
+"""Every exit status the monitor's commands return, in one place (`os.EX_*` where one exists).
+
+Each name means one thing: `EX_DETECTED` (replay found a loop and was asked to fail then) and
+`EX_MISJUDGED` (evaluate found a trace whose verdict is wrong) share the value 1 that scripts
+test for, but not a name.
+"""
+
+from __future__ import annotations
+
+import os
+
+EX_OK = os.EX_OK
+EX_DETECTED = 1  # replay --fail-on-detect, and a loop was detected
+EX_MISJUDGED = 1  # evaluate: a labelled trace was missed, caught early or late, or a false alarm
+EX_USAGE = 2  # a file could not be read or is not a recording; argparse's own code for usage
+EX_NOINPUT = os.EX_NOINPUT  # attach: the session does not exist
+EX_UNAVAILABLE = os.EX_UNAVAILABLE  # the server could not be asked (down, or failing)
+EX_CONFIG = os.EX_CONFIG  # a setting is wrong: no retry (monitor/errors.py)
+EX_INTERRUPTED = 130  # 128 + SIGINT
+EX_PIPE = 141  # 128 + SIGPIPE: what a shell reports when the reader of the output left
