@@ -7,13 +7,31 @@ labelled call and no false alarm, 1 otherwise, 2 a trace could not be read or ha
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import pickle
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from monitor.core.evaluate import LabelError, Result, all_right, parse_label, table, trace_line
-from monitor.core.tracker import Detection
+from monitor.core.evaluate import (
+    PROGRESS_RULES,
+    LabelError,
+    ProgressFacts,
+    ProgressSettings,
+    Result,
+    Step,
+    all_right,
+    legit_firings,
+    parse_label,
+    run_progress,
+    set_table,
+    table,
+    trace_line,
+)
+from monitor.core.tracker import RULES, Detection
 from monitor.shell.replay import (
     EX_FOUND,
     EX_USAGE,
@@ -75,3 +93,80 @@ def run_evaluate(settings: Settings, paths: list[str]) -> int:
     from monitor.config import detection_of
 
     return evaluate_paths(paths, detection_of(settings), out=sys.stdout, err=sys.stderr)
+
+
+# --- a corpus of real runs with labelled sets (../shared/realtraj) -------------------------
+
+# Bumped whenever what a cached file result holds or how it is computed changes.
+_CACHE_VERSION = "1"
+
+Fired = dict[str, list[int]]
+
+
+def is_set_corpus(path: Path) -> bool:
+    return path.is_dir() and (path / "sets.json").is_file() and (path / "traj").is_dir()
+
+
+def replay_run(path: Path, detection: Detection) -> tuple[Fired, list[Step]]:
+    """One run of the corpus: where each tracker rule fired, and the steps the progress
+    rules read."""
+    replay = FileReplay(path.name, detection)
+    facts = ProgressFacts(detection.profile)
+    fired: Fired = {}
+    steps: list[Step] = []
+    with path.open("rb") as stream:
+        for line in stream:
+            if not line.strip():
+                continue
+            frame = json.loads(line)
+            for record in replay.feed_frame(frame):
+                fired.setdefault(record["rule"], []).append(record["position"])
+            step = facts.feed(frame)
+            if step is not None:
+                steps.append(step)
+    return fired, steps
+
+
+def cached_run(path: Path, detection: Detection, cache: Path | None) -> tuple[Fired, list[Step]]:
+    """`replay_run`, kept in `cache` (one pickle per run and settings) when given: replaying
+    the 948 real runs takes minutes, trying thresholds of the progress rules then takes
+    seconds."""
+    if cache is None:
+        return replay_run(path, detection)
+    info = path.stat()
+    key = f"{path.resolve()}:{info.st_size}:{info.st_mtime_ns}:{detection!r}:{_CACHE_VERSION}"
+    entry = cache / (hashlib.sha256(key.encode()).hexdigest() + ".pickle")
+    try:
+        with entry.open("rb") as stream:
+            loaded: tuple[Fired, list[Step]] = pickle.load(stream)  # noqa: S301 (our own cache)
+            return loaded
+    except (OSError, pickle.UnpicklingError, EOFError):
+        pass
+    result = replay_run(path, detection)
+    cache.mkdir(parents=True, exist_ok=True)
+    temporary = entry.with_suffix(f".{os.getpid()}.tmp")
+    with temporary.open("wb") as stream:
+        pickle.dump(result, stream)
+    temporary.replace(entry)
+    return result
+
+
+def evaluate_corpus(
+    root: Path,
+    detection: Detection,
+    progress: ProgressSettings,
+    *,
+    cache: Path | None,
+    out: IO[str],
+) -> int:
+    """Every run of the corpus under the tracker's rules and the progress rules; the table per
+    rule and set, then every firing on a legit set. Exit status 0 (nothing to compare with)."""
+    sets: dict[str, list[str]] = json.loads((root / "sets.json").read_text("utf-8"))
+    fired: dict[str, Fired] = {}
+    for path in sorted((root / "traj").glob("*.jsonl")):
+        tracked, steps = cached_run(path, detection, cache)
+        fired[f"traj/{path.name}"] = {**tracked, **run_progress(steps, progress)}
+    on = [rule for rule in RULES if rule != "doom_loop"]
+    out.write("\n".join(set_table(fired, sets, [*on, *PROGRESS_RULES], on)) + "\n\n")
+    out.write("\n".join(legit_firings(fired, sets, [*on, *PROGRESS_RULES])) + "\n")
+    return 0
