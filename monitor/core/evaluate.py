@@ -143,9 +143,9 @@ Step = TextEnd | Call | RunEnd
 class ProgressSettings:
     """Thresholds of the progress rules (0 turns one off); defaults: docs/detection.md."""
 
-    no_progress_repeats: int = 4
-    revisit_window: int = 24
-    revisit_count: int = 20
+    no_progress_repeats: int = 5
+    revisit_window: int = 16
+    revisit_count: int = 12
     echo_steps: int = 8
     run_steps: int = 0
 
@@ -247,18 +247,16 @@ def set_table(
     lines[-1] += f" {len(fired):>9}"
     rows = [(rule, (rule,)) for rule in rules] + [("together", tuple(together))]
     for title, members in rows:
-        def fires(file: str) -> bool:
-            return any(fired.get(file, {}).get(rule) for rule in members)
-
-        counts = [sum(fires(f) for f in sets.get(name, ())) for name in names]
-        firsts = sorted(
-            min(p for rule in members for p in fired[f].get(rule, ()) or (10**9,))
-            for f in sets.get("known_loops", ())
-            if f in fired and fires(f)
-        )
+        first = {
+            file: min(p for rule in members for p in by_rule.get(rule, ()))
+            for file, by_rule in fired.items()
+            if any(by_rule.get(rule) for rule in members)
+        }
+        counts = [sum(f in first for f in sets.get(name, ())) for name in names]
+        firsts = sorted(first[f] for f in sets.get("known_loops", ()) if f in first)
         median = str(firsts[len(firsts) // 2]) if firsts else "-"
         line = f"{title:<16}" + "".join(f" {c:>15}" for c in counts)
-        lines.append(line + f" {sum(fires(f) for f in fired):>9}  {median}")
+        lines.append(line + f" {len(first):>9}  {median}")
     return lines
 
 

@@ -89,10 +89,28 @@ def evaluate_paths(
     return 0 if all_right(results) else EX_FOUND
 
 
-def run_evaluate(settings: Settings, paths: list[str]) -> int:
+def run_evaluate(settings: Settings, paths: list[str], cache: str | None = None) -> int:
+    """Labelled traces, or a corpus with sets (a folder holding sets.json and traj/)."""
     from monitor.config import detection_of
 
-    return evaluate_paths(paths, detection_of(settings), out=sys.stdout, err=sys.stderr)
+    detection = detection_of(settings)
+    corpora = [Path(p) for p in paths if is_set_corpus(Path(p))]
+    status = 0
+    for root in corpora:
+        status = max(
+            status,
+            evaluate_corpus(
+                root,
+                detection,
+                ProgressSettings(),
+                cache=None if cache is None else Path(cache),
+                out=sys.stdout,
+            ),
+        )
+    traces = [p for p in paths if not is_set_corpus(Path(p))]
+    if traces:
+        status = max(status, evaluate_paths(traces, detection, out=sys.stdout, err=sys.stderr))
+    return status
 
 
 # --- a corpus of real runs with labelled sets (../shared/realtraj) -------------------------
@@ -166,7 +184,8 @@ def evaluate_corpus(
     for path in sorted((root / "traj").glob("*.jsonl")):
         tracked, steps = cached_run(path, detection, cache)
         fired[f"traj/{path.name}"] = {**tracked, **run_progress(steps, progress)}
-    on = [rule for rule in RULES if rule != "doom_loop"]
-    out.write("\n".join(set_table(fired, sets, [*on, *PROGRESS_RULES], on)) + "\n\n")
-    out.write("\n".join(legit_firings(fired, sets, [*on, *PROGRESS_RULES])) + "\n")
+    rules = [*(rule for rule in RULES if rule != "doom_loop"), *PROGRESS_RULES]
+    on = [rule for rule in rules if rule != "budget_steps" or progress.run_steps]
+    out.write("\n".join(set_table(fired, sets, rules, on)) + "\n\n")
+    out.write("\n".join(legit_firings(fired, sets, rules)) + "\n")
     return 0

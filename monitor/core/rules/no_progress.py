@@ -47,7 +47,7 @@ class NoProgress:
 
     __slots__ = ("repeats", "max_checks", "_changes", "_checks")
 
-    def __init__(self, repeats: int = 4, max_checks: int = 32) -> None:
+    def __init__(self, repeats: int = 5, max_checks: int = 32) -> None:
         self.repeats = repeats
         self.max_checks = max_checks
         self._changes = 0  # changing calls (or server change signals) seen so far

@@ -40,7 +40,7 @@ class Revisit:
 
     __slots__ = ("window", "revisits", "memory", "_seen", "_next", "_bits", "_calls", "_tools")
 
-    def __init__(self, window: int = 24, revisits: int = 20, memory: int = 64) -> None:
+    def __init__(self, window: int = 16, revisits: int = 12, memory: int = 64) -> None:
         if not 0 < revisits <= window:
             raise ValueError("revisits must be between 1 and window")
         self.window = window
@@ -78,7 +78,8 @@ class Revisit:
             self._tools[call.tool] = None
         if not revisit or self._bits.bit_count() < self.revisits:
             return None
-        found = RevisitFinding(self._bits.bit_count(), min(self._calls, self.window), tuple(self._tools))
+        count, window = self._bits.bit_count(), min(self._calls, self.window)
+        found = RevisitFinding(count, window, tuple(self._tools))
         self._bits = 0
         self._tools = {}
         return found
