@@ -116,7 +116,7 @@ def run_evaluate(settings: Settings, paths: list[str], cache: str | None = None)
 # --- a corpus of real runs with labelled sets (../shared/realtraj) -------------------------
 
 # Bumped whenever what a cached file result holds or how it is computed changes.
-_CACHE_VERSION = "1"
+_CACHE_VERSION = "2"
 
 Fired = dict[str, list[int]]
 

@@ -8,7 +8,7 @@ tool part's final update carries:
   with the profile's label and volatile arguments dropped), the same digest `cycle` records;
 - `outcome`: a digest of what came back (`outcome_digest`): status, exit status and output or
   error, with only what differs between two runs of an unchanged thing masked (durations,
-  addresses, long hex ids, temporary folders); line numbers and counts are kept, as a test
+  addresses, long hex ids, temporary folders, the line counter of a long-lived bash); line numbers and counts are kept, as a test
   run whose counts change did change;
 - `changes`: whether the call changes files (`changes_files`): the edit tools, and bash
   commands that write (redirections into files, `sed -i`, `tee`, `patch`, `git apply`, ...).
@@ -50,7 +50,10 @@ _VOLATILE = re.compile(
     r"\b\d+(?:\.\d+)?\s*(?:ms|s|sec|secs|seconds|minutes)\b"  # durations
     r"|\b0x[0-9a-f]+\b"  # addresses
     r"|\b[0-9a-f]{12,}\b"  # hashes, ids
-    r"|(?:/tmp|/var/tmp)/[^/\s]+",  # temporary folders
+    r"|(?:/tmp|/var/tmp)/[^/\s]+"  # temporary folders
+    # bash's own counter of lines read by a long-lived shell (SWE-agent's): `/bin/bash: line
+    # 212: javac: command not found` grows by one each run of the same failing command
+    r"|(?<=bash: line )\d+",
     re.IGNORECASE,
 )
 
