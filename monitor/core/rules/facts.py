@@ -8,8 +8,8 @@ tool part's final update carries:
   with the profile's label and volatile arguments dropped), the same digest `cycle` records;
 - `outcome`: a digest of what came back (`outcome_digest`): status, exit status and output or
   error, with only what differs between two runs of an unchanged thing masked (durations,
-  addresses, long hex ids, temporary folders, the line counter of a long-lived bash); line numbers and counts are kept, as a test
-  run whose counts change did change;
+  addresses, long hex ids, temporary folders, the line counter of a long-lived bash); line
+  numbers and counts are kept, as a test run whose counts change did change;
 - `changes`: whether the call changes files (`changes_files`): the edit tools, and bash
   commands that write (redirections into files, `sed -i`, `tee`, `patch`, `git apply`, ...).
   Deliberately broad: a change wrongly assumed makes `no_progress` see edits where there were
