@@ -208,3 +208,63 @@ def test_outcome_masks_the_line_counter_of_a_long_lived_bash() -> None:
     assert outcome_digest("completed", "x.py line 3: E1", None, None) != outcome_digest(
         "completed", "x.py line 4: E1", None, None
     )
+
+
+# --- written regression traces (tests/corpus/progress), replayed here until the rules are wired
+# into the tracker; then they move up to tests/corpus and `evaluate` replays them
+
+PROGRESS_CORPUS = Path(__file__).parent / "corpus" / "progress"
+
+
+def first_firing(path: Path) -> tuple[str, int] | None:
+    """The first rule (tracker's or progress) to fire on a written trace, and where; the
+    tracker's `text_steps` is left out, as `text_steps_echo` replaces it."""
+    from monitor.shell.evaluate import replay_frames
+
+    lines = path.read_text("utf-8").splitlines()
+    frames = [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: ")]
+    tracked, steps = replay_frames(path.name, frames, Detection())
+    fired = {**tracked, **run_progress(steps, ProgressSettings())}
+    firings = sorted(
+        (positions[0], rule)
+        for rule, positions in fired.items()
+        if positions and rule != "text_steps"
+    )
+    return (firings[0][1], firings[0][0]) if firings else None
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("edit-rerun-same-result.sse", ("no_progress", 10)),
+        ("edit-rerun-bash-counter.sse", ("no_progress", 10)),
+        ("test-edit-test-progress.sse", None),
+        ("paging-cycle-14.sse", ("revisit", 26)),
+        ("paging-cycle-17.sse", ("revisit", 29)),
+        ("shuffled-reread.sse", ("revisit", 17)),
+        ("narrated-different-reads.text-legit.sse", None),
+    ],
+)
+def test_written_progress_traces(name: str, expected: tuple[str, int] | None) -> None:
+    from monitor.core.evaluate import parse_label
+
+    path = PROGRESS_CORPUS / name
+    label = parse_label(path.read_text("utf-8").splitlines()[0])
+    assert first_firing(path) == expected
+    # the label says the same as the table above
+    assert label.loop_at == (None if expected is None else expected[1])
+
+
+def test_every_written_progress_trace_is_in_the_table() -> None:
+    names = {p.name for p in PROGRESS_CORPUS.glob("*.sse")}
+    assert len(names) == 7
+
+
+def test_the_old_text_steps_takes_narration_for_a_loop() -> None:
+    """What `text_steps_echo` fixes: the tracker's rule fires on the narrated legit trace."""
+    from monitor.shell.evaluate import replay_frames
+
+    lines = (PROGRESS_CORPUS / "narrated-different-reads.text-legit.sse").read_text().splitlines()
+    frames = [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: ")]
+    tracked, _ = replay_frames("narrated", frames, Detection())
+    assert tracked == {"text_steps": [7]}

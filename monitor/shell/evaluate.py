@@ -126,22 +126,27 @@ def is_set_corpus(path: Path) -> bool:
 
 
 def replay_run(path: Path, detection: Detection) -> tuple[Fired, list[Step]]:
-    """One run of the corpus: where each tracker rule fired, and the steps the progress
-    rules read."""
-    replay = FileReplay(path.name, detection)
+    """One run of the corpus (JSON Lines): where each tracker rule fired, and the steps the
+    progress rules read."""
+    with path.open("rb") as stream:
+        frames = (json.loads(line) for line in stream if line.strip())
+        return replay_frames(path.name, frames, detection)
+
+
+def replay_frames(
+    name: str, frames: Iterable[object], detection: Detection
+) -> tuple[Fired, list[Step]]:
+    """`replay_run` over frames already read (a trace of tests/corpus/progress, say)."""
+    replay = FileReplay(name, detection)
     facts = ProgressFacts(detection.profile)
     fired: Fired = {}
     steps: list[Step] = []
-    with path.open("rb") as stream:
-        for line in stream:
-            if not line.strip():
-                continue
-            frame = json.loads(line)
-            for record in replay.feed_frame(frame):
-                fired.setdefault(record["rule"], []).append(record["position"])
-            step = facts.feed(frame)
-            if step is not None:
-                steps.append(step)
+    for frame in frames:
+        for record in replay.feed_frame(frame):
+            fired.setdefault(record["rule"], []).append(record["position"])
+        step = facts.feed(frame)
+        if step is not None:
+            steps.append(step)
     return fired, steps
 
 
