@@ -1,59 +1,77 @@
-"""Budgets: what a run, or a session with its subagents, may spend in steps, tokens and cost.
+"""Rule `budget`: what a run, or a session with its subagents, may spend in steps, tokens and cost.
 
-Pure accounting, no I/O. Inputs the tracker passes from the stream:
+Pure accounting, no I/O; the tracker feeds it from the stream:
 
-- `session(session_id, parent_id)` from `session.created` / `session.updated` (`info.parentID`:
-  a subagent's session points at its parent), so spend rolls up to the root of its tree;
-- `message(session_id, message_id, tokens, cost)` from every `message.updated` of an assistant
-  message (`info.tokens` input + output + reasoning + cache read + write, `info.cost`). The
-  server sends the same message again as it grows, with running totals: only the growth since
-  the previous update of that message is added. Each assistant message is one step (OpenCode
-  writes one per model call);
+- `session(session_id, parent_id)` from `session.created` / `session.updated`
+  (`info.parentID`: a subagent's session points at its parent), so spend rolls up to the
+  root of its tree;
+- `message(usage)` from every `message.updated` of an assistant message (`MessageUsage`:
+  tokens, cost). The server sends the same message again as it grows, with running totals:
+  only the growth since the previous update of that message is added. Each assistant
+  message is one step (OpenCode writes one per model call);
 - `end_run(session_id)` at `session.idle`: the run's spend starts over, the tree's does not.
 
 A `Budget` field of None is no limit; a budget with every field None never fires, which is the
-default (`docs/detection.md`, "Budgets": no default was measurable for tokens and cost, the
-real corpus carries no `message.updated`). Each limit fires once, on the update that reaches
-it. Memory per session: its parent id, the last message's id and totals, two `Spend`s.
+default (docs/detection.md, "Budgets": the real corpus carries no `message.updated`, so no
+default for tokens and cost could be measured; a step limit is off too, see there). A run's
+limit fires once per run, a tree's once, each on the update that reaches it: the decision
+stops that session's run with feedback that asks for a summary of what is done and left
+(one more step); with `on_loop = "hold"` the session then waits for a person.
+
+Memory: one account per session that sent usage or has a parent (its parent id, the last
+message's id and totals, two spends of four numbers), at most `max_sessions`, the least
+recently touched forgotten first (its tree's spend with it, if it was the root).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-Scope = Literal["run", "tree"]
-Measure = Literal["steps", "tokens", "cost"]
+from monitor.core.events import MessageUsage
+from monitor.core.findings import BudgetSpent
+
+MEASURES = ("steps", "tokens", "cost")
 
 
 @dataclass(frozen=True, slots=True)
 class Budget:
+    """Limits of one scope; None: no limit."""
+
     steps: int | None = None
     tokens: int | None = None
     cost: float | None = None
 
+    def __bool__(self) -> bool:
+        return any(limit is not None for limit in (self.steps, self.tokens, self.cost))
+
+    def __str__(self) -> str:
+        return self.describe() or "off"
+
+    def describe(self) -> str:
+        """As the setting is written: `steps=200,tokens=5000000,cost=10` (empty: none)."""
+        return ",".join(
+            f"{name}={limit:g}" if isinstance(limit, float) else f"{name}={limit}"
+            for name, limit in zip(MEASURES, (self.steps, self.tokens, self.cost), strict=True)
+            if limit is not None
+        )
+
 
 @dataclass(frozen=True, slots=True)
-class BudgetReached:
-    """`scope` (the run of `session_id`, or the tree under `root_id`) spent `spent` of
-    `measure`, reaching its `limit`."""
+class Spent:
+    """What one `message.updated` added: for the metrics (tokens and cost per directory)."""
 
-    session_id: str
-    root_id: str
-    scope: Scope
-    measure: Measure
-    limit: float
-    spent: float
+    tokens: int
+    cost: float
 
 
-class Spend:
+class _Spend:
     __slots__ = ("steps", "tokens", "cost", "fired")
 
     def __init__(self) -> None:
         self.steps = 0
         self.tokens = 0
         self.cost = 0.0
-        self.fired: set[str] = set()
+        self.fired = 0  # bit i: MEASURES[i] reached
 
 
 class _Account:
@@ -64,14 +82,16 @@ class _Account:
         self.message: str | None = None
         self.tokens = 0
         self.cost = 0.0
-        self.run = Spend()
-        self.tree = Spend()  # used only on a root: the whole tree's spend
+        self.run: _Spend | None = None
+        self.tree: _Spend | None = None  # only on a root: the whole tree's spend
 
 
 class BudgetBook:
-    """Every session's spend; `message` says which budgets an update reached."""
+    """Every session's spend; `message` says what an update spent and which budget it reached."""
 
-    def __init__(self, run: Budget = Budget(), tree: Budget = Budget(), max_sessions: int = 10_000):
+    def __init__(
+        self, run: Budget = Budget(), tree: Budget = Budget(), max_sessions: int = 10_000
+    ) -> None:
         self.run_budget = run
         self.tree_budget = tree
         self.max_sessions = max_sessions
@@ -79,18 +99,18 @@ class BudgetBook:
         self._accounts: dict[str, _Account] = {}
 
     def _touch(self, session_id: str) -> _Account:
-        account = self._accounts.pop(session_id, None)
+        accounts = self._accounts
+        account = accounts.pop(session_id, None)
         if account is None:
             account = _Account()
-            if len(self._accounts) >= self.max_sessions:
-                del self._accounts[next(iter(self._accounts))]
-        self._accounts[session_id] = account
+            if len(accounts) >= self.max_sessions:
+                del accounts[next(iter(accounts))]
+        accounts[session_id] = account
         return account
 
     def session(self, session_id: str, parent_id: str | None) -> None:
-        account = self._touch(session_id)
         if parent_id is not None and parent_id != session_id:
-            account.parent = parent_id
+            self._touch(session_id).parent = parent_id
 
     def root(self, session_id: str) -> str:
         """The top of the session's tree, as far as the parents are known (cycles cut)."""
@@ -107,62 +127,50 @@ class BudgetBook:
     def end_run(self, session_id: str) -> None:
         account = self._accounts.get(session_id)
         if account is not None:
-            account.run = Spend()
+            account.run = None
 
-    def message(
-        self, session_id: str, message_id: str, tokens: int, cost: float
-    ) -> list[BudgetReached]:
-        account = self._touch(session_id)
-        if message_id != account.message:
-            account.message, account.tokens, account.cost = message_id, 0, 0.0
-            steps = 1
-        else:
-            steps = 0
-        grown_tokens = max(tokens - account.tokens, 0)
-        grown_cost = max(cost - account.cost, 0.0)
-        account.tokens, account.cost = max(tokens, account.tokens), max(cost, account.cost)
-        root_id = self.root(session_id)
-        root = self._touch(root_id)
-        found: list[BudgetReached] = []
-        scopes: tuple[tuple[Scope, Spend, Budget], ...] = (
-            ("run", account.run, self.run_budget),
-            ("tree", root.tree, self.tree_budget),
-        )
-        for scope, spend, budget in scopes:
-            spend.steps += steps
-            spend.tokens += grown_tokens
-            spend.cost += grown_cost
-            measures: tuple[tuple[Measure, float | None, float], ...] = (
-                ("steps", budget.steps, spend.steps),
-                ("tokens", budget.tokens, spend.tokens),
-                ("cost", budget.cost, spend.cost),
-            )
-            for measure, limit, spent in measures:
-                if limit is None or spent < limit or measure in spend.fired:
-                    continue
-                spend.fired.add(measure)
-                found.append(BudgetReached(session_id, root_id, scope, measure, limit, spent))
-        return found
+    def forget(self, session_id: str) -> None:
+        self._accounts.pop(session_id, None)
+
+    def message(self, usage: MessageUsage) -> tuple[Spent, BudgetSpent | None]:
+        """Take one update of an assistant message: what it added, and the budget it reached
+        (the run's first, when both are)."""
+        account = self._touch(usage.session_id)
+        steps = int(usage.message_id != account.message)
+        if steps:
+            account.message, account.tokens, account.cost = usage.message_id, 0, 0.0
+        tokens = max(usage.tokens - account.tokens, 0)
+        cost = max(usage.cost - account.cost, 0.0)
+        account.tokens = max(usage.tokens, account.tokens)
+        account.cost = max(usage.cost, account.cost)
+        spent = Spent(tokens, cost)
+        found = None
+        if self.run_budget:
+            if account.run is None:
+                account.run = _Spend()
+            found = _reached(account.run, self.run_budget, "run", steps, tokens, cost)
+        if self.tree_budget:
+            root = self._touch(self.root(usage.session_id))
+            if root.tree is None:
+                root.tree = _Spend()
+            tree = _reached(root.tree, self.tree_budget, "tree", steps, tokens, cost)
+            found = found or tree
+        return spent, found
 
 
-def usage_of(info: object) -> tuple[str, str, int, float] | None:
-    """(session id, message id, tokens, cost) of a `message.updated` `info`, or None when it
-    is not an assistant message with usage (a user message, a malformed one)."""
-    if not isinstance(info, dict) or info.get("role") != "assistant":
-        return None
-    session_id, message_id, tokens, cost = (
-        info.get("sessionID"),
-        info.get("id"),
-        info.get("tokens"),
-        info.get("cost", 0),
-    )
-    if not isinstance(session_id, str) or not isinstance(message_id, str):
-        return None
-    if not isinstance(tokens, dict) or not isinstance(cost, int | float) or isinstance(cost, bool):
-        return None
-    cache = tokens.get("cache")
-    parts = [tokens.get(key) for key in ("input", "output", "reasoning")]
-    if isinstance(cache, dict):
-        parts += [cache.get("read"), cache.get("write")]
-    total = sum(p for p in parts if isinstance(p, int) and not isinstance(p, bool))
-    return session_id, message_id, total, float(cost)
+def _reached(
+    spend: _Spend, budget: Budget, scope: str, steps: int, tokens: int, cost: float
+) -> BudgetSpent | None:
+    """Add to `spend`; the first limit of `budget` this reaches."""
+    spend.steps += steps
+    spend.tokens += tokens
+    spend.cost += cost
+    found = None
+    limits = (budget.steps, budget.tokens, budget.cost)
+    spents = (spend.steps, spend.tokens, spend.cost)
+    for bit, (measure, limit, spent) in enumerate(zip(MEASURES, limits, spents, strict=True)):
+        if limit is None or spent < limit or spend.fired & (1 << bit):
+            continue
+        spend.fired |= 1 << bit
+        found = found or BudgetSpent(scope, measure, float(limit), float(spent))
+    return found

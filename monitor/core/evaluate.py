@@ -13,14 +13,6 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from monitor.core.events import SessionIdle, TextPart, ToolPart, parse_event
-from monitor.core.profile import Profile, ignored_args, transparent_tools
-from monitor.core.rules.facts import CallFacts, changes_files, outcome_digest
-from monitor.core.rules.no_progress import NoProgress
-from monitor.core.rules.revisit import Revisit
-from monitor.core.rules.text import text_digest
-from monitor.core.rules.text_steps import EchoedSteps
-from monitor.core.signature import canonical_signature, signature_digest
 from monitor.core.findings import RULES
 
 _LABEL = re.compile(r"^:\s*expect\s+(?:(legit)|loop\s+at\s+(\d+))\s*$")
@@ -104,121 +96,6 @@ def all_right(results: Iterable[Result]) -> bool:
 
 def _count(results: Iterable[Result], verdict: str) -> int:
     return sum(r.verdict == verdict for r in results)
-
-
-# --- the progress rules on a corpus of real runs -------------------------------------------
-#
-# The rules of monitor/core/rules/{no_progress,revisit,text_steps}.py and the step budget are
-# not in the tracker yet; `ProgressFacts` turns a recording into what they read and
-# `run_progress` runs them, so that `evaluate` can measure them beside the tracker's rules.
-
-PROGRESS_RULES = ("no_progress", "revisit", "text_steps_echo", "budget_steps")
-
-
-@dataclass(frozen=True, slots=True)
-class TextEnd:
-    """A text or reasoning part ended with this digest (None: no letter or digit)."""
-
-    kind: str
-    digest: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """A call finished: its facts and its position among the session's calls."""
-
-    position: int
-    facts: CallFacts
-
-
-@dataclass(frozen=True, slots=True)
-class RunEnd:
-    """The session went idle."""
-
-
-Step = TextEnd | Call | RunEnd
-
-
-@dataclass(frozen=True, slots=True)
-class ProgressSettings:
-    """Thresholds of the progress rules (0 turns one off); defaults: docs/detection.md."""
-
-    no_progress_repeats: int = 5
-    revisit_window: int = 16
-    revisit_count: int = 12
-    echo_steps: int = 8
-    run_steps: int = 0
-
-
-class ProgressFacts:
-    """One recording's frames to `Step`s for one session at a time (a trace is one run)."""
-
-    def __init__(self, profile: Profile = "opencode") -> None:
-        self._ignore = ignored_args(profile, None)
-        self._transparent = transparent_tools(profile, frozenset())
-        self._positions: dict[str, int] = {}
-        self._calls = 0
-
-    def feed(self, frame: object) -> Step | None:
-        _, event = parse_event(frame)
-        if isinstance(event, SessionIdle):
-            return RunEnd()
-        if isinstance(event, TextPart):
-            return TextEnd(event.kind, text_digest(event.text)) if event.ended else None
-        if not isinstance(event, ToolPart) or event.tool in self._transparent:
-            return None
-        position = self._positions.get(event.part_id)
-        if position is None and event.status in ("running", "completed", "error"):
-            self._calls += 1
-            position = self._positions[event.part_id] = self._calls
-        if position is None or event.status not in ("completed", "error"):
-            return None
-        del self._positions[event.part_id]
-        args = event.input
-        dropped = self._ignore.get(event.tool)
-        if dropped and isinstance(args, dict):
-            args = {key: value for key, value in args.items() if key not in dropped}
-        facts = CallFacts(
-            event.tool,
-            signature_digest(canonical_signature(event.tool, args)),
-            outcome_digest(event.status, event.output, event.error, event.metadata),
-            changes_files(event.tool, args),
-        )
-        return Call(position, facts)
-
-
-def run_progress(steps: Iterable[Step], settings: ProgressSettings) -> dict[str, list[int]]:
-    """Each progress rule on its own over one run: the positions where it fires (after each
-    firing it starts over, as the tracker does after an intervention)."""
-    fired: dict[str, list[int]] = {rule: [] for rule in PROGRESS_RULES}
-    no_progress = NoProgress(settings.no_progress_repeats)
-    revisit = Revisit(settings.revisit_window, settings.revisit_count)
-    echoes = EchoedSteps(settings.echo_steps)
-    position = run_calls = 0
-    for step in steps:
-        if isinstance(step, RunEnd):
-            if settings.echo_steps and echoes.end():
-                fired["text_steps_echo"].append(position)
-            no_progress = NoProgress(settings.no_progress_repeats)
-            revisit = Revisit(settings.revisit_window, settings.revisit_count)
-            run_calls = 0
-            continue
-        if isinstance(step, TextEnd):
-            if step.kind == "text" and settings.echo_steps and echoes.text(step.digest):
-                fired["text_steps_echo"].append(position)
-            continue
-        position, facts = step.position, step.facts
-        run_calls += 1
-        if settings.no_progress_repeats and no_progress.see(facts):
-            fired["no_progress"].append(position)
-            no_progress = NoProgress(settings.no_progress_repeats)
-        if settings.revisit_count and revisit.see(facts):
-            fired["revisit"].append(position)
-        if settings.echo_steps and echoes.call(facts):
-            fired["text_steps_echo"].append(position)
-        if settings.run_steps and run_calls == settings.run_steps:
-            fired["budget_steps"].append(position)
-    return fired
 
 
 # --- sets of the shared corpus -------------------------------------------------------------

@@ -87,9 +87,43 @@ class PermissionReplied:
 
 @dataclass(frozen=True, slots=True)
 class SessionSeen:
-    """A session event that tells us the session's directory (created, updated, busy)."""
+    """A session event that tells us the session's directory (created, updated, busy), and
+    for `session.created` / `session.updated` its parent (`info.parentID`: a subagent's
+    session points at the session that started it)."""
 
     session_id: str
+    directory: str | None
+    parent_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageUsage:
+    """An assistant message's running totals (`message.updated`): the server sends the same
+    message again as it grows. `tokens` is input + output + reasoning + cache read and write;
+    `cost` in USD. Each assistant message is one step (one model call)."""
+
+    session_id: str
+    message_id: str
+    tokens: int
+    cost: float
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionDiff:
+    """The session's files differ from its start (`session.diff`); `digest` says which files
+    and by how much (names and line counts, not contents), to tell a new diff from the same."""
+
+    session_id: str
+    digest: int
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FileEdited:
+    """An edit tool changed a file (`file.edited`); the event names no session, only the
+    directory of the stream it came on (None on `/event`: the one the monitor follows)."""
+
     directory: str | None
 
 
@@ -122,6 +156,9 @@ Event = (
     | SessionDeleted
     | PermissionAsked
     | PermissionReplied
+    | MessageUsage
+    | SessionDiff
+    | FileEdited
 )
 
 # Event types OpenCode sends on `/event` and inside `/global/event` envelopes. Anything else
@@ -316,7 +353,61 @@ def _permission_replied(props: dict[str, Any], directory: str | None) -> Permiss
 def _session_info(props: dict[str, Any], directory: str | None) -> SessionSeen:
     info = _object(props, "info")
     own = info.get("directory")
-    return SessionSeen(_text(info, "id"), own if isinstance(own, str) and own else directory)
+    return SessionSeen(
+        _text(info, "id"),
+        own if isinstance(own, str) and own else directory,
+        _optional_text(info, "parentID"),
+    )
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _message_updated(props: dict[str, Any], directory: str | None) -> MessageUsage | None:
+    """Usage of an assistant message; None for a user message (no usage)."""
+    info = _object(props, "info")
+    if info.get("role") != "assistant":
+        return None
+    tokens = info.get("tokens")
+    tokens = tokens if isinstance(tokens, dict) else {}
+    cache = tokens.get("cache")
+    cache = cache if isinstance(cache, dict) else {}
+    total = sum(_count(tokens.get(key)) for key in ("input", "output", "reasoning"))
+    total += _count(cache.get("read")) + _count(cache.get("write"))
+    cost = info.get("cost", 0)
+    if not isinstance(cost, int | float) or isinstance(cost, bool) or not cost >= 0:
+        cost = 0  # a mistyped or negative cost (or NaN) spends nothing
+    return MessageUsage(_text(info, "sessionID"), _text(info, "id"), total, float(cost), directory)
+
+
+# Files of one diff that go into its digest, at most: a diff of more files than this is
+# told from the previous one by its first files and its length.
+_DIFF_FILES = 256
+
+
+def _session_diff(props: dict[str, Any], directory: str | None) -> SessionDiff:
+    diff = props.get("diff")
+    entries = diff if isinstance(diff, list) else []
+    summary = [len(entries)]
+    for entry in entries[:_DIFF_FILES]:
+        if isinstance(entry, dict):
+            summary.append(
+                hash(
+                    (
+                        str(entry.get("file")),
+                        _count(entry.get("additions")),
+                        _count(entry.get("deletions")),
+                        str(entry.get("status")),
+                    )
+                )
+            )
+    return SessionDiff(_text(props, "sessionID"), hash(tuple(summary)), directory)
+
+
+def _file_edited(props: dict[str, Any], directory: str | None) -> FileEdited:
+    _text(props, "file")
+    return FileEdited(directory)
 
 
 def _session_status(props: dict[str, Any], directory: str | None) -> SessionSeen | SessionIdle:
@@ -344,4 +435,7 @@ _PARSERS = {
     "session.deleted": _session_deleted,
     "permission.asked": _permission_asked,
     "permission.replied": _permission_replied,
+    "message.updated": _message_updated,
+    "session.diff": _session_diff,
+    "file.edited": _file_edited,
 }

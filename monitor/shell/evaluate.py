@@ -17,16 +17,11 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from monitor.core.evaluate import (
-    PROGRESS_RULES,
     LabelError,
-    ProgressFacts,
-    ProgressSettings,
     Result,
-    Step,
     all_right,
     legit_firings,
     parse_label,
-    run_progress,
     set_table,
     table,
     trace_line,
@@ -95,19 +90,10 @@ def run_evaluate(settings: Settings, paths: list[str], cache: str | None = None)
     from monitor.config import detection_of
 
     detection = detection_of(settings)
-    corpora = [Path(p) for p in paths if is_set_corpus(Path(p))]
     status = 0
-    for root in corpora:
-        status = max(
-            status,
-            evaluate_corpus(
-                root,
-                detection,
-                ProgressSettings(),
-                cache=None if cache is None else Path(cache),
-                out=sys.stdout,
-            ),
-        )
+    for root in (Path(p) for p in paths if is_set_corpus(Path(p))):
+        where = None if cache is None else Path(cache)
+        status = max(status, evaluate_corpus(root, detection, cache=where, out=sys.stdout))
     traces = [p for p in paths if not is_set_corpus(Path(p))]
     if traces:
         status = max(status, evaluate_paths(traces, detection, out=sys.stdout, err=sys.stderr))
@@ -117,7 +103,7 @@ def run_evaluate(settings: Settings, paths: list[str], cache: str | None = None)
 # --- a corpus of real runs with labelled sets (../shared/realtraj) -------------------------
 
 # Bumped whenever what a cached file result holds or how it is computed changes.
-_CACHE_VERSION = "2"
+_CACHE_VERSION = "3"
 
 Fired = dict[str, list[int]]
 
@@ -126,35 +112,27 @@ def is_set_corpus(path: Path) -> bool:
     return path.is_dir() and (path / "sets.json").is_file() and (path / "traj").is_dir()
 
 
-def replay_run(path: Path, detection: Detection) -> tuple[Fired, list[Step]]:
-    """One run of the corpus (JSON Lines): where each tracker rule fired, and the steps the
-    progress rules read."""
+def replay_run(path: Path, detection: Detection) -> Fired:
+    """One run of the corpus (JSON Lines): where each rule fired (the tracker starts the
+    run's rules over after each, as after an intervention)."""
     with path.open("rb") as stream:
         frames = (json.loads(line) for line in stream if line.strip())
         return replay_frames(path.name, frames, detection)
 
 
-def replay_frames(
-    name: str, frames: Iterable[object], detection: Detection
-) -> tuple[Fired, list[Step]]:
-    """`replay_run` over frames already read (a trace of tests/corpus/progress, say)."""
+def replay_frames(name: str, frames: Iterable[object], detection: Detection) -> Fired:
+    """`replay_run` over frames already read."""
     replay = FileReplay(name, detection)
-    facts = ProgressFacts(detection.profile)
     fired: Fired = {}
-    steps: list[Step] = []
     for frame in frames:
         for record in replay.feed_frame(frame):
             fired.setdefault(record["rule"], []).append(record["position"])
-        step = facts.feed(frame)
-        if step is not None:
-            steps.append(step)
-    return fired, steps
+    return fired
 
 
-def cached_run(path: Path, detection: Detection, cache: Path | None) -> tuple[Fired, list[Step]]:
+def cached_run(path: Path, detection: Detection, cache: Path | None) -> Fired:
     """`replay_run`, kept in `cache` (one pickle per run and settings) when given: replaying
-    the 948 real runs takes minutes, trying thresholds of the progress rules then takes
-    seconds."""
+    the 948 real runs takes minutes, reading them back seconds."""
     if cache is None:
         return replay_run(path, detection)
     info = path.stat()
@@ -162,7 +140,7 @@ def cached_run(path: Path, detection: Detection, cache: Path | None) -> tuple[Fi
     entry = cache / (hashlib.sha256(key.encode()).hexdigest() + ".pickle")
     try:
         with entry.open("rb") as stream:
-            loaded: tuple[Fired, list[Step]] = pickle.load(stream)  # noqa: S301 (our own cache)
+            loaded: Fired = pickle.load(stream)  # noqa: S301 (our own cache)
             return loaded
     except (OSError, pickle.UnpicklingError, EOFError):
         pass
@@ -175,23 +153,15 @@ def cached_run(path: Path, detection: Detection, cache: Path | None) -> tuple[Fi
     return result
 
 
-def evaluate_corpus(
-    root: Path,
-    detection: Detection,
-    progress: ProgressSettings,
-    *,
-    cache: Path | None,
-    out: IO[str],
-) -> int:
-    """Every run of the corpus under the tracker's rules and the progress rules; the table per
-    rule and set, then every firing on a legit set. Exit status 0 (nothing to compare with)."""
+def evaluate_corpus(root: Path, detection: Detection, *, cache: Path | None, out: IO[str]) -> int:
+    """Every run of the corpus under the rules; the table per rule and set, then every firing
+    on a legit set. Exit status 0 (nothing to compare with)."""
     sets: dict[str, list[str]] = json.loads((root / "sets.json").read_text("utf-8"))
-    fired: dict[str, Fired] = {}
-    for path in sorted((root / "traj").glob("*.jsonl")):
-        tracked, steps = cached_run(path, detection, cache)
-        fired[f"traj/{path.name}"] = {**tracked, **run_progress(steps, progress)}
-    rules = [*(rule for rule in RULES if rule != "doom_loop"), *PROGRESS_RULES]
-    on = [rule for rule in rules if rule != "budget_steps" or progress.run_steps]
-    out.write("\n".join(set_table(fired, sets, rules, on)) + "\n\n")
+    fired = {
+        f"traj/{path.name}": cached_run(path, detection, cache)
+        for path in sorted((root / "traj").glob("*.jsonl"))
+    }
+    rules = [rule for rule in RULES if rule != "doom_loop"]
+    out.write("\n".join(set_table(fired, sets, rules, rules)) + "\n\n")
     out.write("\n".join(legit_firings(fired, sets, rules)) + "\n")
     return 0

@@ -1,81 +1,105 @@
-"""No progress: the same check keeps reporting the same thing while the run changes things.
+"""Rule `no_progress`: the same check keeps reporting the same thing while the run changes things.
 
 The agent edits, reruns its check, edits again, reruns: every edit differs, so no cycle forms,
 and the check prints the same result each time (in real runs: a script that imported another
 installed copy of the package, so no edit could ever matter). A *check* is a call that changes
-nothing (`CallFacts.changes` false); it *stalls* when it runs again, with the same digest,
-after at least one changing call since its previous run, and reports the same outcome as
-then. `repeats` runs of one check with the same outcome, each after changes, are a loop.
-Plain reruns with nothing changed in between are `cycle`'s business and neither count nor
-reset; a different outcome resets the check's count (the edits did something).
+nothing (`changes_files` false, monitor/core/rules/facts.py); it *stalls* when it runs again,
+with the same `Call.digest`, after at least one change since its previous run, and reports
+the same `Call.outcome` as then. `repeats` runs of one check with the same outcome, each after
+changes, are a loop. Plain reruns with nothing changed in between are `cycle`'s business and
+neither count nor reset; a different outcome resets the check's count (the edits did
+something).
 
 A check that prints nothing and succeeds is never counted: silence says nothing about
 whether an edit mattered (`sed -i` and `grep -q` in turn are normal), and runs of silent
-successes are legitimate work (the corpus's `silent_success` set).
+successes are legitimate work (the real corpus's `silent_success` set).
 
-Inputs, per finished call in order: `CallFacts` (monitor/core/rules/facts.py). Progress
-signals: a `file.edited` or `session.diff` between two calls means a change; the adapter
-passes it by `changed()`. `todo.updated` is not progress (bookkeeping). Memory: at most
-`max_checks` checks per session (the oldest forgotten first), 3 small ints each; cost per
-call: one dict lookup.
+Signals read: each finished call's `digest`, `outcome`, tool and arguments (for
+`changes_files`), and the server's change signals (`session.diff` with new files, a
+`file.edited` in the session's directory: `server_changes`), each counted as a change.
+`todo.updated` is not progress. Memory: at most `MAX_CHECKS` checks per run, the least
+recently run forgotten first, packed in two arrays (16 bytes a check, about 0.4 KB when
+full); cost per finished call: a search of at most 16 machine words (in C).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from array import array
 
-from monitor.core.rules.facts import CallFacts
-from monitor.core.signature import signature_digest
+from monitor.core.findings import Finding, NoProgress
+from monitor.core.rules.facts import changes_files, server_changes
+from monitor.core.session import Call, SessionRecord, outcome_digest
 
-SILENT_SUCCESS = signature_digest("completed\x000\x00")
-SILENT_SUCCESS_NO_EXIT = signature_digest("completed\x00None\x00")
+NAME = "no_progress"
+MAX_CHECKS = 16
+# Silent successes, with and without an exit status (bash has one, read does not).
+SILENT = frozenset(
+    {
+        outcome_digest("completed", "", None, {"exit": 0}),
+        outcome_digest("completed", "", None, None),
+    }
+)
+# A check's counters, packed in one 64-bit word: the changes seen at its last run and at its
+# first (24 bits each, compared modulo 2**24), and its runs (15 bits).
+_BITS = 24
+_MASK = (1 << _BITS) - 1
 
 
-@dataclass(frozen=True, slots=True)
-class NoProgressFinding:
-    """The check `digest` (of `tool`) reported the same outcome `runs` times, with changes
-    before each rerun: `changes` changing calls in all."""
+class Checks:
+    """One run's checks: their digests, and per check its outcome and packed counters."""
 
-    tool: str
-    digest: int
-    runs: int
-    changes: int
+    __slots__ = ("changes", "signals", "digests", "values")
+
+    def __init__(self) -> None:
+        self.changes = 0  # changing calls and server change signals seen so far
+        self.signals = 0  # `server_changes` at the previous call
+        self.digests = array("q")
+        self.values = array("q")  # per check: outcome, packed counters
 
 
-class NoProgress:
-    """One session's run; `see` each finished call."""
+class NoProgressRule:
+    """Rule `no_progress`: one check's same outcome `repeats` times, changes before each."""
 
-    __slots__ = ("repeats", "max_checks", "_changes", "_checks")
-
-    def __init__(self, repeats: int = 5, max_checks: int = 32) -> None:
+    def __init__(self, repeats: int, max_checks: int = MAX_CHECKS) -> None:
         self.repeats = repeats
         self.max_checks = max_checks
-        self._changes = 0  # changing calls (or server change signals) seen so far
-        # check digest -> [outcome, changes seen at its last run, runs, changes at first run]
-        self._checks: dict[int, list[int]] = {}
 
-    def changed(self) -> None:
-        """The server said files changed (`file.edited`, `session.diff`) outside a call."""
-        self._changes += 1
-
-    def see(self, call: CallFacts) -> NoProgressFinding | None:
-        if call.changes:
-            self._changes += 1
+    def call(
+        self, session: SessionRecord, call: Call, recorded: bool, finished: bool
+    ) -> Finding | None:
+        if not finished or call.outcome is None:
             return None
-        if call.outcome in (SILENT_SUCCESS, SILENT_SUCCESS_NO_EXIT):
+        state: Checks = session.state(NAME, Checks)
+        signals = server_changes(session)
+        if signals != state.signals:
+            state.signals = signals
+            state.changes += 1
+        if changes_files(call.tool, call.args):
+            state.changes += 1
             return None
-        checks = self._checks
-        entry = checks.get(call.digest)
-        if entry is None or entry[0] != call.outcome:
-            if entry is None and len(checks) >= self.max_checks:
-                del checks[next(iter(checks))]
-            checks[call.digest] = [call.outcome, self._changes, 1, self._changes]
+        if call.outcome in SILENT:
             return None
-        if entry[1] == self._changes:
-            return None  # nothing changed since: a plain rerun, cycle's business
-        entry[1] = self._changes
-        entry[2] += 1
-        if entry[2] < self.repeats:
-            return None
-        del checks[call.digest]  # found once; the tracker starts the run's rules over anyway
-        return NoProgressFinding(call.tool, call.digest, entry[2], self._changes - entry[3])
+        now = state.changes & _MASK
+        digests, values = state.digests, state.values
+        try:
+            index = digests.index(call.digest)
+        except ValueError:
+            index = -1
+        if index < 0 or values[2 * index] != call.outcome:
+            runs, first = 1, now
+        else:
+            packed = values[2 * index + 1]
+            last, first, runs = packed & _MASK, (packed >> _BITS) & _MASK, packed >> 2 * _BITS
+            if last != now:
+                runs += 1
+        if index >= 0:  # taken out, to go back in last: the least recently run goes first
+            del digests[index]
+            del values[2 * index : 2 * index + 2]
+        elif len(digests) >= self.max_checks:
+            del digests[0]
+            del values[0:2]
+        if runs >= self.repeats:
+            return NoProgress(call.tool, runs, (now - first) & _MASK)
+        digests.append(call.digest)
+        values.extend((call.outcome, (runs << 2 * _BITS) | (first << _BITS) | now))
+        return None

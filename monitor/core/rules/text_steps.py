@@ -1,72 +1,77 @@
-"""Repeated steps, narration aside: the same text *and* the same result, step after step.
+"""Rule `text_steps`: the same whole text at successive steps, and nothing new between them.
 
-`StepRepeats` (rules/text.py) counts steps whose whole text equals the previous one. Narration
-trips it: a model that writes "Let me look at the next file." before each of fifteen different
-reads repeats its text, not its work. Here a step is its text together with what its call got
-back (the call's outcome digest; none for a step that ran no call), and only steps equal in
-both count: the same words before reads of different files differ by their outcomes; the same
-words before calls that all fail the same way, or the same text-only answer over and over, do
-not.
+A model that writes the same answer (or reasoning) at step after step is stuck; but a model
+that writes "Let me look at the next file." before each of fifteen different reads repeats
+its words, not its work (measured on the real corpus's model text: narration is common in
+resolved runs). So a repeated text counts only while the calls between the texts keep
+getting back the same thing: a call whose outcome differs from the previous call's starts
+the count again, from the text before it. The same text before calls that all fail the same
+way (every failure counts as the same outcome: whatever each error says, the model learns
+nothing new from it), or the same text with no call between (a text-only step), keeps
+counting; `steps` in a row are a loop, found at the text that completes them.
 
-Inputs, in order: `text(digest)` at the final update of each text part (`text_digest` of
-rules/text.py; reasoning parts are a separate instance), `call(facts)` when the call of that
-step finishes (`CallFacts.outcome`, monitor/core/rules/facts.py), `end()` when the run ends
-(`session.idle`). No server progress signal is read. Memory: three ints; cost per step: one
-comparison.
+Signals read: each finished text or reasoning part's whole text (`text_digest`, white space
+aside; a part with no letter or digit is no step), and each finished call's `Call.outcome`
+and whether it failed (`failure.failed`).
+No server progress signal. Memory: three ints per kind of text; cost per part: one hash of
+its text, per call one comparison per kind.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from monitor.core.events import TextPart
+from monitor.core.findings import Finding, TextSteps
+from monitor.core.rules.failure import failed
+from monitor.core.rules.text import text_digest
+from monitor.core.session import Call, SessionRecord
 
-from monitor.core.rules.facts import CallFacts
+NAME = "text_steps"
+# Every failure is the same outcome here: a model that writes the same words before call
+# after call that fails learns nothing new from them, whatever each error says.
+FAILED = 0
 
 
-@dataclass(frozen=True, slots=True)
-class TextStepsFinding:
-    """`steps` steps in a row wrote the same text and got back the same result."""
+class Steps:
+    """One kind's repeats: the last text, the last call's outcome, and how many in a row."""
 
-    steps: int
+    __slots__ = ("text", "outcome", "count")
 
-
-class EchoedSteps:
-    """One session's run of one text kind; feed its texts and calls in order."""
-
-    __slots__ = ("steps", "_pending", "_last", "count")
-
-    def __init__(self, steps: int = 8) -> None:
-        self.steps = steps
-        self._pending: int | None = None  # the text of the step under way
-        self._last: tuple[int, int | None] | None = None
+    def __init__(self) -> None:
+        self.text: int | None = None
+        self.outcome: int | None = None
         self.count = 0
 
-    def text(self, digest: int | None) -> TextStepsFinding | None:
-        """A text part ended; a step that wrote text but ran no call ends here."""
-        found = None if self._pending is None else self._close(self._pending, None)
-        self._pending = digest
+
+class StepsRule:
+    """Rule `text_steps`, both a text and a call rule: texts count, new outcomes reset."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def text(self, session: SessionRecord, part: TextPart) -> Finding | None:
+        digest = text_digest(part.text)
         if digest is None:
-            self._last, self.count = None, 0
-        return found
-
-    def call(self, facts: CallFacts) -> TextStepsFinding | None:
-        """The step's call finished; a call with no text before it ends the run of repeats."""
-        if self._pending is None:
-            self._last, self.count = None, 0
             return None
-        return self._close(self._pending, facts.outcome)
+        kinds: dict[str, Steps] = session.state(NAME, dict)
+        steps = kinds.get(part.kind)
+        if steps is None:
+            steps = kinds[part.kind] = Steps()
+        steps.count = steps.count + 1 if digest == steps.text else 1
+        steps.text = digest
+        return None if steps.count < self.steps else TextSteps(part.kind, steps.count)
 
-    def end(self) -> TextStepsFinding | None:
-        """The run ended: a last text-only step counts."""
-        found = None if self._pending is None else self._close(self._pending, None)
-        self._last, self.count = None, 0
-        return found
-
-    def _close(self, text: int, outcome: int | None) -> TextStepsFinding | None:
-        step = (text, outcome)
-        self._pending = None
-        self.count = self.count + 1 if step == self._last else 1
-        self._last = step
-        if self.count < self.steps:
+    def call(
+        self, session: SessionRecord, call: Call, recorded: bool, finished: bool
+    ) -> Finding | None:
+        if not finished or call.outcome is None:
             return None
-        self.count, self._last = 0, None
-        return TextStepsFinding(self.steps)
+        kinds: dict[str, Steps] | None = session.peek(NAME)
+        if not kinds:
+            return None
+        outcome = FAILED if failed(call) else call.outcome
+        for steps in kinds.values():
+            if outcome != steps.outcome:
+                if steps.outcome is not None and steps.count:
+                    steps.count = 1  # the text before this call starts the count again
+                steps.outcome = outcome
+        return None
