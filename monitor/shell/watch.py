@@ -333,6 +333,8 @@ class Watch:
             metrics.frame(fed.event_type)
             if fed.malformed is not None:
                 metrics.malformed()
+            if fed.spent is not None:
+                metrics.spent(*fed.spent)
         if fed.malformed is not None:
             self._log_malformed(fed.malformed)
         if self.scope.ended(fed):
