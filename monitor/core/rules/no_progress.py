@@ -18,8 +18,9 @@ Signals read: each finished call's `digest`, `outcome`, tool and arguments (for
 `changes_files`), and the server's change signals (`session.diff` with new files, a
 `file.edited` in the session's directory: `server_changes`), each counted as a change.
 `todo.updated` is not progress. Memory: at most `MAX_CHECKS` checks per run, the least
-recently run forgotten first, packed in two arrays (16 bytes a check, about 0.4 KB when
-full); cost per finished call: a search of at most 16 machine words (in C).
+recently run forgotten first, packed in one array (24 bytes a check, 288 bytes when full),
+made at the first check of the run; cost per finished call: a search of at most 36 machine
+words (in C).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from monitor.core.rules.facts import changes_files, server_changes
 from monitor.core.session import Call, SessionRecord, outcome_digest
 
 NAME = "no_progress"
-MAX_CHECKS = 16
+MAX_CHECKS = 12
 # Silent successes, with and without an exit status (bash has one, read does not).
 SILENT = frozenset(
     {
@@ -46,15 +47,28 @@ _MASK = (1 << _BITS) - 1
 
 
 class Checks:
-    """One run's checks: their digests, and per check its outcome and packed counters."""
+    """One run's checks, packed in one array, three words a check: its digest, its outcome
+    and its counters."""
 
-    __slots__ = ("changes", "signals", "digests", "values")
+    __slots__ = ("changes", "signals", "checks")
 
     def __init__(self) -> None:
         self.changes = 0  # changing calls and server change signals seen so far
         self.signals = 0  # `server_changes` at the previous call
-        self.digests = array("q")
-        self.values = array("q")  # per check: outcome, packed counters
+        self.checks = array("q")
+
+
+def _find(checks: array[int], digest: int) -> int:
+    """Where the check `digest` starts in `checks`, or -1."""
+    start = 0
+    while True:
+        try:
+            index = checks.index(digest, start)
+        except ValueError:
+            return -1
+        if index % 3 == 0:
+            return index
+        start = index + 1  # an outcome or counters equal to the digest: look on
 
 
 class NoProgressRule:
@@ -69,37 +83,36 @@ class NoProgressRule:
     ) -> Finding | None:
         if not finished or call.outcome is None:
             return None
-        state: Checks = session.state(NAME, Checks)
+        changes = changes_files(call.tool, call.args)
+        state: Checks | None = session.peek(NAME)
+        if state is None:
+            if changes or call.outcome in SILENT:
+                return None  # a change before any check changes nothing that is counted
+            state = session.state(NAME, Checks)
         signals = server_changes(session)
         if signals != state.signals:
             state.signals = signals
             state.changes += 1
-        if changes_files(call.tool, call.args):
+        if changes:
             state.changes += 1
             return None
         if call.outcome in SILENT:
             return None
         now = state.changes & _MASK
-        digests, values = state.digests, state.values
-        try:
-            index = digests.index(call.digest)
-        except ValueError:
-            index = -1
-        if index < 0 or values[2 * index] != call.outcome:
+        checks = state.checks
+        index = _find(checks, call.digest)
+        if index < 0 or checks[index + 1] != call.outcome:
             runs, first = 1, now
         else:
-            packed = values[2 * index + 1]
+            packed = checks[index + 2]
             last, first, runs = packed & _MASK, (packed >> _BITS) & _MASK, packed >> 2 * _BITS
             if last != now:
                 runs += 1
         if index >= 0:  # taken out, to go back in last: the least recently run goes first
-            del digests[index]
-            del values[2 * index : 2 * index + 2]
-        elif len(digests) >= self.max_checks:
-            del digests[0]
-            del values[0:2]
+            del checks[index : index + 3]
+        elif len(checks) >= 3 * self.max_checks:
+            del checks[0:3]
         if runs >= self.repeats:
             return NoProgress(call.tool, runs, (now - first) & _MASK)
-        digests.append(call.digest)
-        values.extend((call.outcome, (runs << 2 * _BITS) | (first << _BITS) | now))
+        checks.extend((call.digest, call.outcome, (runs << 2 * _BITS) | (first << _BITS) | now))
         return None

@@ -17,7 +17,8 @@ with new files, `file.edited` in the session's directory), which clear it too.
 A call that waits (monitor/core/rules/waiting.py: it sleeps or polls, or its answer says
 "in progress") is never a revisit: waiting is rule `wait`'s, with its own allowance.
 `todo.updated` is ignored. Memory per run: `MEMORY` 32-bit (call, outcome) digests in an
-array (256 bytes at 64) and the window as one int bitmask; cost per finished call: a search
+array (256 bytes at 64) and the window as one int bitmask, made at the run's first call
+that changes nothing; cost per finished call: a search
 of 64 machine words (in C) and a popcount.
 """
 
@@ -48,7 +49,7 @@ class Seen:
         self.bits = 0  # bit i: the i-th newest call was a revisit
         self.calls = 0
         self.signals = 0  # `server_changes` at the previous call
-        self.tools: list[str] = []  # tools of the revisits, for the finding
+        self.tools: list[str] | None = None  # tools of the revisits, for the finding
 
     def clear(self) -> None:
         del self.seen[:]
@@ -73,13 +74,18 @@ class RevisitRule:
     ) -> Finding | None:
         if not finished or call.outcome is None:
             return None
-        state: Seen = session.state(NAME, Seen)
+        changes = changes_files(call.tool, call.args)
+        state: Seen | None = session.peek(NAME)
+        if state is None:
+            if changes:
+                return None  # nothing remembered yet, nothing to clear: no state needed
+            state = session.state(NAME, Seen)
         signals = server_changes(session)
         if signals != state.signals:
             state.signals = signals
             state.clear()
         revisit = False
-        if changes_files(call.tool, call.args):
+        if changes:
             state.clear()
         else:
             pair = hash((call.digest, call.outcome)) & 0xFFFFFFFF
@@ -96,11 +102,14 @@ class RevisitRule:
         state.calls += 1
         if not revisit:
             return None
-        if call.tool not in state.tools and len(state.tools) < MAX_TOOLS:
-            state.tools.append(call.tool)
+        tools = state.tools
+        if tools is None:
+            tools = state.tools = []
+        if call.tool not in tools and len(tools) < MAX_TOOLS:
+            tools.append(call.tool)
         count = state.bits.bit_count()
         if count < self.revisits:
             return None
-        found = Revisit(count, min(state.calls, WINDOW), tuple(state.tools))
-        state.bits, state.tools = 0, []
+        found = Revisit(count, min(state.calls, WINDOW), tuple(tools))
+        state.bits, state.tools = 0, None
         return found
