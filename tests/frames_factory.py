@@ -189,7 +189,7 @@ def replied(n: int | str, reply: str, session: str = PERMISSION_SESSION) -> dict
     }
 
 
-def user_message(session: str, message: str, text: str) -> list[dict]:
+def user_frames(session: str, message: str, text: str) -> list[dict]:
     """A user message as the stream carries it: the message, then its text as a part (a
     prompt's text part has no `time`, unlike the model's)."""
     return [

@@ -17,7 +17,7 @@ from monitor.core.findings import CallCycle
 from monitor.core.tracker import Detection, Tracker
 from monitor.shell import status as status_module
 from monitor.testing import FakeOpencode, frames
-from tests.frames_factory import READ, call, deleted, envelope, user_message
+from tests.frames_factory import READ, call, deleted, envelope, user_frames
 from tests.harness import loop_frames, start, stop, wait_for
 
 HOLD = feedback_text(CallCycle(("read",), 4), hold=True, interventions=1)
@@ -40,11 +40,11 @@ def held_tracker() -> tuple[Tracker, list[Any]]:
 def test_a_hold_lasts_through_our_feedback_and_ends_when_a_person_writes():
     tracker, [decision] = held_tracker()
     assert tracker.held_sessions == 1 and [v.held for v in tracker.sessions_view()] == [True]
-    for frame in user_message("ses_1", "msg_feedback", decision.feedback):
+    for frame in user_frames("ses_1", "msg_feedback", decision.feedback):
         tracker.feed(frame)
     assert tracker.held_sessions == 1  # the monitor's own feedback is a user message too
     # A person's message: its text part comes after the message and names it.
-    first, text = user_message("ses_1", "msg_person", "try the other file")
+    first, text = user_frames("ses_1", "msg_person", "try the other file")
     tracker.feed(first)
     assert tracker.held_sessions == 1
     tracker.feed(text)
@@ -53,8 +53,8 @@ def test_a_hold_lasts_through_our_feedback_and_ends_when_a_person_writes():
 
 def test_a_text_of_another_message_or_of_the_model_does_not_end_a_hold():
     tracker, _ = held_tracker()
-    tracker.feed(user_message("ses_1", "msg_person", "x")[0])
-    model_text = user_message("ses_1", "msg_other", "an answer")[1]
+    tracker.feed(user_frames("ses_1", "msg_person", "x")[0])
+    model_text = user_frames("ses_1", "msg_other", "an answer")[1]
     tracker.feed(model_text)
     assert tracker.held_sessions == 1
 
@@ -110,8 +110,8 @@ async def test_the_held_gauge_goes_to_0_when_a_person_writes():
         body = fake.of("prompt_async")[0].body
         assert isinstance(body, dict) and body["noReply"] is True
         feedback = body["parts"][0]["text"]
-        await fake.push(frames(*(envelope(f, "/w") for f in user_message("ses_1", "m1", feedback))))
-        await fake.push(frames(*(envelope(f, "/w") for f in user_message("ses_1", "m2", "ok"))))
+        await fake.push(frames(*(envelope(f, "/w") for f in user_frames("ses_1", "m1", feedback))))
+        await fake.push(frames(*(envelope(f, "/w") for f in user_frames("ses_1", "m2", "ok"))))
         await wait_for(lambda: gauge(watch) == 0)
         [entry] = watch.status()["sessions"]
         assert entry["state"] == "idle" and watch.status()["totals"]["held"] == 0
@@ -152,7 +152,7 @@ async def test_a_hold_is_read_back_from_the_messages_after_a_restart():
         ]
         # Read back where the session lives; the person's message then ends the hold.
         assert any(r.path == "/session/ses_1/message" for r in fake.requests)
-        await fake.push(frames(*(envelope(f, "/w") for f in user_message("ses_1", "m5", "ok"))))
+        await fake.push(frames(*(envelope(f, "/w") for f in user_frames("ses_1", "m5", "ok"))))
         await wait_for(lambda: gauge(watch) == 0)
     finally:
         await stop(server, watch, task)
