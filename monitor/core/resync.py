@@ -106,9 +106,7 @@ def missed_by_stream(
     ]
 
 
-def recent_sessions(
-    sessions: object, limit: int, directory: str | None
-) -> dict[str, str | None]:
+def recent_sessions(sessions: object, limit: int, directory: str | None) -> dict[str, str | None]:
     """The `limit` most recently updated of the sessions `GET /session` listed, with their
     directories: at start, the ones to read back for a hold an earlier monitor put them on
     (a held session is idle, so the busy ones' read-back never finds it)."""
