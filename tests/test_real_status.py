@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from typing import Any
 
 import pytest
 
+from monitor.kit.poll import until
 from monitor.kit.sandbox import free_loopback_port, tool_parts
 from monitor.kit.scripted_model import script
+from tests.harness import user_texts
 
 pytestmark = pytest.mark.real_server
 
@@ -72,7 +75,14 @@ async def test_a_held_session_stays_held_across_a_restart_until_a_person_writes(
     session = await client.create_session("held")
     await client.prompt_async(session["id"], script([READ], 10, delay=0.2))
     await first.wait_event("feedback.sent")
-    messages = await client.wait_idle(session["id"], 60, user_messages=2)
+
+    async def held_feedback_stored() -> list[dict[str, Any]] | None:
+        messages = await client.messages(session["id"])
+        last = messages[-1]["info"]["role"] == "user" and "on hold" in user_texts(messages)[-1]
+        idle = session["id"] not in await client.status()
+        return messages if last and idle else None
+
+    messages = await until(held_feedback_stored, 60, 0.2, "the held feedback stored")
     assert len(tool_parts(messages)) == 4
     code, out = await status(address, "--json")
     [entry] = [s for s in json.loads(out)["sessions"] if s["session_id"] == session["id"]]
@@ -92,13 +102,9 @@ async def test_a_held_session_stays_held_across_a_restart_until_a_person_writes(
     # A person writes (stored only, so the scripted model does not loop again): not held.
     await client.api.prompt(session["id"], opencode_server.directory, "ok, stop", no_reply=True)
 
-    async def held_now() -> int:
+    async def unheld() -> bool:
         code, out = await status(address, "--json")
         assert code == 0
-        return int(json.loads(out)["totals"]["held"])
+        return json.loads(out)["totals"]["held"] == 0
 
-    for _ in range(50):
-        if await held_now() == 0:
-            break
-        await asyncio.sleep(0.2)
-    assert await held_now() == 0
+    await until(unheld, 30, 0.2, "the hold to end")
