@@ -35,6 +35,8 @@ FAST = Timing(
     read_timeout=0.5,
     reconnect=Backoff(initial=0.05, cap=0.1),
     retry=Retry(attempts=3, backoff=Backoff(initial=0.01, cap=0.02), timeout=0.5),
+    # No wait before the feedback: one monitor has nobody to let go first.
+    stagger=lambda: 0.0,
 )
 Running = tuple[TestServer, Watch, "asyncio.Task[int]"]
 

@@ -33,7 +33,7 @@ from monitor.core.profile import transparent_tools
 from monitor.core.resync import directories_to_ask, finished_calls, missed_by_stream, plan_resync
 from monitor.core.tracker import Detection, Fed, Tracker
 from monitor.errors import ConfigError, ServerError, SessionGone
-from monitor.shell.actions import Interventions
+from monitor.shell.actions import Interventions, random_stagger
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.backoff import Backoff
 from monitor.shell.diagnosis import directory_known
@@ -146,6 +146,8 @@ class Timing:
     # No event (heartbeats aside) for this long while runs are under way: ask the server.
     silence: float = SILENCE_S
     webhook: Delivery = Delivery()
+    # How long the feedback waits after an abort (see monitor.shell.actions.STAGGER_S).
+    stagger: Callable[[], float] = random_stagger
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     clock: Callable[[], float] = time.monotonic
 
@@ -274,6 +276,8 @@ class Watch:
                 on_outcome=self._on_outcome,
                 expire=self.tracker.expire,
                 sleep=self.timing.sleep,
+                stagger=self.timing.stagger,
+                clock=self.timing.clock,
             )
             stream = self._stream = EventStream(
                 http,
@@ -453,6 +457,9 @@ class Watch:
             self._ready_sent = True
             self.notifier.ready()
             await self._check_directory()
+        # Work the server's absence left undone goes first; the resync leaves its sessions
+        # to it (they are being acted on).
+        self.interventions.resume()
         await self._resync()
 
     async def _check_silence(self, stream: EventStream) -> None:
@@ -462,6 +469,8 @@ class Watch:
         while True:
             # A real wait, not `timing.sleep`: tests record those as the reconnect backoff's.
             await asyncio.sleep(timing.silence / 2)
+            if stream.connected:
+                self.interventions.resume()  # due work left by a server away meanwhile
             running = self.tracker.running()
             silent_s = timing.clock() - self._last_event_at
             if not stream.connected or not running or silent_s < timing.silence:
