@@ -233,9 +233,7 @@ class Interventions:
             return
         await self._give_feedback(decision, stagger=False, checked=True)
 
-    async def _intervened(
-        self, decision: Intervene, aborted: bool, reads: int = 1
-    ) -> str | None:
+    async def _intervened(self, decision: Intervene, aborted: bool, reads: int = 1) -> str | None:
         """What another monitor did about this loop, read back from the session's record;
         None when nothing (or the record cannot be read: better act twice than never)."""
         assert self._api is not None
@@ -379,9 +377,7 @@ class Interventions:
 
     def _keep(self, decision: Intervene, step: Step, error: str | None) -> None:
         """The server is away: `step` waits for the next connect."""
-        log.warning(
-            "intervention.due", session_id=decision.session_id, step=str(step), error=error
-        )
+        log.warning("intervention.due", session_id=decision.session_id, step=str(step), error=error)
         for dropped in self._due.add(decision, step, self._clock()):
             self._give_up(dropped, "too much work waiting for the server")
 
