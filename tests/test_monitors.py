@@ -242,3 +242,29 @@ def _decision(part_id: str):
 
     [decision] = ff.feed_all(Tracker(), ff.loop_of("ses_s1", 4, prefix=part_id + "_"))
     return dataclasses.replace(decision, part_id=part_id)
+
+
+async def test_attach_warns_when_a_monitor_already_intervened_in_the_session():
+    import aiohttp
+
+    from monitor.shell.api import OpencodeAPI
+    from monitor.shell.attach import warn_if_followed
+
+    fake = FakeOpencode(
+        messages={
+            "ses_s1": [*ff.run_record("ses_s1", 4), ff.user_message("ses_s1", MARK + "x")],
+            "ses_s2": ff.run_record("ses_s2", 4),
+        }
+    )
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            api = OpencodeAPI(http, str(server.make_url("")))
+            with capture_logs() as logs:
+                await warn_if_followed(api, "ses_s1", "/w")
+                await warn_if_followed(api, "ses_s2", "/w")
+    finally:
+        await server.close()
+    [warning] = events(logs, "attach.other_monitor")
+    assert (warning["session_id"], warning["feedback_messages"]) == ("ses_s1", 1)
