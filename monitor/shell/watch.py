@@ -371,7 +371,8 @@ class Watch:
         if outcome == Outcome.HELD:
             self._held[decision.session_id] = decision.call_index
         self.toasts.show(decision, outcome)  # returns at once: posting runs apart
-        if self.webhook is not None:
+        # A deferred loop is the other monitor's to tell of: one notification per loop.
+        if self.webhook is not None and outcome != Outcome.DEFERRED:
             self.webhook.send(decision, outcome)  # returns at once: posting runs apart
 
     def last_frame_unix(self) -> float | None:
