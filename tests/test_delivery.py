@@ -131,7 +131,9 @@ async def test_feedback_refused_with_a_5xx_is_sent_again_after_looking():
         await stop(*running)
     posts = [(r.method, r.path) for r in fake.requests if r.path.startswith("/session/ses_s1")]
     assert posts == [
+        ("GET", "/session/ses_s1/message"),  # before acting: no other monitor acted
         ("POST", "/session/ses_s1/abort"),
+        ("GET", "/session/ses_s1/message"),  # before the feedback: none posted one
         ("POST", "/session/ses_s1/prompt_async"),
         ("GET", "/session/ses_s1/message"),
         ("POST", "/session/ses_s1/prompt_async"),

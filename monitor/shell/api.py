@@ -46,11 +46,16 @@ class _Transient(ServerError):
     """A failure that may pass; the server may or may not have taken the request."""
 
 
-class _NotSent(_Transient):
+class ServerAway(_Transient):
+    """No answer from the server at all, after retries: it may be down or restarting. What
+    was being done is worth finishing once it is back (`monitor.core.due`)."""
+
+
+class _NotSent(ServerAway):
     """The connection was never made: the server surely did not get the request."""
 
 
-class _NoAnswer(_Transient):
+class _NoAnswer(ServerAway):
     """Sent, and no answer came (timeout, dropped connection): the server may still act."""
 
 
