@@ -185,7 +185,9 @@ class FakeOpencode:
 
     async def _messages(self, request: web.Request) -> web.Response:
         await self._record(request)
-        return web.json_response(self.messages.get(request.match_info["id"], []))
+        messages = self.messages.get(request.match_info["id"], [])
+        last = request.query.get("limit")  # the newest messages, as the real server does
+        return web.json_response(messages[-int(last) :] if last else messages)
 
     async def _permissions(self, request: web.Request) -> web.Response:
         await self._record(request)

@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 from monitor.core.due import DueWork, Step
 from monitor.core.export import intervened
 from monitor.core.feedback import MARK
+from monitor.shell.actions import RECENT_MESSAGES
 from monitor.testing import FakeOpencode, frames, play
 from tests import frames_factory as ff
 from tests.frames_factory import BASH, asked, envelope, part, replied
@@ -79,6 +80,9 @@ async def test_a_monitor_that_comes_second_does_not_act_again():
         "feedback already in the session",
     )
     assert second_outcome["part_id"] == "p4" and second_outcome["interventions"] == 1
+    # Each check before acting read only the newest messages, not the whole record.
+    checks = [r.query.get("limit") for r in fake.of("message") if "limit" in r.query]
+    assert checks and set(checks) == {str(RECENT_MESSAGES)}
 
 
 def refused_record() -> list[dict]:

@@ -47,6 +47,10 @@ STAGGER_S = 0.5
 # ending refused by another monitor (it ends in `error` a moment after the answer).
 REFUSED_READS = 3
 REFUSED_READ_EVERY_S = 0.1
+# The check before acting reads only the newest messages: the loop's call is in the run's
+# last steps, and another monitor's answer to it comes right after. A session's whole
+# record can be megabytes, and this read delays the abort.
+RECENT_MESSAGES = 20
 
 
 def random_stagger() -> float:
@@ -172,6 +176,16 @@ class Interventions:
             elif progress.feedback_due:
                 _feedback_failed(decision, "cancelled at shutdown")
             raise
+        except Exception as exc:
+            # A bug of ours must not leave a loop unlogged (nor as "Task exception was never
+            # retrieved"): say how far the action got, then what broke, with its traceback
+            # (code locations only, never a tool's arguments).
+            error = f"internal error: {type(exc).__name__}"
+            if not progress.decided:
+                self._decided(decision, Outcome.ABORT_FAILED, error=error)
+            elif progress.feedback_due:
+                _feedback_failed(decision, error)
+            log.error("action.crashed", session_id=decision.session_id, exc_info=exc)
 
     def _decided(self, decision: Intervene, outcome: Outcome, **fields: object) -> None:
         log.warning(
@@ -241,7 +255,9 @@ class Interventions:
             if read:
                 await self._sleep(REFUSED_READ_EVERY_S)
             try:
-                messages = await self._api.messages(decision.session_id, decision.directory)
+                messages = await self._api.messages(
+                    decision.session_id, decision.directory, last=RECENT_MESSAGES
+                )
             except ServerError:
                 return None
             other = intervened(messages, decision.part_id, aborted)

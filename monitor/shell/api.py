@@ -220,9 +220,14 @@ class OpencodeAPI:
                         directories.append(where)
         return directories
 
-    async def messages(self, session_id: str, directory: str | None) -> list[Any]:
+    async def messages(
+        self, session_id: str, directory: str | None, last: int | None = None
+    ) -> list[Any]:
+        """The session's messages, oldest first; `last`: only the newest that many (the
+        server's `limit`), for a check that needs only what came lately."""
         path = _session_path(session_id, "message")
-        messages = await self._call("GET", path, directory, idempotent=True)
+        query = None if last is None else {"limit": str(last)}
+        messages = await self._call("GET", path, directory, idempotent=True, query=query)
         if not isinstance(messages, list):
             raise ServerError("/session/{id}/message did not answer a list")
         return messages
@@ -236,6 +241,7 @@ class OpencodeAPI:
         *,
         idempotent: bool,
         arrived: Callable[[], Awaitable[bool]] | None = None,
+        query: Mapping[str, str] | None = None,
     ) -> Any:
         """Send once; again only if it surely did not arrive, or is idempotent.
 
@@ -243,7 +249,7 @@ class OpencodeAPI:
         is sent again if `arrived` finds no trace of it; after no answer at all it is never
         sent again (the server may still be carrying it out), only looked for.
         """
-        params = {"directory": directory} if directory else None
+        params = {**({"directory": directory} if directory else {}), **(query or {})} or None
         attempt = 0
         while True:
             try:
@@ -283,7 +289,8 @@ class OpencodeAPI:
             try:
                 # yarl would drop a lone surrogate (valid JSON, not UTF-8) and send the
                 # request to another directory's instance.
-                params["directory"].encode("utf-8")
+                for value in params.values():
+                    value.encode("utf-8")
             except UnicodeEncodeError:
                 raise ServerError(f"{what}: the directory is not UTF-8") from None
             url = url.with_query(params)
