@@ -36,7 +36,8 @@ class ToolPart:
 class TextPart:
     """An update of a text or reasoning part (`kind`). A part the model writes has `started`
     from its first (empty) update on and `ended` on its final one, which carries the whole
-    text; a user's prompt is a text part too, but has neither."""
+    text; a user's prompt is a text part too, but has neither. `message_id` names the
+    message it belongs to."""
 
     session_id: str
     part_id: str
@@ -44,6 +45,17 @@ class TextPart:
     text: str
     started: bool
     ended: bool
+    directory: str | None
+    message_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UserMessage:
+    """A user message was stored or updated (`message.updated`, role user): a person's prompt
+    or the monitor's feedback. Its text comes after it, as a text part of `message_id`."""
+
+    session_id: str
+    message_id: str
     directory: str | None
 
 
@@ -150,6 +162,7 @@ class Malformed:
 Event = (
     ToolPart
     | TextPart
+    | UserMessage
     | PartDelta
     | SessionSeen
     | SessionIdle
@@ -310,6 +323,7 @@ def _text_part(part: dict[str, Any], kind: str, directory: str | None) -> TextPa
         started=time.get("start") is not None,
         ended=time.get("end") is not None,
         directory=directory,
+        message_id=_optional_text(part, "messageID"),
     )
 
 
@@ -364,10 +378,16 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def _message_updated(props: dict[str, Any], directory: str | None) -> MessageUsage | None:
-    """Usage of an assistant message; None for a user message (no usage)."""
+def _message_updated(
+    props: dict[str, Any], directory: str | None
+) -> UserMessage | MessageUsage | None:
+    """A user message (a person's prompt or the monitor's feedback), or the usage of an
+    assistant message so far."""
     info = _object(props, "info")
-    if info.get("role") != "assistant":
+    role = info.get("role")
+    if role == "user":
+        return UserMessage(_text(info, "sessionID"), _text(info, "id"), directory)
+    if role != "assistant":
         return None
     tokens = info.get("tokens")
     tokens = tokens if isinstance(tokens, dict) else {}
@@ -428,6 +448,7 @@ def _session_deleted(props: dict[str, Any], directory: str | None) -> SessionDel
 _PARSERS = {
     "message.part.updated": _part_updated,
     "message.part.delta": _part_delta,
+    "message.updated": _message_updated,
     "session.created": _session_info,
     "session.updated": _session_info,
     "session.status": _session_status,
@@ -435,7 +456,6 @@ _PARSERS = {
     "session.deleted": _session_deleted,
     "permission.asked": _permission_asked,
     "permission.replied": _permission_replied,
-    "message.updated": _message_updated,
     "session.diff": _session_diff,
     "file.edited": _file_edited,
 }

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from monitor.core.events import Malformed
-from monitor.core.feedback import MARKS
+from monitor.core.feedback import MARKS, is_hold_feedback
 
 
 def current_run(messages: list[Any]) -> list[Any]:
@@ -42,6 +42,21 @@ def feedback_count(messages: list[Any]) -> int:
             for part in message.get("parts") or ()
         )
     )
+
+
+def held_in(messages: list[Any]) -> bool:
+    """Whether the session is still on hold: its last user message is the monitor's feedback
+    of a hold (stored with noReply), so no person has written since."""
+    for message in reversed(messages):
+        info = message.get("info") if isinstance(message, dict) else None
+        if isinstance(info, dict) and info.get("role") == "user":
+            return any(
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and is_hold_feedback(str(part.get("text", "")))
+                for part in message.get("parts") or ()
+            )
+    return False
 
 
 def export_frames(messages: object) -> Iterator[object]:
@@ -97,3 +112,49 @@ def feedback_delivered(messages: list[Any], text: str, part_id: str) -> bool:
         )
         for message in messages[start:]
     )
+
+
+def _holds_part(message: object, part_id: str) -> bool:
+    parts = message.get("parts") if isinstance(message, dict) else None
+    return isinstance(parts, list) and any(
+        isinstance(part, dict) and part.get("id") == part_id for part in parts
+    )
+
+
+def _is_feedback(message: object) -> bool:
+    return isinstance(message, dict) and feedback_count([message]) == 1
+
+
+def intervened(messages: list[Any], part_id: str, aborted: bool = True) -> str | None:
+    """Whether some monitor already intervened on the loop caught at part `part_id`: why, or
+    None. What another monitor of the same server leaves in the session's record, in the
+    order it leaves it: the call refused with a monitor's text, the run aborted (`aborted`;
+    its feedback follows), a monitor's feedback message after the part. Nothing is known
+    of a part the record does not hold yet.
+    """
+    for index, message in enumerate(messages):
+        if not _holds_part(message, part_id):
+            continue
+        for part in message["parts"]:
+            state = part.get("state") if isinstance(part, dict) else None
+            if (
+                isinstance(part, dict)
+                and part.get("id") == part_id
+                and isinstance(state, dict)
+                and state.get("status") == "error"
+                and any(mark in str(state.get("error", "")) for mark in MARKS)
+            ):
+                return "call already refused"
+        later = messages[index:]
+        if any(_is_feedback(other) for other in later):
+            return "feedback already in the session"
+        if aborted and any(_aborted(other) for other in later):
+            return "run already aborted"
+        return None
+    return None
+
+
+def _aborted(message: object) -> bool:
+    info = message.get("info") if isinstance(message, dict) else None
+    error = info.get("error") if isinstance(info, dict) else None
+    return isinstance(error, dict) and error.get("name") == "MessageAbortedError"
