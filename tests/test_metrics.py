@@ -334,6 +334,7 @@ async def test_tokens_and_cost_are_counted_by_directory_with_a_bounded_label(met
 
     tracker = Tracker()
     info = {"id": "msg_1", "sessionID": "ses_a", "role": "assistant", "cost": 0.25}
+    info["finish"] = "tool-calls"
     for tokens in (100, 160):  # the same message as it grows: 160 tokens in all
         frame = {
             "type": "message.updated",

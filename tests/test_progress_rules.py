@@ -240,6 +240,7 @@ def usage(session: str, message: str, tokens: int, cost: float = 0.0) -> dict:
         "id": message,
         "sessionID": session,
         "role": "assistant",
+        "finish": "tool-calls",
         "cost": cost,
         "tokens": {"input": tokens, "output": 0, "reasoning": 0, "cache": {"read": 0, "write": 0}},
     }

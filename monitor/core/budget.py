@@ -5,10 +5,10 @@ Pure accounting, no I/O; the tracker feeds it from the stream:
 - `session(session_id, parent_id)` from `session.created` / `session.updated`
   (`info.parentID`: a subagent's session points at its parent), so spend rolls up to the
   root of its tree;
-- `message(usage)` from every `message.updated` of an assistant message (`MessageUsage`:
-  tokens, cost). The server sends the same message again as it grows, with running totals:
-  only the growth since the previous update of that message is added. Each assistant
-  message is one step (OpenCode writes one per model call);
+- `message(usage)` from each `message.updated` that ends a step of an assistant message
+  (`MessageUsage`: tokens, cost, running totals: only the growth since the previous such
+  update of that message is added). Each assistant message is one step (OpenCode writes one
+  per model call), counted when it ends: a step limit stops the run after that many steps;
 - `end_run(session_id)` at `session.idle`: the run's spend starts over, the tree's does not.
 
 A `Budget` field of None is no limit; a budget with every field None never fires, which is the
@@ -56,14 +56,6 @@ class Budget:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Spent:
-    """What one `message.updated` added: for the metrics (tokens and cost per directory)."""
-
-    tokens: int
-    cost: float
-
-
 class _Spend:
     __slots__ = ("steps", "tokens", "cost", "fired")
 
@@ -94,6 +86,7 @@ class BudgetBook:
     ) -> None:
         self.run_budget = run
         self.tree_budget = tree
+        self._limited = bool(run) or bool(tree)
         self.max_sessions = max_sessions
         # Oldest first; the least recently touched account goes when it is full.
         self._accounts: dict[str, _Account] = {}
@@ -132,18 +125,22 @@ class BudgetBook:
     def forget(self, session_id: str) -> None:
         self._accounts.pop(session_id, None)
 
-    def message(self, usage: MessageUsage) -> tuple[Spent, BudgetSpent | None]:
-        """Take one update of an assistant message: what it added, and the budget it reached
-        (the run's first, when both are)."""
+    def message(self, usage: MessageUsage) -> tuple[int, float, BudgetSpent | None] | None:
+        """Take one update of an assistant message: the tokens and cost it added, and the
+        budget it reached (the run's first, when both are); None when it added nothing (the
+        same message again, the same totals), the most frequent case."""
         account = self._touch(usage.session_id)
         steps = int(usage.message_id != account.message)
         if steps:
             account.message, account.tokens, account.cost = usage.message_id, 0, 0.0
+        elif usage.tokens <= account.tokens and usage.cost <= account.cost:
+            return None
         tokens = max(usage.tokens - account.tokens, 0)
         cost = max(usage.cost - account.cost, 0.0)
         account.tokens = max(usage.tokens, account.tokens)
         account.cost = max(usage.cost, account.cost)
-        spent = Spent(tokens, cost)
+        if not self._limited:
+            return tokens, cost, None
         found = None
         if self.run_budget:
             if account.run is None:
@@ -155,7 +152,7 @@ class BudgetBook:
                 root.tree = _Spend()
             tree = _reached(root.tree, self.tree_budget, "tree", steps, tokens, cost)
             found = found or tree
-        return spent, found
+        return tokens, cost, found
 
 
 def _reached(

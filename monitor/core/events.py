@@ -110,8 +110,8 @@ class SessionSeen:
 
 @dataclass(frozen=True, slots=True)
 class MessageUsage:
-    """An assistant message's running totals (`message.updated`): the server sends the same
-    message again as it grows. `tokens` is input + output + reasoning + cache read and write;
+    """An assistant message's running totals (`message.updated` with its `finish` reason: the
+    update that ends a step). `tokens` is input + output + reasoning + cache read and write;
     `cost` in USD. Each assistant message is one step (one model call)."""
 
     session_id: str
@@ -375,7 +375,7 @@ def _session_info(props: dict[str, Any], directory: str | None) -> SessionSeen:
 
 
 def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    return value if type(value) is int and value > 0 else 0
 
 
 def _message_updated(
@@ -387,16 +387,20 @@ def _message_updated(
     role = info.get("role")
     if role == "user":
         return UserMessage(_text(info, "sessionID"), _text(info, "id"), directory)
-    if role != "assistant":
+    if role != "assistant" or not info.get("finish"):
+        # The server updates an assistant message many times as it streams; its usage comes
+        # with the update that ends a step (`finish`, the reason), so only that one is typed.
         return None
+    total = 0
     tokens = info.get("tokens")
-    tokens = tokens if isinstance(tokens, dict) else {}
-    cache = tokens.get("cache")
-    cache = cache if isinstance(cache, dict) else {}
-    total = sum(_count(tokens.get(key)) for key in ("input", "output", "reasoning"))
-    total += _count(cache.get("read")) + _count(cache.get("write"))
+    if isinstance(tokens, dict):
+        total = _count(tokens.get("input")) + _count(tokens.get("output"))
+        total += _count(tokens.get("reasoning"))
+        cache = tokens.get("cache")
+        if isinstance(cache, dict):
+            total += _count(cache.get("read")) + _count(cache.get("write"))
     cost = info.get("cost", 0)
-    if not isinstance(cost, int | float) or isinstance(cost, bool) or not cost >= 0:
+    if type(cost) not in (int, float) or not cost >= 0:
         cost = 0  # a mistyped or negative cost (or NaN) spends nothing
     return MessageUsage(_text(info, "sessionID"), _text(info, "id"), total, float(cost), directory)
 

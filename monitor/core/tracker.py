@@ -460,17 +460,20 @@ class Tracker:
 
     def _usage(self, usage: MessageUsage, label: str) -> Fed:
         """A step's spend: counted for the metrics, and against the budgets."""
-        spent, reached = self._budgets.message(usage)
+        taken = self._budgets.message(usage)
+        if taken is None:
+            return _QUIET[label]
+        tokens, cost, reached = taken
         session_id = usage.session_id
         if reached is None:
-            if not spent.tokens and not spent.cost:
+            if not tokens and not cost:
                 return _QUIET[label]
             where = usage.directory or self.directory_of(session_id)
-            return Fed(event_type=label, spent=(where, spent.tokens, spent.cost))
+            return Fed(event_type=label, spent=(where, tokens, cost))
         session = self._seen(session_id, usage.directory)
         decision = self._decide(session, session_id, reached, usage.message_id)
         where = session.directory or self._default_directory
-        return Fed((decision,), label, spent=(where, spent.tokens, spent.cost))
+        return Fed((decision,), label, spent=(where, tokens, cost))
 
     def _files_edited(self, directory: str | None) -> None:
         """`file.edited`: a change for every run under way in that directory."""
