@@ -16,9 +16,8 @@ from typing import Any
 
 from monitor.config import ListenAddress, Settings
 from monitor.errors import ConfigError
-from monitor.exits import EX_UNAVAILABLE
+from monitor.exits import EX_OK, EX_UNAVAILABLE
 
-# sysexits.h: the service is not there (no monitor answers on that address).
 TIMEOUT_S = 5.0
 
 
@@ -101,4 +100,4 @@ def run_status(settings: Settings, as_json: bool) -> int:
         print(json.dumps(status, indent=2))
     else:
         sys.stdout.write(render_status(status, time.time()))
-    return 0
+    return EX_OK
