@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from monitor.cli import main
 from monitor.config import load_settings
-from monitor.exits import EX_CONFIG, EX_UNAVAILABLE
+from monitor.exits import EX_UNAVAILABLE
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Watch
 from monitor.testing import FakeOpencode, frames, play
@@ -98,12 +98,7 @@ def test_status_without_a_monitor_exits_69(capsys):
     assert main(["status", "--metrics-addr", f"127.0.0.1:{port}"]) == EX_UNAVAILABLE
     err = capsys.readouterr().err
     assert err.startswith(f"opencode-loop-monitor: no monitor answers on http://127.0.0.1:{port}/")
-    assert err.endswith("is `watch` running with this --metrics-addr?\n")
-
-
-def test_status_without_an_address_is_a_config_error(capsys):
-    assert main(["status"]) == EX_CONFIG
-    assert "metrics_addr: status asks the monitor" in capsys.readouterr().err
+    assert err.endswith(f"is `watch` running with --metrics-addr 127.0.0.1:{port}?\n")
 
 
 async def test_status_of_10000_sessions_is_bounded_cached_and_rate_limited():
