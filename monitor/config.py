@@ -196,7 +196,7 @@ def _budget(raw: object) -> Budget:
         text = raw.strip()
         if text.lower() in ("", "off"):
             return Budget()
-        items: list[tuple[str, object]] = []
+        items: list[tuple[object, object]] = []
         for item in text.split(","):
             key, equals, value = item.partition("=")
             if not equals:
@@ -207,20 +207,22 @@ def _budget(raw: object) -> Budget:
     else:
         raise ValueError(wanted)
     limits: dict[str, Any] = {}
-    for key, value in items:
-        if key in ("steps", "tokens"):
-            number = _as_int(value)
+    for name, given in items:
+        if name in ("steps", "tokens"):
+            number = _as_int(given)
             if number is None or number < 1:
                 raise ValueError(wanted)
-            limits[key] = number
-        elif key == "cost":
-            try:
-                cost = float(value) if isinstance(value, str | int | float) else -1.0
-            except ValueError:
-                cost = -1.0
-            if not cost > 0 or cost == float("inf") or isinstance(value, bool):
+            limits[str(name)] = number
+        elif name == "cost":
+            cost = -1.0
+            if isinstance(given, str | int | float) and not isinstance(given, bool):
+                try:
+                    cost = float(given)
+                except ValueError:
+                    pass
+            if not 0 < cost < float("inf"):
                 raise ValueError(wanted)
-            limits[key] = cost
+            limits[str(name)] = cost
         else:
             raise ValueError(wanted)
     return Budget(**limits)

@@ -164,7 +164,10 @@ class Timing:
 class Scope(Protocol):
     """Which sessions a watch follows, and when following them is over."""
 
-    only_session: str | None
+    @property
+    def only_session(self) -> str | None:
+        """The one session followed, or None for all; read once, when the watch starts."""
+        ...
 
     async def still_there(self, api: OpencodeAPI) -> bool:
         """On every (re)connect: False when there is nothing left to follow."""
