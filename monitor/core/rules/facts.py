@@ -20,7 +20,7 @@ digest for every rule). What they add is here:
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Protocol
 
 from monitor.core.session import SessionRecord
 
@@ -72,3 +72,18 @@ def server_changes(session: SessionRecord) -> int:
     """How many times the server said files changed in the session's current run."""
     signals: Signals | None = session.peek(SIGNALS)
     return 0 if signals is None else signals.count
+
+
+class SeesSignals(Protocol):
+    """A rule's state that remembers `server_changes` at its previous call."""
+
+    signals: int
+
+
+def server_changed(session: SessionRecord, state: SeesSignals) -> bool:
+    """Whether the server said files changed since the rule's previous call (noted)."""
+    signals = server_changes(session)
+    if signals == state.signals:
+        return False
+    state.signals = signals
+    return True

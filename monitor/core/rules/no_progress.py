@@ -28,7 +28,7 @@ from __future__ import annotations
 from array import array
 
 from monitor.core.findings import Finding, NoProgress
-from monitor.core.rules.facts import changes_files, server_changes
+from monitor.core.rules.facts import changes_files, server_changed
 from monitor.core.session import Call, SessionRecord, outcome_digest
 
 NAME = "no_progress"
@@ -89,9 +89,7 @@ class NoProgressRule:
             if changes or call.outcome in SILENT:
                 return None  # a change before any check changes nothing that is counted
             state = session.state(NAME, Checks)
-        signals = server_changes(session)
-        if signals != state.signals:
-            state.signals = signals
+        if server_changed(session, state):
             state.changes += 1
         if changes:
             state.changes += 1

@@ -27,7 +27,7 @@ from __future__ import annotations
 from array import array
 
 from monitor.core.findings import Finding, Revisit
-from monitor.core.rules.facts import changes_files, server_changes
+from monitor.core.rules.facts import changes_files, server_changed
 from monitor.core.rules.waiting import answers_in_progress, waits_by_command
 from monitor.core.session import Call, SessionRecord
 
@@ -80,9 +80,7 @@ class RevisitRule:
             if changes:
                 return None  # nothing remembered yet, nothing to clear: no state needed
             state = session.state(NAME, Seen)
-        signals = server_changes(session)
-        if signals != state.signals:
-            state.signals = signals
+        if server_changed(session, state):
             state.clear()
         revisit = False
         if changes:
