@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import json.scanner
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 # A tool output can be large (a whole file read), but a frame beyond this is not something
 # the server sends: refuse it rather than hold it in memory.
@@ -24,7 +24,10 @@ class FrameError(ValueError):
 # frame that starts an object. What it accepts is what `json.loads` accepts when it ends at
 # the frame's end; anything else (white space around, a BOM, an error) goes to `json.loads`,
 # so every answer and every error is the same. It saves about a third of the decoding time.
-_scan = json.scanner.make_scanner(json.JSONDecoder())
+# (typeshed types `make_scanner` as a class of itself; it is a function of a decoder.)
+_scan: Callable[[str, int], tuple[object, int]] = json.scanner.make_scanner(
+    json.JSONDecoder()  # type: ignore[arg-type]
+)
 
 
 def decode_frame(data: str) -> object:
