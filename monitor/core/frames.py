@@ -110,22 +110,31 @@ class SSEChunkDecoder:
             self._partial_size = len(tail)
         events: list[str] = []
         data = self._data
+        # Two lines a frame, so the loop keeps its state in locals.
+        size, limit = self._data_size, self._max_line
         for line in lines:
             if not line:
                 if data:
                     events.append(b"\n".join(data).decode("utf-8", "replace"))
                     data.clear()
-                    self._data_size = 0
-            elif line.startswith(b"data:"):
-                value = line[6:] if line.startswith(b"data: ") else line[5:]
+                    size = 0
+            elif line[:6] == b"data: ":
                 # Many data lines without the blank line that ends the event would otherwise
                 # grow it without bound, line limit or not.
-                self._data_size += len(value) + 1
-                if self._data_size > self._max_line:
+                size += len(line) - 5
+                if size > limit:
+                    self._data_size = size
                     raise FrameError("event too large")
-                data.append(value)
+                data.append(line[6:])
+            elif line.startswith(b"data:"):
+                size += len(line) - 4
+                if size > limit:
+                    self._data_size = size
+                    raise FrameError("event too large")
+                data.append(line[5:])
             elif line == b"data":
                 data.append(b"")
+        self._data_size = size
         return events
 
 
