@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from monitor.core.decisions import Intervene
+from monitor.core.patterns import TextPattern
 from monitor.core.signature import canonical_signature, signature_digest
 
 K = TypeVar("K")
@@ -111,7 +112,7 @@ _EDGE = 4096
 # whose counts change did change. The lookahead first: every match starts with a digit, a
 # hex letter or a slash, and checking that one character before trying the five ways halves
 # the time of the whole pass (it runs over every finished call's output).
-_VOLATILE = re.compile(
+_VOLATILE = TextPattern(
     r"(?=[\d/a-f])(?:"
     r"\b\d+(?:\.\d+)?\s*(?:ms|s|sec|secs|seconds|minutes)\b"
     r"|\b0x[0-9a-f]+\b"
@@ -131,7 +132,8 @@ def outcome_digest(status: str, output: Any, error: Any, metadata: Any) -> int:
     if len(text) > 2 * _EDGE:
         text = text[:_EDGE] + "\n...\n" + text[-_EDGE:]
     code = metadata.get("exit") if isinstance(metadata, dict) else None
-    return signature_digest(f"{status}\x00{code}\x00{_VOLATILE.sub('#', text)}")
+    masked = _VOLATILE.of(text).sub("#", text)
+    return signature_digest(f"{status}\x00{code}\x00{masked}")
 
 
 class Call:

@@ -342,7 +342,8 @@ class Watch:
         if self._record is not None:
             self._write_record(self._record, data)
         fed = self.tracker.feed_data(data)
-        self._carry_out(fed)
+        if fed.decisions or fed.replies:  # most frames decide nothing
+            self._carry_out(fed)
         if fed.event_type not in QUIET_EVENTS:
             self._last_event_at = self.timing.clock()
         metrics = self.metrics
