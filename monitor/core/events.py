@@ -375,8 +375,22 @@ def _session_info(props: dict[str, Any], directory: str | None) -> SessionSeen:
     )
 
 
+_TOKENS = ("input", "output", "reasoning")
+_CACHE_TOKENS = ("read", "write")
+
+
 def _count(value: object) -> int:
     return value if type(value) is int and value > 0 else 0
+
+
+def _sum_counts(counts: dict[str, Any], keys: tuple[str, ...]) -> int:
+    """The sum of the counts under `keys`; a missing, mistyped or negative one counts 0."""
+    total = 0
+    for key in keys:
+        value = counts.get(key)
+        if type(value) is int and value > 0:
+            total += value
+    return total
 
 
 def _message_updated(
@@ -395,11 +409,10 @@ def _message_updated(
     total = 0
     tokens = info.get("tokens")
     if isinstance(tokens, dict):
-        total = _count(tokens.get("input")) + _count(tokens.get("output"))
-        total += _count(tokens.get("reasoning"))
+        total = _sum_counts(tokens, _TOKENS)
         cache = tokens.get("cache")
         if isinstance(cache, dict):
-            total += _count(cache.get("read")) + _count(cache.get("write"))
+            total += _sum_counts(cache, _CACHE_TOKENS)
     cost = info.get("cost", 0)
     if type(cost) not in (int, float) or not cost >= 0:
         cost = 0  # a mistyped or negative cost (or NaN) spends nothing

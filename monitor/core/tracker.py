@@ -234,7 +234,7 @@ class Tracker:
             frame = decode_frame(data)
         except FrameError as exc:
             return self._malformed(MALFORMED, str(exc))
-        return self.feed(frame)
+        return self._feed(frame, None)  # `feed`, one call less on every frame
 
     def feed(self, frame: object) -> Fed:
         """Take one decoded frame (`/event` or `/global/event` form); say what it did.
@@ -450,12 +450,14 @@ class Tracker:
         return Fed(event_type=label, malformed=reason)
 
     def _seen(self, session_id: str, directory: str | None) -> SessionRecord:
-        if session_id not in self._sessions:
-            self.sessions_seen += 1
-        session = self._sessions.touch(session_id, SessionRecord)
+        session = self._sessions.touch(session_id, self._new_session)
         if directory is not None:
             session.directory = directory
         return session
+
+    def _new_session(self) -> SessionRecord:
+        self.sessions_seen += 1
+        return SessionRecord()
 
     def _usage(self, usage: MessageUsage, label: str) -> Fed:
         """A step's spend: counted for the metrics, and against the budgets."""
