@@ -55,6 +55,7 @@ class Group(enum.Enum):
     ACTION = "action"
     LOGGING = "logging"
     WATCH = "watch"
+    PLUGIN = "plugin"  # the endpoint the OpenCode plugin asks (watch serves it, plugin installs)
 
 
 class ListenAddress(NamedTuple):
@@ -496,6 +497,33 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="HOST:PORT",
     ),
     Setting(
+        "plugin_socket",
+        _text,
+        "auto",
+        "Unix socket (mode 0600 in a 0700 folder) where the OpenCode plugin asks whether a "
+        "call may run; auto: plugin-HASH.sock, one per --url, in $XDG_RUNTIME_DIR/"
+        "opencode-loop-monitor (else the state folder); off: no endpoint",
+        Group.PLUGIN,
+        metavar="PATH|auto|off",
+    ),
+    Setting(
+        "plugin_addr",
+        _listen_address,
+        None,
+        "serve the plugin endpoint on loopback TCP HOST:PORT instead of the socket; every "
+        "request then needs the token in --plugin-token-file",
+        Group.PLUGIN,
+        metavar="HOST:PORT",
+    ),
+    Setting(
+        "plugin_token_file",
+        _path,
+        None,
+        "file holding the bearer token of --plugin-addr (created with a new token if absent)",
+        Group.PLUGIN,
+        metavar="FILE",
+    ),
+    Setting(
         "notify_url",
         _webhook_url,
         None,
@@ -546,6 +574,9 @@ class Settings:
     log_level: LogLevel
     record: Path | None
     metrics_addr: ListenAddress | None
+    plugin_socket: str
+    plugin_addr: ListenAddress | None
+    plugin_token_file: Path | None
     notify_url: str | None = field(repr=False)  # a chat webhook's URL is its secret
     # Not settings of ours: taken from the server's variables or password_file.
     username: str = field(repr=False)

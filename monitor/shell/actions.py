@@ -64,7 +64,7 @@ class Interventions:
         self._running: set[asyncio.Task[None]] = set()
 
     def submit(self, decision: Intervene) -> None:
-        log.warning("loop.detected", **_decision_fields(decision))
+        log.warning("loop.detected", **decision_fields(decision))
         self._queue(decision, lambda progress: self._act(decision, progress))
 
     def answer(self, reply: Reply) -> None:
@@ -72,7 +72,7 @@ class Interventions:
         approval goes at once, behind nothing (the call waits for it)."""
         decision = reply.loop
         if decision is not None:
-            log.warning("loop.detected", request_id=reply.request_id, **_decision_fields(decision))
+            log.warning("loop.detected", request_id=reply.request_id, **decision_fields(decision))
             self._queue(decision, lambda progress: self._refuse(reply, decision, progress))
             return
         self._track(asyncio.create_task(self._approve(reply)))
@@ -132,7 +132,7 @@ class Interventions:
     def _decided(self, decision: Intervene, outcome: str, **fields: object) -> None:
         log.warning(
             "intervention.outcome",
-            **_decision_fields(decision),
+            **decision_fields(decision),
             outcome=outcome,
             **{key: value for key, value in fields.items() if value is not None},
         )
@@ -247,7 +247,7 @@ class Interventions:
         log.info("feedback.sent", session_id=decision.session_id, hold=decision.hold)
 
 
-def _decision_fields(decision: Intervene) -> dict[str, object]:
+def decision_fields(decision: Intervene) -> dict[str, object]:
     """What `loop.detected` says of a decision; `intervention.outcome` repeats it, so one
     record tells the whole intervention."""
     return dict(

@@ -29,10 +29,27 @@ from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
 
-OUTCOMES = ("aborted", "held", "rejected", "answered", "dry_run", "abort_failed", "cancelled")
+OUTCOMES = (
+    "aborted",
+    "blocked",
+    "held",
+    "rejected",
+    "answered",
+    "dry_run",
+    "abort_failed",
+    "cancelled",
+)
 # What interventions_total counts: a dry run stops nothing, so its detections are counted
 # apart, under a name that says so, and never look like sessions that were stopped.
-INTERVENTION_OUTCOMES = ("aborted", "held", "rejected", "answered", "abort_failed", "cancelled")
+INTERVENTION_OUTCOMES = (
+    "aborted",
+    "blocked",
+    "held",
+    "rejected",
+    "answered",
+    "abort_failed",
+    "cancelled",
+)
 
 
 def readiness(connected: bool, last_frame_at: float | None, now: float, limit: float) -> str | None:
@@ -118,6 +135,26 @@ class Metrics:
             "Loops detected in dry run: logged and left running, as nothing is stopped.",
             registry=registry,
         )
+        # The directory label is bounded by the projects of the servers whose plugins ask
+        # (decide.MAX_DIRECTORIES, the rest as "other"), and only the owner can ask.
+        self._plugin_requests = Counter(
+            PREFIX + "plugin_requests",
+            "Calls the OpenCode plugin asked about, by server directory and verdict.",
+            ["directory", "verdict"],
+            registry=registry,
+        )
+        self._plugin_fell_open = Counter(
+            PREFIX + "plugin_fell_open",
+            "Calls the plugin let run unasked (monitor absent, slow or refusing), as it reports.",
+            ["directory"],
+            registry=registry,
+        )
+        self._plugin_refused = Counter(
+            PREFIX + "plugin_refused_requests",
+            "Requests to the plugin endpoint refused as malformed or unauthorised, by status.",
+            ["status"],
+            registry=registry,
+        )
         Gauge(
             PREFIX + "stream_connected",
             "1 while the event stream is connected, else 0.",
@@ -168,6 +205,14 @@ class Metrics:
             self._dry_run.inc()
             return
         self._interventions.labels(outcome if outcome in OUTCOMES else OTHER).inc()
+
+    def plugin_asked(self, directory: str, verdict: str, fell_open: int) -> None:
+        self._plugin_requests.labels(directory, verdict).inc()
+        if fell_open:
+            self._plugin_fell_open.labels(directory).inc(fell_open)
+
+    def plugin_refused(self, status: int) -> None:
+        self._plugin_refused.labels(str(status)).inc()  # statuses of plugin_protocol: bounded
 
     def not_ready(self) -> str | None:
         """Why `/readyz` answers 503, or None when it answers 200."""

@@ -26,17 +26,20 @@ import structlog
 from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
 from monitor.core.export import current_run, export_frames, feedback_count
-from monitor.core.frames import encode_sse
+from monitor.core.frames import FrameError, decode_frame, encode_sse
+from monitor.core.plugin_protocol import PluginCall, PluginVerdict, RequestRefused
 from monitor.core.resync import directories_to_ask, plan_resync
 from monitor.core.tracker import Detection, Fed, Intervene, Tracker
 from monitor.errors import ConfigError, ServerError, SessionGone
-from monitor.shell.actions import Interventions
+from monitor.shell.actions import Interventions, decision_fields
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.backoff import Backoff
+from monitor.shell.decide import DecideServer, PluginStats, plugin_endpoint
 from monitor.shell.diagnosis import directory_known
 from monitor.shell.logs import configure_logging
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
+from monitor.shell.plugin_calls import StreamMatch, judge_by_tracker
 from monitor.shell.stream import (
     READ_BUFSIZE,
     READ_TIMEOUT_S,
@@ -173,6 +176,9 @@ class Watch:
         self.metrics_server: MetricsServer | None = None
         # Sessions put on hold, with their call count then: held until a new call comes.
         self._held: dict[str, int] = {}
+        self.plugin_stats = PluginStats()
+        self.plugin_server: DecideServer | None = None
+        self._plugin_match: StreamMatch | None = None
         self.webhook: Webhook | None = None
         if settings.notify_url is not None:
             self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
@@ -184,8 +190,11 @@ class Watch:
             if self.metrics is not None:
                 self.metrics_server = await self._serve_metrics(self.metrics)
             try:
+                await self._serve_plugins()
                 return await self._run()
             finally:
+                if self.plugin_server is not None:
+                    await self.plugin_server.close()
                 if self.metrics_server is not None:
                     await self.metrics_server.close()
 
@@ -206,6 +215,45 @@ class Watch:
             ) from None
         log.info("metrics.listening", host=address.host, port=server.port)
         return server
+
+    async def _serve_plugins(self) -> None:
+        endpoint = plugin_endpoint(self.settings, os.environ)
+        if endpoint is None or self.scope.only_session is not None:
+            return  # `attach` follows one session; plugins ask the daemon
+        server = DecideServer(endpoint, self.judge, self._on_plugin_asked, self._on_refused)
+        await server.start()
+        self.plugin_server = server
+        self._plugin_match = StreamMatch()
+
+    def judge(self, call: PluginCall) -> PluginVerdict:
+        """The plugin's question about one call: the daemon's `judge` callback."""
+        assert self._plugin_match is not None
+        verdict, decision = judge_by_tracker(self.tracker, self._plugin_match, call)
+        if decision is None:
+            return verdict
+        outcome = "dry_run" if self.settings.dry_run else "blocked"
+        log.warning(
+            "intervention.outcome",
+            **decision_fields(decision),
+            outcome=outcome,
+            via="plugin",
+            call_id=call.call_id,
+        )
+        if self.metrics is not None:
+            self.metrics.loop(decision.cycle.length, decision.rule)
+        self._on_outcome(decision, outcome)
+        return verdict if outcome == "blocked" else PluginVerdict("allow")
+
+    def _on_plugin_asked(self, call: PluginCall, verdict: PluginVerdict) -> None:
+        label = self.plugin_stats.asked(call, verdict)
+        if self.metrics is not None:
+            self.metrics.plugin_asked(label, verdict.verdict, call.fell_open)
+
+    def _on_refused(self, refused: RequestRefused) -> None:
+        self.plugin_stats.refused += 1
+        if self.metrics is not None:
+            self.metrics.plugin_refused(refused.status)
+        log.warning("plugin.refused", status=refused.status, reason=refused.message)
 
     async def _run(self) -> int:
         settings = self.settings
@@ -274,7 +322,7 @@ class Watch:
     def _on_frame(self, data: str) -> None:
         if self._record is not None:
             self._write_record(self._record, data)
-        fed = self.tracker.feed_data(data)
+        fed = self._feed(data)
         self._carry_out(fed)
         metrics = self.metrics
         if metrics is not None:
@@ -286,6 +334,16 @@ class Watch:
             self._log_malformed(fed.malformed)
         if self.scope.ended(fed):
             self._stop.set()
+
+    def _feed(self, data: str) -> Fed:
+        match = self._plugin_match
+        if match is None:
+            return self.tracker.feed_data(data)
+        try:
+            frame = decode_frame(data)
+        except FrameError:
+            return self.tracker.feed_data(data)  # counted as malformed, as always
+        return self.tracker.feed(match.rename(frame))
 
     def _carry_out(self, fed: Fed) -> None:
         """Hand the decisions and permission answers of one frame to `Interventions`."""
@@ -367,7 +425,19 @@ class Watch:
                 "interventions": sum(view.interventions for view in views),
             },
             "sessions": sessions,
+            "plugins": {
+                "endpoint": None if self.plugin_server is None else self._plugin_address(),
+                "refused": self.plugin_stats.refused,
+                "directories": self.plugin_stats.view(),
+            },
         }
+
+    def _plugin_address(self) -> str:
+        assert self.plugin_server is not None
+        endpoint = self.plugin_server.endpoint
+        if endpoint.socket is not None:
+            return f"unix:{endpoint.socket}"
+        return f"http://{endpoint.host}:{self.plugin_server.port}"
 
     def _log_malformed(self, reason: str) -> None:
         now = self.timing.clock()
