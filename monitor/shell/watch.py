@@ -228,7 +228,9 @@ class Watch:
     def judge(self, call: PluginCall) -> PluginVerdict:
         """The plugin's question about one call: the daemon's `judge` callback."""
         assert self._plugin_match is not None
-        verdict, decision = judge_by_tracker(self.tracker, self._plugin_match, call)
+        verdict, decision, released = judge_by_tracker(self.tracker, self._plugin_match, call)
+        for frame in released:
+            self._take(self.tracker.feed(frame))
         if decision is None:
             return verdict
         outcome = "dry_run" if self.settings.dry_run else "blocked"
@@ -322,7 +324,25 @@ class Watch:
     def _on_frame(self, data: str) -> None:
         if self._record is not None:
             self._write_record(self._record, data)
-        fed = self._feed(data)
+        match = self._plugin_match
+        if match is None:
+            self._take(self.tracker.feed_data(data))
+            return
+        try:
+            frame = decode_frame(data)
+        except FrameError:
+            self._take(self.tracker.feed_data(data))  # counted as malformed, as always
+            return
+        directory = frame.get("directory") if isinstance(frame, dict) else None
+        released = match.rename(frame, directory or self.settings.directory)
+        for each in released:
+            self._take(self.tracker.feed(each))
+        if not released and self.metrics is not None:
+            self._last_frame_at = self.timing.clock()
+            self.metrics.frame("message.part.updated")  # held back, counted as read
+
+    def _take(self, fed: Fed) -> None:
+        """Carry out and count what one frame fed to the tracker did."""
         self._carry_out(fed)
         metrics = self.metrics
         if metrics is not None:
@@ -334,16 +354,6 @@ class Watch:
             self._log_malformed(fed.malformed)
         if self.scope.ended(fed):
             self._stop.set()
-
-    def _feed(self, data: str) -> Fed:
-        match = self._plugin_match
-        if match is None:
-            return self.tracker.feed_data(data)
-        try:
-            frame = decode_frame(data)
-        except FrameError:
-            return self.tracker.feed_data(data)  # counted as malformed, as always
-        return self.tracker.feed(match.rename(frame))
 
     def _carry_out(self, fed: Fed) -> None:
         """Hand the decisions and permission answers of one frame to `Interventions`."""
