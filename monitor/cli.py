@@ -231,7 +231,7 @@ status says where it is, where it asks and whether a monitor answers there."""
 
 PLUGIN_EPILOG = """\
 exit status: 0 done, 78 configuration error (the folder cannot be written, a file there is
-not ours, the endpoint is off)."""
+not ours, the endpoint is off), 130 interrupted."""
 
 
 def _plugin_arguments(parser: argparse.ArgumentParser) -> None:
@@ -313,7 +313,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "plugin",
-        "install, remove or check the OpenCode plugin that asks the monitor before each call",
+        "install, remove or check the OpenCode plugin (blocks loops)",
         _run_plugin,
         frozenset({Group.CONNECTION, Group.PLUGIN}),
         PLUGIN_DESCRIPTION,
