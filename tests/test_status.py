@@ -85,7 +85,11 @@ async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
     assert lines[0] == f"monitor 0.1.0 watching {url}"
     assert lines[1].startswith("stream: connected, 31 frames, last frame ")
     assert lines[2] == "sessions followed: 2 (busy 1, held 1), interventions: 2"
-    assert lines[4:] == [
+    endpoint = status["plugins"]["endpoint"]
+    assert endpoint.startswith("unix:") and endpoint.endswith(".sock")
+    assert status["plugins"]["directories"] == [] and status["plugins"]["refused"] == 0
+    assert lines[3] == f"plugins: none asked yet at {endpoint}"
+    assert lines[5:] == [
         "SESSION  STATE  CALLS  INTERVENTIONS  DIRECTORY",
         "ses_1    held       8              2  /w",
         "ses_2    busy       2              0  /v",
