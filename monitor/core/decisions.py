@@ -18,12 +18,29 @@ class Outcome(enum.StrEnum):
     """How one intervention ended (`intervention.outcome`)."""
 
     ABORTED = "aborted"
+    NUDGED = "nudged"  # the feedback was posted while the run went on
+    BLOCKED = "blocked"  # the plugin threw the feedback: the call never ran, the run goes on
     HELD = "held"
     REJECTED = "rejected"
     ANSWERED = "answered"  # a person answered the request within the grace period
     DRY_RUN = "dry_run"
     ABORT_FAILED = "abort_failed"
     CANCELLED = "cancelled"  # shutdown gave up on it
+
+
+class Action(enum.StrEnum):
+    """How an intervention acts on the run: a rung of the ladder (docs/detection.md).
+
+    `nudge` posts the feedback as a `noReply` message and lets the call and the run go on;
+    `block` stops the call before it runs (the plugin throws, the permission request is
+    refused) and lets the run go on, or, where the call cannot be blocked, stops the run as
+    `stop` does; `stop` aborts the run, then posts the feedback. A hold is a `stop` whose
+    feedback waits for a person (`Intervene.hold`).
+    """
+
+    NUDGE = "nudge"
+    BLOCK = "block"
+    STOP = "stop"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +60,7 @@ class Intervene:
     hold: bool
     escalated: bool
     feedback: str
+    action: Action = Action.BLOCK
 
     @property
     def rule(self) -> Rule:
@@ -67,6 +85,7 @@ class Intervene:
             **fields(self.finding),
             interventions=self.prior_interventions + 1,
             escalated=self.escalated,
+            action=str(self.action),
         )
 
 

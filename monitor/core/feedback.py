@@ -17,7 +17,14 @@ from monitor.core.findings import (
     clean_tool_name,
 )
 
-__all__ = ["MARK", "TOOL_NAME_MAX", "clean_tool_name", "feedback_text", "rejection_text"]
+__all__ = [
+    "MARK",
+    "TOOL_NAME_MAX",
+    "clean_tool_name",
+    "feedback_text",
+    "nudge_text",
+    "rejection_text",
+]
 
 # How every feedback message starts: the monitor finds its own earlier interventions in a
 # session's messages by it (escalation survives a restart of the monitor). It names the
@@ -96,5 +103,17 @@ def rejection_text(finding: Finding, hold: bool, interventions: int) -> str:
         "based on that evidence, or explain briefly why you are blocked and what information "
         "you need.",
         hold,
+        interventions,
+    )
+
+
+def nudge_text(finding: Finding, interventions: int) -> str:
+    """The message of a nudge: posted while the run goes on (the call that completed the loop
+    ran), read at the run's next step. `interventions` counts this one."""
+    return _message(
+        f"you are repeating yourself: {finding.describe()}. Your run goes on, but the next "
+        "repetition will be refused.",
+        _found(finding)[1],
+        False,
         interventions,
     )

@@ -1,0 +1,99 @@
+"""The plugin path against the real `opencode serve`, OpenCode's default config (no call asks
+permission), the monitor's plugin installed in the sandbox: the call completing a loop is
+blocked before it runs and the model's run goes on; without a daemon every call runs."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from monitor.kit.sandbox import OpencodeServer, tool_parts
+from monitor.kit.scripted_model import DEFAULT_ANSWER, script
+from monitor.shell.decide import PluginEndpoint
+
+pytestmark = pytest.mark.real_server
+
+APPEND = ("bash", {"command": "echo x >> out.txt", "description": "append a line"})
+FELL_OPEN = "opencode-loop-monitor: no answer from the monitor at"
+
+
+@pytest.fixture
+def socket_path() -> Iterator[Path]:
+    # Short: a Unix socket path holds at most 107 bytes, pytest's tmp_path can be longer.
+    folder = Path(tempfile.mkdtemp(prefix="olm-"))
+    try:
+        yield folder / "plugin.sock"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+async def plugin_server(opencode_bin, scripted_model, socket_path) -> AsyncIterator[OpencodeServer]:
+    endpoint = PluginEndpoint(socket_path)
+    async with OpencodeServer(opencode_bin, scripted_model.url, plugin=endpoint) as server:
+        yield server
+
+
+async def run_appends(server, http, calls):
+    client = server.client(http)
+    session = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], calls, delay=0.1))
+    return session, await client.wait_idle(session["id"], 60)
+
+
+def lines(server):
+    return (server.project / "out.txt").read_text().splitlines()
+
+
+async def test_fourth_identical_append_blocked_in_band(
+    plugin_server, start_monitor, http, socket_path
+):
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path),
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    session, messages = await run_appends(plugin_server, http, 4)
+
+    assert lines(plugin_server) == ["x", "x", "x"]  # the 4th never ran
+    parts = tool_parts(messages)
+    assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"]
+    assert "repeated" in parts[3]["state"]["error"] and "Loop" in parts[3]["state"]["error"]
+    # No abort, no feedback message: the model read the refusal and answered in the same run.
+    assert [m["info"]["role"] for m in messages].count("user") == 1
+    assert all(m["info"].get("error") is None for m in messages)
+    last = messages[-1]
+    assert last["info"]["role"] == "assistant"
+    assert [p["text"] for p in last["parts"] if p["type"] == "text"] == [DEFAULT_ANSWER]
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["outcome"], outcome["via"], outcome["call_index"]) == ("blocked", "plugin", 4)
+    assert outcome["session_id"] == session["id"] and outcome["rule"] == "cycle"
+    assert monitor.events("feedback.sent") == []
+
+
+async def test_every_call_runs_when_no_daemon_listens(plugin_server, http):
+    session, messages = await run_appends(plugin_server, http, 5)
+    assert lines(plugin_server) == ["x"] * 5
+    assert [p["state"]["status"] for p in tool_parts(messages)] == ["completed"] * 5
+    log = plugin_server.log_path.read_text()
+    assert log.count(FELL_OPEN) == 1 and session["id"] in log
+
+
+async def test_every_call_runs_when_the_daemon_hangs(plugin_server, http, socket_path):
+    # Accepts connections (the kernel completes them from the backlog) and never answers.
+    hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    hung.bind(str(socket_path))
+    hung.listen(16)
+    try:
+        session, messages = await run_appends(plugin_server, http, 5)
+    finally:
+        hung.close()
+    assert lines(plugin_server) == ["x"] * 5
+    assert [p["state"]["status"] for p in tool_parts(messages)] == ["completed"] * 5
+    log = plugin_server.log_path.read_text()
+    assert log.count(FELL_OPEN) == 1 and "TimeoutError" in log
