@@ -472,6 +472,7 @@ class Tracker:
             late = call.loop  # the plugin never asked (it fell open): stop the run after all
         decision = None if transparent else self._call(session, call, part, seeding)
         nudge = None
+        call = call or session.call(part.part_id)  # `_call` made it, if it was new
         if decision is not None and part.status == "running" and call is not None:
             if decision.action == Action.NUDGE:
                 nudge, decision = decision, None  # the call runs: nothing to refuse
