@@ -26,7 +26,6 @@ from aiohttp import web
 from monitor.core.tracker import Tracker
 from monitor.kit.sandbox import default_cache_dir, find_or_install_opencode
 from monitor.shell.decide import DecideServer, PluginEndpoint
-from monitor.shell.plugin_calls import StreamMatch, judge_by_tracker
 from monitor.shell.plugin_install import render
 
 HARNESS = """
@@ -83,10 +82,10 @@ async def main(calls: int, rounds: int) -> dict[str, object]:
     paths = {name: folder / f"{name}.sock" for name in cases}
     for name, path in paths.items():
         (folder / f"{name}.ts").write_text(render(PluginEndpoint(path)))
-    tracker, match = Tracker(), StreamMatch()
+    tracker = Tracker()
     daemon = DecideServer(
         PluginEndpoint(paths["daemon"]),
-        lambda call: judge_by_tracker(tracker, match, call)[0],
+        lambda call: tracker.judge(call).verdict,
         lambda call, verdict: None,
         lambda refused: None,
     )

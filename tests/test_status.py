@@ -28,7 +28,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
-    # s1 loops twice: aborted at call 4, held at call 5 (armed; max_interventions 1); s2 made 2 calls.
+    # s1 loops twice: aborted at call 4, held at 5 (armed; max_interventions 1); s2 made 2 calls.
     s2 = [envelope(f, "/v") for n in (1, 2) for f in call("ses_2", f"g{n}", "grep", {"n": n})]
     fake = FakeOpencode(streams=[play(loop_frames("ses_1", 5), frames(*s2))])
     server = TestServer(fake.app(), host="127.0.0.1")
