@@ -97,3 +97,32 @@ async def test_every_call_runs_when_the_daemon_hangs(plugin_server, http, socket
     assert [p["state"]["status"] for p in tool_parts(messages)] == ["completed"] * 5
     log = plugin_server.log_path.read_text()
     assert log.count(FELL_OPEN) == 1 and "TimeoutError" in log
+
+
+async def test_the_refused_call_repeated_is_refused_at_once_then_held(
+    plugin_server, start_monitor, http, socket_path
+):
+    """The loop stays armed after a block: the model's 5th identical append is refused at once
+    (no fresh budget of three), the 6th escalates to a hold (max_interventions 2), which
+    stops the run. None of the three ran: out.txt keeps exactly 3 lines."""
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path), "--max-interventions", "2",
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    client = plugin_server.client(http)
+    session = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], 6, delay=0.1))
+    await monitor.wait_event("feedback.sent", timeout=60)  # the hold's, stored after the abort
+    messages = await client.messages(session["id"])
+
+    assert lines(plugin_server) == ["x", "x", "x"]  # loop-completing calls that ran: 0
+    parts = tool_parts(messages)
+    assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"] * 3
+    assert all("did not run" in p["state"]["error"] for p in parts[3:])
+    outcomes = [
+        (o["outcome"], o["call_index"], o["action"]) for o in monitor.events("intervention.outcome")
+    ]
+    assert outcomes == [("blocked", 4, "block"), ("blocked", 5, "block"), ("held", 6, "stop")]
+    [sent] = monitor.events("feedback.sent")
+    assert sent["session_id"] == session["id"] and sent["hold"] is True
