@@ -205,11 +205,13 @@ STATUS_DESCRIPTION = """\
 Shows what a running `watch` sees, asked on its --metrics-addr (GET /status): the stream's
 state, the sessions it follows (busy, idle or held for a person), the tool calls of each
 one's current run and its interventions. Give the same --metrics-addr (or variable, or
-file) as the monitor; --json prints the answer for scripts."""
+file) as the monitor; without one it asks 127.0.0.1:9464. A held session stays held, also
+across restarts of the monitor, until a person writes to it. --json prints the answer for
+scripts."""
 
 STATUS_EPILOG = """\
-exit status: 0 shown, 69 no monitor answers on that address, 78 configuration error (no
-metrics_addr), 130 interrupted."""
+exit status: 0 shown, 69 no monitor answers on that address, 78 configuration error (port
+0), 130 interrupted."""
 
 
 def _status_arguments(parser: argparse.ArgumentParser) -> None:

@@ -86,6 +86,8 @@ class FakeOpencode:
     busy: dict[str, dict[str, Any]] = field(default_factory=dict)
     # What GET /session/{id}/message answers, per session (an empty list when not given).
     messages: dict[str, list[Any]] = field(default_factory=dict)
+    # What GET /session answers: the sessions, as {"id": ..., "time": {"updated": ...}} objects.
+    sessions: list[dict[str, Any]] = field(default_factory=list)
     # What GET /project answers: the server's projects, as {"worktree": DIR, ...} objects.
     projects: list[dict[str, Any]] = field(default_factory=list)
     # What GET /permission answers: the requests pending.
@@ -105,6 +107,7 @@ class FakeOpencode:
         app.router.add_get("/global/event", self._stream)
         app.router.add_get("/event", self._stream)
         app.router.add_get("/session/status", self._status)
+        app.router.add_get("/session", self._sessions)
         app.router.add_get("/project", self._projects)
         app.router.add_get("/session/{id}/message", self._messages)
         app.router.add_post("/session/{id}/{action}", self._action)
@@ -172,6 +175,10 @@ class FakeOpencode:
     async def _projects(self, request: web.Request) -> web.Response:
         await self._record(request)
         return web.json_response(self.projects)
+
+    async def _sessions(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response(self.sessions)
 
     async def _messages(self, request: web.Request) -> web.Response:
         await self._record(request)

@@ -187,3 +187,30 @@ def replied(n: int | str, reply: str, session: str = PERMISSION_SESSION) -> dict
         "type": "permission.replied",
         "properties": {"sessionID": session, "requestID": request, "reply": reply},
     }
+
+
+def user_frames(session: str, message: str, text: str) -> list[dict]:
+    """A user message as the stream carries it: the message, then its text as a part (a
+    prompt's text part has no `time`, unlike the model's)."""
+    return [
+        {
+            "type": "message.updated",
+            "properties": {
+                "sessionID": session,
+                "info": {"id": message, "role": "user", "sessionID": session},
+            },
+        },
+        {
+            "type": "message.part.updated",
+            "properties": {
+                "sessionID": session,
+                "part": {
+                    "id": f"prt_{message}",
+                    "type": "text",
+                    "text": text,
+                    "messageID": message,
+                    "sessionID": session,
+                },
+            },
+        },
+    ]

@@ -460,7 +460,9 @@ async def test_metrics_scraped_from_a_running_monitor():
     assert f"{prefix}stream_connected 1.0" in lines
     assert f"{prefix}sessions_tracked 1.0" in lines  # s1 was reset, s2 holds 2 calls
     assert any(line.startswith(f"{prefix}stream_reconnects_total 1.0") for line in lines)
-    assert "session" not in text.replace("sessions_tracked", "")
+    assert f"{prefix}sessions_held 0.0" in lines
+    # No session id becomes a label or a value (the ids here are ses_s1, ses_s2).
+    assert "ses_" not in text
     assert (health, ready) == (200, 200)
 
 
@@ -485,6 +487,7 @@ async def test_started_log_lists_the_detection_settings():
         "on_loop": "resume",
         "max_interventions": 2,
         "first_action": "block",
+        "armed_runs": 2,
         "max_sessions": 10_000,
         "failure_repeats": 4,
         "wait_calls": 20,

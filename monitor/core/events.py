@@ -36,7 +36,8 @@ class ToolPart:
 class TextPart:
     """An update of a text or reasoning part (`kind`). A part the model writes has `started`
     from its first (empty) update on and `ended` on its final one, which carries the whole
-    text; a user's prompt is a text part too, but has neither."""
+    text; a user's prompt is a text part too, but has neither. `message_id` names the
+    message it belongs to."""
 
     session_id: str
     part_id: str
@@ -44,6 +45,17 @@ class TextPart:
     text: str
     started: bool
     ended: bool
+    directory: str | None
+    message_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UserMessage:
+    """A user message was stored or updated (`message.updated`, role user): a person's prompt
+    or the monitor's feedback. Its text comes after it, as a text part of `message_id`."""
+
+    session_id: str
+    message_id: str
     directory: str | None
 
 
@@ -116,6 +128,7 @@ class Malformed:
 Event = (
     ToolPart
     | TextPart
+    | UserMessage
     | PartDelta
     | SessionSeen
     | SessionIdle
@@ -273,6 +286,7 @@ def _text_part(part: dict[str, Any], kind: str, directory: str | None) -> TextPa
         started=time.get("start") is not None,
         ended=time.get("end") is not None,
         directory=directory,
+        message_id=_optional_text(part, "messageID"),
     )
 
 
@@ -296,6 +310,13 @@ def _permission_asked(props: dict[str, Any], directory: str | None) -> Permissio
         tool=_optional_text(metadata, "tool"),
         directory=directory,
     )
+
+
+def _message_updated(props: dict[str, Any], directory: str | None) -> UserMessage | None:
+    info = _object(props, "info")
+    if info.get("role") != "user":
+        return None  # the assistant's, updated at every step: nothing to act on
+    return UserMessage(_text(info, "sessionID"), _text(info, "id"), directory)
 
 
 def _part_delta(props: dict[str, Any], directory: str | None) -> PartDelta:
@@ -337,6 +358,7 @@ def _session_deleted(props: dict[str, Any], directory: str | None) -> SessionDel
 _PARSERS = {
     "message.part.updated": _part_updated,
     "message.part.delta": _part_delta,
+    "message.updated": _message_updated,
     "session.created": _session_info,
     "session.updated": _session_info,
     "session.status": _session_status,

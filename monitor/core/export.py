@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from monitor.core.events import Malformed
-from monitor.core.feedback import MARKS
+from monitor.core.feedback import MARKS, is_hold_feedback
 
 
 def current_run(messages: list[Any]) -> list[Any]:
@@ -42,6 +42,21 @@ def feedback_count(messages: list[Any]) -> int:
             for part in message.get("parts") or ()
         )
     )
+
+
+def held_in(messages: list[Any]) -> bool:
+    """Whether the session is still on hold: its last user message is the monitor's feedback
+    of a hold (stored with noReply), so no person has written since."""
+    for message in reversed(messages):
+        info = message.get("info") if isinstance(message, dict) else None
+        if isinstance(info, dict) and info.get("role") == "user":
+            return any(
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and is_hold_feedback(str(part.get("text", "")))
+                for part in message.get("parts") or ()
+            )
+    return False
 
 
 def export_frames(messages: object) -> Iterator[object]:

@@ -18,10 +18,13 @@ from monitor.core.findings import (
 )
 
 __all__ = [
+    "HOLD_NOTE",
     "MARK",
+    "MARKS",
     "TOOL_NAME_MAX",
     "clean_tool_name",
     "feedback_text",
+    "is_hold_feedback",
     "nudge_text",
     "rejection_text",
 ]
@@ -32,6 +35,9 @@ __all__ = [
 MARK = "[opencode-loop-monitor] Loop guard: "
 # What earlier versions started with: their interventions count too.
 MARKS = (MARK, "Loop guard: ")
+# How the feedback of a hold ends, in every version so far: a session whose last user message
+# ends so is still held when the monitor reads it back (monitor/core/export.py).
+HOLD_NOTE = "on hold until a person replies. Do not call tools until then."
 
 _CALL_ADVICE = (
     "Do not retry the same sequence unchanged. Compare what you expected each earlier "
@@ -87,9 +93,14 @@ def _message(finding: str, advice: str, hold: bool, interventions: int) -> str:
     if hold:
         lines.append(
             f"This session has now been stopped {_times(interventions)} for looping, so it is "
-            "on hold until a person replies. Do not call tools until then."
+            + HOLD_NOTE
         )
     return "\n\n".join(lines)
+
+
+def is_hold_feedback(text: str) -> bool:
+    """Whether `text` is the monitor's feedback of a hold (stored with noReply)."""
+    return text.startswith(MARKS) and text.endswith(HOLD_NOTE)
 
 
 def rejection_text(finding: Finding, hold: bool, interventions: int) -> str:

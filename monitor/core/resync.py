@@ -104,3 +104,26 @@ def missed_by_stream(
         for session_id, calls in ours.items()
         if session_id not in busy or theirs.get(session_id, 0) > calls
     ]
+
+
+def recent_sessions(sessions: object, limit: int, directory: str | None) -> dict[str, str | None]:
+    """The `limit` most recently updated of the sessions `GET /session` listed, with their
+    directories: at start, the ones to read back for a hold an earlier monitor put them on
+    (a held session is idle, so the busy ones' read-back never finds it)."""
+    found: list[tuple[float, str, str | None]] = []
+    for info in sessions if isinstance(sessions, list) else ():
+        session_id = info.get("id") if isinstance(info, dict) else None
+        if not isinstance(session_id, str) or not session_id:
+            continue
+        time = info.get("time")
+        updated = time.get("updated") if isinstance(time, dict) else None
+        own = info.get("directory")
+        found.append(
+            (
+                updated if isinstance(updated, int | float) else 0,
+                session_id,
+                own if isinstance(own, str) and own else directory,
+            )
+        )
+    found.sort(key=lambda entry: entry[0], reverse=True)
+    return {session_id: where for _, session_id, where in found[:limit]}

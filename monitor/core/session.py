@@ -2,7 +2,8 @@
 
 A `SessionRecord` holds:
 
-- what is known of the session: its directory, its calls, its interventions;
+- what is known of the session: its directory, its calls, its interventions, whether it is
+  held (waiting for a person since a hold);
 - the current run's history, what the cycle rules see: a 64-bit digest per call in an `array`
   and the interned tool names (never the arguments: edit and write calls can be many KB),
   at most `history` long; None while no run is under way;
@@ -201,6 +202,7 @@ class SessionRecord:
     __slots__ = (
         "directory",
         "interventions",
+        "held",
         "calls",
         "run_start",
         "intervened_part",
@@ -220,6 +222,10 @@ class SessionRecord:
     def __init__(self) -> None:
         self.directory: str | None = None
         self.interventions = 0
+        # None: not held. Held since an intervention's outcome was `held`, until a person
+        # writes: "" before any user message came since, then the id of the latest one, whose
+        # text says whose it is (the monitor's own feedback comes as a user message too).
+        self.held: str | None = None
         self.calls = 0
         # `calls` when the current run began, so a run read back again (`seed`) is not
         # counted twice.
@@ -340,10 +346,10 @@ class SessionRecord:
                 return call
         return None
 
-    def arm(self, digests: tuple[int, ...], finding: Finding) -> None:
-        """Keep a stopped loop's calls for the rest of this run and the next one."""
-        if digests:
-            self.armed, self.armed_runs, self.armed_finding = frozenset(digests), 2, finding
+    def arm(self, digests: tuple[int, ...], finding: Finding, runs: int) -> None:
+        """Keep a stopped loop's calls until `runs` runs have ended (this one included)."""
+        if digests and runs:
+            self.armed, self.armed_runs, self.armed_finding = frozenset(digests), runs, finding
 
     def run_ended(self) -> None:
         """A run ended (the session went idle): one run less for the armed loop."""

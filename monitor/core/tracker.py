@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from monitor.core.decisions import Action, Intervene, Reply
+from monitor.core.decisions import Action, Intervene, Outcome, Reply
 from monitor.core.events import (
     KNOWN_EVENT_TYPES,
     MALFORMED,
@@ -32,9 +32,10 @@ from monitor.core.events import (
     SessionSeen,
     TextPart,
     ToolPart,
+    UserMessage,
     parse_event,
 )
-from monitor.core.feedback import feedback_text, nudge_text, rejection_text
+from monitor.core.feedback import MARKS, feedback_text, nudge_text, rejection_text
 from monitor.core.findings import RULES, DoomLoop, Finding, TextPassage, TextSteps
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.ids import is_permission_id, is_session_id
@@ -82,6 +83,9 @@ class Detection:
     # The first rung of the intervention ladder (`Action`); later interventions block (or
     # stop, when the first does), and hold after `max_interventions` under `resume`.
     first_action: FirstAction = "block"
+    # Runs a stopped loop stays armed for: the one stopped and the next (0: off, for replay,
+    # whose recorded runs never saw the stops it reports).
+    armed_runs: int = 2
     max_sessions: int = 10_000
     # Text loops (monitor/core/rules/text.py); 0 turns a check off.
     text_repeats: int = 5  # back-to-back repetitions of a passage inside one part
@@ -160,6 +164,7 @@ class SessionView:
     run_calls: int  # tool calls of the current run
     calls: int  # tool calls seen since the session was first seen
     interventions: int
+    held: bool  # on hold, waiting for a person (`Tracker.outcome`)
 
 
 # Most frames change nothing the shell must act on: one shared result per event type, so the
@@ -275,6 +280,7 @@ class Tracker:
         frames: Iterable[object],
         directory: str | None = None,
         interventions: int = 0,
+        held: bool = False,
     ) -> list[Intervene]:
         """Read a session's current run back from the server before following it live.
 
@@ -286,10 +292,13 @@ class Tracker:
         Returns its decisions, for the shell to carry out as those of any frame.
 
         `interventions` is how many feedback messages the session's record holds, so that
-        escalation counts the interventions of an earlier monitor process too.
+        escalation counts the interventions of an earlier monitor process too; `held` whether
+        its last user message is the feedback of a hold (`monitor.core.export.held_in`): the
+        messages say whether it still waits for a person, whatever we believed.
         """
         session = self._seen(session_id, directory)
         session.interventions = max(session.interventions, interventions)
+        session.held = "" if held else None
         session.end_run()
         session.calls = session.run_start
         seeding = _Seeding()
@@ -335,6 +344,26 @@ class Tracker:
         return sum(session.running for session in self._sessions.values())
 
     @property
+    def held_sessions(self) -> int:
+        """Sessions on hold now, waiting for a person: what the held gauge reports."""
+        return sum(session.held is not None for session in self._sessions.values())
+
+    def held(self) -> dict[str, str | None]:
+        """The sessions on hold, with their directories (to read back after a reconnect)."""
+        return {
+            session_id: session.directory or self._default_directory
+            for session_id, session in self._sessions.items()
+            if session.held is not None
+        }
+
+    def outcome(self, decision: Intervene, outcome: Outcome) -> None:
+        """How the shell's intervention ended, as an event: a `held` one puts the session on
+        hold until a person writes to it (a user message that is not our feedback)."""
+        session = self._sessions.get(decision.session_id)
+        if outcome == Outcome.HELD and session is not None:
+            session.held = ""
+
+    @property
     def malformed_total(self) -> int:
         return sum(self.malformed.values())
 
@@ -360,6 +389,7 @@ class Tracker:
                 session.calls - session.run_start,
                 session.calls,
                 session.interventions,
+                session.held is not None,
             )
             for session_id, session in self._sessions.items()
         ]
@@ -401,6 +431,12 @@ class Tracker:
                 session, event, self.directory_of(event.session_id), self._doom_loop
             )
             return _QUIET[label] if reply is None else Fed(event_type=label, replies=(reply,))
+        if isinstance(event, UserMessage):
+            # A held session waits for a person; which message is theirs, its text tells.
+            asked = self._sessions.get(event.session_id)
+            if asked is not None and asked.held is not None:
+                asked.held = event.message_id
+            return _QUIET[label]
         if isinstance(event, PermissionReplied):
             replied = self._sessions.get(event.session_id)
             if replied is not None:
@@ -599,6 +635,14 @@ class Tracker:
         return stream
 
     def _text_part(self, part: TextPart) -> Intervene | None:
+        held = self._sessions.get(part.session_id)
+        if (
+            held is not None
+            and held.held
+            and held.held == part.message_id
+            and not part.text.startswith(MARKS)
+        ):
+            held.held = None  # a person wrote: the hold is over
         if not part.ended:
             if part.started and self.detection.text_repeats and part.part_id not in self._streams:
                 self._stream(part.part_id, part.kind)
@@ -627,10 +671,11 @@ class Tracker:
     ) -> Intervene:
         """The one way a finding becomes a decision, whichever rule found it."""
         if not isinstance(finding, TextPassage | TextSteps):
+            runs = self.detection.armed_runs
             if rearm:
-                session.arm(session.block(finding.shape()[0]), finding)
+                session.arm(session.block(finding.shape()[0]), finding, runs)
             else:
-                session.armed_runs = 2  # armed again for this run and the next
+                session.armed_runs = runs  # armed again for this run and the next
         # Later updates of the parts already recorded must not fire again, so the history
         # and the rules' state start over; the calls in flight stay to keep recognising those
         # parts, and their outcomes (the abort ends them in error) are not taken.

@@ -96,6 +96,7 @@ class Metrics:
         clock: Callable[[], float] = time.monotonic,
         read_limit: float = READ_TIMEOUT_S,
         wall_clock: Callable[[], float] = time.time,
+        held: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = CollectorRegistry()
         self._wall_clock = wall_clock
@@ -183,6 +184,13 @@ class Metrics:
             " and held ones are not counted; `status` lists them).",
             registry=registry,
         ).set_function(lambda: float(sessions()))
+        Gauge(
+            PREFIX + "sessions_held",
+            "Sessions on hold now, waiting for a person: from a hold until the next user"
+            " message that is not the monitor's feedback, or the session's deletion (read back"
+            " from the sessions' messages after a restart).",
+            registry=registry,
+        ).set_function(lambda: float(held()))
         Gauge(
             PREFIX + "seconds_since_last_frame",
             "Seconds since the last frame arrived (since start, before the first frame).",

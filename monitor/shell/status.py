@@ -1,8 +1,9 @@
 """`opencode-loop-monitor status`: what a running monitor sees, read from its /status.
 
 The monitor answers on its `--metrics-addr`; this command asks there, so it needs the same
-address (flag, variable or file) and nothing else. A plain blocking request: one call, no
-event loop.
+address (flag, variable or file) and nothing else; without one it asks 127.0.0.1:9464, the
+address the docs and the playground serve on. A plain blocking request: one call, no event
+loop.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from monitor.config import ListenAddress, Settings
 from monitor.errors import ConfigError
 from monitor.exits import EX_UNAVAILABLE
 
-# sysexits.h: the service is not there (no monitor answers on that address).
 TIMEOUT_S = 5.0
+# Where `status` asks when no metrics_addr is set: the documented `--metrics-addr`.
+DEFAULT_ADDRESS = ListenAddress("127.0.0.1", 9464)
 
 
 def status_url(address: ListenAddress) -> str:
@@ -98,8 +100,8 @@ def render_status(status: dict[str, Any], now: float) -> str:
 
 
 def run_status(settings: Settings, as_json: bool) -> int:
-    address = settings.metrics_addr
-    if address is None or address.port == 0:
+    address = settings.metrics_addr or DEFAULT_ADDRESS
+    if address.port == 0:
         raise ConfigError(
             "metrics_addr: status asks the monitor on the address `watch --metrics-addr` "
             "serves; give the same HOST:PORT (not port 0)"
@@ -110,7 +112,7 @@ def run_status(settings: Settings, as_json: bool) -> int:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         print(
             f"opencode-loop-monitor: no monitor answers on {status_url(address)} ({reason}); "
-            "is `watch` running with this --metrics-addr?",
+            f"is `watch` running with --metrics-addr {address.host}:{address.port}?",
             file=sys.stderr,
         )
         return EX_UNAVAILABLE

@@ -26,12 +26,18 @@ import structlog
 from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
 from monitor.core.decisions import Intervene, Outcome
-from monitor.core.export import current_run, export_frames, feedback_count
+from monitor.core.export import current_run, export_frames, feedback_count, held_in
 from monitor.core.feedback import clean_tool_name
 from monitor.core.frames import encode_sse
 from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, RequestRefused
 from monitor.core.profile import transparent_tools
-from monitor.core.resync import directories_to_ask, finished_calls, missed_by_stream, plan_resync
+from monitor.core.resync import (
+    directories_to_ask,
+    finished_calls,
+    missed_by_stream,
+    plan_resync,
+    recent_sessions,
+)
 from monitor.core.tracker import Detection, Fed, Tracker
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.actions import Interventions
@@ -73,6 +79,9 @@ QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
 # Requests a resync has under way at once: 10,000 directories asked one by one took 4.8 s;
 # all at once would take every connection of the pool from the aborts.
 RESYNC_CONCURRENCY = 16
+# At start, this many of the most recently updated sessions are read back for a hold that an
+# earlier monitor process put them on (held sessions are idle: no other read-back sees them).
+HELD_READ_BACK_MAX = 64
 
 
 def log_fields(detection: Detection) -> dict[str, object]:
@@ -209,13 +218,12 @@ class Watch:
             self.metrics = Metrics(
                 connected=lambda: self._stream is not None and self._stream.connected,
                 sessions=lambda: self.tracker.active_sessions,
+                held=lambda: self.tracker.held_sessions,
                 last_frame_at=lambda: self._last_frame_at,
                 clock=timing.clock,
                 read_limit=timing.read_timeout,
             )
         self.metrics_server: MetricsServer | None = None
-        # Sessions put on hold, with their call count then: held until a new call comes.
-        self._held: dict[str, int] = {}
         self.plugin_stats = PluginStats()
         self.plugin_server: DecideServer | None = None
         self.webhook: Webhook | None = None
@@ -405,10 +413,9 @@ class Watch:
             self._record = None
 
     def _on_outcome(self, decision: Intervene, outcome: Outcome) -> None:
+        self.tracker.outcome(decision, outcome)  # the core decides what a hold means
         if self.metrics is not None:
             self.metrics.intervention(outcome)
-        if outcome == Outcome.HELD:
-            self._held[decision.session_id] = decision.call_index
         self.toasts.show(decision, outcome)  # returns at once: posting runs apart
         if self.webhook is not None:
             self.webhook.send(decision, outcome)  # returns at once: posting runs apart
@@ -429,16 +436,8 @@ class Watch:
         else:
             state = "connecting"
         views = self.tracker.sessions_view()
-        # A held session stays held until it makes a call again (a person resumed it).
-        self._held = {
-            view.session_id: self._held[view.session_id]
-            for view in views
-            if self._held.get(view.session_id) == view.calls
-        }
         states = {
-            view.session_id: "held"
-            if view.session_id in self._held
-            else ("busy" if view.busy else "idle")
+            view.session_id: "held" if view.held else ("busy" if view.busy else "idle")
             for view in views
         }
         # Bounded whatever the count: held sessions first, then busy ones, then idle ones.
@@ -473,7 +472,7 @@ class Watch:
             "totals": {
                 "sessions": len(views),
                 "busy": sum(state == "busy" for state in states.values()),
-                "held": len(self._held),
+                "held": sum(view.held for view in views),
                 "interventions": sum(view.interventions for view in views),
             },
             "sessions": sessions,
@@ -504,11 +503,12 @@ class Watch:
         self.notifier.status("streaming events")
         if self._ready_sent and self.metrics is not None:
             self.metrics.reconnect()  # every connection after the first is a reconnect
-        if not self._ready_sent:
+        first = not self._ready_sent
+        if first:
             self._ready_sent = True
             self.notifier.ready()
             await self._check_directory()
-        await self._resync()
+        await self._resync(first)
 
     async def _check_silence(self, stream: EventStream) -> None:
         """Bound the unwatched time of a stream that stalls but stays connected (see
@@ -575,7 +575,7 @@ class Watch:
     def _on_disconnect(self, reason: str) -> None:
         self.notifier.status(f"reconnecting: {reason}")
 
-    async def _resync(self) -> None:
+    async def _resync(self, first: bool) -> None:
         """Events missed while away are gone: rebuild every run from the server's record.
 
         `monitor.core.resync` plans it; this asks the server and carries the plan out.
@@ -607,7 +607,51 @@ class Watch:
         pending = await self._read_back_permissions(
             directories_to_ask(busy, self.settings.directory)
         )
-        log.info("stream.resynced", busy=len(busy), seeded=seeded, pending_permissions=pending)
+        held = await self._read_back_held(busy, first)
+        log.info(
+            "stream.resynced",
+            busy=len(busy),
+            seeded=seeded,
+            pending_permissions=pending,
+            held=held,
+        )
+
+    async def _read_back_held(self, busy: dict[str, str | None], first: bool) -> int:
+        """Held sessions are idle, so the busy ones' read-back misses them: read back those we
+        hold (a person may have written while we were away) and, at start, the most recently
+        updated sessions (held before a restart). How many are held."""
+        candidates = {
+            session_id: where
+            for session_id, where in self.tracker.held().items()
+            if session_id not in busy and not self.interventions.acting_on(session_id)
+        }
+        if first and self.scope.only_session is None:
+            try:
+                listed = await self.api.sessions(self.settings.directory)
+            except ServerError as exc:
+                log.warning("session.list_failed", error=str(exc))
+                listed = []
+            for session_id, where in recent_sessions(
+                listed, HELD_READ_BACK_MAX, self.settings.directory
+            ).items():
+                if session_id not in busy:
+                    candidates.setdefault(session_id, where)
+        await bounded(self._read_hold(session, where) for session, where in candidates.items())
+        return self.tracker.held_sessions
+
+    async def _read_hold(self, session_id: str, directory: str | None) -> None:
+        """Whether an idle session waits for a person, from its messages."""
+        try:
+            messages = await self.api.messages(session_id, directory)
+        except SessionGone:
+            self.tracker.forget(session_id)
+            return
+        except ServerError as exc:
+            log.warning("session.read_back_failed", session_id=session_id, error=str(exc))
+            return
+        held = held_in(messages)
+        if held or session_id in self.tracker.held():
+            self.tracker.seed(session_id, (), directory, feedback_count(messages), held)
 
     async def _read_back_permissions(self, directories: Iterable[str | None]) -> int:
         """The stream does not replay permission requests made while we were away: read the
@@ -642,7 +686,9 @@ class Watch:
             log.warning("session.seed_failed", session_id=session_id, error=str(exc))
             return 0
         frames = list(export_frames(current_run(messages)))
-        decisions = self.tracker.seed(session_id, frames, directory, feedback_count(messages))
+        decisions = self.tracker.seed(
+            session_id, frames, directory, feedback_count(messages), held_in(messages)
+        )
         log.info(
             "session.seeded",
             session_id=session_id,
