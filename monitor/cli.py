@@ -161,6 +161,12 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="where opencode is installed and the log is written "
         "[default: $XDG_CACHE_HOME/opencode-loop-monitor]; $OPENCODE_BIN skips the install",
     )
+    parser.add_argument(
+        "--plugin",
+        action="store_true",
+        help="install the monitor's OpenCode plugin in the sandbox: the loop's call is refused "
+        "before it runs and the model goes on in the same run",
+    )
 
 
 def _run_demo(settings: Settings, args: argparse.Namespace) -> int:
@@ -169,7 +175,8 @@ def _run_demo(settings: Settings, args: argparse.Namespace) -> int:
     from monitor.kit.demo import run_demo
     from monitor.kit.sandbox import default_cache_dir
 
-    return run_demo(settings, Path(args.cache_dir) if args.cache_dir else default_cache_dir())
+    cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    return run_demo(settings, cache_dir, plugin=args.plugin)
 
 
 ATTACH_DESCRIPTION = """\
