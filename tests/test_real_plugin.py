@@ -126,3 +126,26 @@ async def test_the_refused_call_repeated_is_refused_at_once_then_held(
     assert outcomes == [("blocked", 4, "block"), ("blocked", 5, "block"), ("held", 6, "stop")]
     [sent] = monitor.events("feedback.sent")
     assert sent["session_id"] == session["id"] and sent["hold"] is True
+
+
+async def test_plugin_and_an_asking_server_decide_the_call_once(
+    opencode_bin, scripted_model, start_monitor, http, socket_path
+):
+    """Both enforcement points at once: the plugin asks first and blocks the 4th append, so
+    no permission request is ever made for it; calls 1-3 are approved; one outcome logged."""
+    endpoint = PluginEndpoint(socket_path)
+    async with OpencodeServer(
+        opencode_bin, scripted_model.url, permission={"*": "ask"}, plugin=endpoint
+    ) as server:
+        monitor = start_monitor(
+            "watch", "--url", server.url, "--log-format", "json",
+            "--plugin-socket", str(socket_path), "--permissions", "approve",
+        )  # fmt: skip
+        await monitor.wait_event("stream.connected")
+        session, messages = await run_appends(server, http, 4)
+        assert lines(server) == ["x", "x", "x"]  # loop-completing calls that ran: 0
+    statuses = [p["state"]["status"] for p in tool_parts(messages)]
+    assert statuses == ["completed"] * 3 + ["error"]
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["outcome"], outcome["via"], outcome["call_index"]) == ("blocked", "plugin", 4)
+    assert [r.get("request_id") for r in monitor.events("loop.detected")] == [None]

@@ -490,9 +490,15 @@ async def _wait_stored(
 
 def _summary(detection: Mapping[str, Any], parts: list[dict[str, Any]]) -> str:
     ids = [part["id"] for part in parts]
-    if detection["part_id"] not in ids:
+    if detection["outcome"] == "blocked":
+        # Asked about before the stream showed it, the call is known by its place in the run.
+        at = int(detection["call_index"])
+    elif detection["part_id"] in ids:
+        at = ids.index(detection["part_id"]) + 1
+    else:
         raise DemoError("the call that completed the loop is not in the session")
-    at = ids.index(detection["part_id"]) + 1
+    if not 0 < at <= len(parts):
+        raise DemoError("the call that completed the loop is not in the session")
     ran = f"demo finished: {len(parts)} calls ran"
     if detection["outcome"] == "dry_run":
         return f"{ran}; the loop was detected on call {at} and left running (dry run)."
