@@ -146,3 +146,15 @@ def test_first_action_stop_on_the_stream_path_aborts():
     frames = [f for n in range(1, 5) for f in updates(f"prt_{n}")]
     [decision] = feed(tracker, frames)
     assert decision.action == Action.STOP and "your run was stopped" in decision.feedback
+
+
+def test_a_finished_call_read_back_is_not_taken_for_the_one_the_plugin_asks_about():
+    """After a reconnect the run is read back, finished calls held in flight; call ids
+    repeat, so the plugin's next `call_0` must not be matched to one of them."""
+    tracker = Tracker()
+    tracker.judge(asked("call_a"))
+    # Read back, each part comes once, in the state it had (as `export_frames` gives it).
+    tracker.seed(S, [updates(f"prt_{n}")[1] for n in range(1, 4)])
+    judged = tracker.judge(asked())
+    assert judged.verdict.verdict == "block" and judged.decision is not None
+    assert judged.decision.call_index == 4

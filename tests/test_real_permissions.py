@@ -17,7 +17,7 @@ from monitor.core.feedback import MARK
 from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
-from tests.harness import assistant_texts, start_watching, user_texts
+from tests.harness import assistant_texts, opencode_run, start_watching, user_texts
 
 pytestmark = pytest.mark.real_server
 
@@ -237,41 +237,13 @@ async def test_doom_loop_is_refused_at_once_under_approve(doom_server, start_mon
     assert assistant_texts(messages)[-1] == DEFAULT_ANSWER
 
 
-async def opencode_run(server: OpencodeServer, binary, *flags: str) -> tuple[int, str]:
-    """`opencode run --attach` as a user types it, with the scripted loop as its message."""
-    process = await asyncio.create_subprocess_exec(
-        str(binary),
-        "run",
-        "--attach",
-        server.url,
-        "--dir",
-        server.directory,
-        "--model",
-        "fake/looper",
-        *flags,
-        script([APPEND], 4),
-        cwd=server.project,
-        env=server.client_environment(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        output, _ = await asyncio.wait_for(process.communicate(), 90)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    return process.returncode or 0, output.decode(errors="replace")
-
-
 async def test_opencode_run_without_auto_refuses_the_first_call_and_ends(
     asking_server, opencode_bin, start_monitor
 ):
     """`opencode run` rejects every request at once, with no message: the run ends at the
     first call, before any loop can form; the monitor has nothing to stop."""
     monitor = await start_watching(start_monitor, asking_server, "--permissions", "gate")
-    code, output = await opencode_run(asking_server, opencode_bin)
+    code, output = await opencode_run(asking_server, opencode_bin, script([APPEND], 4))
     assert "auto-rejecting" in output and code == 0
     assert lines_written(asking_server) == 0
     await asyncio.sleep(0.5)
@@ -285,7 +257,7 @@ async def test_opencode_run_with_auto_races_the_monitor_and_every_loop_is_stoppe
     first wins. Our refusal usually does (the call never runs); if `run` is first, the
     monitor hears 404 and aborts as without the gate. Either way the loop has an outcome."""
     monitor = await start_watching(start_monitor, asking_server, "--permissions", "gate")
-    code, output = await opencode_run(asking_server, opencode_bin, "--auto")
+    code, output = await opencode_run(asking_server, opencode_bin, script([APPEND], 4), "--auto")
     assert code == 0
     [detected] = await monitor.wait_event("intervention.outcome")
     assert detected["rule"] == "cycle" and detected["call_index"] == 4

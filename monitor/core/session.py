@@ -340,9 +340,16 @@ class SessionRecord:
 
     def unjudged(self, call_id: str, tool: str) -> Call | None:
         """The oldest call the stream carried with this call id and tool that the plugin has
-        not asked about yet."""
+        not asked about yet and that has not finished (a finished one, read back after a
+        reconnect, is an earlier step's: the plugin asks before a call runs)."""
         for call in (self.in_flight or {}).values():
-            if call.on_stream and not call.judged and call.call_id == call_id and call.tool == tool:
+            if (
+                call.on_stream
+                and not call.judged
+                and call.outcome is None
+                and call.call_id == call_id
+                and call.tool == tool
+            ):
                 return call
         return None
 
