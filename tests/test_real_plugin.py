@@ -1,6 +1,9 @@
 """The plugin path against the real `opencode serve`, OpenCode's default config (no call asks
 permission), the monitor's plugin installed in the sandbox: the call completing a loop is
-blocked before it runs and the model's run goes on; without a daemon every call runs."""
+blocked before it runs and the model's run goes on; without a daemon every call runs.
+
+Loop-completing calls that ran are counted on disk: each append loop must leave out.txt with
+exactly its 3 lines (asserted where the daemon was up: 0 ran)."""
 
 from __future__ import annotations
 
@@ -12,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
 from monitor.shell.decide import PluginEndpoint
+from tests.harness import opencode_run
 
 pytestmark = pytest.mark.real_server
 
@@ -149,3 +154,85 @@ async def test_plugin_and_an_asking_server_decide_the_call_once(
     [outcome] = monitor.events("intervention.outcome")
     assert (outcome["outcome"], outcome["via"], outcome["call_index"]) == ("blocked", "plugin", 4)
     assert [r.get("request_id") for r in monitor.events("loop.detected")] == [None]
+
+
+async def test_opencode_run_attach_on_the_loop_exits_0_with_the_models_answer(
+    plugin_server, opencode_bin, start_monitor, socket_path
+):
+    """What a scripted client sees: the refused call's error with our feedback, then the
+    model's final answer in the same run; no `Error: Aborted`."""
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path),
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    code, output = await opencode_run(plugin_server, opencode_bin, script([APPEND], 4))
+    assert code == 0, output
+    assert lines(plugin_server) == ["x", "x", "x"]  # loop-completing calls that ran: 0
+    assert "did not run" in output and "Aborted" not in output
+    assert output.rstrip().endswith(DEFAULT_ANSWER)
+
+
+async def test_a_failure_loop_is_stopped_and_a_session_that_never_loops_runs_every_call(
+    plugin_server, start_monitor, http, socket_path
+):
+    """Two sessions at once. One fails the same way with new arguments each time: the
+    `failure` rule finds it on the 4th failure's outcome, after that call ran, so it cannot
+    be blocked and the run is stopped. The other never loops: every call runs, unjudged."""
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path),
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    client = plugin_server.client(http)
+    failing = [("bash", {"command": f"ls missing-{n}", "description": "look"}) for n in range(8)]
+    fine = [("bash", {"command": f"echo {n} >> ok.txt", "description": "note"}) for n in range(6)]
+    loop = await client.create_session("failures")
+    calm = await client.create_session("calm")
+    await client.prompt_async(loop["id"], script(failing, 8, delay=0.3))
+    await client.prompt_async(calm["id"], script(fine, 6, delay=0.1))
+    calm_messages = await client.wait_idle(calm["id"], 60)
+    [outcome] = await monitor.wait_event("intervention.outcome")
+    assert (outcome["session_id"], outcome["rule"]) == (loop["id"], "failure")
+    assert (outcome["outcome"], outcome["call_index"]) == ("aborted", 4)
+    statuses = [p["state"]["status"] for p in tool_parts(calm_messages)]
+    assert statuses == ["completed"] * 6
+    ok = (plugin_server.project / "ok.txt").read_text().split()
+    assert ok == [str(n) for n in range(6)]
+
+
+async def test_daemon_restarted_mid_run_calls_run_while_down_and_the_loop_is_caught_once_back(
+    plugin_server, start_monitor, http, socket_path
+):
+    watch = ("watch", "--url", plugin_server.url, "--log-format", "json",
+             "--plugin-socket", str(socket_path))  # fmt: skip
+    first = start_monitor(*watch)
+    await first.wait_event("stream.connected")
+    client = plugin_server.client(http)
+    session = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], 10, delay=1.0))
+    out = plugin_server.project / "out.txt"
+
+    async def written(count: int) -> bool:
+        return out.exists() and len(out.read_text().splitlines()) >= count
+
+    await until(lambda: written(1), 30, interval=0.05, what="the first append")
+    await first.stop()
+    await until(lambda: written(2), 30, interval=0.05, what="an append while down")
+    second = start_monitor(*watch)  # the same socket: the plugin finds it again
+    await second.wait_event("stream.connected")
+    [outcome] = await second.wait_event("intervention.outcome", timeout=60)
+    messages = await client.messages(session["id"])
+    ran = len(out.read_text().splitlines())
+    # Calls made while the daemon was down ran (the plugin fell open at once: no socket).
+    assert ran >= 2
+    if outcome["outcome"] == "blocked":
+        # Back before the loop completed: the 4th append is refused in band.
+        assert (outcome["call_index"], ran) == (4, 3)
+    else:
+        # The loop completed while down: read back at resync, the run is stopped at once.
+        assert outcome["outcome"] == "aborted" and outcome["call_index"] == 4
+    assert (
+        "opencode-loop-monitor: no answer from the monitor at" in plugin_server.log_path.read_text()
+    )
+    assert all(p["state"]["status"] == "completed" for p in tool_parts(messages)[:ran])
