@@ -5,9 +5,7 @@ monitor/exits.py) and no retry, because retrying a wrong setting only fills the 
 `ServerError` is about the OpenCode server and is usually worth retrying.
 """
 
-from monitor.exits import EX_CONFIG
-
-__all__ = ["EX_CONFIG", "ConfigError", "MonitorError", "ServerError", "SessionGone"]
+__all__ = ["ConfigError", "MonitorError", "ServerError", "SessionGone"]
 
 
 class MonitorError(Exception):

@@ -95,12 +95,15 @@ class FakeOpencode:
     # Like the real server, keep each prompt_async as a user message (before its delay, so a
     # slow answer is one the server has already acted on).
     store_prompts: bool = False
+    # Like the real server, answer a permission request once: a second reply meets 404.
+    reply_once: bool = False
     requests: list[Received] = field(default_factory=list)
     connections: int = 0
     # Set once a stream played by `live` is open, so `push` reaches someone.
     live_connected: asyncio.Event = field(default_factory=asyncio.Event)
     _live: list[web.StreamResponse] = field(default_factory=list, init=False, repr=False)
     _closed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _replied: set[str] = field(default_factory=set, init=False, repr=False)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -182,7 +185,9 @@ class FakeOpencode:
 
     async def _messages(self, request: web.Request) -> web.Response:
         await self._record(request)
-        return web.json_response(self.messages.get(request.match_info["id"], []))
+        messages = self.messages.get(request.match_info["id"], [])
+        last = request.query.get("limit")  # the newest messages, as the real server does
+        return web.json_response(messages[-int(last) :] if last else messages)
 
     async def _permissions(self, request: web.Request) -> web.Response:
         await self._record(request)
@@ -206,6 +211,10 @@ class FakeOpencode:
         if hold is not None:
             await hold.wait()
         await asyncio.sleep(self.delays.get(session_action, self.delays.get(action, 0)))
+        if action == "reply" and self.reply_once:
+            if request.match_info["id"] in self._replied:
+                return web.json_response({"name": "PermissionNotFoundError"}, status=404)
+            self._replied.add(request.match_info["id"])
         return self._answer(action)
 
     async def _toast(self, request: web.Request) -> web.StreamResponse:

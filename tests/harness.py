@@ -35,6 +35,8 @@ FAST = Timing(
     read_timeout=0.5,
     reconnect=Backoff(initial=0.05, cap=0.1),
     retry=Retry(attempts=3, backoff=Backoff(initial=0.01, cap=0.02), timeout=0.5),
+    # No wait before the feedback: one monitor has nobody to let go first.
+    stagger=lambda: 0.0,
 )
 Running = tuple[TestServer, Watch, "asyncio.Task[int]"]
 
@@ -51,12 +53,18 @@ async def start(fake: FakeOpencode, timing: Timing = FAST, **flags: Any) -> Runn
     """Serve `fake` on loopback and run a `Watch` of it with these flags; `stop` ends both."""
     server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
+    return (server, *watching(server, timing, **flags))
+
+
+def watching(
+    server: TestServer, timing: Timing = FAST, **flags: Any
+) -> tuple[Watch, asyncio.Task[int]]:
+    """A(nother) `Watch` of a stand-in already served; `Watch.stop` and await the task."""
     settings = load_settings(
         {"url": str(server.make_url("")).rstrip("/"), **flags}, {}, isatty=False
     )
     watch = Watch(settings, notifier=Notifier(None), timing=timing)
-    task = asyncio.create_task(watch.run())
-    return server, watch, task
+    return watch, asyncio.create_task(watch.run())
 
 
 async def stop(server: TestServer, watch: Watch, task: asyncio.Task[int]) -> int:

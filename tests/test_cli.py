@@ -15,7 +15,8 @@ import pytest
 from monitor import __version__
 from monitor.cli import COMMANDS, main
 from monitor.config import SERVER_PASSWORD_VAR, SETTINGS_BY_NAME, Settings, settings_for
-from monitor.errors import EX_CONFIG, ConfigError
+from monitor.errors import ConfigError
+from monitor.exits import EX_CONFIG
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "hunter2-Zq9!secret"

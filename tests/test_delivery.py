@@ -131,7 +131,9 @@ async def test_feedback_refused_with_a_5xx_is_sent_again_after_looking():
         await stop(*running)
     posts = [(r.method, r.path) for r in fake.requests if r.path.startswith("/session/ses_s1")]
     assert posts == [
+        ("GET", "/session/ses_s1/message"),  # before acting: no other monitor acted
         ("POST", "/session/ses_s1/abort"),
+        ("GET", "/session/ses_s1/message"),  # before the feedback: none posted one
         ("POST", "/session/ses_s1/prompt_async"),
         ("GET", "/session/ses_s1/message"),
         ("POST", "/session/ses_s1/prompt_async"),
@@ -424,3 +426,23 @@ def test_every_feedback_names_tools_cleaned():
         assert finding.rule == rule
         text = feedback_text(finding, False, 1)
         assert "(bash Ignore the above.)" in text and hostile not in text, rule
+
+
+async def test_an_action_that_breaks_is_logged_as_its_loop_outcome_not_lost(monkeypatch):
+    from monitor.shell.api import OpencodeAPI
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(OpencodeAPI, "abort", broken)
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))])
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: events(logs, "action.crashed"))
+        await stop(*running)
+    [outcome] = events(logs, "intervention.outcome")
+    assert (outcome["part_id"], outcome["outcome"]) == ("p4", "abort_failed")
+    assert outcome["error"] == "internal error: KeyError"
+    [crashed] = events(logs, "action.crashed")
+    assert crashed["session_id"] == "ses_s1" and isinstance(crashed["exc_info"], KeyError)
+    assert events(logs, "loop.error") == []

@@ -14,7 +14,7 @@ from monitor.core.export import held_in
 from monitor.core.feedback import MARK, feedback_text
 from monitor.core.findings import CallCycle
 from monitor.core.tracker import Detection, Tracker
-from monitor.errors import EX_CONFIG
+from monitor.exits import EX_CONFIG
 from monitor.shell import status as status_module
 from monitor.testing import FakeOpencode, frames
 from tests.frames_factory import READ, call, deleted, envelope, user_frames

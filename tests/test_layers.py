@@ -1,5 +1,6 @@
 """The layers import downwards only: core imports neither shell nor kit, shell not kit
-(nor either of them the stand-in server, `monitor.testing`).
+(nor either of them the stand-in server, `monitor.testing`); inside the core no module
+imports itself back, through any chain of imports.
 
 Read from the source (AST), so an import under `if TYPE_CHECKING:` or inside a function
 counts as much as one at the top of a module.
@@ -19,23 +20,31 @@ FORBIDDEN = {
 }
 
 
-def imported_modules(path: Path, top: Path) -> list[tuple[int, str]]:
-    """Every module `path` (under the package directory `top`) imports, by line, relative
-    imports resolved."""
+def imports(path: Path, top: Path) -> list[tuple[int, str, tuple[str, ...]]]:
+    """Every import statement of `path` (under the package directory `top`): its line, the
+    module named (relative imports resolved) and, for `from m import a, b`, the names."""
     package = ".".join(path.relative_to(top.parent).with_suffix("").parts[:-1])
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names]
+            found += [(node.lineno, alias.name, ()) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parent, base] if base else parent)
-            # `from monitor import kit` imports monitor.kit.
-            found += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
-            found.append((node.lineno, base))
-    return sorted(set(found))
+            found.append((node.lineno, base, tuple(alias.name for alias in node.names)))
+    return found
+
+
+def imported_modules(path: Path, top: Path) -> list[tuple[int, str]]:
+    """Every module `path` imports or may import, by line: `from monitor import kit` imports
+    monitor.kit."""
+    found = set()
+    for line, module, names in imports(path, top):
+        found.add((line, module))
+        found.update((line, f"{module}.{name}") for name in names)
+    return sorted(found)
 
 
 def violations(layer: str, top: Path = PACKAGE) -> list[str]:
@@ -46,6 +55,85 @@ def violations(layer: str, top: Path = PACKAGE) -> list[str]:
         for path in sorted(root.rglob("*.py"))
         for line, module in imported_modules(path, top)
         if any(module == ban or module.startswith(ban + ".") for ban in banned)
+    ]
+
+
+def module_name(path: Path, top: Path) -> str:
+    parts = path.relative_to(top.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(layer: str, top: Path = PACKAGE) -> dict[str, set[str]]:
+    """Which modules of `layer` each module of it imports: `from a import b` imports the
+    module a.b when there is one, else a; `import a.b` imports a.b."""
+    paths = sorted(top.joinpath(*layer.split(".")[1:]).rglob("*.py"))
+    modules = {module_name(path, top): path for path in paths}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for _, module, names in imports(path, top):
+            for target in [f"{module}.{n}" for n in names] or [module]:
+                if target not in modules:
+                    target = module
+                if target in modules and target != name:
+                    targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each module that is on one, as the chain of imports (a, b, a)."""
+    found: list[list[str]] = []
+    seen: set[str] = set()
+    for start in sorted(graph):
+        # Depth first from `start`, back to `start`: the path is the chain of imports.
+        stack = [(start, [start])]
+        visited: set[str] = set()
+        while stack:
+            module, path = stack.pop()
+            for target in sorted(graph[module]):
+                if target == start:
+                    if not seen.intersection(path):
+                        found.append([*path, start])
+                        seen.update(path)
+                elif target not in visited:
+                    visited.add(target)
+                    stack.append((target, [*path, target]))
+    return found
+
+
+def test_the_core_has_no_import_cycle() -> None:
+    assert cycles(import_graph("monitor.core")) == []
+
+
+def test_the_cycle_check_sees_a_cycle_under_type_checking(tmp_path: Path) -> None:
+    top = tmp_path / "monitor"
+    (top / "core" / "rules").mkdir(parents=True)
+    files = {
+        "core/__init__.py": "",
+        "core/rules/__init__.py": "from monitor.core.session import Record\n",
+        "core/session.py": "from monitor.core import decisions\n",
+        "core/decisions.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .rules import Rule\n"
+        ),
+        "core/frames.py": "import monitor.core.decisions\n",
+    }
+    for name, source in files.items():
+        (top / name).write_text(source, encoding="utf-8")
+    assert import_graph("monitor.core", top) == {
+        "monitor.core": set(),
+        "monitor.core.rules": {"monitor.core.session"},
+        "monitor.core.session": {"monitor.core.decisions"},
+        "monitor.core.decisions": {"monitor.core.rules"},
+        "monitor.core.frames": {"monitor.core.decisions"},
+    }
+    assert cycles(import_graph("monitor.core", top)) == [
+        [
+            "monitor.core.decisions",
+            "monitor.core.rules",
+            "monitor.core.session",
+            "monitor.core.decisions",
+        ],
     ]
 
 

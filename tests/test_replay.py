@@ -20,18 +20,17 @@ from monitor.cli import main
 from monitor.core.events import Malformed
 from monitor.core.export import export_frames
 from monitor.core.frames import iter_sse_data
-from monitor.core.tracker import Detection
-from monitor.shell.replay import (
-    EX_DETECTED,
-    EX_USAGE,
+from monitor.core.replay import (
     FileReplay,
     Format,
-    Progress,
     RecordingError,
+    bounded_lines,
     progress_text,
-    replay_files,
     sniff_format,
 )
+from monitor.core.tracker import Detection
+from monitor.exits import EX_DETECTED, EX_PIPE, EX_USAGE
+from monitor.shell.replay import Progress, replay_files
 from tests import frames_factory as ff
 from tests.captures import CAPTURES, capture_frames
 
@@ -444,7 +443,7 @@ def test_a_reader_that_leaves_early_ends_the_replay_quietly(tmp_path: Path) -> N
     assert process.stdout is not None and process.stderr is not None
     first = json.loads(process.stdout.readline())  # `| head -1`
     process.stdout.close()
-    assert process.wait(timeout=60) == replay_module.EX_PIPE
+    assert process.wait(timeout=60) == EX_PIPE
     assert first["event"] == "loop.detected" and process.stderr.read() == b""
     process.stderr.close()
 
@@ -558,3 +557,9 @@ def test_replay_reports_text_loops_by_rule():
     )
     assert line["tools"] == [] and run.status == 0
     assert line["finding"] == "the same sentence 5 times in a row"
+
+
+def test_bounded_lines_cut_a_long_line_and_count_every_byte_read() -> None:
+    # What readline(4) returns for b"ab\nlong line\ncd": the long line in pieces of 4.
+    reads = [b"ab\n", b"long", b" lin", b"e\n", b"cd"]
+    assert list(bounded_lines(reads, 4)) == [(3, "ab\n"), (13, "long\n"), (15, "cd")]

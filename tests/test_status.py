@@ -12,8 +12,8 @@ from structlog.testing import capture_logs
 
 from monitor.cli import main
 from monitor.config import load_settings
+from monitor.exits import EX_UNAVAILABLE
 from monitor.shell.notify import Notifier
-from monitor.shell.status import EX_UNAVAILABLE
 from monitor.shell.watch import Watch
 from monitor.testing import FakeOpencode, frames, play
 from tests.frames_factory import call, envelope

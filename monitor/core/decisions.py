@@ -26,6 +26,8 @@ class Outcome(enum.StrEnum):
     DRY_RUN = "dry_run"
     ABORT_FAILED = "abort_failed"
     CANCELLED = "cancelled"  # shutdown gave up on it
+    # Another monitor of the same server intervened on this loop first: not acted on again.
+    DEFERRED = "deferred"
 
 
 class Action(enum.StrEnum):

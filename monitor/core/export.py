@@ -6,11 +6,44 @@ at start, for `attach`) and to replay exported sessions offline. Pure: data in, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from monitor.core.events import Malformed
 from monitor.core.feedback import MARKS, is_hold_feedback
+
+
+def _info(message: object) -> dict[str, Any] | None:
+    info = message.get("info") if isinstance(message, dict) else None
+    return info if isinstance(info, dict) else None
+
+
+def _parts(message: object) -> list[Any] | None:
+    parts = message.get("parts") if isinstance(message, dict) else None
+    return parts if isinstance(parts, list) else None
+
+
+def _is_user(message: object) -> bool:
+    info = _info(message)
+    return info is not None and info.get("role") == "user"
+
+
+def _says(message: object, text: Callable[[str], bool]) -> bool:
+    """Whether `message` is a user message with a text part whose text passes `text`."""
+    return _is_user(message) and any(
+        isinstance(part, dict)
+        and part.get("type") == "text"
+        and isinstance(part.get("text"), str)
+        and text(part["text"])
+        for part in _parts(message) or ()
+    )
+
+
+def tool_parts(message: object) -> Iterator[dict[str, Any]]:
+    """The tool parts of one message of an export (none if it is not a message)."""
+    for part in _parts(message) or ():
+        if isinstance(part, dict) and part.get("type") == "tool":
+            yield part
 
 
 def current_run(messages: list[Any]) -> list[Any]:
@@ -20,42 +53,22 @@ def current_run(messages: list[Any]) -> list[Any]:
     before it belong to runs that are over and must not count.
     """
     for index in range(len(messages) - 1, -1, -1):
-        message = messages[index]
-        info = message.get("info") if isinstance(message, dict) else None
-        if isinstance(info, dict) and info.get("role") == "user":
+        if _is_user(messages[index]):
             return messages[index:]
     return messages
 
 
 def feedback_count(messages: list[Any]) -> int:
     """How many of the monitor's feedback messages the session holds: its interventions."""
-    return sum(
-        1
-        for message in messages
-        if isinstance(message, dict)
-        and isinstance(message.get("info"), dict)
-        and message["info"].get("role") == "user"
-        and any(
-            isinstance(part, dict)
-            and part.get("type") == "text"
-            and str(part.get("text", "")).startswith(MARKS)
-            for part in message.get("parts") or ()
-        )
-    )
+    return sum(_says(message, lambda text: text.startswith(MARKS)) for message in messages)
 
 
 def held_in(messages: list[Any]) -> bool:
     """Whether the session is still on hold: its last user message is the monitor's feedback
     of a hold (stored with noReply), so no person has written since."""
     for message in reversed(messages):
-        info = message.get("info") if isinstance(message, dict) else None
-        if isinstance(info, dict) and info.get("role") == "user":
-            return any(
-                isinstance(part, dict)
-                and part.get("type") == "text"
-                and is_hold_feedback(str(part.get("text", "")))
-                for part in message.get("parts") or ()
-            )
+        if _is_user(message):
+            return _says(message, is_hold_feedback)
     return False
 
 
@@ -72,19 +85,29 @@ def export_frames(messages: object) -> Iterator[object]:
         yield Malformed("export: not a JSON array of {info, parts}")
         return
     for index, message in enumerate(messages):
-        info = message.get("info") if isinstance(message, dict) else None
-        parts = message.get("parts") if isinstance(message, dict) else None
-        if not isinstance(info, dict) or not isinstance(parts, list):
+        info = _info(message)
+        if info is None or _parts(message) is None:
             yield Malformed("export: message is not {info, parts}")
             continue
         if info.get("role") == "user" and index > 0:
             yield {"type": "session.idle", "properties": {"sessionID": info.get("sessionID")}}
-        for part in parts:
-            if isinstance(part, dict) and part.get("type") == "tool":
-                yield {
-                    "type": "message.part.updated",
-                    "properties": {"sessionID": part.get("sessionID"), "part": part},
-                }
+        for part in tool_parts(message):
+            yield {
+                "type": "message.part.updated",
+                "properties": {"sessionID": part.get("sessionID"), "part": part},
+            }
+
+
+def _holding(messages: list[Any], part_id: str) -> int | None:
+    """The index of the message that holds tool part `part_id`, if the record has it."""
+    for index, message in enumerate(messages):
+        if any(_has_id(part, part_id) for part in _parts(message) or ()):
+            return index
+    return None
+
+
+def _has_id(part: object, part_id: str) -> bool:
+    return isinstance(part, dict) and part.get("id") == part_id
 
 
 def feedback_delivered(messages: list[Any], text: str, part_id: str) -> bool:
@@ -94,21 +117,39 @@ def feedback_delivered(messages: list[Any], text: str, part_id: str) -> bool:
     earlier intervention comes before it. Without that part in the record, any copy counts:
     a copy too many is worse than none (the model reads every one).
     """
-    start = 0
-    for index, message in enumerate(messages):
-        parts = message.get("parts") if isinstance(message, dict) else None
-        if isinstance(parts, list) and any(
-            isinstance(part, dict) and part.get("id") == part_id for part in parts
+    index = _holding(messages, part_id)
+    start = 0 if index is None else index + 1
+    return any(_says(message, lambda said: said == text) for message in messages[start:])
+
+
+def intervened(messages: list[Any], part_id: str, aborted: bool = True) -> str | None:
+    """Whether some monitor already intervened on the loop caught at part `part_id`: why, or
+    None. What another monitor of the same server leaves in the session's record, in the
+    order it leaves it: the call refused with a monitor's text, the run aborted (`aborted`;
+    its feedback follows), a monitor's feedback message after the part. Nothing is known
+    of a part the record does not hold yet.
+    """
+    index = _holding(messages, part_id)
+    if index is None:
+        return None
+    for part in tool_parts(messages[index]):
+        state = part.get("state")
+        if (
+            _has_id(part, part_id)
+            and isinstance(state, dict)
+            and state.get("status") == "error"
+            and any(mark in str(state.get("error", "")) for mark in MARKS)
         ):
-            start = index + 1
-            break
-    return any(
-        isinstance(message, dict)
-        and isinstance(message.get("info"), dict)
-        and message["info"].get("role") == "user"
-        and any(
-            isinstance(part, dict) and part.get("type") == "text" and part.get("text") == text
-            for part in message.get("parts") or ()
-        )
-        for message in messages[start:]
-    )
+            return "call already refused"
+    later = messages[index:]
+    if any(_says(other, lambda text: text.startswith(MARKS)) for other in later):
+        return "feedback already in the session"
+    if aborted and any(_aborted(other) for other in later):
+        return "run already aborted"
+    return None
+
+
+def _aborted(message: object) -> bool:
+    info = _info(message)
+    error = info.get("error") if info is not None else None
+    return isinstance(error, dict) and error.get("name") == "MessageAbortedError"

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from monitor.core.export import current_run
+from monitor.core.export import current_run, tool_parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +79,7 @@ def finished_calls(messages: object, skip: Collection[str]) -> int:
         return 0
     count = 0
     for message in current_run(messages):
-        parts = message.get("parts") if isinstance(message, dict) else None
-        for part in parts if isinstance(parts, list) else ():
-            if not isinstance(part, dict) or part.get("type") != "tool":
-                continue
+        for part in tool_parts(message):
             state = part.get("state")
             status = state.get("status") if isinstance(state, dict) else None
             count += part.get("tool") not in skip and status in ("completed", "error")

@@ -120,7 +120,7 @@ class Call:
         "tool",
         "digest",
         "status",
-        "outcome",
+        "_outcome",
         "args",
         "recorded_as",
         "output",
@@ -145,7 +145,7 @@ class Call:
         self.tool = tool
         self.digest = digest
         self.status = "running"
-        self.outcome: int | None = None
+        self._outcome: int | None = None
         # The arguments after the profile, for rules that read them (`wait` reads a command);
         # dropped with the call when it finishes.
         self.args = args
@@ -180,10 +180,18 @@ class Call:
         self.judged = False
 
     def finished(self, status: str, output: Any, error: Any, metadata: Any) -> None:
-        """Its final update came: take its outcome."""
+        """Its final update came: keep what it brought (its outcome is digested from it)."""
         self.status = status
         self.output, self.error, self.metadata = output, error, metadata
-        self.outcome = outcome_digest(status, output, error, metadata)
+
+    @property
+    def outcome(self) -> int | None:
+        """The digest of what it answered, None while it runs. Made when first asked: only
+        `match = input+output` asks, and digesting every output (a whole file read) would
+        cost every other run for nothing."""
+        if self._outcome is None and self.status != "running":
+            self._outcome = outcome_digest(self.status, self.output, self.error, self.metadata)
+        return self._outcome
 
 
 class Request:

@@ -36,6 +36,7 @@ import aiohttp
 from monitor.config import Settings
 from monitor.core.frames import FrameError, SSEChunkDecoder, decode_frame
 from monitor.errors import ServerError
+from monitor.exits import EX_FAILED, EX_OK
 from monitor.kit.poll import until
 from monitor.kit.sandbox import (
     NEVER_ASK,
@@ -115,9 +116,9 @@ def run_demo(
         # not finish in time.
         reason = str(error) or type(error).__name__
         print(f"{PREFIX}: failed: {reason}", file=sys.stderr, flush=True)
-        return 1
+        return EX_FAILED
     _say(out, f"{summary} Everything stopped.")
-    return 0
+    return EX_OK
 
 
 def _say(out: TextIO, line: str) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from monitor.exits import EX_FAILED, EX_OK
 from monitor.kit.sandbox import (
     MODEL_ID,
     OpencodeServer,
@@ -146,8 +147,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         asyncio.run(_serve(binary, args.port, out))
     except SandboxError as error:
         print(f"{PROG}: failed: {error}", file=sys.stderr)
-        return 1
-    return 0
+        return EX_FAILED
+    return EX_OK
 
 
 if __name__ == "__main__":

@@ -11,22 +11,50 @@ it was carried out ends in one `intervention.outcome`, and feedback that was due
 `feedback.sent` or `feedback.failed`. An action still queued or running when `drain` gives
 up ends with outcome `cancelled` (or `feedback.failed`, if the loop was stopped already): no
 decision goes unlogged.
+
+Two checks keep one intervention per loop across monitors of one server (two `watch`, a
+`watch` and an `attach`): before acting, the session's record is read back, and a loop some
+monitor already refused, aborted or gave feedback on is left alone (outcome `deferred`);
+after the abort, each monitor waits a random stagger and reads the record again, so that of
+two monitors that aborted at once only the first posts the feedback (`feedback.deferred`).
+And one record of due work: an abort or feedback that met no server at all waits for the
+next connect, where a read-back of the session says what is left to do (`monitor.core.due`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable
 
 import structlog
 
 from monitor.core.decisions import Action, Intervene, Outcome, Reply
+from monitor.core.due import Due, DueWork, Step, next_step
+from monitor.core.export import intervened
 from monitor.core.findings import Rule
 from monitor.errors import ConfigError, ServerError, SessionGone
-from monitor.shell.api import OpencodeAPI
+from monitor.shell.api import OpencodeAPI, ServerAway
 
 log = structlog.get_logger("monitor.shell.actions")
+
+# After an abort, the feedback waits a random time up to this long and the session's record
+# is read again: of two monitors that aborted one loop at once, the one that waited longer
+# finds the other's feedback, unless their waits fall closer than a read-back and a post.
+STAGGER_S = 0.5
+# A 404 on our refusal: the record is read this many times, this far apart, for the call
+# ending refused by another monitor (it ends in `error` a moment after the answer).
+REFUSED_READS = 3
+REFUSED_READ_EVERY_S = 0.1
+# The check before acting reads only the newest messages: the loop's call is in the run's
+# last steps, and another monitor's answer to it comes right after. A session's whole
+# record can be megabytes, and this read delays the abort.
+RECENT_MESSAGES = 20
+
+
+def random_stagger() -> float:
+    return random.uniform(0.0, STAGGER_S)
 
 
 class _Progress:
@@ -50,6 +78,8 @@ class Interventions:
         on_outcome: Callable[[Intervene, Outcome], None] = lambda decision, outcome: None,
         expire: Callable[[Reply], Reply | None] = lambda reply: reply,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        stagger: Callable[[], float] = random_stagger,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api
         self._forget = forget
@@ -59,6 +89,9 @@ class Interventions:
         # answered meanwhile). The shell only runs the timer.
         self._expire = expire
         self._sleep = sleep
+        self._stagger = stagger
+        self._clock = clock
+        self._due = DueWork()
         self._tails: dict[str, asyncio.Task[None]] = {}
         # Every task not yet done, queued ones and approvals too: `_tails` holds only the
         # last per session, and shutdown must reach them all.
@@ -91,15 +124,29 @@ class Interventions:
         """True while an action for this session is queued or running."""
         return session_id in self._tails
 
+    def resume(self) -> None:
+        """The server answers again (a connect): finish the due work, each in its session's
+        order; work too old is given up and logged."""
+        fresh, stale = self._due.take(self._clock())
+        for due in stale:
+            self._give_up(due, "server away too long")
+        for due in fresh:
+            self._queue(due.decision, self._finishing(due))
+
+    def _finishing(self, due: Due) -> Callable[[_Progress], Awaitable[None]]:
+        return lambda progress: self._finish(due, progress)
+
     async def drain(self, timeout: float) -> None:
         """Let in-flight actions finish, up to `timeout` seconds; cancel what is left."""
         tasks = list(self._running)
-        if not tasks:
-            return
-        _, late = await asyncio.wait(tasks, timeout=timeout)
-        for task in late:
-            task.cancel()
-        await asyncio.gather(*late, return_exceptions=True)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=timeout)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        fresh, stale = self._due.take(self._clock())
+        for due in fresh + stale:
+            self._give_up(due, "cancelled at shutdown")
 
     def _queue(self, decision: Intervene, act: Callable[[_Progress], Awaitable[None]]) -> None:
         session_id = decision.session_id
@@ -138,6 +185,16 @@ class Interventions:
             elif progress.feedback_due:
                 _feedback_failed(decision, "cancelled at shutdown")
             raise
+        except Exception as exc:
+            # A bug of ours must not leave a loop unlogged (nor as "Task exception was never
+            # retrieved"): say how far the action got, then what broke, with its traceback
+            # (code locations only, never a tool's arguments).
+            error = f"internal error: {type(exc).__name__}"
+            if not progress.decided:
+                self._decided(decision, Outcome.ABORT_FAILED, error=error)
+            elif progress.feedback_due:
+                _feedback_failed(decision, error)
+            log.error("action.crashed", session_id=decision.session_id, exc_info=exc)
 
     def _decided(self, decision: Intervene, outcome: Outcome, **fields: object) -> None:
         log.warning(
@@ -149,21 +206,80 @@ class Interventions:
         self._on_outcome(decision, outcome)
 
     async def _act(self, decision: Intervene, progress: _Progress, **extra: object) -> None:
+        if self._api is not None:
+            # Before acting, check: another monitor may have stopped this loop already.
+            other = await self._intervened(decision, aborted=True)
+            if other is not None:
+                progress.decided = True
+                self._decided(decision, Outcome.DEFERRED, reason=other, **extra)
+                return
         if decision.action == Action.NUDGE and self._api is not None:
             # The run goes on: the feedback is read at its next step.
             progress.decided = True
             self._decided(decision, Outcome.NUDGED, **extra)
             progress.feedback_due = True
-            await self._give_feedback(decision)
+            await self._give_feedback(decision, stagger=True)
             return
         started = time.monotonic()
         outcome, error = await self._abort(decision)
+        if outcome is None:
+            self._keep(decision, Step.ABORT, error)
+            return
         abort_ms = round((time.monotonic() - started) * 1000, 1)
         progress.decided = True
         self._decided(decision, outcome, abort_ms=abort_ms, error=error, **extra)
         if outcome in (Outcome.ABORTED, Outcome.HELD):
             progress.feedback_due = True
-            await self._give_feedback(decision)
+            await self._give_feedback(decision, stagger=True)
+
+    async def _finish(self, due: Due, progress: _Progress) -> None:
+        """Due work after a connect: what the session's record shows is done is logged as
+        done, the rest is done now (once: the record is read first)."""
+        assert self._api is not None
+        decision = due.decision
+        try:
+            busy = due.step == Step.ABORT and decision.session_id in (
+                await self._api.busy_sessions(decision.directory)
+            )
+            messages = await self._api.messages(decision.session_id, decision.directory)
+        except ServerAway as exc:
+            self._keep(decision, due.step, str(exc))
+            return
+        except ServerError as exc:
+            self._give_up(due, str(exc))
+            return
+        step, found = next_step(due, busy, messages)
+        if step == Step.ABORT:
+            await self._act(decision, progress)
+            return
+        if due.step == Step.ABORT:
+            # The run stopped: the abort arrived, or the server's restart ended the run.
+            progress.decided = True
+            outcome = Outcome.HELD if decision.hold else Outcome.ABORTED
+            self._decided(decision, outcome, confirmed="run stopped, read back after reconnect")
+        progress.feedback_due = True
+        if step is None:
+            _feedback_found(decision, found)
+            return
+        await self._give_feedback(decision, stagger=False, checked=True)
+
+    async def _intervened(self, decision: Intervene, aborted: bool, reads: int = 1) -> str | None:
+        """What another monitor did about this loop, read back from the session's record;
+        None when nothing (or the record cannot be read: better act twice than never)."""
+        assert self._api is not None
+        for read in range(reads):
+            if read:
+                await self._sleep(REFUSED_READ_EVERY_S)
+            try:
+                messages = await self._api.messages(
+                    decision.session_id, decision.directory, last=RECENT_MESSAGES
+                )
+            except ServerError:
+                return None
+            other = intervened(messages, decision.part_id, aborted)
+            if other is not None:
+                return other
+        return None
 
     async def _refuse(self, reply: Reply, decision: Intervene, progress: _Progress) -> None:
         """Refuse the request of a loop's call; the model reads `reply.message` as its result.
@@ -192,8 +308,14 @@ class Interventions:
             await self._act(decision, progress, request_id=request_id, fallback=str(exc))
             return
         if not refused:
-            # Answered first by someone else (`opencode run` answers at once): the call may
-            # be running, so stop it as without the gate.
+            # Answered first: by another monitor, whose refusal the call's record shows a
+            # moment later, or by someone else (`opencode run` answers at once), and the
+            # call may be running: stop it as without the gate.
+            other = await self._intervened(decision, aborted=True, reads=REFUSED_READS)
+            if other is not None:
+                progress.decided = True
+                self._decided(decision, Outcome.DEFERRED, request_id=request_id, reason=other)
+                return
             await self._act(decision, progress, request_id=request_id, fallback="answered first")
             return
         reply_ms = round((time.monotonic() - started) * 1000, 1)
@@ -205,14 +327,14 @@ class Interventions:
             # request ends it only seconds later, and a message posted meanwhile is lost.
             stopped, error = await self._abort(decision)
             if stop or error is not None:
-                outcome = stopped
+                outcome = Outcome.ABORT_FAILED if stopped is None else stopped
         progress.decided = True
         self._decided(decision, outcome, request_id=request_id, reply_ms=reply_ms, error=error)
         if outcome in (Outcome.HELD, Outcome.ABORTED) or (
             outcome == Outcome.REJECTED and decision.rule == Rule.DOOM_LOOP
         ):
             progress.feedback_due = True
-            await self._give_feedback(decision)
+            await self._give_feedback(decision, stagger=False)
 
     async def _approve(self, reply: Reply) -> None:
         assert self._api is not None
@@ -235,7 +357,8 @@ class Interventions:
             reply_ms=round((time.monotonic() - started) * 1000, 1),
         )
 
-    async def _abort(self, decision: Intervene) -> tuple[Outcome, str | None]:
+    async def _abort(self, decision: Intervene) -> tuple[Outcome | None, str | None]:
+        """How the abort ended; None when the server never answered (work for later)."""
         if self._api is None:
             return Outcome.DRY_RUN, None
         try:
@@ -246,12 +369,25 @@ class Interventions:
         except ConfigError as exc:
             self._on_fatal(exc)  # logged as this decision's outcome, then the monitor stops
             return Outcome.ABORT_FAILED, str(exc)
+        except ServerAway as exc:
+            return None, str(exc)
         except ServerError as exc:
             return Outcome.ABORT_FAILED, str(exc)
         return (Outcome.HELD if decision.hold else Outcome.ABORTED), None
 
-    async def _give_feedback(self, decision: Intervene) -> None:
+    async def _give_feedback(
+        self, decision: Intervene, stagger: bool, checked: bool = False
+    ) -> None:
+        """Post the feedback, unless another monitor's is in the session by then (`stagger`:
+        after a random wait, see STAGGER_S; `checked`: the record was just read)."""
         assert self._api is not None
+        if stagger:
+            await self._sleep(self._stagger())
+        if not checked:
+            other = await self._intervened(decision, aborted=False)
+            if other is not None:
+                _feedback_found(decision, other)
+                return
         try:
             await self._api.prompt(
                 decision.session_id,
@@ -264,11 +400,35 @@ class Interventions:
             _feedback_failed(decision, str(exc))
             self._on_fatal(exc)
             return
+        except ServerAway as exc:
+            self._keep(decision, Step.FEEDBACK, str(exc))
+            return
         except ServerError as exc:
             _feedback_failed(decision, str(exc))
             return
         log.info("feedback.sent", session_id=decision.session_id, hold=decision.hold)
 
+    def _keep(self, decision: Intervene, step: Step, error: str | None) -> None:
+        """The server is away: `step` waits for the next connect."""
+        log.warning("intervention.due", session_id=decision.session_id, step=str(step), error=error)
+        for dropped in self._due.add(decision, step, self._clock()):
+            self._give_up(dropped, "too much work waiting for the server")
+
+    def _give_up(self, due: Due, error: str) -> None:
+        if due.step == Step.ABORT:
+            self._decided(due.decision, Outcome.ABORT_FAILED, error=error)
+        else:
+            _feedback_failed(due.decision, error)
+
 
 def _feedback_failed(decision: Intervene, error: str) -> None:
     log.error("feedback.failed", session_id=decision.session_id, error=error)
+
+
+def _feedback_found(decision: Intervene, found: str | None) -> None:
+    """The feedback is in the session already: posted by us before the server went away, or
+    by another monitor (then this one defers)."""
+    if found == "feedback found in the session":
+        log.info("feedback.sent", session_id=decision.session_id, hold=decision.hold, found=True)
+    else:
+        log.info("feedback.deferred", session_id=decision.session_id, reason=found)

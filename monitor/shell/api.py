@@ -46,11 +46,16 @@ class _Transient(ServerError):
     """A failure that may pass; the server may or may not have taken the request."""
 
 
-class _NotSent(_Transient):
+class ServerAway(_Transient):
+    """No answer from the server at all, after retries: it may be down or restarting. What
+    was being done is worth finishing once it is back (`monitor.core.due`)."""
+
+
+class _NotSent(ServerAway):
     """The connection was never made: the server surely did not get the request."""
 
 
-class _NoAnswer(_Transient):
+class _NoAnswer(ServerAway):
     """Sent, and no answer came (timeout, dropped connection): the server may still act."""
 
 
@@ -215,9 +220,14 @@ class OpencodeAPI:
                         directories.append(where)
         return directories
 
-    async def messages(self, session_id: str, directory: str | None) -> list[Any]:
+    async def messages(
+        self, session_id: str, directory: str | None, last: int | None = None
+    ) -> list[Any]:
+        """The session's messages, oldest first; `last`: only the newest that many (the
+        server's `limit`), for a check that needs only what came lately."""
         path = _session_path(session_id, "message")
-        messages = await self._call("GET", path, directory, idempotent=True)
+        query = None if last is None else {"limit": str(last)}
+        messages = await self._call("GET", path, directory, idempotent=True, query=query)
         if not isinstance(messages, list):
             raise ServerError("/session/{id}/message did not answer a list")
         return messages
@@ -231,6 +241,7 @@ class OpencodeAPI:
         *,
         idempotent: bool,
         arrived: Callable[[], Awaitable[bool]] | None = None,
+        query: Mapping[str, str] | None = None,
     ) -> Any:
         """Send once; again only if it surely did not arrive, or is idempotent.
 
@@ -238,7 +249,7 @@ class OpencodeAPI:
         is sent again if `arrived` finds no trace of it; after no answer at all it is never
         sent again (the server may still be carrying it out), only looked for.
         """
-        params = {"directory": directory} if directory else None
+        params = {**({"directory": directory} if directory else {}), **(query or {})} or None
         attempt = 0
         while True:
             try:
@@ -278,7 +289,8 @@ class OpencodeAPI:
             try:
                 # yarl would drop a lone surrogate (valid JSON, not UTF-8) and send the
                 # request to another directory's instance.
-                params["directory"].encode("utf-8")
+                for value in params.values():
+                    value.encode("utf-8")
             except UnicodeEncodeError:
                 raise ServerError(f"{what}: the directory is not UTF-8") from None
             url = url.with_query(params)

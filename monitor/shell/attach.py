@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from monitor.config import Settings, public_url
+from monitor.core.export import feedback_count
 from monitor.core.ids import is_session_id
 from monitor.core.tracker import Fed
 from monitor.errors import ServerError, SessionGone
@@ -66,7 +67,29 @@ async def look_up(settings: Settings, session_id: str) -> dict[str, Any]:
     if not is_session_id(session_id):
         raise SessionGone("not an OpenCode session id")
     async with http_session(settings) as http:
-        return await OpencodeAPI(http, settings.url).session(session_id, settings.directory)
+        api = OpencodeAPI(http, settings.url)
+        info = await api.session(session_id, settings.directory)
+        await warn_if_followed(api, session_id, info["directory"])
+        return info
+
+
+async def warn_if_followed(api: OpencodeAPI, session_id: str, directory: str) -> None:
+    """Warn when a monitor has intervened in this session already: a `watch` daemon most
+    likely follows it too. Both then see each loop; the second to act defers to the first
+    (docs/operations.md, "Delivery guarantees"), but the warning says why two are logging."""
+    try:
+        count = feedback_count(await api.messages(session_id, directory))
+    except ServerError:
+        return  # only a warning: the watch itself reports what is wrong with the server
+    if count:
+        log.warning(
+            "attach.other_monitor",
+            session_id=session_id,
+            feedback_messages=count,
+            message="a loop monitor (a watch daemon?) has intervened in this session "
+            "already; if it still follows it, each loop is stopped once, by whichever "
+            "monitor acts first",
+        )
 
 
 async def attach(settings: Settings, session_id: str) -> int:

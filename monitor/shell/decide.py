@@ -46,6 +46,10 @@ MAX_SOCKET_PATH = 107
 MAX_DIRECTORIES = 64
 
 
+class EndpointTaken(ConfigError):
+    """A live monitor serves plugins on this socket already (a second monitor of one server)."""
+
+
 @dataclass(frozen=True, slots=True)
 class PluginEndpoint:
     """Where the daemon serves plugins and what a plugin needs to reach it."""
@@ -161,7 +165,7 @@ def clear_stale_socket(path: Path) -> None:
         return
     finally:
         probe.close()
-    raise ConfigError(f"plugin_socket {path}: another monitor serves plugins there")
+    raise EndpointTaken(f"plugin_socket {path}: another monitor serves plugins there")
 
 
 class PluginStats:

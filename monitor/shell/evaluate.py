@@ -13,14 +13,10 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from monitor.core.evaluate import LabelError, Result, all_right, parse_label, table, trace_line
+from monitor.core.replay import FileReplay, RecordingError, replay_lines
 from monitor.core.tracker import Detection
 from monitor.exits import EX_MISJUDGED, EX_USAGE
-from monitor.shell.replay import (
-    FileReplay,
-    RecordingError,
-    read_lines,
-    replay_lines,
-)
+from monitor.shell.replay import read_lines
 
 if TYPE_CHECKING:
     from monitor.config import Settings

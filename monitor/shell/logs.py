@@ -137,9 +137,18 @@ class LoopErrors:
         log.error("loop.error", message=context.get("message"), error=error, count=count)
 
 
-def _journal_priority(_: Any, method: str, line: str) -> str:
-    # Without it journald stores every line at info: `journalctl -p warning` would show none.
-    return f"<{JOURNAL_PRIORITIES.get(method, 6)}>{line}"
+def journal_line(render: structlog.typing.Processor) -> structlog.typing.Processor:
+    """`render`, with each line starting with its syslog priority (`<4>` for a warning).
+
+    Without it journald stores every line at info: `journalctl -p warning` would show none.
+    A wrapper around the renderer rather than a processor after it, because structlog's
+    processors take a record, not the line a renderer returns.
+    """
+
+    def prefixed(logger: Any, method: str, record: MutableMapping[str, Any]) -> str:
+        return f"<{JOURNAL_PRIORITIES.get(method, 6)}>{render(logger, method, record)!s}"
+
+    return prefixed
 
 
 def configure_logging(
@@ -172,12 +181,15 @@ def configure_logging(
         processors.append(forward)
         threshold = min(threshold, logging.INFO)
     processors += [structlog.processors.format_exc_info, bound_fields]
+    render: structlog.typing.Processor
     if log_format == "json":
-        processors.append(bound_line(structlog.processors.JSONRenderer()))
+        render = structlog.processors.JSONRenderer()
     else:
-        processors.append(bound_line(structlog.dev.ConsoleRenderer(colors=False)))
+        render = structlog.dev.ConsoleRenderer(colors=False)
+    render = bound_line(render)
     if writes_to_journal(stream, environ):
-        processors.append(_journal_priority)
+        render = journal_line(render)
+    processors.append(render)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(threshold),

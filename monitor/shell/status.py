@@ -17,7 +17,7 @@ from typing import Any
 
 from monitor.config import ListenAddress, Settings
 from monitor.errors import ConfigError
-from monitor.exits import EX_UNAVAILABLE
+from monitor.exits import EX_OK, EX_UNAVAILABLE
 
 TIMEOUT_S = 5.0
 # Where `status` asks when no metrics_addr is set: the documented `--metrics-addr`.
@@ -120,4 +120,4 @@ def run_status(settings: Settings, as_json: bool) -> int:
         print(json.dumps(status, indent=2))
     else:
         sys.stdout.write(render_status(status, time.time()))
-    return 0
+    return EX_OK

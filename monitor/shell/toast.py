@@ -12,19 +12,19 @@ from typing import Any
 
 import structlog
 
-from monitor.core.tracker import Intervene
+from monitor.core.decisions import Intervene, Outcome
 from monitor.shell.api import OpencodeAPI
 from monitor.shell.webhook import notification
 
 log = structlog.get_logger("monitor.shell.toast")
 
 # The outcomes a person at the TUI should hear of, and how loud.
-VARIANTS = {"aborted": "warning", "rejected": "warning", "held": "error"}
+VARIANTS = {Outcome.ABORTED: "warning", Outcome.REJECTED: "warning", Outcome.HELD: "error"}
 TIMEOUT_S = 2.0
 TITLE = "opencode-loop-monitor"
 
 
-def toast_body(decision: Intervene, outcome: str) -> dict[str, Any] | None:
+def toast_body(decision: Intervene, outcome: Outcome) -> dict[str, Any] | None:
     """The request body for this outcome (the schema's title, message, variant), or None."""
     variant = VARIANTS.get(outcome)
     if variant is None:
@@ -41,7 +41,7 @@ class Toasts:
         self._timeout = timeout
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def show(self, decision: Intervene, outcome: str) -> None:
+    def show(self, decision: Intervene, outcome: Outcome) -> None:
         body = toast_body(decision, outcome)
         if body is None:
             return

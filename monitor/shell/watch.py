@@ -40,10 +40,10 @@ from monitor.core.resync import (
 )
 from monitor.core.tracker import Detection, Fed, Tracker
 from monitor.errors import ConfigError, ServerError, SessionGone
-from monitor.shell.actions import Interventions
+from monitor.shell.actions import Interventions, random_stagger
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.backoff import Backoff
-from monitor.shell.decide import DecideServer, PluginStats, plugin_endpoint
+from monitor.shell.decide import DecideServer, EndpointTaken, PluginStats, plugin_endpoint
 from monitor.shell.diagnosis import directory_known
 from monitor.shell.logs import LoopErrors, configure_logging
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
@@ -157,6 +157,8 @@ class Timing:
     # No event (heartbeats aside) for this long while runs are under way: ask the server.
     silence: float = SILENCE_S
     webhook: Delivery = Delivery()
+    # How long the feedback waits after an abort (see monitor.shell.actions.STAGGER_S).
+    stagger: Callable[[], float] = random_stagger
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     clock: Callable[[], float] = time.monotonic
 
@@ -164,7 +166,10 @@ class Timing:
 class Scope(Protocol):
     """Which sessions a watch follows, and when following them is over."""
 
-    only_session: str | None
+    @property
+    def only_session(self) -> str | None:
+        """The one session followed, or None for all; read once, when the watch starts."""
+        ...
 
     async def still_there(self, api: OpencodeAPI) -> bool:
         """On every (re)connect: False when there is nothing left to follow."""
@@ -268,7 +273,12 @@ class Watch:
         if endpoint is None or self.scope.only_session is not None:
             return  # `attach` follows one session; plugins ask the daemon
         server = DecideServer(endpoint, self.judge, self._on_plugin_asked, self._on_refused)
-        await server.start()
+        try:
+            await server.start()
+        except EndpointTaken as exc:
+            # A second monitor of the same server: the first answers its plugins.
+            log.warning("plugin.endpoint_taken", reason=str(exc))
+            return
         self.plugin_server = server
 
     def judge(self, call: PluginCall) -> PluginVerdict:
@@ -322,6 +332,8 @@ class Watch:
                 on_outcome=self._on_outcome,
                 expire=self.tracker.expire,
                 sleep=self.timing.sleep,
+                stagger=self.timing.stagger,
+                clock=self.timing.clock,
             )
             stream = self._stream = EventStream(
                 http,
@@ -417,7 +429,8 @@ class Watch:
         if self.metrics is not None:
             self.metrics.intervention(outcome)
         self.toasts.show(decision, outcome)  # returns at once: posting runs apart
-        if self.webhook is not None:
+        # A deferred loop is the other monitor's to tell of: one notification per loop.
+        if self.webhook is not None and outcome != Outcome.DEFERRED:
             self.webhook.send(decision, outcome)  # returns at once: posting runs apart
 
     def last_frame_unix(self) -> float | None:
@@ -508,6 +521,9 @@ class Watch:
             self._ready_sent = True
             self.notifier.ready()
             await self._check_directory()
+        # Work the server's absence left undone goes first; the resync leaves its sessions
+        # to it (they are being acted on).
+        self.interventions.resume()
         await self._resync(first)
 
     async def _check_silence(self, stream: EventStream) -> None:
@@ -517,6 +533,8 @@ class Watch:
         while True:
             # A real wait, not `timing.sleep`: tests record those as the reconnect backoff's.
             await asyncio.sleep(timing.silence / 2)
+            if stream.connected:
+                self.interventions.resume()  # due work left by a server away meanwhile
             running = self.tracker.running()
             silent_s = timing.clock() - self._last_event_at
             if not stream.connected or not running or silent_s < timing.silence:

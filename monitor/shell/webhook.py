@@ -37,11 +37,13 @@ from monitor.shell.backoff import Backoff
 
 log = structlog.get_logger("monitor.shell.webhook")
 
-_SAID: dict[str, str] = {
-    "aborted": "was stopped; the model was told why and carries on",
-    "held": "was stopped and put on hold: it waits for a person to read the feedback and go on",
-    "abort_failed": "could not be stopped (the abort failed)",
-    "dry_run": "was left running (dry run)",
+_SAID: dict[Outcome, str] = {
+    Outcome.ABORTED: "was stopped; the model was told why and carries on",
+    Outcome.HELD: (
+        "was stopped and put on hold: it waits for a person to read the feedback and go on"
+    ),
+    Outcome.ABORT_FAILED: "could not be stopped (the abort failed)",
+    Outcome.DRY_RUN: "was left running (dry run)",
 }
 
 
@@ -65,7 +67,7 @@ def for_chat(text: str) -> str:
     return escaped.replace("@", "@\u2060")  # a word joiner: `@channel` stays text
 
 
-def notification_id(decision: Intervene, outcome: str) -> str:
+def notification_id(decision: Intervene, outcome: Outcome) -> str:
     """The same for every copy of one notification, in every monitor that sends it."""
     key = "\0".join((decision.session_id, decision.part_id, str(decision.call_index), outcome))
     return hashlib.sha256(key.encode("utf-8", "replace")).hexdigest()[:32]
@@ -86,7 +88,7 @@ def notification(decision: Intervene, outcome: Outcome) -> dict[str, Any]:
     return {
         "id": notification_id(decision, outcome),
         "text": for_chat(text),
-        "event": "hold" if outcome == "held" else "intervention",
+        "event": "hold" if outcome == Outcome.HELD else "intervention",
         "session_id": decision.session_id,
         "directory": directory,
         "rule": str(decision.rule),
@@ -113,7 +115,7 @@ class Webhook:
         self._http: aiohttp.ClientSession | None = None
         self._pending: set[asyncio.Task[None]] = set()
 
-    def send(self, decision: Intervene, outcome: str) -> None:
+    def send(self, decision: Intervene, outcome: Outcome) -> None:
         task = asyncio.create_task(self._post(notification(decision, outcome)))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)

@@ -1,0 +1,274 @@
+"""Issue 20, items 3 and 4: one intervention per loop across monitors of one server, and
+interventions that survive a restart of the server, against the stand-in.
+
+Two `Watch` instances against one stand-in play two monitors (two `watch`, or a `watch` and
+an `attach`); the stand-in's record (`messages`) is what each one reads back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from aiohttp.test_utils import TestServer
+from structlog.testing import capture_logs
+
+from monitor.core.due import DueWork, Step
+from monitor.core.export import intervened
+from monitor.core.feedback import MARK
+from monitor.shell.actions import RECENT_MESSAGES
+from monitor.testing import FakeOpencode, frames, play
+from tests import frames_factory as ff
+from tests.frames_factory import BASH, asked, envelope, part, replied
+from tests.harness import FAST, events, loop_frames, start, stop, wait_for, watching
+
+FIRST = dataclasses.replace(FAST, stagger=lambda: 0.0)
+SECOND = dataclasses.replace(FAST, stagger=lambda: 0.3)
+
+
+async def test_two_monitors_on_one_loop_post_one_feedback():
+    # Both see the loop at once and both abort (a second abort changes nothing); the one
+    # that waits longer before the feedback finds the other's and posts none.
+    fake = FakeOpencode(
+        streams=[play(loop_frames("ses_s1", 4)), play(loop_frames("ses_s1", 4))],
+        store_prompts=True,
+        messages={"ses_s1": ff.run_record("ses_s1", 4)},
+    )
+    with capture_logs() as logs:
+        server, first, first_task = await start(fake, FIRST)
+        second, second_task = watching(server, SECOND)
+        await wait_for(lambda: events(logs, "feedback.sent") and events(logs, "feedback.deferred"))
+        for watch, task in ((first, first_task), (second, second_task)):
+            watch.stop()
+            await task
+        await server.close()
+    [prompt] = fake.of("prompt_async")
+    assert prompt.body["parts"][0]["text"].startswith(MARK)  # type: ignore[index]
+    [deferred] = events(logs, "feedback.deferred")
+    assert deferred == {
+        "event": "feedback.deferred",
+        "log_level": "info",
+        "session_id": "ses_s1",
+        "reason": "feedback already in the session",
+    }
+    assert [e["part_id"] for e in events(logs, "intervention.outcome")] == ["p4", "p4"]
+
+
+async def test_a_monitor_that_comes_second_does_not_act_again():
+    # The second monitor sees the loop after the first one stopped it and gave the feedback
+    # (a lagging stream): it neither aborts the model's answer to it nor posts another.
+    fake = FakeOpencode(
+        streams=[play(loop_frames("ses_s1", 4)), play(loop_frames("ses_s1", 4))],
+        store_prompts=True,
+        messages={"ses_s1": ff.run_record("ses_s1", 4)},
+    )
+    with capture_logs() as logs:
+        server, first, first_task = await start(fake, FIRST)
+        await wait_for(lambda: events(logs, "feedback.sent"))
+        second, second_task = watching(server, FIRST)
+        await wait_for(lambda: len(events(logs, "intervention.outcome")) == 2)
+        for watch, task in ((first, first_task), (second, second_task)):
+            watch.stop()
+            await task
+        await server.close()
+    assert [r.path for r in fake.of("abort")] == ["/session/ses_s1/abort"]
+    assert len(fake.of("prompt_async")) == 1
+    first_outcome, second_outcome = events(logs, "intervention.outcome")
+    assert first_outcome["outcome"] == "aborted"
+    assert (second_outcome["outcome"], second_outcome["reason"]) == (
+        "deferred",
+        "feedback already in the session",
+    )
+    assert second_outcome["part_id"] == "p4" and second_outcome["interventions"] == 1
+    # Each check before acting read only the newest messages, not the whole record.
+    checks = [r.query.get("limit") for r in fake.of("message") if "limit" in r.query]
+    assert checks and set(checks) == {str(RECENT_MESSAGES)}
+
+
+def refused_record() -> list[dict]:
+    """The session after one monitor refused call 4: the call ended in error with its text."""
+    calls = [
+        ff.export_part("ses_1", f"prt_{n}", "completed", *BASH[1:], tool="bash") for n in (1, 2, 3)
+    ]
+    refused = ff.export_part("ses_1", "prt_4", "error", *BASH[1:], tool="bash")
+    refused["state"]["error"] = (
+        "The user rejected permission to use this specific tool call with the following "
+        f"feedback: {MARK}this call was refused and did not run"
+    )
+    return [
+        ff.user_message("ses_1"),
+        *(ff.assistant_message("ses_1", c) for c in calls),
+        ff.assistant_message("ses_1", refused),
+    ]
+
+
+async def test_two_monitors_under_approve_refuse_once_and_the_second_defers():
+    # The server takes the first refusal and answers the second 404; the second monitor
+    # must not take the 404 for "answered first" and abort the run on top of the refusal.
+    loop = []
+    for n in (1, 2, 3):
+        loop += [
+            part(n, "running", *BASH),
+            asked(n, "bash"),
+            replied(n, "once"),
+            part(n, "completed", *BASH),
+        ]
+    loop += [part(4, "running", *BASH), asked(4, "bash")]
+    stream = frames(*(envelope(event, "/w") for event in loop))
+    fake = FakeOpencode(streams=[play(stream), play(stream)], reply_once=True)
+    with capture_logs() as logs:
+        server, first, first_task = await start(fake, FIRST, permissions="approve")
+        second, second_task = watching(server, FIRST, permissions="approve")
+        await wait_for(lambda: fake.of("reply"))
+        fake.messages = {"ses_1": refused_record()}  # the call ends refused, a moment later
+        await wait_for(lambda: len(events(logs, "intervention.outcome")) == 2)
+        for watch, task in ((first, first_task), (second, second_task)):
+            watch.stop()
+            await task
+        await server.close()
+    refusals = [r.path for r in fake.of("reply") if r.body["reply"] == "reject"]  # type: ignore[index]
+    assert refusals == ["/permission/per_4/reply"] * 2
+    assert fake.of("abort") == [] and fake.of("prompt_async") == []
+    outcomes = sorted((e["outcome"], e.get("reason")) for e in events(logs, "intervention.outcome"))
+    assert outcomes == [("deferred", "call already refused"), ("rejected", None)]
+
+
+def test_intervened_reads_what_another_monitor_left():
+    record = ff.run_record("ses_s1", 4)
+    assert intervened(record, "p4") is None
+    aborted = [
+        *record[:-1],
+        {**record[-1], "info": {"role": "assistant", "error": {"name": "MessageAbortedError"}}},
+    ]
+    assert intervened(aborted, "p4") == "run already aborted"
+    assert intervened(aborted, "p4", aborted=False) is None
+    # Feedback of an earlier loop, before the part, is not this loop's.
+    earlier = [ff.user_message("ses_s1", MARK + "earlier"), *record]
+    assert intervened(earlier, "p4") is None
+    later = [*record, ff.user_message("ses_s1", MARK + "this loop")]
+    assert intervened(later, "p4") == "feedback already in the session"
+    assert intervened(refused_record(), "prt_4") == "call already refused"
+    assert intervened(later, "p9") is None  # a part the record does not hold: nothing known
+
+
+# -- 4. the server restarts between the abort and the feedback ------------------------------
+
+
+async def restart(server: TestServer, fake: FakeOpencode, logs: list) -> TestServer:
+    """Stop the stand-in and, once the monitor has given up reaching it (the work is due),
+    serve `fake` on the same port, as a restarted server."""
+    port = server.port
+    await server.close()
+    await wait_for(lambda: events(logs, "intervention.due"))
+    again = TestServer(fake.app(), host="127.0.0.1", port=port)
+    await again.start_server()
+    return again
+
+
+async def test_feedback_lost_to_a_restart_is_posted_once_after_the_reconnect():
+    # The abort is answered; the server goes away with the feedback in flight, unstored.
+    posted = asyncio.Event()
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))], holds={"prompt_async": posted})
+    back = FakeOpencode(messages={"ses_s1": ff.run_record("ses_s1", 4)})
+    back.streams = [back.live]
+    with capture_logs() as logs:
+        server, watch, task = await start(fake)
+        await wait_for(lambda: fake.of("prompt_async"))
+        server = await restart(server, back, logs)
+        await wait_for(lambda: events(logs, "feedback.sent"))
+        await stop(server, watch, task)
+    assert len(back.of("prompt_async")) == 1
+    assert [e["step"] for e in events(logs, "intervention.due")] == ["feedback"]
+    assert events(logs, "feedback.failed") == []
+    [outcome] = events(logs, "intervention.outcome")
+    assert outcome["outcome"] == "aborted"
+
+
+async def test_feedback_stored_before_the_restart_is_not_posted_again():
+    posted = asyncio.Event()
+    fake = FakeOpencode(
+        streams=[play(loop_frames("ses_s1", 4))], holds={"prompt_async": posted}, store_prompts=True
+    )
+    with capture_logs() as logs:
+        server, watch, task = await start(fake)
+        await wait_for(lambda: fake.of("prompt_async"))
+        # The server had stored it when it went away.
+        back = FakeOpencode(
+            messages={"ses_s1": [*ff.run_record("ses_s1", 4), *fake.messages["ses_s1"]]}
+        )
+        back.streams = [back.live]
+        server = await restart(server, back, logs)
+        await wait_for(lambda: events(logs, "feedback.sent"))
+        await stop(server, watch, task)
+    assert back.of("prompt_async") == []
+    [sent] = events(logs, "feedback.sent")
+    assert sent["found"] is True
+
+
+async def test_an_abort_unanswered_before_a_restart_is_confirmed_by_the_read_back():
+    # The server took the abort and went away before answering: after the reconnect the
+    # run is not busy, so the abort is logged as done (not abort_failed) and the feedback
+    # follows, once.
+    answered = asyncio.Event()
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))], holds={"abort": answered})
+    back = FakeOpencode(messages={"ses_s1": ff.run_record("ses_s1", 4)})
+    back.streams = [back.live]
+    with capture_logs() as logs:
+        server, watch, task = await start(fake)
+        await wait_for(lambda: fake.of("abort"))
+        server = await restart(server, back, logs)
+        await wait_for(lambda: events(logs, "feedback.sent"))
+        await stop(server, watch, task)
+    [outcome] = events(logs, "intervention.outcome")
+    assert outcome["outcome"] == "aborted"
+    assert outcome["confirmed"] == "run stopped, read back after reconnect"
+    assert back.of("abort") == [] and len(back.of("prompt_async")) == 1
+
+
+def test_due_work_is_bounded_in_count_and_age():
+    decisions = [_decision(f"p{n}") for n in range(4)]
+    due = DueWork(limit=3, max_age=10.0)
+    assert due.add(decisions[0], Step.ABORT, 0.0) == []
+    due.add(decisions[1], Step.ABORT, 1.0)
+    due.add(decisions[2], Step.FEEDBACK, 2.0)
+    [dropped] = due.add(decisions[3], Step.FEEDBACK, 3.0)
+    assert dropped.decision.part_id == "p0"
+    fresh, stale = due.take(11.5)
+    assert [d.decision.part_id for d in fresh] == ["p2", "p3"]
+    assert [d.decision.part_id for d in stale] == ["p1"]
+    # Kept again after another failed try: it keeps its age.
+    due.add(decisions[2], Step.FEEDBACK, 12.5)
+    assert due.take(12.5)[1][0].since == 2.0 and len(due) == 0
+
+
+def _decision(part_id: str):
+    from monitor.core.tracker import Tracker
+
+    [decision] = ff.feed_all(Tracker(), ff.loop_of("ses_s1", 4, prefix=part_id + "_"))
+    return dataclasses.replace(decision, part_id=part_id)
+
+
+async def test_attach_warns_when_a_monitor_already_intervened_in_the_session():
+    import aiohttp
+
+    from monitor.shell.api import OpencodeAPI
+    from monitor.shell.attach import warn_if_followed
+
+    fake = FakeOpencode(
+        messages={
+            "ses_s1": [*ff.run_record("ses_s1", 4), ff.user_message("ses_s1", MARK + "x")],
+            "ses_s2": ff.run_record("ses_s2", 4),
+        }
+    )
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            api = OpencodeAPI(http, str(server.make_url("")))
+            with capture_logs() as logs:
+                await warn_if_followed(api, "ses_s1", "/w")
+                await warn_if_followed(api, "ses_s2", "/w")
+    finally:
+        await server.close()
+    [warning] = events(logs, "attach.other_monitor")
+    assert (warning["session_id"], warning["feedback_messages"]) == ("ses_s1", 1)
