@@ -59,29 +59,32 @@ async def pending(http: aiohttp.ClientSession, server: OpencodeServer) -> list[d
         return await response.json()
 
 
-async def test_approve_refuses_the_fourth_append_before_it_runs(asking_server, start_monitor, http):
+async def test_approve_refuses_the_fourth_append_and_its_repetition_before_they_run(
+    asking_server, start_monitor, http
+):
+    """The 4th append is refused; the model repeats it at once and the loop, still armed,
+    refuses the 5th too: no fresh budget of three after a refusal, and never `always`."""
     monitor = await start_watching(start_monitor, asking_server, "--permissions", "approve")
     client = asking_server.client(http)
     session = await client.create_session("append loop")
-    await client.prompt_async(session["id"], script([APPEND], 4))
+    await client.prompt_async(session["id"], script([APPEND], 5))
     messages = await client.wait_idle(session["id"], 60)
 
-    assert lines_written(asking_server) == 3  # calls 1-3 ran, call 4 never did
+    assert lines_written(asking_server) == 3  # calls 1-3 ran, calls 4 and 5 never did
     parts = tool_parts(messages)
-    assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"]
+    assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"] * 2
     error = parts[3]["state"]["error"]
     assert error.startswith(REFUSED) and MARK + "this call was refused" in error
     assert "1 call (bash) repeated 4 times" in error
     assert not aborted(messages)
     assert len(user_texts(messages)) == 1  # no feedback message: the run went on by itself
     assert assistant_texts(messages)[-1] == DEFAULT_ANSWER
-    [detected] = await monitor.wait_event("intervention.outcome")
-    assert (detected["rule"], detected["outcome"], detected["part_id"]) == (
-        "cycle",
-        "rejected",
-        parts[3]["id"],
-    )
-    assert detected["call_index"] == 4 and detected["reply_ms"] < 1000
+    outcomes = await monitor.wait_event("intervention.outcome", 2)
+    assert [(d["rule"], d["outcome"], d["part_id"], d["call_index"]) for d in outcomes] == [
+        ("cycle", "rejected", parts[3]["id"], 4),
+        ("cycle", "rejected", parts[4]["id"], 5),
+    ]
+    assert all(d["reply_ms"] < 1000 for d in outcomes)
     assert len(monitor.events("permission.approved")) == 3
     assert monitor.events("feedback.sent") == []
 
