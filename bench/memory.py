@@ -1,14 +1,17 @@
 """Memory: what the tracker holds per session once every session has a full history.
 
     python -m bench.memory rss|tracemalloc [--sessions 10000] [--calls 32] [--arg-bytes 2048]
+                                           [--reads]
     python -m bench.memory rss|tracemalloc --parts 4096
 
 Fills one `Tracker` (the daemon's default settings) with `sessions` sessions, each making
 `calls` different `write` calls whose arguments are about `arg-bytes` long, fed as the
 decoded `running` and `completed` updates the server sends (no loop, so no history is ever
-cleared). Then it reports the growth per session: `rss` from /proc/self/statm, what the
-operating system sees, including allocator slack; `tracemalloc` the Python objects that
-stay allocated. Run each in a fresh process: tracemalloc inflates the resident size.
+cleared); with `--reads`, `read` calls with different answers instead, the progress rules'
+worst case (every call a check and a remembered call). Then it reports the growth per
+session: `rss` from /proc/self/statm, what the operating system sees, including allocator
+slack; `tracemalloc` the Python objects that stay allocated. Run each in a fresh process:
+tracemalloc inflates the resident size.
 
 With `--parts N` it measures text instead: N text parts streaming at once (the tracker holds
 at most `MAX_STREAMING_PARTS`), each fed a few hundred deltas of different sentences and then
@@ -35,10 +38,12 @@ def resident_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def tool_update(session: str, part: str, status: str, args: dict) -> dict:
+def tool_update(
+    session: str, part: str, status: str, args: dict, tool: str = "write", output: str = ""
+) -> dict:
     state: dict = {"status": status, "input": args, "time": {"start": 1795991774368}}
     if status == "completed":
-        state["output"] = "Wrote file successfully."
+        state["output"] = output or "Wrote file successfully."
     return {
         "directory": DIRECTORY,
         "project": "global",
@@ -51,7 +56,7 @@ def tool_update(session: str, part: str, status: str, args: dict) -> dict:
                     "messageID": f"msg_{session}",
                     "sessionID": session,
                     "type": "tool",
-                    "tool": "write",
+                    "tool": tool,
                     "callID": part,
                     "state": state,
                 },
@@ -60,16 +65,23 @@ def tool_update(session: str, part: str, status: str, args: dict) -> dict:
     }
 
 
-def fill(tracker: Tracker, sessions: int, calls: int, arg_bytes: int) -> None:
+def fill(tracker: Tracker, sessions: int, calls: int, arg_bytes: int, reads: bool = False) -> None:
+    """Write calls (each a change: the progress rules keep nothing), or with `reads` read
+    calls with different answers: every one a check for `no_progress` and a remembered call
+    for `revisit`, their worst case."""
     filler = "x" * arg_bytes
     for s in range(sessions):
         session = f"ses_{s:08d}memorybenchAAAAAA"  # as long as a real id (30 characters)
         for c in range(calls):
             part = f"prt_{s:08d}{c:03d}memorybenchAAA"
             # A new string per call, as each decoded frame brings its own.
-            args = {"filePath": f"{DIRECTORY}/src/module_{c}.py", "content": f"{c}\n" + filler}
+            path = f"{DIRECTORY}/src/module_{c}.py"
+            if reads:
+                args, tool, output = {"filePath": path}, "read", f"{c}\n" + filler
+            else:
+                args, tool, output = {"filePath": path, "content": f"{c}\n" + filler}, "write", ""
             for status in ("running", "completed"):
-                if tracker.feed(tool_update(session, part, status, args)).decisions:
+                if tracker.feed(tool_update(session, part, status, args, tool, output)).decisions:
                     raise AssertionError("the benchmark's calls must not loop")
 
 
@@ -121,7 +133,7 @@ def measure_parts(how: str, parts: int) -> dict:
     return {"how": how, "parts": parts, "bytes_per_part": grown / parts}
 
 
-def measure(how: str, sessions: int, calls: int, arg_bytes: int) -> dict:
+def measure(how: str, sessions: int, calls: int, arg_bytes: int, reads: bool = False) -> dict:
     settings = load_settings({"url": "http://unused"}, {}, isatty=False)
     tracker = Tracker(detection_of(settings))
     fill(tracker, 1, calls, arg_bytes)  # warm up code paths and interned names
@@ -138,14 +150,20 @@ def measure(how: str, sessions: int, calls: int, arg_bytes: int) -> dict:
     else:
         size = resident_bytes
     before = size()
-    fill(tracker, sessions, calls, arg_bytes)
+    fill(tracker, sessions, calls, arg_bytes, reads)
     gc.collect()
     grown = size() - before
     tracked = tracker.active_sessions
     full = all(tracker.history_length(sid) == calls for sid in tracker.running())
     if tracked != sessions or not full:
         raise SystemExit(f"expected {sessions} full histories, found {tracked} (full: {full})")
-    return {"how": how, "sessions": sessions, "calls": calls, "bytes_per_session": grown / sessions}
+    return {
+        "how": how,
+        "sessions": sessions,
+        "calls": calls,
+        "reads": reads,
+        "bytes_per_session": grown / sessions,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -155,11 +173,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=32)
     parser.add_argument("--arg-bytes", type=int, default=2048)
     parser.add_argument("--parts", type=int, default=0)
+    parser.add_argument(
+        "--reads", action="store_true", help="read calls with different answers (see fill)"
+    )
     args = parser.parse_args(argv)
     if args.parts:
         print(json.dumps(measure_parts(args.how, args.parts)))
     else:
-        print(json.dumps(measure(args.how, args.sessions, args.calls, args.arg_bytes)))
+        measured = measure(args.how, args.sessions, args.calls, args.arg_bytes, args.reads)
+        print(json.dumps(measured))
 
 
 if __name__ == "__main__":

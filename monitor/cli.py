@@ -133,12 +133,18 @@ trace could not be read or has no label, 78 configuration error, 130 interrupted
 
 def _evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="DIR", help="labelled trace, or a folder")
+    parser.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="keep each real run's replay here (for a corpus with sets.json): later runs "
+        "with the same settings read it back instead of replaying",
+    )
 
 
 def _run_evaluate(settings: Settings, args: argparse.Namespace) -> int:
     from monitor.shell.evaluate import run_evaluate
 
-    return run_evaluate(settings, args.paths)
+    return run_evaluate(settings, args.paths, args.cache)
 
 
 DEMO_DESCRIPTION = """\

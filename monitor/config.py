@@ -30,9 +30,11 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit, urlunsplit
 
+from monitor.core.budget import Budget
 from monitor.core.limits import HISTORY_FLOOR, DetectionError
 from monitor.core.permissions import PermissionMode
 from monitor.core.profile import Profile
+from monitor.core.rules.revisit import WINDOW as REVISIT_WINDOW
 from monitor.core.tracker import SEED, Detection, FirstAction, MatchMode, OnLoop
 from monitor.errors import ConfigError
 
@@ -174,6 +176,57 @@ def _count_or_off(low: int) -> Parse:
         return value
 
     return parse
+
+
+def _revisits(raw: object) -> int:
+    value = _as_int(raw)
+    if value is None or not 0 <= value <= REVISIT_WINDOW:
+        raise ValueError(
+            f"expected 0 (off) or an integer from 1 to {REVISIT_WINDOW}, got {_show(raw)}"
+        )
+    return value
+
+
+def _budget(raw: object) -> Budget:
+    """`steps=N,tokens=N,cost=USD` (any of them, comma separated; `off`: no limit), or a TOML
+    table with those keys."""
+    if isinstance(raw, Budget):
+        return raw
+    wanted = f"expected off or steps=N,tokens=N,cost=USD (any of them), got {_show(raw)}"
+    if isinstance(raw, str):
+        text = raw.strip()
+        if text.lower() in ("", "off"):
+            return Budget()
+        items: list[tuple[object, object]] = []
+        for item in text.split(","):
+            key, equals, value = item.partition("=")
+            if not equals:
+                raise ValueError(wanted)
+            items.append((key.strip().lower(), value.strip()))
+    elif isinstance(raw, dict):
+        items = list(raw.items())
+    else:
+        raise ValueError(wanted)
+    limits: dict[str, Any] = {}
+    for name, given in items:
+        if name in ("steps", "tokens"):
+            number = _as_int(given)
+            if number is None or number < 1:
+                raise ValueError(wanted)
+            limits[str(name)] = number
+        elif name == "cost":
+            cost = -1.0
+            if isinstance(given, str | int | float) and not isinstance(given, bool):
+                try:
+                    cost = float(given)
+                except ValueError:
+                    pass
+            if not 0 < cost < float("inf"):
+                raise ValueError(wanted)
+            limits[str(name)] = cost
+        else:
+            raise ValueError(wanted)
+    return Budget(**limits)
 
 
 def _choice(options: tuple[str, ...]) -> Parse:
@@ -509,6 +562,47 @@ class Settings:
             metavar="N",
             core=True,
             seed_fixed=True,
+        )
+    )
+    no_progress_runs: int = field(
+        metadata=_row(
+            _count_or_off(2),
+            "runs of one check (a call that changes nothing) with the same result, each after "
+            "calls that changed files, that make a loop (0: off)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    revisits: int = field(
+        metadata=_row(
+            _revisits,
+            f"calls of the last {REVISIT_WINDOW} that bring back what the run already read, "
+            "with no file changed since, that make a loop (0: off)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    run_budget: Budget = field(
+        metadata=_row(
+            _budget,
+            "what one run may spend: steps=N,tokens=N,cost=USD, any of them (off: no limit)",
+            Group.DETECTION,
+            metavar="LIMITS",
+            core=True,
+        )
+    )
+    tree_budget: Budget = field(
+        metadata=_row(
+            _budget,
+            "what a session with its subagents may spend, over all its runs: "
+            "steps=N,tokens=N,cost=USD, any of them (off: no limit)",
+            Group.DETECTION,
+            metavar="LIMITS",
+            core=True,
         )
     )
     max_sessions: int = field(

@@ -21,10 +21,15 @@ CORPUS = Path(__file__).parent / "corpus"
 
 EXPECTED = """code-block.text-legit.sse                        legit        -                  ok
 different-lines.text-legit.sse                   legit        -                  ok
+edit-rerun-bash-counter.sse                      loop at 10   no_progress at 10  caught
+edit-rerun-same-result.sse                       loop at 10   no_progress at 10  caught
 failure-rewritten-command.sse                    loop at 4    failure at 4       caught
+narrated-different-reads.text-legit.sse          legit        -                  ok
 narrated-steps.text-legit.sse                    legit        -                  ok
 numbered-list.text-legit.sse                     legit        -                  ok
 one-line-repeated.text-loop.sse                  loop at 29   text_repeat at 29  caught
+paging-cycle-14.sse                              loop at 26   revisit at 26      caught
+paging-cycle-17.sse                              loop at 29   revisit at 29      caught
 paragraph-repeated.text-loop.sse                 loop at 72   text_repeat at 72  caught
 polling-forever.sse                              loop at 20   wait at 20         caught
 polling-until-done.sse                           legit        -                  ok
@@ -35,10 +40,12 @@ retry-between-todo-updates.sse                   loop at 4    cycle at 4        
 routine-over-files.sse                           legit        -                  ok
 routine-same-file.sse                            loop at 15   cycle at 15        caught
 same-text-every-step.text-loop.sse               loop at 8    text_steps at 8    caught
+shuffled-reread.sse                              loop at 17   revisit at 17      caught
 table.text-legit.sse                             legit        -                  ok
+test-edit-test-progress.sse                      legit        -                  ok
 tests-after-distinct-edits.sse                   legit        -                  ok
 w-cycle-of-6.sse                                 loop at 18   cycle at 18        caught
-w-cycle-of-8.sse                                 loop at 24   cycle at 24        caught
+w-cycle-of-8.sse                                 loop at 20   revisit at 20      caught
 w-failure-edit-old-string-not-found.sse          loop at 4    failure at 4       caught
 w-failure-line-numbers-change.sse                loop at 4    failure at 4       caught
 w-failure-same-error-prose-commands.sse          loop at 4    failure at 4       caught
@@ -47,7 +54,6 @@ w-identical-read.sse                             loop at 4    cycle at 4        
 w-legit-batch-edits.sse                          legit        -                  ok
 w-legit-ci-polling.sse                           legit        -                  ok
 w-legit-different-failures.sse                   legit        -                  ok
-w-legit-failures-between-edits.sse               legit        -                  ok
 w-legit-health-and-log-in-turn.sse               legit        -                  ok
 w-legit-many-reads.sse                           legit        -                  ok
 w-legit-routine-of-6-over-modules.sse            legit        -                  ok
@@ -57,6 +63,7 @@ w-legit-status-answered-in-progress.sse          legit        -                 
 w-legit-three-failures-then-fix.sse              legit        -                  ok
 w-legit-todo-between-different-reads.sse         legit        -                  ok
 w-legit-wait-for-server.sse                      legit        -                  ok
+w-no-progress-failures-between-edits.sse         loop at 10   no_progress at 10  caught
 w-pair-cycle.sse                                 loop at 6    cycle at 6         caught
 w-relabelled-task.sse                            loop at 4    cycle at 4         caught
 w-timeout-raised-each-retry.sse                  loop at 4    cycle at 4         caught
@@ -66,18 +73,21 @@ w-wait-same-failure.sse                          loop at 4    failure at 4      
 wait-same-failure.sse                            loop at 4    failure at 4       caught
 
 rule         caught  early   late  false alarms  where
-cycle            10      0      0             0  4, 4, 15, 18, 24, 4, 6, 4, 4, 4
+cycle             9      0      0             0  4, 4, 15, 18, 4, 6, 4, 4, 4
 failure           7      0      0             0  4, 4, 4, 4, 4, 4, 4
 wait              2      0      0             0  20, 20
 text_repeat       3      0      0             0  29, 72, 33
 text_steps        1      0      0             0  8
+no_progress       3      0      0             0  10, 10, 10
+revisit           4      0      0             0  26, 29, 17, 20
+budget            0      0      0             0  -
 doom_loop         0      0      0             0  -
-total: 23 loops, 23 caught at the labelled call, 0 early or late, 0 missed; 22 legit, 0 false alarms
+total: 29 loops, 29 caught at the labelled call, 0 early or late, 0 missed; 23 legit, 0 false alarms
 """
 
 SEED_TOTAL = (
-    "total: 23 loops, 4 caught at the labelled call, 2 early or late, 17 missed; "
-    "22 legit, 5 false alarms"
+    "total: 29 loops, 4 caught at the labelled call, 2 early or late, 23 missed; "
+    "23 legit, 5 false alarms"
 )
 
 
@@ -97,9 +107,9 @@ def test_corpus_has_both_sides_and_recordings():
     traces = sorted(CORPUS.glob("*.sse"))
     labels = [parse_label(path.open().readline()) for path in traces]
     assert len(traces) >= 30
-    assert sum(label.loop_at is None for label in labels) == 22
-    # Recorded from the real server: 10 tool traces, 9 text traces.
-    assert sum(not path.name.startswith("w-") for path in traces) == 19
+    assert sum(label.loop_at is None for label in labels) == 23
+    # Recorded from the real server: 10 tool traces, 9 text traces; and 7 progress traces.
+    assert sum(not path.name.startswith("w-") for path in traces) == 26
 
 
 def test_unlabelled_trace_is_a_usage_error(tmp_path):

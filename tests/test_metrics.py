@@ -326,3 +326,29 @@ async def test_loops_are_counted_by_rule_with_a_bounded_label(metrics, server):
         f'{P}loops_detected_total{{cycle_length="1",rule="wait"}} 1.0',
         f'{P}loops_detected_total{{cycle_length="1",rule="other"}} 1.0',
     } <= lines
+
+
+async def test_tokens_and_cost_are_counted_by_directory_with_a_bounded_label(metrics, server):
+    from monitor.core.tracker import Tracker
+    from monitor.shell.metrics import MAX_DIRECTORIES
+
+    tracker = Tracker()
+    info = {"id": "msg_1", "sessionID": "ses_a", "role": "assistant", "cost": 0.25}
+    info["finish"] = "tool-calls"
+    for tokens in (100, 160):  # the same message as it grows: 160 tokens in all
+        frame = {
+            "type": "message.updated",
+            "properties": {"info": {**info, "tokens": {"input": tokens}}},
+        }
+        fed = tracker.feed({"directory": "/home/dev/app", "project": "p", "payload": frame})
+        assert fed.spent is not None
+        metrics.spent(*fed.spent)
+    for n in range(MAX_DIRECTORIES + 1):
+        metrics.spent(f"/d{n}", 1, 0.0)
+    lines = await scrape(server)
+    assert {
+        f'{P}tokens_total{{directory="/home/dev/app"}} 160.0',
+        f'{P}cost_usd_total{{directory="/home/dev/app"}} 0.25',
+        f'{P}tokens_total{{directory="other"}} 2.0',
+    } <= lines
+    assert not any("ses_a" in line for line in lines)

@@ -259,7 +259,9 @@ def test_cycle_of_ten_is_caught_by_default():
     frames = []
     for n in range(30):
         frames += call("s", f"p{n}", "read", {"filePath": f"f{n % 10}"})
-    assert decisions(frames) == [("cycle", 30, Cycle(10, 3))]
+    assert decisions(frames, replace(Detection(), revisits=0)) == [("cycle", 30, Cycle(10, 3))]
+    # `revisit` takes it first, at its 12th revisit: 2 calls into the 3rd repetition
+    assert [d[:2] for d in decisions(frames)] == [("revisit", 22)]
     assert decisions(frames, SEED) == []
 
 

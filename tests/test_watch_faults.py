@@ -501,6 +501,10 @@ async def test_started_log_lists_the_detection_settings():
         "profile": "opencode",
         "text_repeats": 5,
         "text_steps": 8,
+        "no_progress_runs": 5,
+        "revisits": 12,
+        "run_budget": "off",
+        "tree_budget": "off",
         "permissions": "gate",
         "permission_grace": 30.0,
     }

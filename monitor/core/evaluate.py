@@ -10,7 +10,7 @@ a stop the run would have gone differently.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from monitor.core.findings import RULES
@@ -96,3 +96,59 @@ def all_right(results: Iterable[Result]) -> bool:
 
 def _count(results: Iterable[Result], verdict: str) -> int:
     return sum(r.verdict == verdict for r in results)
+
+
+# --- sets of the shared corpus -------------------------------------------------------------
+
+# Where a rule firing is a catch (known loops) and where it is a false alarm.
+LOOP_SETS = ("known_loops",)
+REPORTED_SETS = ("same_error",)
+LEGIT_SETS = ("silent_success", "gemini_resolved")
+
+
+def set_table(
+    fired: Mapping[str, Mapping[str, Sequence[int]]],
+    sets: Mapping[str, Sequence[str]],
+    rules: Sequence[str],
+    together: Sequence[str],
+) -> list[str]:
+    """Per rule: files it fires on in each set (`fired`: file -> rule -> positions), the
+    median first position in the known loops, and the files it fires on in the legit sets.
+
+    `together` are the rules meant to be on at once: one more row counts a file when any of
+    them fires on it.
+    """
+    names = [*LOOP_SETS, *REPORTED_SETS, *LEGIT_SETS]
+    header = f"{'rule':<16}" + "".join(f" {name:>15}" for name in names) + f" {'all':>9}  first"
+    lines = [header, f"{'(files)':<16}" + "".join(f" {len(sets.get(n, ())):>15}" for n in names)]
+    lines[-1] += f" {len(fired):>9}"
+    rows = [(rule, (rule,)) for rule in rules] + [("together", tuple(together))]
+    for title, members in rows:
+        first = {
+            file: min(p for rule in members for p in by_rule.get(rule, ()))
+            for file, by_rule in fired.items()
+            if any(by_rule.get(rule) for rule in members)
+        }
+        counts = [sum(f in first for f in sets.get(name, ())) for name in names]
+        firsts = sorted(first[f] for f in sets.get("known_loops", ()) if f in first)
+        median = str(firsts[len(firsts) // 2]) if firsts else "-"
+        line = f"{title:<16}" + "".join(f" {c:>15}" for c in counts)
+        lines.append(line + f" {len(first):>9}  {median}")
+    return lines
+
+
+def legit_firings(
+    fired: Mapping[str, Mapping[str, Sequence[int]]],
+    sets: Mapping[str, Sequence[str]],
+    rules: Sequence[str],
+) -> list[str]:
+    """Every firing on a legit set, to be looked at: `set file rule at positions`."""
+    lines = []
+    for name in LEGIT_SETS:
+        for file in sets.get(name, ()):
+            for rule in rules:
+                positions = fired.get(file, {}).get(rule)
+                if positions:
+                    at = ", ".join(map(str, positions))
+                    lines.append(f"{name:<15} {file} {rule} at {at}")
+    return lines

@@ -99,9 +99,43 @@ class PermissionReplied:
 
 @dataclass(frozen=True, slots=True)
 class SessionSeen:
-    """A session event that tells us the session's directory (created, updated, busy)."""
+    """A session event that tells us the session's directory (created, updated, busy), and
+    for `session.created` / `session.updated` its parent (`info.parentID`: a subagent's
+    session points at the session that started it)."""
 
     session_id: str
+    directory: str | None
+    parent_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageUsage:
+    """An assistant message's running totals (`message.updated` with its `finish` reason: the
+    update that ends a step). `tokens` is input + output + reasoning + cache read and write;
+    `cost` in USD. Each assistant message is one step (one model call)."""
+
+    session_id: str
+    message_id: str
+    tokens: int
+    cost: float
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionDiff:
+    """The session's files differ from its start (`session.diff`); `digest` says which files
+    and by how much (names and line counts, not contents), to tell a new diff from the same."""
+
+    session_id: str
+    digest: int
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FileEdited:
+    """An edit tool changed a file (`file.edited`); the event names no session, only the
+    directory of the stream it came on (None on `/event`: the one the monitor follows)."""
+
     directory: str | None
 
 
@@ -135,6 +169,9 @@ Event = (
     | SessionDeleted
     | PermissionAsked
     | PermissionReplied
+    | MessageUsage
+    | SessionDiff
+    | FileEdited
 )
 
 # Event types OpenCode sends on `/event` and inside `/global/event` envelopes. Anything else
@@ -312,13 +349,6 @@ def _permission_asked(props: dict[str, Any], directory: str | None) -> Permissio
     )
 
 
-def _message_updated(props: dict[str, Any], directory: str | None) -> UserMessage | None:
-    info = _object(props, "info")
-    if info.get("role") != "user":
-        return None  # the assistant's, updated at every step: nothing to act on
-    return UserMessage(_text(info, "sessionID"), _text(info, "id"), directory)
-
-
 def _part_delta(props: dict[str, Any], directory: str | None) -> PartDelta:
     delta = props.get("delta")
     if not isinstance(delta, str):
@@ -337,7 +367,71 @@ def _permission_replied(props: dict[str, Any], directory: str | None) -> Permiss
 def _session_info(props: dict[str, Any], directory: str | None) -> SessionSeen:
     info = _object(props, "info")
     own = info.get("directory")
-    return SessionSeen(_text(info, "id"), own if isinstance(own, str) and own else directory)
+    return SessionSeen(
+        _text(info, "id"),
+        own if isinstance(own, str) and own else directory,
+        _optional_text(info, "parentID"),
+    )
+
+
+def _count(value: object) -> int:
+    return value if type(value) is int and value > 0 else 0
+
+
+def _message_updated(
+    props: dict[str, Any], directory: str | None
+) -> UserMessage | MessageUsage | None:
+    """A user message (a person's prompt or the monitor's feedback), or the usage of an
+    assistant message so far."""
+    info = _object(props, "info")
+    role = info.get("role")
+    if role == "user":
+        return UserMessage(_text(info, "sessionID"), _text(info, "id"), directory)
+    if role != "assistant" or not info.get("finish"):
+        # The server updates an assistant message many times as it streams; its usage comes
+        # with the update that ends a step (`finish`, the reason), so only that one is typed.
+        return None
+    total = 0
+    tokens = info.get("tokens")
+    if isinstance(tokens, dict):
+        total = _count(tokens.get("input")) + _count(tokens.get("output"))
+        total += _count(tokens.get("reasoning"))
+        cache = tokens.get("cache")
+        if isinstance(cache, dict):
+            total += _count(cache.get("read")) + _count(cache.get("write"))
+    cost = info.get("cost", 0)
+    if type(cost) not in (int, float) or not cost >= 0:
+        cost = 0  # a mistyped or negative cost (or NaN) spends nothing
+    return MessageUsage(_text(info, "sessionID"), _text(info, "id"), total, float(cost), directory)
+
+
+# Files of one diff that go into its digest, at most: a diff of more files than this is
+# told from the previous one by its first files and its length.
+_DIFF_FILES = 256
+
+
+def _session_diff(props: dict[str, Any], directory: str | None) -> SessionDiff:
+    diff = props.get("diff")
+    entries = diff if isinstance(diff, list) else []
+    summary = [len(entries)]
+    for entry in entries[:_DIFF_FILES]:
+        if isinstance(entry, dict):
+            summary.append(
+                hash(
+                    (
+                        str(entry.get("file")),
+                        _count(entry.get("additions")),
+                        _count(entry.get("deletions")),
+                        str(entry.get("status")),
+                    )
+                )
+            )
+    return SessionDiff(_text(props, "sessionID"), hash(tuple(summary)), directory)
+
+
+def _file_edited(props: dict[str, Any], directory: str | None) -> FileEdited:
+    _text(props, "file")
+    return FileEdited(directory)
 
 
 def _session_status(props: dict[str, Any], directory: str | None) -> SessionSeen | SessionIdle:
@@ -366,4 +460,6 @@ _PARSERS = {
     "session.deleted": _session_deleted,
     "permission.asked": _permission_asked,
     "permission.replied": _permission_replied,
+    "session.diff": _session_diff,
+    "file.edited": _file_edited,
 }

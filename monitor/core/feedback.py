@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from monitor.core.findings import (
     TOOL_NAME_MAX,
+    BudgetSpent,
     EndlessWait,
     FailureRun,
     Finding,
+    NoProgress,
+    Revisit,
     TextPassage,
     TextSteps,
     clean_tool_name,
@@ -51,6 +54,23 @@ _TEXT_ADVICE = (
     "and what information you need."
 )
 
+_NO_PROGRESS_ADVICE = (
+    "Your changes do not change what that check reports, so check that they reach what it "
+    "runs: the file it imports or executes may not be the one you edit (another installed "
+    "copy, a cached build, a different path), or the check may not exercise what you "
+    "changed. Find that out before you edit again, or explain briefly why you are blocked."
+)
+_REVISIT_ADVICE = (
+    "You are reading again what you have already read, and nothing has changed since. "
+    "State once what you learned from it, then take a next step that brings something "
+    "new (a different file, a search, an edit, a test), or explain briefly why you are "
+    "blocked and what information you need."
+)
+_BUDGET_ADVICE = (
+    "Do not start new work. Write a short summary of what is done, what is left and what "
+    "blocks it, so that a person can decide whether to give this task more."
+)
+
 
 def _found(finding: Finding) -> tuple[str, str]:
     """What the rule saw, in the words the model reads, and the advice that goes with it."""
@@ -61,6 +81,16 @@ def _found(finding: Finding) -> tuple[str, str]:
         else:
             what = f"in {where} you wrote {finding.describe()}"
         return f"your run was stopped because it was repeating itself: {what}.", _TEXT_ADVICE
+    if isinstance(finding, NoProgress):
+        return (
+            f"your run was stopped because it is not making progress: {finding.describe()}."
+        ), _NO_PROGRESS_ADVICE
+    if isinstance(finding, Revisit):
+        return (
+            f"your run was stopped because it is going over the same ground: {finding.describe()}."
+        ), _REVISIT_ADVICE
+    if isinstance(finding, BudgetSpent):
+        return f"your run was stopped because {finding.describe()}.", _BUDGET_ADVICE
     if isinstance(finding, FailureRun):
         return (
             "a repeated failure was detected and your run was stopped at this call: "

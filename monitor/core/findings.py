@@ -29,6 +29,9 @@ class Rule(enum.StrEnum):
     WAIT = "wait"
     TEXT_REPEAT = "text_repeat"
     TEXT_STEPS = "text_steps"
+    NO_PROGRESS = "no_progress"
+    REVISIT = "revisit"
+    BUDGET = "budget"
     # The server's own check, seen as its `doom_loop` permission request.
     DOOM_LOOP = "doom_loop"
 
@@ -130,7 +133,8 @@ class TextPassage:
 
 @dataclass(frozen=True, slots=True)
 class TextSteps:
-    """The same whole text of `kind` at `steps` successive steps of one run."""
+    """The same whole text of `kind` at `steps` successive steps of one run, with no call
+    between them that got back something new."""
 
     rule: ClassVar[Rule] = Rule.TEXT_STEPS
     kind: str
@@ -142,6 +146,78 @@ class TextSteps:
 
     def shape(self) -> tuple[int, int, tuple[str, ...]]:
         return 1, self.steps, ()
+
+
+@dataclass(frozen=True, slots=True)
+class NoProgress:
+    """The same check (a call of `tool` that changes nothing) reported the same thing `runs`
+    times, each run after calls that changed files (`changes` of them in all)."""
+
+    rule: ClassVar[Rule] = Rule.NO_PROGRESS
+    tool: str
+    runs: int
+    changes: int
+
+    def describe(self) -> str:
+        """`the same result from bash 5 times, with 4 changes in between`."""
+        tool = clean_tool_name(self.tool)
+        return (
+            f"the same result from {tool} {self.runs} times, with {self.changes} changes in between"
+        )
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return 1, self.runs, (self.tool,)
+
+
+@dataclass(frozen=True, slots=True)
+class Revisit:
+    """`revisits` of the last `window` calls (of `tools`) brought back what the run had
+    already seen, with no file changed since."""
+
+    rule: ClassVar[Rule] = Rule.REVISIT
+    revisits: int
+    window: int
+    tools: tuple[str, ...]
+
+    def describe(self) -> str:
+        """`12 of the last 16 calls (read) brought back what was already seen`."""
+        names = ", ".join(clean_tool_name(tool) for tool in self.tools)
+        return (
+            f"{self.revisits} of the last {self.window} calls ({names}) brought back what "
+            "was already seen"
+        )
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return self.window, self.revisits, self.tools
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSpent:
+    """A budget was reached: the `scope` ("run", or "tree": a session with its subagents)
+    spent `spent` of `measure` ("steps", "tokens" or "cost" in USD), its limit `limit`."""
+
+    rule: ClassVar[Rule] = Rule.BUDGET
+    scope: str
+    measure: str
+    limit: float
+    spent: float
+
+    def describe(self) -> str:
+        """`the run's budget of 200 steps was reached (200 steps spent)`."""
+        whose = "the run's" if self.scope == "run" else "the session tree's"
+        return (
+            f"{whose} budget of {_amount(self.measure, self.limit)} was reached "
+            f"({_amount(self.measure, self.spent)} spent)"
+        )
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return 1, 1, ()
+
+
+def _amount(measure: str, value: float) -> str:
+    if measure == "cost":
+        return f"${value:,.2f}"
+    return f"{int(value):,} {measure}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +236,17 @@ class DoomLoop:
         return 1, self.calls, (self.tool,)
 
 
-Finding = CallCycle | EndlessWait | FailureRun | TextPassage | TextSteps | DoomLoop
+Finding = (
+    CallCycle
+    | EndlessWait
+    | FailureRun
+    | TextPassage
+    | TextSteps
+    | NoProgress
+    | Revisit
+    | BudgetSpent
+    | DoomLoop
+)
 
 
 def fields(finding: Finding) -> dict[str, object]:

@@ -21,6 +21,7 @@ most sessions are idle most of the time and must cost little (under 2 KB, bench/
 
 from __future__ import annotations
 
+import re
 import sys
 from array import array
 from collections.abc import Callable, Iterator
@@ -101,10 +102,34 @@ def call_digest(tool: str, args: Any) -> int:
     return signature_digest(canonical_signature(tool, args))
 
 
+# Only the ends of a long output are hashed: the cost per call must not grow with the output,
+# and what a check reports (a summary, an error) sits at either end.
+_EDGE = 4096
+# What differs between two runs of an unchanged thing, masked in every outcome: durations,
+# addresses, long hex ids, temporary folders, and bash's own counter of the lines a
+# long-lived shell read (SWE-agent's: `/bin/bash: line 212: javac: command not found` grows
+# by one each run of the same failing command). Line numbers and counts are kept: a test run
+# whose counts change did change.
+_VOLATILE = re.compile(
+    r"\b\d+(?:\.\d+)?\s*(?:ms|s|sec|secs|seconds|minutes)\b"
+    r"|\b0x[0-9a-f]+\b"
+    r"|\b[0-9a-f]{12,}\b"
+    r"|(?:/tmp|/var/tmp)/[^/\s]+"
+    r"|(?<=bash: line )\d+",
+    re.IGNORECASE,
+)
+
+
 def outcome_digest(status: str, output: Any, error: Any, metadata: Any) -> int:
-    """What a finished call answered: its output, error and exit status, as one digest."""
+    """What a finished call answered, as one digest: its status, exit status and output (or
+    error), volatile bits masked; equal for two runs that reported the same."""
+    text = error if status == "error" else output
+    if not isinstance(text, str):
+        text = "" if text is None else repr(text)
+    if len(text) > 2 * _EDGE:
+        text = text[:_EDGE] + "\n...\n" + text[-_EDGE:]
     code = metadata.get("exit") if isinstance(metadata, dict) else None
-    return call_digest(status, {"output": output, "error": error, "exit": code})
+    return signature_digest(f"{status}\x00{code}\x00{_VOLATILE.sub('#', text)}")
 
 
 class Call:
@@ -186,9 +211,9 @@ class Call:
 
     @property
     def outcome(self) -> int | None:
-        """The digest of what it answered, None while it runs. Made when first asked: only
-        `match = input+output` asks, and digesting every output (a whole file read) would
-        cost every other run for nothing."""
+        """The digest of what it answered, None while it runs. Made when first asked (by
+        `match = input+output` and the progress rules `no_progress`, `revisit` and
+        `text_steps`), once: with those rules off, no output is digested."""
         if self._outcome is None and self.status != "running":
             self._outcome = outcome_digest(self.status, self.output, self.error, self.metadata)
         return self._outcome

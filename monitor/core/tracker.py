@@ -18,16 +18,20 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from monitor.core.budget import Budget, BudgetBook
 from monitor.core.decisions import Action, Intervene, Outcome, Reply
 from monitor.core.events import (
     KNOWN_EVENT_TYPES,
     MALFORMED,
     OTHER,
+    FileEdited,
     Malformed,
+    MessageUsage,
     PartDelta,
     PermissionAsked,
     PermissionReplied,
     SessionDeleted,
+    SessionDiff,
     SessionIdle,
     SessionSeen,
     TextPart,
@@ -36,7 +40,15 @@ from monitor.core.events import (
     parse_event,
 )
 from monitor.core.feedback import MARKS, feedback_text, nudge_text, rejection_text
-from monitor.core.findings import RULES, DoomLoop, Finding, TextPassage, TextSteps
+from monitor.core.findings import (
+    RULES,
+    CallCycle,
+    DoomLoop,
+    EndlessWait,
+    FailureRun,
+    Finding,
+    TextPassage,
+)
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.ids import is_permission_id, is_session_id
 from monitor.core.limits import check_history, derived_history
@@ -45,8 +57,12 @@ from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, block
 from monitor.core.profile import Profile, ignored_args, transparent_tools
 from monitor.core.rules import CallRule, TextRule
 from monitor.core.rules.cycle import CycleRule
+from monitor.core.rules.facts import SIGNALS, Signals
 from monitor.core.rules.failure import FailureRule
-from monitor.core.rules.text import StepsRule, TextStream
+from monitor.core.rules.no_progress import NoProgressRule
+from monitor.core.rules.revisit import RevisitRule
+from monitor.core.rules.text import TextStream
+from monitor.core.rules.text_steps import StepsRule
 from monitor.core.session import Call, RecentMap, SessionRecord, call_digest
 
 __all__ = ["RULES", "SEED", "Detection", "Fed", "Intervene", "Judged", "SessionView", "Tracker"]
@@ -93,6 +109,12 @@ class Detection:
     failure_repeats: int = 4
     wait_calls: int = 20
     profile: Profile = "opencode"
+    # Progress rules (monitor/core/rules/no_progress.py, revisit.py); 0 turns one off.
+    no_progress_runs: int = 5  # runs of one check with the same result, each after changes
+    revisits: int = 12  # of the last 16 calls, revisits that make a loop
+    # Budgets (monitor/core/budget.py): per run, and per session with its subagents.
+    run_budget: Budget = Budget()
+    tree_budget: Budget = Budget()
 
     # How the server's permission requests are answered (monitor.core.permissions); "off"
     # leaves them all to others, and every loop to the abort.
@@ -109,7 +131,14 @@ class Detection:
 # Exactly the seed's behaviour: exact arguments, periods 1-4 repeated 3 times, a single call
 # on its 4th, nothing else. `dataclasses.replace` it to keep other settings.
 SEED = Detection(
-    max_period=4, failure_repeats=0, wait_calls=0, profile="none", text_repeats=0, text_steps=0
+    max_period=4,
+    failure_repeats=0,
+    wait_calls=0,
+    profile="none",
+    text_repeats=0,
+    text_steps=0,
+    no_progress_runs=0,
+    revisits=0,
 )
 
 
@@ -120,9 +149,15 @@ def rules_of(detection: Detection) -> tuple[list[CallRule], list[TextRule]]:
     ]
     if detection.failure_repeats:
         call_rules.append(FailureRule(detection.failure_repeats))
+    if detection.no_progress_runs:
+        call_rules.append(NoProgressRule(detection.no_progress_runs))
+    if detection.revisits:
+        call_rules.append(RevisitRule(detection.revisits))
     text_rules: list[TextRule] = []
     if detection.text_steps:
-        text_rules.append(StepsRule(detection.text_steps))
+        steps = StepsRule(detection.text_steps)
+        call_rules.append(steps)  # a new outcome between two texts starts its count again
+        text_rules.append(steps)
     return call_rules, text_rules
 
 
@@ -132,7 +167,8 @@ class Fed:
 
     `event_type` is a bounded label (a known type, "other" or "malformed"); `malformed` says
     why the frame could not be used; `deleted` is the session the frame deleted; `replies`
-    are the permission requests to answer.
+    are the permission requests to answer; `spent` what a `message.updated` added to its
+    directory's spend (directory or None, tokens, cost in USD), for the metrics.
     """
 
     decisions: tuple[Intervene, ...] = ()
@@ -140,6 +176,7 @@ class Fed:
     malformed: str | None = None
     deleted: str | None = None
     replies: tuple[Reply, ...] = ()
+    spent: tuple[str | None, int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +243,10 @@ class Tracker:
         # Events of every other session are ignored, as if the stream did not carry them.
         self.only_session = only_session
         self._gate = PermissionGate(detection.permissions, detection.permission_grace)
+        # Spend by session and by session tree (a tree spans sessions, so it is not a record's).
+        self._budgets = BudgetBook(
+            detection.run_budget, detection.tree_budget, detection.max_sessions
+        )
         self.malformed: Counter[str] = Counter()
         # Sessions taken in since the start (one forgotten and seen again counts twice).
         self.sessions_seen = 0
@@ -396,6 +437,7 @@ class Tracker:
 
     def forget(self, session_id: str) -> None:
         self._sessions.pop(session_id)
+        self._budgets.forget(session_id)
 
     def _feed(self, frame: object, seeding: _Seeding | None) -> Fed:
         if isinstance(frame, Malformed):
@@ -405,6 +447,9 @@ class Tracker:
             return _QUIET[label]
         if isinstance(event, Malformed):
             return self._malformed(label, event.reason)
+        if isinstance(event, FileEdited):  # names no session, only its directory
+            self._files_edited(event.directory or self._default_directory)
+            return _QUIET[label]
         if self._check_ids and not is_session_id(event.session_id):
             return self._malformed(label, f"{label}: sessionID is not of the shape ses_...")
         if (
@@ -442,11 +487,20 @@ class Tracker:
             if replied is not None:
                 self._gate.replied(replied, event)
             return _QUIET[label]
+        if isinstance(event, MessageUsage):
+            return self._usage(event, label)
+        if isinstance(event, SessionDiff):
+            diffed = self._sessions.get(event.session_id)
+            if diffed is not None and diffed.running:
+                diffed.state(SIGNALS, Signals).diffed(event.digest)
+            return _QUIET[label]
         if isinstance(event, SessionIdle):
             self._seen(event.session_id, event.directory)
             self.end_run(event.session_id)
+            self._budgets.end_run(event.session_id)
         elif isinstance(event, SessionSeen):
             self._seen(event.session_id, event.directory)
+            self._budgets.session(event.session_id, event.parent_id)
         elif isinstance(event, SessionDeleted):
             self.forget(event.session_id)
             return Fed(event_type=label, deleted=event.session_id)
@@ -463,6 +517,29 @@ class Tracker:
         if directory is not None:
             session.directory = directory
         return session
+
+    def _usage(self, usage: MessageUsage, label: str) -> Fed:
+        """A step's spend: counted for the metrics, and against the budgets."""
+        taken = self._budgets.message(usage)
+        if taken is None:
+            return _QUIET[label]
+        tokens, cost, reached = taken
+        session_id = usage.session_id
+        if reached is None:
+            if not tokens and not cost:
+                return _QUIET[label]
+            where = usage.directory or self.directory_of(session_id)
+            return Fed(event_type=label, spent=(where, tokens, cost))
+        session = self._seen(session_id, usage.directory)
+        decision = self._decide(session, session_id, reached, usage.message_id)
+        where = session.directory or self._default_directory
+        return Fed((decision,), label, spent=(where, tokens, cost))
+
+    def _files_edited(self, directory: str | None) -> None:
+        """`file.edited`: a change for every run under way in that directory."""
+        for session in self._sessions.values():
+            if session.running and (session.directory or self._default_directory) == directory:
+                session.state(SIGNALS, Signals).count += 1
 
     def _doom_loop(self, request: PermissionAsked, part_id: str) -> Intervene:
         """The server's `doom_loop` check found a loop: an intervention like our own."""
@@ -670,7 +747,9 @@ class Tracker:
         rearm: bool = True,
     ) -> Intervene:
         """The one way a finding becomes a decision, whichever rule found it."""
-        if not isinstance(finding, TextPassage | TextSteps):
+        # Armed only for loops of repeated calls: their next repetition is known by its
+        # digest. Text, progress and budget findings name no call to refuse again.
+        if isinstance(finding, CallCycle | EndlessWait | FailureRun | DoomLoop):
             runs = self.detection.armed_runs
             if rearm:
                 session.arm(session.block(finding.shape()[0]), finding, runs)

@@ -28,7 +28,7 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from monitor import __version__
 from monitor.core.decisions import Outcome
 from monitor.core.events import KNOWN_EVENT_TYPES, MALFORMED, OTHER
-from monitor.core.findings import RULES
+from monitor.core.findings import RULES, clean_tool_name
 from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
@@ -51,6 +51,10 @@ MAX_LINE = 4096
 MAX_BODY = 1024
 BACKLOG = 64
 REFUSALS = ("connections", "rate")
+# Directories with a label of their own in the spend counters; a directory as long as a path
+# may be (cut like everywhere else a directory leaves the process).
+MAX_DIRECTORIES = 256
+DIRECTORY_MAX = 256
 # /status: built at most once per STATUS_CACHE_S (every request in between gets the same
 # bytes), and at most STATUS_RATE requests a second are answered (a burst of as many), the
 # rest get 429: a client in a loop costs a few writes, never a rebuild per request.
@@ -148,6 +152,23 @@ class Metrics:
         for outcome in INTERVENTION_OUTCOMES:
             # Present from the start at 0, so rate() and absence alerts work before the first.
             self._interventions.labels(outcome)
+        # Spend per project (the session's directory), never per session: a label per
+        # session would grow without bound. At most MAX_DIRECTORIES directories get their
+        # own label; the rest count under "other".
+        self._tokens = Counter(
+            PREFIX + "tokens",
+            "Tokens the models used (input, output, reasoning, cache read and write), from "
+            "message.updated, by project directory.",
+            ["directory"],
+            registry=registry,
+        )
+        self._cost = Counter(
+            PREFIX + "cost_usd",
+            "What the models cost in USD as the server reports it, by project directory.",
+            ["directory"],
+            registry=registry,
+        )
+        self._directories: set[str] = set()
         self._dry_run = Counter(
             PREFIX + "dry_run_loops_left_running",
             "Loops detected in dry run: logged and left running, as nothing is stopped.",
@@ -225,6 +246,19 @@ class Metrics:
     def loop(self, cycle_length: int, rule: str = "cycle") -> None:
         # Bounded by the max_period setting (1 to 10) and by the rule names.
         self._loops.labels(str(cycle_length), rule if rule in RULES else OTHER).inc()
+
+    def spent(self, directory: str | None, tokens: int, cost: float) -> None:
+        """Count what one `message.updated` added (`Fed.spent`)."""
+        label = "unknown" if directory is None else clean_tool_name(directory, DIRECTORY_MAX)
+        if label not in self._directories:
+            if len(self._directories) >= MAX_DIRECTORIES:
+                label = OTHER
+            else:
+                self._directories.add(label)
+        if tokens:
+            self._tokens.labels(label).inc(tokens)
+        if cost:
+            self._cost.labels(label).inc(cost)
 
     def intervention(self, outcome: str) -> None:
         if outcome == Outcome.DRY_RUN:

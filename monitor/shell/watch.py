@@ -25,6 +25,7 @@ import structlog
 
 from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
+from monitor.core.budget import Budget
 from monitor.core.decisions import Intervene, Outcome
 from monitor.core.export import current_run, export_frames, feedback_count, held_in
 from monitor.core.feedback import clean_tool_name
@@ -93,6 +94,8 @@ def log_fields(detection: Detection) -> dict[str, object]:
             value = sorted(value)
         elif field.name == "ignore_args":
             value = {tool: sorted(keys) for tool, keys in (value or {}).items()}
+        elif isinstance(value, Budget):
+            value = str(value)  # `off`, or as the setting is written: `steps=200,cost=5`
         fields[field.name] = value
     return fields
 
@@ -396,6 +399,8 @@ class Watch:
             metrics.frame(fed.event_type)
             if fed.malformed is not None:
                 metrics.malformed()
+            if fed.spent is not None:
+                metrics.spent(*fed.spent)
         if fed.malformed is not None:
             self._log_malformed(fed.malformed)
         if self.scope.ended(fed):

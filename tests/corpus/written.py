@@ -150,8 +150,10 @@ TRACES: dict[str, tuple[str, list[Call]]] = {
             for n in range(6)
         ],
     ),
-    "w-legit-failures-between-edits": (
-        "legit",
+    # Five edits, and the test fails the same way after each (the durations aside): no
+    # edit reaches what the test runs; rule `no_progress` at the 5th run.
+    "w-no-progress-failures-between-edits": (
+        "loop at 10",
         [
             c
             for n in range(5)
@@ -217,8 +219,10 @@ TRACES: dict[str, tuple[str, list[Call]]] = {
             )
         ],
     ),
+    # `cycle` would take it at its 3rd repetition (24); `revisit` takes it at its 12th
+    # revisit, 4 calls into the 2nd repetition.
     "w-cycle-of-8": (
-        "loop at 24",
+        "loop at 20",
         [c for _ in range(3) for c in [read(f"f{k}.c") for k in range(7)] + [sh("make")]],
     ),
     "w-legit-routine-of-6-over-modules": (

@@ -52,15 +52,28 @@ def normalize(text: str) -> str:
     return _SPACE.sub(" ", _VOLATILE.sub(_mask, text)).strip()
 
 
+def exit_status(tool: str, status: str, metadata: Any) -> int | None:
+    """The non-zero exit status of a bash call that ended `completed` but failed, else None."""
+    if tool != "bash" or status != "completed" or not isinstance(metadata, dict):
+        return None
+    code = metadata.get("exit")
+    if not isinstance(code, int) or isinstance(code, bool) or code == 0:
+        return None
+    return code
+
+
+def failed(call: Call) -> bool:
+    """The finished call failed: state `error`, or bash with a non-zero exit."""
+    return call.status == "error" or exit_status(call.tool, call.status, call.metadata) is not None
+
+
 def failure_digest(tool: str, status: str, output: Any, error: Any, metadata: Any) -> int | None:
     """A digest of how a finished call failed, or None when it did not fail."""
     if status == "error":
         text = error if isinstance(error, str) else repr(error)
         return signature_digest(f"{tool}\x00error\x00{normalize(text)}")
-    if tool != "bash" or status != "completed" or not isinstance(metadata, dict):
-        return None
-    code = metadata.get("exit")
-    if not isinstance(code, int) or isinstance(code, bool) or code == 0:
+    code = exit_status(tool, status, metadata)
+    if code is None:
         return None
     text = output if isinstance(output, str) else ""
     return signature_digest(f"{tool}\x00{code}\x00{normalize(text)}")

@@ -24,18 +24,14 @@ The chunking was chosen by measurement (docs/detection.md, "Text loops"): whole 
 paragraph streamed as one long line; fixed windows only line up with a repeated passage
 whose length divides the window; sentences catch both and name what the user sees.
 
-`StepRepeats` is the other check, rule `text_steps` (`StepsRule`): the same whole text (or
-reasoning) at successive steps of one run.
+The other text rule, `text_steps` (the same whole text at successive steps), is
+monitor/core/rules/text_steps.py; `text_digest` is what it compares.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-from monitor.core.events import TextPart
-from monitor.core.findings import Finding, TextSteps
-from monitor.core.session import SessionRecord
 
 MAX_UNIT = 512  # characters of one unit held at most; a longer unit is cut
 MAX_BLOCK = 32  # units in the longest repeated passage looked for
@@ -222,38 +218,6 @@ class TextStream:
 
 
 def text_digest(text: str) -> int | None:
-    """What makes two whole texts the same for `StepRepeats`: the words, white space aside.
+    """What makes two whole texts the same for `text_steps`: the words, white space aside.
     None for a text with no letter or digit."""
     return hash(" ".join(text.split())) if _WORDY.search(text) else None
-
-
-class StepRepeats:
-    """The same whole text of one kind at successive steps of a run."""
-
-    __slots__ = ("_last", "count")
-
-    def __init__(self) -> None:
-        self._last: int | None = None
-        self.count = 0
-
-    def see(self, digest: int) -> int:
-        """Take the digest of the next finished part; how many in a row it completes."""
-        self.count = self.count + 1 if digest == self._last else 1
-        self._last = digest
-        return self.count
-
-
-class StepsRule:
-    """Rule `text_steps`: the same whole text of one kind at `steps` successive steps. Its
-    state is a `StepRepeats` per kind."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-
-    def text(self, session: SessionRecord, part: TextPart) -> Finding | None:
-        digest = text_digest(part.text)
-        if digest is None:
-            return None
-        kinds: dict[str, StepRepeats] = session.state("text_steps", dict)
-        repeated = kinds.setdefault(part.kind, StepRepeats()).see(digest)
-        return None if repeated < self.steps else TextSteps(part.kind, repeated)

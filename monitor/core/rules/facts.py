@@ -1,0 +1,89 @@
+"""What the progress rules read beside a call's identity: whether it changed files, and
+whether the server said files changed.
+
+`no_progress` and `revisit` (and `text_steps` for outcomes) take a call's `digest` and
+`outcome` from the core (monitor/core/session.py `Call`: one identity, one masked outcome
+digest for every rule). What they add is here:
+
+- `changes_files(tool, args)`: whether the call changes files by what it is: the edit tools,
+  and bash commands that write (redirections into files, `sed -i`, `tee`, `patch`,
+  `git apply`, ...). Deliberately broad: a change wrongly assumed makes `no_progress` see
+  edits where there were none (it then needs a real repeat anyway), a change missed makes
+  `revisit` take a re-read after an edit for a loop;
+- `Signals`: the server's own progress signals for the run, kept in the session's rule state
+  under `SIGNALS` by the tracker: a `session.diff` whose files differ from the previous one,
+  and a `file.edited` in the session's directory (that event names no session), each count
+  one change. `server_changes(session)` is the count a rule compares with the one it saw at
+  its previous call. `todo.updated` is bookkeeping, not progress, and is not read.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Protocol
+
+from monitor.core.session import SessionRecord
+
+SIGNALS = "signals"
+
+# Tools that change files by what they are (OpenCode's, and SWE-agent's ACI `edit`/`create`).
+EDIT_TOOLS = frozenset({"edit", "write", "multiedit", "apply_patch", "patch", "create"})
+
+# A bash command writes when it redirects into a file (not /dev/null or a descriptor), edits
+# in place or runs a tool whose job is to write.
+_WRITES = re.compile(
+    r"(?<![<>&0-9])>>?\s*(?!/dev/null\b|&|\s*\d)[\w./~\"'$-]"
+    r"|\bsed\s+(?:-[a-zA-Z]*\s+)*-[a-zA-Z]*i"
+    r"|\bperl\s+-[a-zA-Z]*i"
+    r"|\btee\b|\bpatch\b|\bgit\s+(?:apply|checkout|restore|stash|reset|am|cherry-pick)\b"
+    r"|\b(?:mv|cp|rm|mkdir|touch|truncate|ln|chmod)\s"
+    r"|\bopen\([^)]*['\"][wa]\+?['\"]"  # python -c / heredoc scripts that write a file
+    r"|\.write_text\(|\.write\(",
+)
+
+
+def changes_files(tool: str, args: Any) -> bool:
+    """Whether the call changes files: an edit tool, or a bash command that writes."""
+    if tool in EDIT_TOOLS:
+        return True
+    if tool != "bash" or not isinstance(args, dict):
+        return False
+    command = args.get("command")
+    return isinstance(command, str) and _WRITES.search(command) is not None
+
+
+class Signals:
+    """The server's change signals in the current run: how many, and the last diff seen."""
+
+    __slots__ = ("count", "diff")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.diff: int | None = None
+
+    def diffed(self, digest: int) -> None:
+        """A `session.diff`: a change when its files differ from the previous diff's."""
+        if digest != self.diff:
+            self.diff = digest
+            self.count += 1
+
+
+def server_changes(session: SessionRecord) -> int:
+    """How many times the server said files changed in the session's current run."""
+    signals: Signals | None = session.peek(SIGNALS)
+    return 0 if signals is None else signals.count
+
+
+class SeesSignals(Protocol):
+    """A rule's state that remembers `server_changes` at its previous call."""
+
+    signals: int
+
+
+def server_changed(session: SessionRecord, state: SeesSignals) -> bool:
+    """Whether the server said files changed since the rule's previous call (noted)."""
+    signals = server_changes(session)
+    if signals == state.signals:
+        return False
+    state.signals = signals
+    return True

@@ -1,0 +1,113 @@
+"""Rule `revisit`: re-reading what the run already read, in any order, with nothing changed since.
+
+Paging through one file in the same 14 or 17 views over and over is a cycle longer than
+`cycle` looks for (periods up to 10, repeated 3 times, in 32 calls of history), and re-reading
+the same things in a shuffled order is no cycle at all. Both are one loop: the calls bring
+nothing new. A call is a *revisit* when the same call (`Call.digest`) came back with the same
+`Call.outcome` earlier in the run (within the last `MEMORY` distinct calls) and nothing
+changed files since then. `revisits` of the last `WINDOW` calls are a loop.
+
+Position-dependent calls (`scroll_down`, `goto`) are the same call each time; their outcome
+tells the views apart, so a scroll through a file is no revisit until it wraps around.
+
+Signals read: each finished call's `digest`, `outcome`, tool and arguments
+(`changes_files`, monitor/core/rules/facts.py: a call that changes files clears the memory,
+what was read may read differently now), and the server's change signals (`session.diff`
+with new files, `file.edited` in the session's directory), which clear it too.
+A call that waits (monitor/core/rules/waiting.py: it sleeps or polls, or its answer says
+"in progress") is never a revisit: waiting is rule `wait`'s, with its own allowance.
+`todo.updated` is ignored. Memory per run: `MEMORY` 32-bit (call, outcome) digests in an
+array (256 bytes at 64) and the window as one int bitmask, made at the run's first call
+that changes nothing; cost per finished call: a search
+of 64 machine words (in C) and a popcount.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+from monitor.core.findings import Finding, Revisit
+from monitor.core.rules.facts import changes_files, server_changed
+from monitor.core.rules.waiting import answers_in_progress, waits_by_command
+from monitor.core.session import Call, SessionRecord
+
+NAME = "revisit"
+WINDOW = 16
+MEMORY = 64
+# Tools named in a finding, at most: the feedback names them, it must stay short.
+MAX_TOOLS = 4
+
+
+class Seen:
+    """One run's remembered (call, outcome) digests since the last change, and the window."""
+
+    __slots__ = ("seen", "next", "bits", "calls", "signals", "tools")
+
+    def __init__(self) -> None:
+        self.seen = array("I")  # a ring of at most MEMORY, 32 bits each
+        self.next = 0
+        self.bits = 0  # bit i: the i-th newest call was a revisit
+        self.calls = 0
+        self.signals = 0  # `server_changes` at the previous call
+        self.tools: list[str] | None = None  # tools of the revisits, for the finding
+
+    def clear(self) -> None:
+        del self.seen[:]
+        self.next = 0
+
+
+def _waits(call: Call) -> bool:
+    return waits_by_command(call.tool, call.args) or answers_in_progress(call.output)
+
+
+class RevisitRule:
+    """Rule `revisit`: `revisits` of the last `WINDOW` calls brought nothing new."""
+
+    def __init__(self, revisits: int, memory: int = MEMORY) -> None:
+        if not 0 < revisits <= WINDOW:
+            raise ValueError(f"revisits must be between 1 and {WINDOW}")
+        self.revisits = revisits
+        self.memory = memory
+
+    def call(
+        self, session: SessionRecord, call: Call, recorded: bool, finished: bool
+    ) -> Finding | None:
+        if not finished or call.outcome is None:
+            return None
+        changes = changes_files(call.tool, call.args)
+        state: Seen | None = session.peek(NAME)
+        if state is None:
+            if changes:
+                return None  # nothing remembered yet, nothing to clear: no state needed
+            state = session.state(NAME, Seen)
+        if server_changed(session, state):
+            state.clear()
+        revisit = False
+        if changes:
+            state.clear()
+        else:
+            pair = hash((call.digest, call.outcome)) & 0xFFFFFFFF
+            seen = state.seen
+            # A wait (a poll answered "in progress") is `wait`'s, with its larger allowance.
+            revisit = pair in seen and not _waits(call)
+            if not revisit and pair not in seen:
+                if len(seen) < self.memory:
+                    seen.append(pair)
+                else:
+                    seen[state.next] = pair
+                    state.next = (state.next + 1) % self.memory
+        state.bits = ((state.bits << 1) | revisit) & ((1 << WINDOW) - 1)
+        state.calls += 1
+        if not revisit:
+            return None
+        tools = state.tools
+        if tools is None:
+            tools = state.tools = []
+        if call.tool not in tools and len(tools) < MAX_TOOLS:
+            tools.append(call.tool)
+        count = state.bits.bit_count()
+        if count < self.revisits:
+            return None
+        found = Revisit(count, min(state.calls, WINDOW), tuple(tools))
+        state.bits, state.tools = 0, None
+        return found
