@@ -23,6 +23,8 @@ from aiohttp import web
 
 from monitor.testing import FakeOpencode, Received
 
+QUIET = ("--log-format", "json", "--log-level", "warning")
+
 
 def monitor_environ() -> dict[str, str]:
     """Our environment without monitor settings or systemd variables that would apply."""
@@ -42,13 +44,20 @@ class Monitor:
     log: str = ""
 
 
+# What `--client` may name beside the monitor: the floors of `bench.floor`.
+FLOORS = ("floor", "floor-read")
+
+
 @asynccontextmanager
-async def watched(server: FakeOpencode, *options: str) -> AsyncIterator[Monitor]:
+async def watched(
+    server: FakeOpencode, *options: str, floor: str | None = None
+) -> AsyncIterator[Monitor]:
     """Serve `server` on loopback and run the monitor against it for the `async with` block.
 
-    The monitor runs `watch --url URL *options`, logging JSON at `warning`; the block starts
+    The monitor runs `watch --url URL *options`, logging JSON at `warning`; with `floor`,
+    `bench.floor --url URL --mode floor` runs instead, in the same way. The block starts
     once its event stream is open (a `live` one: `server.push` reaches it). At the end the
-    stream closes, the monitor gets SIGTERM and its log is read.
+    stream closes, the process gets SIGTERM and its log is read.
     """
     server.streams.append(server.live)
     runner = web.AppRunner(server.app(), access_log=None)
@@ -60,18 +69,16 @@ async def watched(server: FakeOpencode, *options: str) -> AsyncIterator[Monitor]
         with tempfile.TemporaryDirectory() as tmp:
             log_path = Path(tmp) / "monitor.log"
             with open(log_path, "wb") as log:
+                url = f"http://127.0.0.1:{port}"
+                command = (
+                    ("bench.floor", "--url", url, "--mode", floor)
+                    if floor is not None
+                    else ("monitor", "watch", "--url", url, *options, *QUIET)
+                )
                 process = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
-                    "monitor",
-                    "watch",
-                    "--url",
-                    f"http://127.0.0.1:{port}",
-                    *options,
-                    "--log-format",
-                    "json",
-                    "--log-level",
-                    "warning",
+                    *command,
                     stdout=log,
                     stderr=asyncio.subprocess.STDOUT,
                     env=monitor_environ(),
@@ -112,17 +119,20 @@ def percentile(values: list[float], p: float) -> float:
 
 def main_of_loops(
     prog: str,
-    measure: Callable[[int, int, float], Awaitable[dict]],
+    measure: Callable[[int, int, float, str], Awaitable[dict]],
     loops: int,
     warmup: int,
     interval: float,
     argv: list[str] | None,
 ) -> None:
     """The command line of a benchmark that plays loops: `--loops`, `--warmup`, `--interval`
-    (defaults given), then `measure(loops, warmup, interval)` printed as JSON."""
+    (defaults given) and `--client` (the monitor, or a floor of `bench.floor`), then
+    `measure(loops, warmup, interval, client)` printed as JSON."""
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--loops", type=int, default=loops)
     parser.add_argument("--warmup", type=int, default=warmup)
     parser.add_argument("--interval", type=float, default=interval)
+    parser.add_argument("--client", choices=("monitor", *FLOORS), default="monitor")
     args = parser.parse_args(argv)
-    print(json.dumps(asyncio.run(measure(args.loops, args.warmup, args.interval))))
+    measured = measure(args.loops, args.warmup, args.interval, args.client)
+    print(json.dumps({"client": args.client, **asyncio.run(measured)}))

@@ -9,7 +9,9 @@ server, with the session and part ids replaced, sync copies included, on `/globa
 the daemon reads by default). The fourth call's `running` update completes the cycle: its
 time is taken just before it is written, the abort's when its handler starts, both on this
 process's event loop clock. One loop every `interval` seconds; the first `--warmup` loops
-(connection set-up, imports) are not counted.
+(connection set-up, imports) are not counted. `--client floor` runs `bench.floor --mode
+abort` instead of the monitor (the same frames, the same abort), `--client floor-read` its
+variant that first reads the session's newest messages, as the monitor does.
 """
 
 from __future__ import annotations
@@ -86,9 +88,10 @@ async def play(server: FakeOpencode, loops: int, interval: float) -> dict[str, f
     return written
 
 
-async def measure(loops: int, warmup: int, interval: float) -> dict:
+async def measure(loops: int, warmup: int, interval: float, client: str = "monitor") -> dict:
     server = FakeOpencode(answers={"prompt_async": [204]})
-    async with watched(server) as monitor:
+    floor = {"floor": "abort", "floor-read": "abort-read"}.get(client)
+    async with watched(server, floor=floor) as monitor:
         written = await play(server, warmup + loops, interval)
         # Late aborts still count; missing ones are reported, not waited for without end.
         with suppress(TimeoutError):

@@ -9,7 +9,8 @@ new session whose calls ask permission the way `opencode serve` with `"permissio
 `bash` call, then its `permission.asked`; calls 1-3 are approved by the monitor, call 4
 completes the loop and is refused. The time of each `permission.asked` is taken just before
 it is written, the reply's when its handler starts, both on this process's event loop clock.
-The first `--warmup` loops are not counted.
+The first `--warmup` loops are not counted. `--client floor` runs `bench.floor --mode
+refuse` instead of the monitor: it answers the same requests the same way.
 """
 
 from __future__ import annotations
@@ -92,9 +93,10 @@ async def play(server: FakeOpencode, loops: int, interval: float) -> dict[str, f
     return written
 
 
-async def measure(loops: int, warmup: int, interval: float) -> dict:
+async def measure(loops: int, warmup: int, interval: float, client: str = "monitor") -> dict:
     server = FakeOpencode()
-    async with watched(server, "--permissions", "approve") as monitor:
+    floor = "refuse" if client != "monitor" else None
+    async with watched(server, "--permissions", "approve", floor=floor) as monitor:
         written = await play(server, warmup + loops, interval)
         with suppress(TimeoutError):
             await until(
@@ -106,6 +108,7 @@ async def measure(loops: int, warmup: int, interval: float) -> dict:
     replies = arrivals(server, "reply")
     approvals, refusals = [], []
     loop_calls_approved = 0
+    body_bytes = 0
     for index in range(warmup, warmup + loops):
         for call in range(CALLS):
             answers = replies.get(request_id(index, call), [])
@@ -117,6 +120,7 @@ async def measure(loops: int, warmup: int, interval: float) -> dict:
             if call == CALLS - 1:
                 loop_calls_approved += reply.body["reply"] != "reject"
                 refusals.append(took)
+                body_bytes = len(json.dumps(reply.body))
             else:
                 approvals.append(took)
     everything = approvals + refusals
@@ -126,6 +130,7 @@ async def measure(loops: int, warmup: int, interval: float) -> dict:
         "approved": len(approvals),
         "loop_calls_approved": loop_calls_approved,
         "logged": detected,
+        "refusal_body_bytes": body_bytes,
         "refusal_p50_ms": statistics.median(refusals),
         "refusal_p99_ms": percentile(refusals, 99),
         "approval_p50_ms": statistics.median(approvals),

@@ -32,9 +32,13 @@ OVERSHOOT_SOURCE = "run the real-server tests first (pytest -m real_server)"
 # Written by the real-server tests (tests/conftest.py, measure_overshoot).
 OVERSHOOT_FILE = Path(__file__).resolve().parents[1] / ".cache" / "overshoot.jsonl"
 TEXT_OVERSHOOT_FILE = OVERSHOOT_FILE.parent / "text-overshoot.jsonl"
-# Latency runs; the table shows the one with the median p99, so one burst of load elsewhere
-# on the machine does not decide the figure.
+# Latency rounds; each round runs the monitor and its floors (`bench.floor`) in turn, and the
+# table shows the monitor's run with the median p99, so one burst of load elsewhere on the
+# machine does not decide the figure, and the median of each round's ratio to the floor.
 LATENCY_RUNS = 3
+# `floor-read` reads the session's newest messages before the abort, as the monitor does.
+LATENCY_CLIENTS = ["monitor", "floor", "floor-read"]
+PERMISSION_CLIENTS = ["monitor", "floor"]
 
 
 def python(*args: str) -> dict:
@@ -105,10 +109,66 @@ def throughput(
     return runs, profiled
 
 
-def ratio(runs: dict[str, list[dict]], reader: str, key: str) -> tuple[float, float, float]:
-    """Median, lowest and highest over the rounds of `reader`'s figure over the baseline's."""
-    each = [r[key] / b[key] for r, b in zip(runs[reader], runs["baseline"], strict=True)]
+def ratio(
+    runs: dict[str, list[dict]], reader: str, key: str, base: str = "baseline"
+) -> tuple[float, float, float]:
+    """Median, lowest and highest over the rounds of `reader`'s figure over `base`'s."""
+    each = [r[key] / b[key] for r, b in zip(runs[reader], runs[base], strict=True)]
     return statistics.median(each), min(each), max(each)
+
+
+def alternated(module: str, clients: list[str], key: str, *args: str) -> dict[str, list[dict]]:
+    """Each client's runs of `module`, `LATENCY_RUNS` rounds, the clients taking turns in an
+    order rotated every round (as the throughput readers do)."""
+    runs: dict[str, list[dict]] = {client: [] for client in clients}
+    for round_ in range(LATENCY_RUNS):
+        shift = round_ % len(clients)
+        for client in clients[shift:] + clients[:shift]:
+            runs[client].append(python(module, *args, "--client", client))
+        print(
+            f"  round {round_ + 1}/{LATENCY_RUNS} ({key}): "
+            + ", ".join(f"{client} {done[-1][key]:.2f}" for client, done in runs.items()),
+            file=sys.stderr,
+        )
+    return runs
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median p99."""
+    return sorted(runs, key=lambda run: run["p99_ms"])[len(runs) // 2]
+
+
+def floor_rows(
+    what: str, runs: dict[str, list[dict]], p50: str, p99: str
+) -> list[tuple[str, str, str, str]]:
+    """The floors' figures beside the monitor's: their p50 / p99, and the monitor's over each."""
+    rows = []
+    for floor in runs:
+        if floor == "monitor":
+            continue
+        run = median_run(runs[floor])
+        rows.append(
+            (
+                f"{what} latency p50 / p99, {floor} (median run)",
+                f"{run[p50]:.2f} / {run[p99]:.2f} ms",
+                "",
+                "",
+            )
+        )
+    for floor in runs:
+        if floor == "monitor":
+            continue
+        mid, tail = (ratio(runs, "monitor", key, floor) for key in (p50, p99))
+        rows.append(
+            (
+                f"{what}: monitor / {floor}, p50; p99 (median of rounds)",
+                f"{mid[0]:.2f}x (rounds {mid[1]:.2f}-{mid[2]:.2f}); "
+                f"{tail[0]:.2f}x (rounds {tail[1]:.2f}-{tail[2]:.2f})",
+                "",
+                "",
+            )
+        )
+    return rows
 
 
 def overshoot() -> tuple[str, str]:
@@ -168,17 +228,12 @@ def main(argv: list[str] | None = None) -> None:
         file=sys.stderr,
     )
     text_runs, _ = throughput(args.frames, args.rounds, False, "text")
-    print(f"latency: {LATENCY_RUNS} x {args.loops} loops...", file=sys.stderr)
-    latencies = sorted(
-        (python("bench.latency", "--loops", str(args.loops)) for _ in range(LATENCY_RUNS)),
-        key=lambda run: run["p99_ms"],
-    )
-    latency = latencies[len(latencies) // 2]
-    print(f"permission answers: {LATENCY_RUNS} runs...", file=sys.stderr)
-    answers = sorted(
-        (python("bench.permissions") for _ in range(LATENCY_RUNS)), key=lambda run: run["p99_ms"]
-    )
-    answer = answers[len(answers) // 2]
+    print(f"latency: {LATENCY_RUNS} rounds x {args.loops} loops...", file=sys.stderr)
+    aborts = alternated("bench.latency", LATENCY_CLIENTS, "p99_ms", "--loops", str(args.loops))
+    latency = median_run(aborts["monitor"])
+    print(f"permission answers: {LATENCY_RUNS} rounds...", file=sys.stderr)
+    refusals = alternated("bench.permissions", PERMISSION_CLIENTS, "refusal_p99_ms")
+    answer = median_run(refusals["monitor"])
     print(f"memory: {args.sessions:,} sessions...", file=sys.stderr)
     rss = python("bench.memory", "rss", "--sessions", str(args.sessions))
     traced = python("bench.memory", "tracemalloc", "--sessions", str(args.sessions))
@@ -224,15 +279,15 @@ def main(argv: list[str] | None = None) -> None:
     per_session = rss["bytes_per_session"]
     per_part = parts["bytes_per_part"]
     rows += [
-        ("abort latency p50 (median run)", f"{latency['p50_ms']:.2f} ms", "", ""),
         (
-            "abort latency p99 (median run)",
-            f"{latency['p99_ms']:.2f} ms (runs: "
-            + ", ".join(f"{run['p99_ms']:.2f}" for run in latencies)
+            "abort latency p50 / p99, monitor (median run)",
+            f"{latency['p50_ms']:.2f} / {latency['p99_ms']:.2f} ms (p99 runs: "
+            + ", ".join(f"{run['p99_ms']:.2f}" for run in aborts["monitor"])
             + f"; max {latency['max_ms']:.1f}; {latency['aborted']}/{latency['loops']} aborted)",
             "< 2 ms",
             "yes" if latency["p99_ms"] < 2 and latency["aborted"] == latency["loops"] else "NO",
         ),
+        *floor_rows("abort", aborts, "p50_ms", "p99_ms"),
         (
             "permission answer p50: refusal / approval (median run)",
             f"{answer['refusal_p50_ms']:.2f} / {answer['approval_p50_ms']:.2f} ms",
@@ -242,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         (
             "permission answer p99, asked to reply (median run)",
             f"{answer['p99_ms']:.2f} ms (runs: "
-            + ", ".join(f"{run['p99_ms']:.2f}" for run in answers)
+            + ", ".join(f"{run['p99_ms']:.2f}" for run in refusals["monitor"])
             + f"; {answer['refused']}/{answer['loops']} loops refused, "
             + f"{answer['loop_calls_approved']} loop calls approved)",
             "< 5 ms",
@@ -252,6 +307,7 @@ def main(argv: list[str] | None = None) -> None:
             and answer["loop_calls_approved"] == 0
             else "NO",
         ),
+        *floor_rows("refusal", refusals, "refusal_p50_ms", "refusal_p99_ms"),
         (
             f"memory per session, RSS ({rss['sessions']:,} x {rss['calls']} calls of 2 KB)",
             f"{per_session:,.0f} B",

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from monitor import __version__
@@ -166,6 +167,12 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="where opencode is installed and the log is written "
         "[default: $XDG_CACHE_HOME/opencode-loop-monitor]; $OPENCODE_BIN skips the install",
     )
+    parser.add_argument(
+        "--plugin",
+        action="store_true",
+        help="install the monitor's OpenCode plugin in the sandbox: the loop's call is refused "
+        "before it runs and the model goes on in the same run",
+    )
 
 
 def _run_demo(settings: Settings, args: argparse.Namespace) -> int:
@@ -174,7 +181,8 @@ def _run_demo(settings: Settings, args: argparse.Namespace) -> int:
     from monitor.kit.demo import run_demo
     from monitor.kit.sandbox import default_cache_dir
 
-    return run_demo(settings, Path(args.cache_dir) if args.cache_dir else default_cache_dir())
+    cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    return run_demo(settings, cache_dir, plugin=args.plugin)
 
 
 ATTACH_DESCRIPTION = """\
@@ -227,6 +235,42 @@ def _run_status(settings: Settings, args: argparse.Namespace) -> int:
     from monitor.shell.status import run_status
 
     return run_status(settings, as_json=args.json)
+
+
+PLUGIN_DESCRIPTION = """\
+Installs the OpenCode plugin that asks this monitor before every tool call, so the call that
+completes a loop is blocked before it runs and the model's run goes on (see
+docs/operations.md). install writes it user-wide ($XDG_CONFIG_HOME/opencode/plugins/) or,
+with --project DIR, into DIR/.opencode/plugins/, pointing at the endpoint the same --url and
+plugin settings give `watch`; OpenCode loads it when it next starts. uninstall removes it;
+status says where it is, where it asks and whether a monitor answers there."""
+
+PLUGIN_EPILOG = """\
+exit status: 0 done, 78 configuration error (the folder cannot be written, a file there is
+not ours, the endpoint is off), 130 interrupted."""
+
+
+def _plugin_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=("install", "uninstall", "status"))
+    parser.add_argument(
+        "--project",
+        metavar="DIR",
+        type=Path,
+        help="install for one project (DIR/.opencode/plugins/) instead of user-wide",
+    )
+
+
+def _run_plugin(settings: Settings, args: argparse.Namespace) -> int:
+    from monitor.shell import plugin_install
+
+    project = None if args.project is None else args.project.resolve()
+    if args.action == "install":
+        print(plugin_install.install(settings, project, os.environ))
+    elif args.action == "uninstall":
+        print(plugin_install.uninstall(project, os.environ))
+    else:
+        print(plugin_install.status(settings, project, os.environ))
+    return 0
 
 
 COMMANDS: tuple[Command, ...] = (
@@ -282,6 +326,15 @@ COMMANDS: tuple[Command, ...] = (
         STATUS_DESCRIPTION,
         STATUS_EPILOG,
         _status_arguments,
+    ),
+    Command(
+        "plugin",
+        "install, remove or check the OpenCode plugin (blocks loops)",
+        _run_plugin,
+        frozenset({Group.CONNECTION, Group.PLUGIN}),
+        PLUGIN_DESCRIPTION,
+        PLUGIN_EPILOG,
+        _plugin_arguments,
     ),
 )
 

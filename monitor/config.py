@@ -35,7 +35,7 @@ from monitor.core.limits import HISTORY_FLOOR, DetectionError
 from monitor.core.permissions import PermissionMode
 from monitor.core.profile import Profile
 from monitor.core.rules.revisit import WINDOW as REVISIT_WINDOW
-from monitor.core.tracker import SEED, Detection, MatchMode, OnLoop
+from monitor.core.tracker import SEED, Detection, FirstAction, MatchMode, OnLoop
 from monitor.errors import ConfigError
 
 ENV_PREFIX = "OPENCODE_LOOP_MONITOR_"
@@ -63,6 +63,7 @@ class Group(enum.Enum):
     ACTION = "action"
     LOGGING = "logging"
     WATCH = "watch"
+    PLUGIN = "plugin"  # the endpoint the OpenCode plugin asks (watch serves it, plugin installs)
 
 
 class ListenAddress(NamedTuple):
@@ -640,6 +641,19 @@ class Settings:
             core=True,
         )
     )
+    first_action: FirstAction = field(
+        metadata=_row(
+            _choice(get_args(FirstAction)),
+            "the first intervention in a session: nudge posts the feedback while the run goes "
+            "on (the call runs), block stops the call before it runs (the plugin refuses it, or "
+            "its permission request is refused) and the run goes on, or where it cannot be "
+            "blocked stops the run, stop aborts the run then gives the feedback; later ones "
+            "block (stop after stop), and hold after max_interventions",
+            Group.ACTION,
+            metavar="|".join(get_args(FirstAction)),
+            core=True,
+        )
+    )
     permissions: PermissionMode = field(
         metadata=_row(
             _choice(get_args(PermissionMode)),
@@ -698,6 +712,36 @@ class Settings:
             Group.WATCH,
             default=None,
             metavar="HOST:PORT",
+        )
+    )
+    plugin_socket: str = field(
+        metadata=_row(
+            _text,
+            "Unix socket (mode 0600 in a 0700 folder) where the OpenCode plugin asks whether a "
+            "call may run; auto: plugin-HASH.sock, one per --url, in $XDG_RUNTIME_DIR/"
+            "opencode-loop-monitor (else the state folder); off: no endpoint",
+            Group.PLUGIN,
+            default="auto",
+            metavar="PATH|auto|off",
+        )
+    )
+    plugin_addr: ListenAddress | None = field(
+        metadata=_row(
+            _listen_address,
+            "serve the plugin endpoint on loopback TCP HOST:PORT instead of the socket; every "
+            "request then needs the token in --plugin-token-file",
+            Group.PLUGIN,
+            default=None,
+            metavar="HOST:PORT",
+        )
+    )
+    plugin_token_file: Path | None = field(
+        metadata=_row(
+            _path,
+            "file holding the bearer token of --plugin-addr (created with a new token if absent)",
+            Group.PLUGIN,
+            default=None,
+            metavar="FILE",
         )
     )
     notify_url: str | None = field(

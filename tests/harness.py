@@ -170,3 +170,34 @@ async def start_watching(
     monitor = start_monitor(*watch_args(server, *flags))
     await monitor.wait_event("stream.connected")
     return monitor
+
+
+async def opencode_run(
+    server: OpencodeServer, binary: Path, prompt: str, *flags: str
+) -> tuple[int, str]:
+    """`opencode run --attach` as a user types it, with `prompt` (a script) as its message;
+    its exit status and output. The process is ended if it outlives the wait."""
+    process = await asyncio.create_subprocess_exec(
+        str(binary),
+        "run",
+        "--attach",
+        server.url,
+        "--dir",
+        server.directory,
+        "--model",
+        "fake/looper",
+        *flags,
+        prompt,
+        cwd=server.project,
+        env=server.client_environment(),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), 90)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    return process.returncode or 0, output.decode(errors="replace")

@@ -114,8 +114,10 @@ def test_seed_of_a_run_that_looped_long_acts_once_at_the_first_cycle():
     tracker, decisions = seeded([user(), *reads(9)])
     assert [(d.part_id, d.call_index) for d in decisions] == [("p4", 4)]
     assert tracker.interventions(S) == 1
-    # Live calls go on counting from where the seed left off.
-    feed_all(tracker, loop_of(S, 4, prefix="live"))
+    # Live calls go on counting from where the seed left off; the loop stopped is armed, so
+    # its next live repetition is stopped at once.
+    [live] = feed_all(tracker, loop_of(S, 1, prefix="live"))
+    assert (live.part_id, live.call_index, live.prior_interventions) == ("live1", 10, 1)
     assert tracker.interventions(S) == 2
 
 
@@ -193,7 +195,9 @@ def test_live_feed_after_seed_is_plain_live_feed():
     # before: the seed's in-flight rule must not leak into live feeding.
     tracker, [_] = seeded([user(), *reads(4)])
     frames = [tool_part(S, f"q{n}", "read", "completed", READ, output="x") for n in range(4)]
-    assert [d.part_id for d in feed_all(tracker, frames)] == ["q3"]
+    # Each recorded once, live: the loop the seed stopped is armed, so each is that loop.
+    assert [d.part_id for d in feed_all(tracker, frames)] == ["q0", "q1", "q2", "q3"]
+    assert tracker.sessions_view()[0].run_calls == 8
 
 
 # -- seeding again: after a reconnect, and after an intervention -------------------------------

@@ -325,7 +325,7 @@ def test_misspelled_command_gets_a_guess(capsys: pytest.CaptureFixture[str]) -> 
     assert err.startswith("usage: opencode-loop-monitor ")
     assert err.endswith(
         "error: unknown command 'wach' (did you mean watch?); the commands: watch, attach, "
-        "replay, evaluate, demo, status\n"
+        "replay, evaluate, demo, status, plugin\n"
     )
 
 

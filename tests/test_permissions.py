@@ -213,23 +213,31 @@ def test_a_request_read_back_again_is_answered_once():
     assert [r.request_id for r in run.replies] == ["per_1", "per_doom1"]
 
 
-def test_rejections_count_as_interventions_and_escalate_to_hold():
-    run = Run("approve", max_interventions=1)
-    n = 0
-    for _ in range(2):
-        for _ in range(3):
-            n += 1
-            run.asking_call(n, READ)
-        n += 1
+def test_a_refused_call_repeated_is_refused_at_once_and_escalates_to_hold():
+    """The loop stays armed after a refusal: the model's next identical call gets no fresh
+    budget of repetitions, in this run or the next, and the monitor never answers `always`."""
+    run = Run("approve", max_interventions=2)
+    for n in range(1, 4):
+        run.asking_call(n, READ)
+    for n in (4, 5):  # refused, then repeated at once
         run.running(n, READ)
         run.feed(asked(n))
         run.finish(n, READ, "error")
-        run.feed({"type": "session.idle", "properties": {"sessionID": S}})
+    run.feed({"type": "session.idle", "properties": {"sessionID": S}})
+    run.running(6, READ)  # the next run: still armed
+    run.feed(asked(6))
     loops = [r.loop for r in run.replies if r.loop is not None]
-    assert [(x.prior_interventions, x.hold, x.escalated) for x in loops] == [
-        (0, False, False),
-        (1, True, True),
+    assert [(x.call_index, x.prior_interventions, x.hold, x.escalated) for x in loops] == [
+        (4, 0, False, False),
+        (5, 1, False, False),
+        (6, 2, True, True),
     ]
+    assert [(r.request_id, r.reply) for r in run.replies if r.loop is not None] == [
+        ("per_4", "reject"),
+        ("per_5", "reject"),
+        ("per_6", "reject"),
+    ]
+    assert {r.reply for r in run.replies} <= {"once", "reject"}  # never "always"
     assert "on hold" in (run.replies[-1].message or "")
 
 

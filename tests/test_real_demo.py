@@ -161,3 +161,26 @@ async def test_demo_shows_the_permission_gate(opencode_bin, tmp_path):
         "demo finished: the model asked for 6 calls, 5 ran: call 6 completed the loop and was "
         "refused before it ran; the model went on. Everything stopped."
     )
+
+
+async def test_demo_shows_the_plugin_refusing_the_loop_in_band(opencode_bin, tmp_path):
+    """OpenCode's default config (nothing asks), the plugin installed in the sandbox: the 6th
+    call is refused before it runs, no abort, and the model goes on in the same run."""
+    demo, code, left_in_group = await run_demo(opencode_bin, tmp_path, "--plugin")
+    output = demo.stdout_path.read_text(encoding="utf-8")
+    assert code == 0, demo.output()
+    assert left_in_group == []
+    lines = output.splitlines()
+    assert any("the plugin asks before every call" in line for line in lines)
+    detected = next(i for i, line in enumerate(lines) if line.startswith("monitor: loop detected"))
+    assert lines[detected] == (
+        f"monitor: loop detected on call 6: {SHAPE}; refused in band by the plugin: it never ran"
+    )
+    # The plugin asks before the stream shows the call: its line may follow the detection.
+    after = [line for line in lines[detected + 1 :] if not line.startswith("  call 6 ")]
+    assert after[0] == f'model: "{DEFAULT_ANSWER}"'
+    assert "MessageAbortedError" not in output and "feedback sent" not in output
+    assert lines[-1] == (
+        "demo finished: the model asked for 6 calls, 5 ran: call 6 completed the loop and was "
+        "refused before it ran; the model went on. Everything stopped."
+    )

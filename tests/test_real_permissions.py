@@ -17,7 +17,7 @@ from monitor.core.feedback import MARK
 from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
-from tests.harness import assistant_texts, start_watching, user_texts
+from tests.harness import assistant_texts, opencode_run, start_watching, user_texts
 
 pytestmark = pytest.mark.real_server
 
@@ -59,29 +59,32 @@ async def pending(http: aiohttp.ClientSession, server: OpencodeServer) -> list[d
         return await response.json()
 
 
-async def test_approve_refuses_the_fourth_append_before_it_runs(asking_server, start_monitor, http):
+async def test_approve_refuses_the_fourth_append_and_its_repetition_before_they_run(
+    asking_server, start_monitor, http
+):
+    """The 4th append is refused; the model repeats it at once and the loop, still armed,
+    refuses the 5th too: no fresh budget of three after a refusal, and never `always`."""
     monitor = await start_watching(start_monitor, asking_server, "--permissions", "approve")
     client = asking_server.client(http)
     session = await client.create_session("append loop")
-    await client.prompt_async(session["id"], script([APPEND], 4))
+    await client.prompt_async(session["id"], script([APPEND], 5))
     messages = await client.wait_idle(session["id"], 60)
 
-    assert lines_written(asking_server) == 3  # calls 1-3 ran, call 4 never did
+    assert lines_written(asking_server) == 3  # calls 1-3 ran, calls 4 and 5 never did
     parts = tool_parts(messages)
-    assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"]
+    assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"] * 2
     error = parts[3]["state"]["error"]
     assert error.startswith(REFUSED) and MARK + "this call was refused" in error
     assert "1 call (bash) repeated 4 times" in error
     assert not aborted(messages)
     assert len(user_texts(messages)) == 1  # no feedback message: the run went on by itself
     assert assistant_texts(messages)[-1] == DEFAULT_ANSWER
-    [detected] = await monitor.wait_event("intervention.outcome")
-    assert (detected["rule"], detected["outcome"], detected["part_id"]) == (
-        "cycle",
-        "rejected",
-        parts[3]["id"],
-    )
-    assert detected["call_index"] == 4 and detected["reply_ms"] < 1000
+    outcomes = await monitor.wait_event("intervention.outcome", 2)
+    assert [(d["rule"], d["outcome"], d["part_id"], d["call_index"]) for d in outcomes] == [
+        ("cycle", "rejected", parts[3]["id"], 4),
+        ("cycle", "rejected", parts[4]["id"], 5),
+    ]
+    assert all(d["reply_ms"] < 1000 for d in outcomes)
     assert len(monitor.events("permission.approved")) == 3
     assert monitor.events("feedback.sent") == []
 
@@ -237,41 +240,13 @@ async def test_doom_loop_is_refused_at_once_under_approve(doom_server, start_mon
     assert assistant_texts(messages)[-1] == DEFAULT_ANSWER
 
 
-async def opencode_run(server: OpencodeServer, binary, *flags: str) -> tuple[int, str]:
-    """`opencode run --attach` as a user types it, with the scripted loop as its message."""
-    process = await asyncio.create_subprocess_exec(
-        str(binary),
-        "run",
-        "--attach",
-        server.url,
-        "--dir",
-        server.directory,
-        "--model",
-        "fake/looper",
-        *flags,
-        script([APPEND], 4),
-        cwd=server.project,
-        env=server.client_environment(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        output, _ = await asyncio.wait_for(process.communicate(), 90)
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    return process.returncode or 0, output.decode(errors="replace")
-
-
 async def test_opencode_run_without_auto_refuses_the_first_call_and_ends(
     asking_server, opencode_bin, start_monitor
 ):
     """`opencode run` rejects every request at once, with no message: the run ends at the
     first call, before any loop can form; the monitor has nothing to stop."""
     monitor = await start_watching(start_monitor, asking_server, "--permissions", "gate")
-    code, output = await opencode_run(asking_server, opencode_bin)
+    code, output = await opencode_run(asking_server, opencode_bin, script([APPEND], 4))
     assert "auto-rejecting" in output and code == 0
     assert lines_written(asking_server) == 0
     await asyncio.sleep(0.5)
@@ -285,7 +260,7 @@ async def test_opencode_run_with_auto_races_the_monitor_and_every_loop_is_stoppe
     first wins. Our refusal usually does (the call never runs); if `run` is first, the
     monitor hears 404 and aborts as without the gate. Either way the loop has an outcome."""
     monitor = await start_watching(start_monitor, asking_server, "--permissions", "gate")
-    code, output = await opencode_run(asking_server, opencode_bin, "--auto")
+    code, output = await opencode_run(asking_server, opencode_bin, script([APPEND], 4), "--auto")
     assert code == 0
     [detected] = await monitor.wait_event("intervention.outcome")
     assert detected["rule"] == "cycle" and detected["call_index"] == 4

@@ -151,14 +151,17 @@ def test_a_wait_that_never_ends_is_stopped_at_wait_calls():
     frames = []
     for n in range(25):
         frames += bash_call(f"p{n}", "sleep 30 && gh run view 1", "status: queued")
-    [decision] = feed_all(Tracker(), frames)
+    # Armed after the stop at 20: each later repetition is that loop again.
+    decision, *again = feed_all(Tracker(), frames)
+    assert [d.call_index for d in again] == [21, 22, 23, 24, 25]
     assert (decision.rule, decision.call_index, Cycle(*decision.finding.shape()[:2])) == (
         "wait",
         20,
         Cycle(1, 20),
     )
     assert "1 call (bash) repeated 20 times while waiting" in decision.feedback
-    assert decisions(frames, Detection(wait_calls=8)) == [
+    # Disarmed, the allowance starts over after every stop.
+    assert decisions(frames, Detection(wait_calls=8, armed_runs=0)) == [
         ("wait", 8, Cycle(1, 8)),
         ("wait", 16, Cycle(1, 8)),
         ("wait", 24, Cycle(1, 8)),
@@ -171,21 +174,22 @@ def test_a_status_query_answered_in_progress_waits_from_its_answer_on():
         frames += bash_call(f"p{n}", "gh run view 1", "in progress")
     assert decisions(frames) == []
     frames = []
-    for n in range(6):
+    for n in range(4):
         frames += bash_call(f"p{n}", "gh run view 1", "failed: 3 jobs")
     assert decisions(frames) == [("cycle", 4, Cycle(1, 4))]
 
 
 def test_a_wait_returning_the_same_failure_is_still_a_loop():
     frames = []
-    for n in range(6):
+    for n in range(5):
         frames += bash_call(f"p{n}", "sleep 5 && curl -sf localhost:9", "curl: (7) refused", 7)
-    assert decisions(frames) == [("failure", 4, Cycle(1, 4))]
+    # Found on the 4th failure's outcome; the 5th identical call is that loop again, at once.
+    assert decisions(frames) == [("failure", 4, Cycle(1, 4)), ("failure", 5, Cycle(1, 4))]
 
 
 def test_a_two_call_wait_in_turn_gets_the_allowance():
     frames = []
-    for n in range(12):
+    for n in range(10):
         frames += bash_call(f"h{n}", "curl -s localhost/health", "starting")
         frames += bash_call(f"t{n}", "tail -n 5 server.log", f"line {n}")
     assert decisions(frames) == [("wait", 20, Cycle(2, 10))]

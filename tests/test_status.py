@@ -27,9 +27,9 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
-    # s1 loops twice: aborted at call 4, held at call 8 (max_interventions 1); s2 made 2 calls.
+    # s1 loops twice: aborted at call 4, held at 5 (armed; max_interventions 1); s2 made 2 calls.
     s2 = [envelope(f, "/v") for n in (1, 2) for f in call("ses_2", f"g{n}", "grep", {"n": n})]
-    fake = FakeOpencode(streams=[play(loop_frames("ses_1", 8), frames(*s2))])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_1", 5), frames(*s2))])
     server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
     url = f"http://127.0.0.1:{server.port}"
@@ -61,7 +61,7 @@ async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
         await server.close()
 
     assert status["stream"]["state"] == "connected"
-    assert status["stream"]["frames"] == 1 + 8 * 3 + 2 * 3
+    assert status["stream"]["frames"] == 1 + 5 * 3 + 2 * 3
     assert status["dry_run"] is False and status["directory"] is None
     assert status["totals"] == {"sessions": 2, "busy": 1, "held": 1, "interventions": 2}
     assert status["sessions"] == [
@@ -69,7 +69,7 @@ async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
             "session_id": "ses_1",
             "directory": "/w",
             "state": "held",
-            "run_calls": 8,
+            "run_calls": 5,
             "interventions": 2,
         },
         {
@@ -82,11 +82,15 @@ async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
     ]
     lines = table.splitlines()
     assert lines[0] == f"monitor 0.1.0 watching {url}"
-    assert lines[1].startswith("stream: connected, 31 frames, last frame ")
+    assert lines[1].startswith("stream: connected, 22 frames, last frame ")
     assert lines[2] == "sessions known: 2 (busy 1, held 1, idle 0), interventions: 2"
-    assert lines[4:] == [
+    endpoint = status["plugins"]["endpoint"]
+    assert endpoint.startswith("unix:") and endpoint.endswith(".sock")
+    assert status["plugins"]["directories"] == [] and status["plugins"]["refused"] == 0
+    assert lines[3] == f"plugins: none asked yet at {endpoint}"
+    assert lines[5:] == [
         "SESSION  STATE  CALLS  INTERVENTIONS  DIRECTORY",
-        "ses_1    held       8              2  /w",
+        "ses_1    held       5              2  /w",
         "ses_2    busy       2              0  /v",
     ]
 

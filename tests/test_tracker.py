@@ -32,34 +32,26 @@ def tool_part_ids(capture):
     return list(ids)
 
 
-def test_one_tool_recording_intervenes_at_the_4th_and_8th_call():
+def test_one_tool_recording_intervenes_at_the_4th_and_every_repetition_after():
+    """Recorded without a guard, so the run went on: once stopped, the loop stays armed and
+    each later repetition is stopped at once."""
     decisions = feed_all(Tracker(), capture_frames("one-tool-8-calls-no-guard.event.sse"))
-    assert [
-        (d.call_index, d.part_id, Cycle(*d.finding.shape()[:2]), d.finding.shape()[2])
-        for d in decisions
-    ] == [
-        (4, "prt_229776465001jK6sb9iP16JWPv", Cycle(1, 4), ("read",)),
-        (8, "prt_2297767a8001XjOKeDrU2rNezx", Cycle(1, 4), ("read",)),
-    ]
+    assert [d.call_index for d in decisions] == [4, 5, 6, 7, 8]
+    assert {(Cycle(*d.finding.shape()[:2]), d.finding.shape()[2]) for d in decisions} == {
+        (Cycle(1, 4), ("read",))
+    }
     parts = tool_part_ids("one-tool-8-calls-no-guard.event.sse")
-    assert [parts[3], parts[7]] == [d.part_id for d in decisions]
+    assert parts[3:8] == [d.part_id for d in decisions]
     assert {d.session_id for d in decisions} == {"ses_dd6889fa4ffeDlmaT86ONwYfWm"}
-    assert [d.prior_interventions for d in decisions] == [0, 1]
+    assert [d.prior_interventions for d in decisions] == [0, 1, 2, 3, 4]
 
 
-def test_two_cycle_recording_intervenes_every_6_calls():
+def test_two_cycle_recording_intervenes_at_6_then_at_every_call_of_the_cycle():
     decisions = feed_all(Tracker(), capture_frames("two-cycle-40-calls-no-guard.event.sse"))
-    assert [d.call_index for d in decisions] == [6, 12, 18, 24, 30, 36]
-    assert [d.part_id for d in decisions] == [
-        "prt_22972a2ef001qftCwGUNh6Z34w",
-        "prt_22972a876001yySeNcqMXRlmSc",
-        "prt_22972ae37001TDneCqlkDh890J",
-        "prt_22972b40b001YE6YhynFFq4tGt",
-        "prt_22972b8910014k6rrbRa5N3N1F",
-        "prt_22972bd6a001WLjhtX4KWhpO6K",
-    ]
+    assert [d.call_index for d in decisions] == list(range(6, 41))
+    assert decisions[0].part_id == "prt_22972a2ef001qftCwGUNh6Z34w"
     parts = tool_part_ids("two-cycle-40-calls-no-guard.event.sse")
-    assert [parts[n - 1] for n in (6, 12, 18, 24, 30, 36)] == [d.part_id for d in decisions]
+    assert parts[5:40] == [d.part_id for d in decisions]
     assert {(Cycle(*d.finding.shape()[:2]), d.finding.shape()[2]) for d in decisions} == {
         (Cycle(2, 3), ("glob", "read"))
     }
@@ -130,11 +122,17 @@ def test_keyed_by_part_id_not_call_id():
     assert tracker.history_length("s2") == 3
 
 
-def test_history_resets_after_intervention():
+def test_history_resets_after_intervention_but_the_loop_stays_armed():
     tracker = Tracker()
-    decisions = feed_all(tracker, loop_of("s", 7))
+    decisions = feed_all(tracker, loop_of("s", 4) + loop_of("s", 3, "read", {"x": 1}, "q"))
     assert [d.call_index for d in decisions] == [4]
-    assert tracker.history_length("s") == 3
+    assert tracker.history_length("s") == 3  # started over: another call's budget is whole
+    [again] = feed_all(tracker, loop_of("s", 1, prefix="r"))
+    assert (again.call_index, again.prior_interventions, again.finding) == (
+        8,
+        1,
+        decisions[0].finding,
+    )
 
 
 def test_changing_argument_prevents_detection():
@@ -149,15 +147,21 @@ def test_changing_argument_prevents_detection():
 
 
 @pytest.mark.parametrize("end", [idle("s"), status("s", "idle"), envelope(idle("s"))])
-def test_idle_clears_history_but_keeps_interventions(end):
+def test_idle_clears_history_but_keeps_interventions_and_the_armed_loop_one_run(end):
     tracker = Tracker()
-    feed_all(tracker, loop_of("s", 4) + loop_of("s", 2, prefix="q"))
+    other = ("read", {"filePath": "other"})
+    feed_all(tracker, loop_of("s", 4) + loop_of("s", 2, *other, prefix="q"))
     assert tracker.history_length("s") == 2
     tracker.feed(end)
     assert tracker.history_length("s") == 0
     assert tracker.interventions("s") == 1
-    [decision] = feed_all(tracker, loop_of("s", 4, prefix="r"))
-    assert decision.prior_interventions == 1
+    # The run after the stopped one: the stopped call is a loop at once.
+    [decision] = feed_all(tracker, loop_of("s", 1, prefix="r"))
+    assert (decision.call_index, decision.prior_interventions) == (7, 1)
+    # Two runs later without a repetition, the loop is disarmed: a whole budget again.
+    tracker.feed(end)
+    tracker.feed(end)
+    assert [d.call_index for d in feed_all(tracker, loop_of("s", 4, prefix="t"))] == [11]
 
 
 def test_deleted_clears_everything():
@@ -319,11 +323,11 @@ def test_ignore_args():
 
 def test_escalation_holds_after_max_interventions():
     tracker = Tracker(Detection(max_interventions=2))
-    decisions = feed_all(tracker, loop_of("s", 12))
-    assert [(d.prior_interventions, d.hold, d.escalated) for d in decisions] == [
-        (0, False, False),
-        (1, False, False),
-        (2, True, True),
+    decisions = feed_all(tracker, loop_of("s", 6))
+    assert [(d.call_index, d.prior_interventions, d.hold, d.escalated) for d in decisions] == [
+        (4, 0, False, False),
+        (5, 1, False, False),
+        (6, 2, True, True),
     ]
     assert "on hold" in decisions[2].feedback and "on hold" not in decisions[0].feedback
 

@@ -342,7 +342,7 @@ async def test_dry_run_calls_no_api():
 
 
 async def test_escalation_third_intervention_holds():
-    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 12))])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 6))])  # armed: 4, 5, 6
     with capture_logs() as logs:
         running = await start(fake, max_interventions=2)
         await wait_for(lambda: len(fake.of("prompt_async")) == 3)
@@ -493,6 +493,8 @@ async def test_started_log_lists_the_detection_settings():
         "ignore_args": {"bash": ["description"]},
         "on_loop": "resume",
         "max_interventions": 2,
+        "first_action": "block",
+        "armed_runs": 2,
         "max_sessions": 10_000,
         "failure_repeats": 4,
         "wait_calls": 20,

@@ -83,7 +83,7 @@ def watch_for(opencode: str, hook: str, delivery: Delivery = QUICK) -> Watch:
 
 
 async def test_every_intervention_and_hold_is_posted(serve):
-    fake = FakeOpencode(streams=[play(loop_frames("ses_1", 8))])
+    fake = FakeOpencode(streams=[play(loop_frames("ses_1", 5))])
     hook = Hook()
     watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)))
     await run_until(watch, lambda: len(hook.bodies) == 2)

@@ -18,6 +18,8 @@ class Outcome(enum.StrEnum):
     """How one intervention ended (`intervention.outcome`)."""
 
     ABORTED = "aborted"
+    NUDGED = "nudged"  # the feedback was posted while the run went on
+    BLOCKED = "blocked"  # the plugin threw the feedback: the call never ran, the run goes on
     HELD = "held"
     REJECTED = "rejected"
     ANSWERED = "answered"  # a person answered the request within the grace period
@@ -26,6 +28,21 @@ class Outcome(enum.StrEnum):
     CANCELLED = "cancelled"  # shutdown gave up on it
     # Another monitor of the same server intervened on this loop first: not acted on again.
     DEFERRED = "deferred"
+
+
+class Action(enum.StrEnum):
+    """How an intervention acts on the run: a rung of the ladder (docs/detection.md).
+
+    `nudge` posts the feedback as a `noReply` message and lets the call and the run go on;
+    `block` stops the call before it runs (the plugin throws, the permission request is
+    refused) and lets the run go on, or, where the call cannot be blocked, stops the run as
+    `stop` does; `stop` aborts the run, then posts the feedback. A hold is a `stop` whose
+    feedback waits for a person (`Intervene.hold`).
+    """
+
+    NUDGE = "nudge"
+    BLOCK = "block"
+    STOP = "stop"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +62,7 @@ class Intervene:
     hold: bool
     escalated: bool
     feedback: str
+    action: Action = Action.BLOCK
 
     @property
     def rule(self) -> Rule:
@@ -69,6 +87,7 @@ class Intervene:
             **fields(self.finding),
             interventions=self.prior_interventions + 1,
             escalated=self.escalated,
+            action=str(self.action),
         )
 
 

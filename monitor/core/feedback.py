@@ -28,6 +28,7 @@ __all__ = [
     "clean_tool_name",
     "feedback_text",
     "is_hold_feedback",
+    "nudge_text",
     "rejection_text",
 ]
 
@@ -143,5 +144,17 @@ def rejection_text(finding: Finding, hold: bool, interventions: int) -> str:
         "based on that evidence, or explain briefly why you are blocked and what information "
         "you need.",
         hold,
+        interventions,
+    )
+
+
+def nudge_text(finding: Finding, interventions: int) -> str:
+    """The message of a nudge: posted while the run goes on (the call that completed the loop
+    ran), read at the run's next step. `interventions` counts this one."""
+    return _message(
+        f"you are repeating yourself: {finding.describe()}. Your run goes on, but the next "
+        "repetition will be refused.",
+        _found(finding)[1],
+        False,
         interventions,
     )

@@ -14,6 +14,7 @@ shell's (monitor/shell/replay.py).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import json
@@ -91,7 +92,9 @@ class FileReplay:
 
     def __init__(self, file: str, detection: Detection) -> None:
         self.file = file
-        self.tracker = Tracker(detection)
+        # Not armed: a recording's run never saw the stops replay reports, so an armed loop
+        # would report every later call of it; replay says where the monitor steps in.
+        self.tracker = Tracker(dataclasses.replace(detection, armed_runs=0))
         self.frames = 0
         self.detections = 0
 

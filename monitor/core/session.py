@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from monitor.core.decisions import Intervene
+from monitor.core.findings import Finding
 from monitor.core.patterns import TextPattern
 from monitor.core.signature import canonical_signature, signature_digest
 
@@ -162,9 +163,14 @@ class Call:
         "request",
         "loop",
         "stopped",
+        "call_id",
+        "on_stream",
+        "judged",
     )
 
-    def __init__(self, part_id: str, tool: str, digest: int, args: Any) -> None:
+    def __init__(
+        self, part_id: str, tool: str, digest: int, args: Any, call_id: str | None = None
+    ) -> None:
         self.part_id = part_id
         self.tool = tool
         self.digest = digest
@@ -194,6 +200,14 @@ class Call:
         self.request: str | None = None
         self.loop: Intervene | None = None
         self.stopped = False
+        # The model's call id, which the plugin names the call by (not unique: local models
+        # send `call_0` at every step); whether the stream carried the call yet (a call the
+        # plugin asked about first is recorded under a part id of ours until then); whether
+        # the plugin asked about it. A loop the call completes, seen on the stream before the
+        # plugin asked, waits in `loop` for the plugin's request, as for a permission request.
+        self.call_id = call_id
+        self.on_stream = True
+        self.judged = False
 
     def finished(self, status: str, output: Any, error: Any, metadata: Any) -> None:
         """Its final update came: keep what it brought (its outcome is digested from it)."""
@@ -237,6 +251,10 @@ class SessionRecord:
         "requests",
         "asks",
         "early",
+        "plugin",
+        "armed",
+        "armed_runs",
+        "armed_finding",
     )
 
     def __init__(self) -> None:
@@ -264,6 +282,15 @@ class SessionRecord:
         self.asks: dict[int, str | None] | None = None
         # Requests that came before their call's first update, by (message id, call id).
         self.early: dict[tuple[str, str], str] | None = None
+        # A plugin asks before this session's calls run: a loop seen on the stream first
+        # waits for its request (the plugin blocks it) instead of being aborted.
+        self.plugin = False
+        # The calls of the last loop stopped (their digests) and what was found then: a call
+        # among them is that loop again, at once, until `armed_runs` more runs have ended
+        # (the one stopped and the next).
+        self.armed: frozenset[int] | None = None
+        self.armed_runs = 0
+        self.armed_finding: Finding | None = None
 
     # -- the run's history ------------------------------------------------------------------
 
@@ -335,6 +362,46 @@ class SessionRecord:
             in_flight.pop(part_id, None)
             if not in_flight:
                 self.in_flight = None
+
+    def claim(self, part_id: str, call_id: str, tool: str) -> Call | None:
+        """The oldest call the plugin asked about that the stream has not carried yet, with
+        this call id and tool: from now on it is part `part_id`."""
+        in_flight = self.in_flight
+        for old_id, call in (in_flight or {}).items():
+            if not call.on_stream and call.call_id == call_id and call.tool == tool:
+                assert in_flight is not None
+                del in_flight[old_id]
+                call.part_id, call.on_stream = part_id, True
+                in_flight[part_id] = call
+                return call
+        return None
+
+    def unjudged(self, call_id: str, tool: str) -> Call | None:
+        """The oldest call the stream carried with this call id and tool that the plugin has
+        not asked about yet and that has not finished (a finished one, read back after a
+        reconnect, is an earlier step's: the plugin asks before a call runs)."""
+        for call in (self.in_flight or {}).values():
+            if (
+                call.on_stream
+                and not call.judged
+                and call.outcome is None
+                and call.call_id == call_id
+                and call.tool == tool
+            ):
+                return call
+        return None
+
+    def arm(self, digests: tuple[int, ...], finding: Finding, runs: int) -> None:
+        """Keep a stopped loop's calls until `runs` runs have ended (this one included)."""
+        if digests and runs:
+            self.armed, self.armed_runs, self.armed_finding = frozenset(digests), runs, finding
+
+    def run_ended(self) -> None:
+        """A run ended (the session went idle): one run less for the armed loop."""
+        if self.armed_runs:
+            self.armed_runs -= 1
+            if not self.armed_runs:
+                self.armed = self.armed_finding = None
 
     def by_key(self, key: tuple[str, str]) -> Call | None:
         """The call a permission request names."""

@@ -12,13 +12,14 @@ through `seed` under the same rules.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from monitor.core.budget import Budget, BudgetBook
-from monitor.core.decisions import Intervene, Outcome, Reply
+from monitor.core.decisions import Action, Intervene, Outcome, Reply
 from monitor.core.events import (
     KNOWN_EVENT_TYPES,
     MALFORMED,
@@ -37,12 +38,21 @@ from monitor.core.events import (
     UserMessage,
     parse_event,
 )
-from monitor.core.feedback import MARKS, feedback_text
-from monitor.core.findings import RULES, DoomLoop, Finding, TextPassage
+from monitor.core.feedback import MARKS, feedback_text, nudge_text, rejection_text
+from monitor.core.findings import (
+    RULES,
+    CallCycle,
+    DoomLoop,
+    EndlessWait,
+    FailureRun,
+    Finding,
+    TextPassage,
+)
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.ids import is_permission_id, is_session_id
 from monitor.core.limits import check_history, derived_history
 from monitor.core.permissions import DOOM_LOOP_CALLS, PermissionGate, PermissionMode
+from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, block
 from monitor.core.profile import Profile, ignored_args, transparent_tools
 from monitor.core.rules import CallRule, TextRule
 from monitor.core.rules.cycle import CycleRule
@@ -54,10 +64,11 @@ from monitor.core.rules.text import TextStream
 from monitor.core.rules.text_steps import StepsRule
 from monitor.core.session import Call, RecentMap, SessionRecord, call_digest
 
-__all__ = ["RULES", "SEED", "Detection", "Fed", "Intervene", "SessionView", "Tracker"]
+__all__ = ["RULES", "SEED", "Detection", "Fed", "Intervene", "Judged", "SessionView", "Tracker"]
 
 MatchMode = Literal["input", "input+output"]
 OnLoop = Literal["resume", "hold"]
+FirstAction = Literal["nudge", "block", "stop"]
 
 # Text and reasoning parts streaming at once, over all sessions; the oldest is dropped first.
 # Each holds at most about 3 KB (docs/performance.md), so all of them stay under 12 MB.
@@ -84,6 +95,12 @@ class Detection:
     ignore_args: Mapping[str, frozenset[str]] | None = None
     on_loop: OnLoop = "resume"
     max_interventions: int = 2
+    # The first rung of the intervention ladder (`Action`); later interventions block (or
+    # stop, when the first does), and hold after `max_interventions` under `resume`.
+    first_action: FirstAction = "block"
+    # Runs a stopped loop stays armed for: the one stopped and the next (0: off, for replay,
+    # whose recorded runs never saw the stops it reports).
+    armed_runs: int = 2
     max_sessions: int = 10_000
     # Text loops (monitor/core/rules/text.py); 0 turns a check off.
     text_repeats: int = 5  # back-to-back repetitions of a passage inside one part
@@ -162,6 +179,16 @@ class Fed:
 
 
 @dataclass(frozen=True, slots=True)
+class Judged:
+    """What the tracker says of a call the plugin asked about (`Tracker.judge`): the plugin's
+    answer, and the decision behind a block or a nudge, for the shell to log and carry out
+    (a `stop` or a hold also aborts the run; a `nudge` posts the feedback)."""
+
+    verdict: PluginVerdict = ALLOW
+    decision: Intervene | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SessionView:
     """One followed session as `Tracker.sessions_view` shows it (for `status`)."""
 
@@ -227,6 +254,8 @@ class Tracker:
         # Deltas that reached parts after a text loop was found in them, counted when each
         # such part ends: what stopping a text loop late costs.
         self.chunks_after_detection = 0
+        # Part ids of ours for the calls the plugin asks about before the stream carries them.
+        self._plugin_parts = itertools.count(1)
 
     def feed_data(self, data: str) -> Fed:
         """Take the data of one SSE event, as read from the stream or a recording."""
@@ -254,6 +283,36 @@ class Tracker:
         if not self._gate.pending(session, reply.request_id):
             return None
         return dataclasses.replace(reply, wait=0.0)
+
+    def judge(self, asked: PluginCall) -> Judged:
+        """The plugin asks whether a call may run (its `tool.execute.before` hook).
+
+        The call is recorded once, under the same identity and rules as a call seen on the
+        stream, whichever of the two comes first (they race): asked first, it is recorded now
+        under a part id of ours and the stream's updates are matched to it later (session,
+        call id and tool, oldest first: call ids repeat across steps); seen first, the loop it
+        completed waited for this request (`Call.loop`) and is answered now. A blocked call
+        never runs: its `error` update feeds no rule.
+        """
+        session = self._seen(asked.session_id, asked.directory)
+        session.plugin = True
+        if asked.tool in self._transparent:
+            return Judged()
+        seen = session.unjudged(asked.call_id, asked.tool)
+        if seen is not None:
+            seen.judged = True
+            decision, seen.loop = seen.loop, None
+            return _judged(decision)
+        part_id = f"plugin-{next(self._plugin_parts)}"
+        call = self._identify(part_id, asked.tool, asked.args, asked.call_id)
+        call.on_stream, call.judged = False, True
+        session.start(call)
+        if not self._record_at_running:
+            return Judged()  # recorded at its outcome, from the stream
+        call.held, call.taken = True, False
+        session.calls += 1
+        session.record(call.recorded_as, call.tool, self.detection.history)
+        return _judged(self._rules(session, call, True, False, asked.session_id, part_id, True))
 
     def seed(
         self,
@@ -358,6 +417,7 @@ class Tracker:
         if session is not None:
             session.end_run()
             session.run_start = session.calls
+            session.run_ended()
 
     def sessions_view(self) -> list[SessionView]:
         """A read-only copy of what is known about every session held, oldest first."""
@@ -488,13 +548,16 @@ class Tracker:
         finding = DoomLoop(request.tool or request.permission, DOOM_LOOP_CALLS)
         return self._decide(session, request.session_id, finding, part_id)
 
-    def _identify(self, part: ToolPart) -> Call:
-        """A call's identity, made once: its arguments after the profile, and their digest."""
-        args = part.input
-        dropped = self._ignore_args.get(part.tool)
+    def _identify(self, part_id: str, tool: str, args: object, call_id: str | None) -> Call:
+        """A call's identity, made once: its arguments after the profile, and their digest;
+        the same for a call the plugin sends and one the stream carries."""
+        dropped = self._ignore_args.get(tool)
         if dropped and isinstance(args, dict):
             args = {key: value for key, value in args.items() if key not in dropped}
-        return Call(part.part_id, part.tool, call_digest(part.tool, args), args)
+        return Call(part_id, tool, call_digest(tool, args), args, call_id)
+
+    def _identify_part(self, part: ToolPart) -> Call:
+        return self._identify(part.part_id, part.tool, part.input, part.call_id)
 
     def _tool_part(self, part: ToolPart, seeding: _Seeding | None, label: str) -> Fed:
         transparent = part.tool in self._transparent
@@ -505,14 +568,31 @@ class Tracker:
         call = session.call(part.part_id)
         finished = part.status in _FINISHED
         late = None
+        claimable = part.call_id is not None and part.status != "pending"
+        if call is None and session.plugin and claimable:
+            # The plugin asked about it first: the same call, recorded already.
+            assert part.call_id is not None
+            call = session.claim(part.part_id, part.call_id, part.tool)
+            if call is not None and follows and part.status == "running":
+                self._gate.started(session, call, part)
         if call is None and part.status == "running" and follows:
-            call = self._identify(part)
+            call = self._identify_part(part)
             session.start(call)
             self._gate.started(session, call, part)
         elif call is not None and call.key is not None and finished:
             # The gate sees the update first: a call must be known before its loop is decided.
             late = self._gate.finished(session, call, live=seeding is None)
+        elif call is not None and call.loop is not None and finished:
+            late = call.loop  # the plugin never asked (it fell open): stop the run after all
         decision = None if transparent else self._call(session, call, part, seeding)
+        nudge = None
+        call = call or session.call(part.part_id)  # `_call` made it, if it was new
+        if decision is not None and part.status == "running" and call is not None:
+            if decision.action == Action.NUDGE:
+                nudge, decision = decision, None  # the call runs: nothing to refuse
+            elif seeding is None and session.plugin and not call.judged and call.request is None:
+                # The plugin's request for this call is on its way: it blocks the call.
+                call.loop, decision = decision, None
         if part.status == "running" and follows:
             now = self._gate.decide(
                 part.session_id, session, call, decision, self.directory_of(part.session_id)
@@ -524,8 +604,8 @@ class Tracker:
             if held is not None and not held.held and held.key is None:
                 session.finish(part.part_id)
         if isinstance(now, Reply):
-            return Fed(() if late is None else (late,), label, replies=(now,))
-        decisions = tuple(d for d in (late, now) if d is not None)
+            return Fed(tuple(d for d in (late, nudge) if d is not None), label, replies=(now,))
+        decisions = tuple(d for d in (late, nudge, now) if d is not None)
         return Fed(decisions, label) if decisions else _QUIET[label]
 
     def _call(
@@ -548,7 +628,7 @@ class Tracker:
         if not (record or outcome):
             return None
         if call is None:
-            call = self._identify(part)
+            call = self._identify_part(part)
             session.start(call)
         if record and part.status == "running":
             call.held, call.taken = True, False
@@ -580,10 +660,33 @@ class Tracker:
             if not self._record_at_running:
                 call.recorded_as = hash((call.digest, call.outcome))
             session.record(call.recorded_as, call.tool, self.detection.history)
+        return self._rules(
+            session, call, record, outcome, part.session_id, part.part_id, seeding is None
+        )
+
+    def _rules(
+        self,
+        session: SessionRecord,
+        call: Call,
+        record: bool,
+        outcome: bool,
+        session_id: str,
+        part_id: str,
+        live: bool,
+    ) -> Intervene | None:
+        """Ask the rules about a call just recorded or finished; the first finding decides.
+
+        A call of the loop stopped last (`SessionRecord.armed`) is that loop again at once:
+        a model that ignores the feedback gets no fresh budget of repetitions. Not for calls
+        read back (`live` False): those were seen, and judged, before.
+        """
+        armed, finding = session.armed, session.armed_finding
+        if record and live and armed is not None and finding is not None and call.digest in armed:
+            return self._decide(session, session_id, finding, part_id, rearm=False)
         for rule in self._call_rules:
-            finding = rule.call(session, call, record, outcome)
-            if finding is not None:
-                return self._decide(session, part.session_id, finding, part.part_id)
+            found = rule.call(session, call, record, outcome)
+            if found is not None:
+                return self._decide(session, session_id, found, part_id)
         return None
 
     def _delta(self, event: PartDelta) -> Intervene | None:
@@ -637,9 +740,22 @@ class Tracker:
         return None
 
     def _decide(
-        self, session: SessionRecord, session_id: str, finding: Finding, part_id: str
+        self,
+        session: SessionRecord,
+        session_id: str,
+        finding: Finding,
+        part_id: str,
+        rearm: bool = True,
     ) -> Intervene:
         """The one way a finding becomes a decision, whichever rule found it."""
+        # Armed only for loops of repeated calls: their next repetition is known by its
+        # digest. Text, progress and budget findings name no call to refuse again.
+        if isinstance(finding, CallCycle | EndlessWait | FailureRun | DoomLoop):
+            runs = self.detection.armed_runs
+            if rearm:
+                session.arm(session.block(finding.shape()[0]), finding, runs)
+            else:
+                session.armed_runs = runs  # armed again for this run and the next
         # Later updates of the parts already recorded must not fire again, so the history
         # and the rules' state start over; the calls in flight stay to keep recognising those
         # parts, and their outcomes (the abort ends them in error) are not taken.
@@ -654,6 +770,11 @@ class Tracker:
         detection = self.detection
         escalated = detection.on_loop == "resume" and prior >= detection.max_interventions
         hold = escalated or detection.on_loop == "hold"
+        action = _action(detection.first_action, prior, hold)
+        if action == Action.NUDGE:
+            feedback = nudge_text(finding, prior + 1)
+        else:
+            feedback = feedback_text(finding, hold, prior + 1)
         return Intervene(
             session_id=session_id,
             directory=session.directory or self._default_directory,
@@ -663,8 +784,29 @@ class Tracker:
             prior_interventions=prior,
             hold=hold,
             escalated=escalated,
-            feedback=feedback_text(finding, hold, prior + 1),
+            feedback=feedback,
+            action=action,
         )
 
 
 _FINISHED = ("completed", "error")
+
+
+def _action(first: FirstAction, prior: int, hold: bool) -> Action:
+    """The rung of the ladder for an intervention after `prior` others: the first takes
+    `first`, later ones block (or stop, when the first stops); a hold stops the run."""
+    if hold:
+        return Action.STOP
+    if prior == 0:
+        return Action(first)
+    return Action.STOP if first == "stop" else Action.BLOCK
+
+
+def _judged(decision: Intervene | None) -> Judged:
+    """The plugin's answer for a call that completes `decision`'s loop (None: no loop)."""
+    if decision is None:
+        return Judged()
+    if decision.action == Action.NUDGE:
+        return Judged(ALLOW, decision)
+    message = rejection_text(decision.finding, decision.hold, decision.prior_interventions + 1)
+    return Judged(block(message), decision)

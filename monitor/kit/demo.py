@@ -15,13 +15,18 @@ whether any started after the one that completed the loop.
 With `--permissions approve` the server is configured to ask permission before every call
 and the monitor answers: it approves every call but the one that completes the loop, which
 it refuses before it runs; the model reads the refusal as that call's result and goes on.
+With `plugin=True` the server asks nothing (OpenCode's default config) but has the monitor's
+plugin installed: the plugin asks the monitor before every call and refuses the loop's call
+in band, and the model goes on in the same run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import shutil
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -45,6 +50,7 @@ from monitor.kit.sandbox import (
     tool_parts,
 )
 from monitor.kit.scripted_model import DEFAULT_ANSWER, ScriptedModel, script
+from monitor.shell.decide import PluginEndpoint
 from monitor.shell.logs import configure_logging
 from monitor.shell.notify import Notifier
 from monitor.shell.stream import READ_BUFSIZE, stream_timeout, stream_url
@@ -81,7 +87,9 @@ class DemoError(Exception):
     """The demo could not show the monitor at work; the message says why."""
 
 
-def run_demo(settings: Settings, cache_dir: Path, out: TextIO = sys.stdout) -> int:
+def run_demo(
+    settings: Settings, cache_dir: Path, out: TextIO = sys.stdout, plugin: bool = False
+) -> int:
     """The `demo` command: 0 when the loop was caught and handled, 1 when the demo failed."""
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
@@ -98,7 +106,7 @@ def run_demo(settings: Settings, cache_dir: Path, out: TextIO = sys.stdout) -> i
             configure_logging(
                 settings.log_format, settings.log_level, log_file, printer.monitor_record
             )
-            summary = asyncio.run(_demo(settings, binary, printer, log_path))
+            summary = asyncio.run(_demo(settings, binary, printer, log_path, plugin))
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM: the context managers have stopped the server and the model.
         print(f"{PREFIX}: interrupted; everything it started is stopped", file=sys.stderr)
@@ -191,6 +199,7 @@ class Printer:
         outcome = record.get("outcome")
         done = {
             "rejected": f"its permission refused ({record.get('reply_ms')} ms): it never ran",
+            "blocked": "refused in band by the plugin: it never ran",
             "aborted": f"session aborted ({record.get('abort_ms')} ms)",
             "held": "session aborted and put on hold for a person",
             "dry_run": "dry run, so the session goes on",
@@ -284,7 +293,28 @@ async def follow_events(http: aiohttp.ClientSession, url: str, printer: Printer)
     raise DemoError("the server ended its event stream")
 
 
-async def _demo(settings: Settings, binary: Path, printer: Printer, log_path: Path) -> str:
+async def _demo(
+    settings: Settings, binary: Path, printer: Printer, log_path: Path, plugin: bool
+) -> str:
+    if not plugin:
+        return await _serve(settings, binary, printer, log_path, None)
+    # Short: a Unix socket path holds at most 107 bytes.
+    folder = Path(tempfile.mkdtemp(prefix="olm-demo-"))
+    try:
+        endpoint = PluginEndpoint(folder / "plugin.sock")
+        settings = dataclasses.replace(settings, plugin_socket=str(endpoint.socket))
+        return await _serve(settings, binary, printer, log_path, endpoint)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _serve(
+    settings: Settings,
+    binary: Path,
+    printer: Printer,
+    log_path: Path,
+    plugin: PluginEndpoint | None,
+) -> str:
     async with ScriptedModel() as model:
         port = free_loopback_port()
         printer.say(
@@ -292,17 +322,19 @@ async def _demo(settings: Settings, binary: Path, printer: Printer, log_path: Pa
             " (isolated, with a scripted model: no network, no API key)"
         )
         permission = ASK_EVERY_CALL if _gated(settings) else NEVER_ASK
-        async with OpencodeServer(binary, model.url, port=port, permission=permission) as server:
+        async with OpencodeServer(
+            binary, model.url, port=port, permission=permission, plugin=plugin
+        ) as server:
             printer.directory = server.directory
             settings = dataclasses.replace(settings, url=server.url, directory=server.directory)
             try:
-                return await _with_monitor(settings, server, printer, log_path)
+                return await _with_monitor(settings, server, printer, log_path, plugin is not None)
             finally:
                 printer.say("stopping the server, the model and the monitor")
 
 
 async def _with_monitor(
-    settings: Settings, server: OpencodeServer, printer: Printer, log_path: Path
+    settings: Settings, server: OpencodeServer, printer: Printer, log_path: Path, plugin: bool
 ) -> str:
     watch = Watch(settings, notifier=Notifier(None))
     timeout = aiohttp.ClientTimeout(total=REST_TIMEOUT)
@@ -312,7 +344,9 @@ async def _with_monitor(
         url = stream_url(server.url, server.directory)
         events = asyncio.create_task(follow_events(http, url, printer))
         watching = asyncio.create_task(watch.run())
-        story = asyncio.create_task(_story(server.client(http), settings, printer, log_path))
+        story = asyncio.create_task(
+            _story(server.client(http), settings, printer, log_path, plugin)
+        )
         tasks = {events, watching, story}
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -339,7 +373,7 @@ async def _server_version(http: aiohttp.ClientSession, url: str) -> str:
 
 
 async def _story(
-    client: ProjectClient, settings: Settings, printer: Printer, log_path: Path
+    client: ProjectClient, settings: Settings, printer: Printer, log_path: Path, plugin: bool
 ) -> str:
     """Start the looping session, follow it to its end, and sum it up."""
     try:
@@ -349,7 +383,8 @@ async def _story(
         raise DemoError("could not follow the server's event stream") from None
     printer.say(
         f"monitor: watching (cycles of up to {settings.max_period} calls, "
-        f"{settings.repeats} repetitions; on a loop: {_on_loop(settings)}); its log: {log_path}"
+        f"{settings.repeats} repetitions; on a loop: {_on_loop(settings, plugin)}); "
+        f"its log: {log_path}"
     )
     readme = f"{client.directory}/README.md"
     pattern = [
@@ -359,7 +394,8 @@ async def _story(
     session = await client.create_session("loop-monitor demo")
     session_id = printer.session_id = session["id"]
     printer.say(f"session {session_id}: the model is scripted to {STORY}")
-    calls = GATED_CALLS if _gated(settings) else CALLS
+    in_band = (_gated(settings) or plugin) and not settings.dry_run
+    calls = GATED_CALLS if in_band else CALLS
     answer = DRY_RUN_ANSWER if settings.dry_run else DEFAULT_ANSWER
     await client.prompt_async(session_id, script(pattern, calls, delay=MODEL_DELAY, answer=answer))
 
@@ -388,9 +424,11 @@ def _gated(settings: Settings) -> bool:
     return settings.permissions == "approve" and not settings.dry_run
 
 
-def _on_loop(settings: Settings) -> str:
+def _on_loop(settings: Settings, plugin: bool) -> str:
     if settings.dry_run:
         return "log only (dry run)"
+    if plugin:
+        return "the plugin asks before every call; the loop's call is refused before it runs"
     if _gated(settings):
         return "approve every call but the loop's, refuse that one before it runs"
     if settings.on_loop == "hold":
@@ -410,7 +448,7 @@ async def _after_detection(
         raise DemoError(f"the monitor could not abort the session: {detection.get('error')}")
     if outcome == "dry_run":
         messages = await first_run
-    elif outcome == "rejected":
+    elif outcome in ("rejected", "blocked"):
         # No new message: the model read the refusal as the call's result and answers it.
         messages = await first_run
         try:
@@ -453,13 +491,19 @@ async def _wait_stored(
 
 def _summary(detection: Mapping[str, Any], parts: list[dict[str, Any]]) -> str:
     ids = [part["id"] for part in parts]
-    if detection["part_id"] not in ids:
+    if detection["outcome"] == "blocked":
+        # Asked about before the stream showed it, the call is known by its place in the run.
+        at = int(detection["call_index"])
+    elif detection["part_id"] in ids:
+        at = ids.index(detection["part_id"]) + 1
+    else:
         raise DemoError("the call that completed the loop is not in the session")
-    at = ids.index(detection["part_id"]) + 1
+    if not 0 < at <= len(parts):
+        raise DemoError("the call that completed the loop is not in the session")
     ran = f"demo finished: {len(parts)} calls ran"
     if detection["outcome"] == "dry_run":
         return f"{ran}; the loop was detected on call {at} and left running (dry run)."
-    if detection["outcome"] == "rejected":
+    if detection["outcome"] in ("rejected", "blocked"):
         stopped = parts[at - 1]["state"]["status"] == "error"
         made = f"demo finished: the model asked for {len(parts)} calls, {len(parts) - stopped} ran"
         return (

@@ -27,6 +27,9 @@ import aiohttp
 from monitor.errors import ServerError
 from monitor.kit.poll import until
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
+from monitor.shell.decide import PluginEndpoint
+from monitor.shell.plugin_install import FILE_NAME as PLUGIN_FILE
+from monitor.shell.plugin_install import render as render_plugin
 
 OPENCODE_VERSION = "1.18.33"
 NPM_PACKAGE = f"opencode-ai@{OPENCODE_VERSION}"
@@ -151,9 +154,13 @@ class OpencodeServer:
         port: int | None = None,
         env_extra: Mapping[str, str] | None = None,
         permission: str | Mapping[str, str] = NEVER_ASK,
+        plugin: PluginEndpoint | None = None,
     ) -> None:
         self.binary = binary
         self.permission = permission
+        # With an endpoint, the monitor's plugin is installed user-wide in the sandbox and
+        # asks there before every call.
+        self.plugin = plugin
         self.model_url = model_url
         self.port = port
         self.env_extra = dict(env_extra or {})
@@ -260,6 +267,10 @@ class OpencodeServer:
         (config_dir / "opencode.json").write_text(
             json.dumps(opencode_config(self.model_url, self.permission), indent=2)
         )
+        if self.plugin is not None:
+            plugins = config_dir / "plugins"
+            plugins.mkdir()
+            (plugins / PLUGIN_FILE).write_text(render_plugin(self.plugin), encoding="utf-8")
         _make_project(self.project, self._environment())
 
     def client_environment(self) -> dict[str, str]:

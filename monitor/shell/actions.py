@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from monitor.core.decisions import Intervene, Outcome, Reply
+from monitor.core.decisions import Action, Intervene, Outcome, Reply
 from monitor.core.due import Due, DueWork, Step, next_step
 from monitor.core.export import intervened
 from monitor.core.findings import Rule
@@ -100,6 +100,15 @@ class Interventions:
     def submit(self, decision: Intervene) -> None:
         log.warning("loop.detected", **decision.fields())
         self._queue(decision, lambda progress: self._act(decision, progress))
+
+    def blocked(self, decision: Intervene, call_id: str) -> None:
+        """The plugin was told to throw: the loop's call does not run. A `stop` (or a hold)
+        also stops the run, then gives the feedback; a block lets the run go on."""
+        log.warning("loop.detected", via="plugin", call_id=call_id, **decision.fields())
+        if decision.hold or decision.action == Action.STOP:
+            self._queue(decision, lambda progress: self._act(decision, progress, via="plugin"))
+            return
+        self._decided(decision, Outcome.BLOCKED, via="plugin", call_id=call_id)
 
     def answer(self, reply: Reply) -> None:
         """Answer a permission request: a refusal is an intervention, queued like one; an
@@ -204,6 +213,13 @@ class Interventions:
                 progress.decided = True
                 self._decided(decision, Outcome.DEFERRED, reason=other, **extra)
                 return
+        if decision.action == Action.NUDGE and self._api is not None:
+            # The run goes on: the feedback is read at its next step.
+            progress.decided = True
+            self._decided(decision, Outcome.NUDGED, **extra)
+            progress.feedback_due = True
+            await self._give_feedback(decision, stagger=True)
+            return
         started = time.monotonic()
         outcome, error = await self._abort(decision)
         if outcome is None:
@@ -305,15 +321,16 @@ class Interventions:
         reply_ms = round((time.monotonic() - started) * 1000, 1)
         outcome: Outcome = Outcome.REJECTED
         error = None
-        if decision.hold or decision.rule == Rule.DOOM_LOOP:
+        stop = decision.hold or decision.action == Action.STOP  # or a ladder of `stop`
+        if stop or decision.rule == Rule.DOOM_LOOP:
             # The run must end before the feedback starts a new one; a refused doom_loop
             # request ends it only seconds later, and a message posted meanwhile is lost.
             stopped, error = await self._abort(decision)
-            if decision.hold or error is not None:
+            if stop or error is not None:
                 outcome = Outcome.ABORT_FAILED if stopped is None else stopped
         progress.decided = True
         self._decided(decision, outcome, request_id=request_id, reply_ms=reply_ms, error=error)
-        if outcome == Outcome.HELD or (
+        if outcome in (Outcome.HELD, Outcome.ABORTED) or (
             outcome == Outcome.REJECTED and decision.rule == Rule.DOOM_LOOP
         ):
             progress.feedback_due = True
@@ -376,7 +393,7 @@ class Interventions:
                 decision.session_id,
                 decision.directory,
                 decision.feedback,
-                no_reply=decision.hold,
+                no_reply=decision.hold or decision.action == Action.NUDGE,
                 after_part=decision.part_id,
             )
         except ConfigError as exc:

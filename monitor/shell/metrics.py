@@ -174,6 +174,26 @@ class Metrics:
             "Loops detected in dry run: logged and left running, as nothing is stopped.",
             registry=registry,
         )
+        # The directory label is bounded by the projects of the servers whose plugins ask
+        # (decide.MAX_DIRECTORIES, the rest as "other"), and only the owner can ask.
+        self._plugin_requests = Counter(
+            PREFIX + "plugin_requests",
+            "Calls the OpenCode plugin asked about, by server directory and verdict.",
+            ["directory", "verdict"],
+            registry=registry,
+        )
+        self._plugin_fell_open = Counter(
+            PREFIX + "plugin_fell_open",
+            "Calls the plugin let run unasked (monitor absent, slow or refusing), as it reports.",
+            ["directory"],
+            registry=registry,
+        )
+        self._plugin_refused = Counter(
+            PREFIX + "plugin_refused_requests",
+            "Requests to the plugin endpoint refused as malformed or unauthorised, by status.",
+            ["status"],
+            registry=registry,
+        )
         Gauge(
             PREFIX + "stream_connected",
             "1 while the event stream is connected, else 0.",
@@ -248,6 +268,14 @@ class Metrics:
 
     def http_refused(self, reason: str) -> None:
         self._http_refused.labels(reason).inc()
+
+    def plugin_asked(self, directory: str, verdict: str, fell_open: int) -> None:
+        self._plugin_requests.labels(directory, verdict).inc()
+        if fell_open:
+            self._plugin_fell_open.labels(directory).inc(fell_open)
+
+    def plugin_refused(self, status: int) -> None:
+        self._plugin_refused.labels(str(status)).inc()  # statuses of plugin_protocol: bounded
 
     def not_ready(self) -> str | None:
         """Why `/readyz` answers 503, or None when it answers 200."""

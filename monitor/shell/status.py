@@ -42,6 +42,22 @@ def _ago(unix: float | None, now: float) -> str:
     return "no frame yet" if unix is None else f"last frame {max(now - unix, 0):.0f} s ago"
 
 
+def _plugin_lines(plugins: dict[str, Any] | None, now: float) -> list[str]:
+    """Whether OpenCode plugins ask (a monitor from before the plugin sends no block)."""
+    if plugins is None:
+        return []
+    if plugins["endpoint"] is None:
+        return ["plugins: endpoint off"]
+    asking = plugins["directories"]
+    if not asking:
+        return [f"plugins: none asked yet at {plugins['endpoint']}"]
+    return [f"plugins asking at {plugins['endpoint']}:"] + [
+        f"  {entry['directory']}: {entry['requests']} calls, {entry['blocked']} blocked, "
+        f"{entry['fell_open']} fell open, last {_ago(entry['last_request_unix'], now)}"
+        for entry in asking
+    ]
+
+
 def render_status(status: dict[str, Any], now: float) -> str:
     """The table for people; `--json` prints `status` as it came."""
     stream, totals = status["stream"], status["totals"]
@@ -55,6 +71,7 @@ def render_status(status: dict[str, Any], now: float) -> str:
         f"sessions known: {totals['sessions']} (busy {totals['busy']}, held {totals['held']}, "
         f"idle {totals['sessions'] - totals['busy'] - totals['held']}), "
         f"interventions: {totals['interventions']}",
+        *_plugin_lines(status.get("plugins"), now),
     ]
     sessions = status["sessions"]
     if sessions:

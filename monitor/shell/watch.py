@@ -30,6 +30,7 @@ from monitor.core.decisions import Intervene, Outcome
 from monitor.core.export import current_run, export_frames, feedback_count, held_in
 from monitor.core.feedback import clean_tool_name
 from monitor.core.frames import encode_sse
+from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, RequestRefused
 from monitor.core.profile import transparent_tools
 from monitor.core.resync import (
     directories_to_ask,
@@ -43,6 +44,7 @@ from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.actions import Interventions, random_stagger
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.backoff import Backoff
+from monitor.shell.decide import DecideServer, EndpointTaken, PluginStats, plugin_endpoint
 from monitor.shell.diagnosis import directory_known
 from monitor.shell.logs import LoopErrors, configure_logging
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
@@ -230,6 +232,8 @@ class Watch:
                 read_limit=timing.read_timeout,
             )
         self.metrics_server: MetricsServer | None = None
+        self.plugin_stats = PluginStats()
+        self.plugin_server: DecideServer | None = None
         self.webhook: Webhook | None = None
         if settings.notify_url is not None:
             self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
@@ -241,8 +245,11 @@ class Watch:
             if self.metrics is not None:
                 self.metrics_server = await self._serve_metrics(self.metrics)
             try:
+                await self._serve_plugins()
                 return await self._run()
             finally:
+                if self.plugin_server is not None:
+                    await self.plugin_server.close()
                 if self.metrics_server is not None:
                     await self.metrics_server.close()
 
@@ -263,6 +270,44 @@ class Watch:
             ) from None
         log.info("metrics.listening", host=address.host, port=server.port)
         return server
+
+    async def _serve_plugins(self) -> None:
+        endpoint = plugin_endpoint(self.settings, os.environ)
+        if endpoint is None or self.scope.only_session is not None:
+            return  # `attach` follows one session; plugins ask the daemon
+        server = DecideServer(endpoint, self.judge, self._on_plugin_asked, self._on_refused)
+        try:
+            await server.start()
+        except EndpointTaken as exc:
+            # A second monitor of the same server: the first answers its plugins.
+            log.warning("plugin.endpoint_taken", reason=str(exc))
+            return
+        self.plugin_server = server
+
+    def judge(self, call: PluginCall) -> PluginVerdict:
+        """The plugin's question about one call: the daemon's `judge` callback."""
+        judged = self.tracker.judge(call)
+        decision = judged.decision
+        if decision is None:
+            return judged.verdict
+        if self.metrics is not None:
+            self.metrics.loop(decision.finding.shape()[0], decision.rule)
+        if judged.verdict == ALLOW or self.settings.dry_run:
+            self.interventions.submit(decision)  # a nudge, or what a dry run logs
+            return ALLOW
+        self.interventions.blocked(decision, call.call_id)
+        return judged.verdict
+
+    def _on_plugin_asked(self, call: PluginCall, verdict: PluginVerdict) -> None:
+        label = self.plugin_stats.asked(call, verdict)
+        if self.metrics is not None:
+            self.metrics.plugin_asked(label, verdict.verdict, call.fell_open)
+
+    def _on_refused(self, refused: RequestRefused) -> None:
+        self.plugin_stats.refused += 1
+        if self.metrics is not None:
+            self.metrics.plugin_refused(refused.status)
+        log.warning("plugin.refused", status=refused.status, reason=refused.message)
 
     async def _run(self) -> int:
         settings = self.settings
@@ -341,7 +386,10 @@ class Watch:
     def _on_frame(self, data: str) -> None:
         if self._record is not None:
             self._write_record(self._record, data)
-        fed = self.tracker.feed_data(data)
+        self._take(self.tracker.feed_data(data))
+
+    def _take(self, fed: Fed) -> None:
+        """Carry out and count what one frame fed to the tracker did."""
         if fed.decisions or fed.replies:  # most frames decide nothing
             self._carry_out(fed)
         if fed.event_type not in QUIET_EVENTS:
@@ -448,7 +496,19 @@ class Watch:
             },
             "sessions": sessions,
             "sessions_omitted": len(views) - len(sessions),
+            "plugins": {
+                "endpoint": None if self.plugin_server is None else self._plugin_address(),
+                "refused": self.plugin_stats.refused,
+                "directories": self.plugin_stats.view(),
+            },
         }
+
+    def _plugin_address(self) -> str:
+        assert self.plugin_server is not None
+        endpoint = self.plugin_server.endpoint
+        if endpoint.socket is not None:
+            return f"unix:{endpoint.socket}"
+        return f"http://{endpoint.host}:{self.plugin_server.port}"
 
     def _log_malformed(self, reason: str) -> None:
         now = self.timing.clock()

@@ -1,0 +1,157 @@
+"""The plugin's question and the daemon's answer: `POST /v1/decide`, validated without I/O.
+
+The OpenCode plugin (monitor/plugin/loop-guard.ts) asks from its `tool.execute.before` hook
+whether a call may run. `check_head` and `read_body` turn what arrived (method, path, headers, then
+body) into a `PluginCall` or a `RequestRefused` carrying the HTTP status and a message for the
+plugin's log; nothing a client sends can make them raise. The shell (monitor/shell/decide.py)
+moves the bytes.
+
+Request body (JSON object): `session_id` (ses_...), `call_id` (the model's call id, not unique
+across steps), `tool`, `args` (an object), `directory` (the server's project, absolute),
+`fell_open` (calls the plugin let run unasked since its last answered request; optional).
+Answer: `{"verdict": "allow"}` or `{"verdict": "block", "feedback": TEXT}`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from monitor.core.ids import is_session_id
+
+VERSION = "v1"
+DECIDE_PATH = f"/{VERSION}/decide"
+# A `write` call carries the whole file it writes; 1 MiB holds any a model sends in one call,
+# and bounds what one request can make the daemon read.
+MAX_BODY = 1 << 20
+MAX_ID = 256
+MAX_DIRECTORY = 4096
+# What the plugin counts between answered requests; more than this is not a count it made.
+MAX_FELL_OPEN = 1_000_000
+
+Verdict = Literal["allow", "block"]
+
+
+@dataclass(frozen=True, slots=True)
+class PluginCall:
+    """One tool call about to run, as the plugin saw it in `tool.execute.before`."""
+
+    session_id: str
+    call_id: str
+    tool: str
+    args: Mapping[str, Any]
+    directory: str
+    fell_open: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PluginVerdict:
+    """Whether the call runs; `feedback` is what the plugin throws (the model reads it)."""
+
+    verdict: Verdict
+    feedback: str | None = None
+
+    def to_json(self) -> dict[str, str]:
+        if self.verdict == "block":
+            return {"verdict": "block", "feedback": self.feedback or ""}
+        return {"verdict": "allow"}
+
+
+ALLOW = PluginVerdict("allow")
+
+
+def block(feedback: str) -> PluginVerdict:
+    return PluginVerdict("block", feedback)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRefused:
+    """Why a request was not taken: the HTTP status and a message the plugin can log."""
+
+    status: int
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"error": self.message}
+
+
+def check_head(
+    method: str, path: str, headers: Mapping[str, str], token: str | None
+) -> RequestRefused | None:
+    """Check what comes before the body, in the order a client can fix it: where, who, what
+    shape. `headers` must be case-insensitive (as aiohttp's are); `token` is the bearer token
+    a TCP listener requires (None on the owner-only Unix socket)."""
+    if path != DECIDE_PATH:
+        if path.startswith("/v") and path.endswith("/decide"):
+            return RequestRefused(404, f"unsupported protocol version in {path}: use {DECIDE_PATH}")
+        return RequestRefused(404, f"no such endpoint {path}: use POST {DECIDE_PATH}")
+    if method != "POST":
+        return RequestRefused(405, f"{DECIDE_PATH} takes POST, not {method}")
+    if token is not None and not _authorized(headers.get("Authorization", ""), token):
+        return RequestRefused(401, "missing or wrong bearer token")
+    content_type = headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        return RequestRefused(415, f"expected Content-Type application/json, got {content_type!r}")
+    return None
+
+
+def read_body(body: bytes) -> PluginCall | RequestRefused:
+    """The call a request body names, or why it names none."""
+    if len(body) > MAX_BODY:
+        return too_large()
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return RequestRefused(400, f"body is not JSON: {exc}")
+    return _call(data)
+
+
+def too_large() -> RequestRefused:
+    """What a body over MAX_BODY is refused with (the shell stops reading there)."""
+    return RequestRefused(413, f"request body over {MAX_BODY} bytes")
+
+
+def _authorized(header: str, token: str) -> bool:
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
+
+
+def _call(data: object) -> PluginCall | RequestRefused:
+    if not isinstance(data, dict):
+        return RequestRefused(400, "body must be a JSON object")
+    unknown = sorted(set(data) - set(PluginCall.__slots__))
+    if unknown:
+        return RequestRefused(400, f"unknown field(s): {', '.join(unknown)}")
+    session_id = data.get("session_id")
+    if not isinstance(session_id, str) or not is_session_id(session_id):
+        return RequestRefused(400, "session_id must be an OpenCode session id (ses_...)")
+    for name in ("call_id", "tool"):
+        value = data.get(name)
+        if not isinstance(value, str) or not value or len(value) > MAX_ID:
+            return RequestRefused(400, f"{name} must be a string of 1 to {MAX_ID} characters")
+    args = data.get("args")
+    if not isinstance(args, dict):
+        return RequestRefused(400, "args must be a JSON object")
+    directory = data.get("directory")
+    if not isinstance(directory, str) or not directory.startswith("/"):
+        return RequestRefused(400, "directory must be an absolute path")
+    if len(directory) > MAX_DIRECTORY:
+        return RequestRefused(400, f"directory longer than {MAX_DIRECTORY} characters")
+    fell_open = data.get("fell_open", 0)
+    if (
+        not isinstance(fell_open, int)
+        or isinstance(fell_open, bool)
+        or not 0 <= fell_open <= MAX_FELL_OPEN
+    ):
+        return RequestRefused(400, f"fell_open must be an integer from 0 to {MAX_FELL_OPEN}")
+    return PluginCall(
+        session_id=session_id,
+        call_id=data["call_id"],
+        tool=data["tool"],
+        args=args,
+        directory=directory,
+        fell_open=fell_open,
+    )

@@ -1,0 +1,160 @@
+"""`Tracker.judge`: the plugin's calls and the stream's updates of the same calls, recorded
+once whichever comes first, under one identity and one set of rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monitor.core.decisions import Action
+from monitor.core.plugin_protocol import ALLOW, PluginCall
+from monitor.core.tracker import Detection, Tracker
+from tests.frames_factory import tool_part
+
+S = "ses_1"
+APPEND = {"command": "echo x >> out.txt", "description": "append"}
+
+
+def asked(call_id: str = "call_0", args: dict[str, Any] = APPEND, tool: str = "bash") -> PluginCall:
+    return PluginCall(S, call_id, tool, args, "/p")
+
+
+def updates(part: str, call_id: str = "call_0", status: str = "completed", **extra: Any):
+    return [
+        tool_part(S, part, "bash", "running", APPEND, call_id=call_id),
+        tool_part(S, part, "bash", status, APPEND, call_id=call_id, **extra),
+    ]
+
+
+def feed(tracker: Tracker, frames: list[dict]) -> list:
+    return [d for frame in frames for d in tracker.feed(frame).decisions]
+
+
+def test_plugin_first_then_stream_counts_each_call_once_and_blocks_the_fourth():
+    tracker = Tracker()
+    for n in range(1, 4):
+        # call_0 at every step, as local models send it
+        assert tracker.judge(asked()).verdict == ALLOW
+        assert feed(tracker, updates(f"prt_{n}")) == []
+    judged = tracker.judge(asked())
+    assert judged.verdict.verdict == "block"
+    assert judged.verdict.feedback is not None
+    assert "did not run" in judged.verdict.feedback
+    assert "your run was stopped" not in judged.verdict.feedback
+    decision = judged.decision
+    assert decision is not None and decision.call_index == 4 and decision.action == Action.BLOCK
+    # The blocked call's error update (the plugin's thrown text) is neither a new call nor a
+    # failure: nothing is decided, the run's calls stay 4.
+    assert feed(tracker, updates("prt_4", status="error", error="Loop guard: refused")) == []
+    assert tracker.sessions_view()[0].run_calls == 4
+
+
+def test_stream_first_then_plugin_the_loop_waits_for_the_plugin_and_is_blocked():
+    tracker = Tracker()
+    tracker.judge(asked("call_a"))  # the session's plugin asks: known from here on
+    feed(tracker, updates("prt_1", "call_a"))
+    for n in range(2, 4):
+        # `running` first, then the request (the hook runs before the call does), then the end.
+        running, completed = updates(f"prt_{n}")
+        feed(tracker, [running])
+        assert tracker.judge(asked()).verdict == ALLOW  # matched to the part recorded already
+        feed(tracker, [completed])
+    # The 4th call's `running` comes before the plugin's request: no abort, it waits.
+    assert feed(tracker, [tool_part(S, "prt_4", "bash", "running", APPEND)]) == []
+    judged = tracker.judge(asked())
+    assert judged.verdict.verdict == "block" and judged.decision is not None
+    assert judged.decision.call_index == 4  # recorded once: the request added no call
+    assert feed(tracker, [tool_part(S, "prt_4", "bash", "error", APPEND, error="refused")]) == []
+
+
+def test_a_loop_seen_first_on_the_stream_is_aborted_when_the_plugin_never_asks():
+    tracker = Tracker()
+    tracker.judge(asked("call_a"))
+    feed(tracker, updates("prt_1", "call_a"))
+    for n in range(2, 4):
+        running, completed = updates(f"prt_{n}")
+        feed(tracker, [running])
+        tracker.judge(asked())
+        feed(tracker, [completed])
+    assert feed(tracker, [tool_part(S, "prt_4", "bash", "running", APPEND)]) == []
+    # The plugin fell open (daemon slow): the call ran; the run is stopped as without it.
+    [late] = feed(tracker, [tool_part(S, "prt_4", "bash", "completed", APPEND)])
+    assert (late.call_index, late.part_id) == (4, "prt_4")
+
+
+def test_repeated_call_ids_match_the_oldest_unmatched_call_of_that_tool():
+    tracker = Tracker(Detection(failure_repeats=2))
+    # Two plugin calls with call_0 before the stream shows either (parallel steps).
+    tracker.judge(asked("call_0"))
+    tracker.judge(asked("call_0", {"filePath": "a"}, "read"))
+    tracker.judge(asked("call_0", {"command": "false"}))
+    feed(tracker, [tool_part(S, "prt_r", "read", "completed", {"filePath": "a"})])
+    feed(tracker, updates("prt_1"))
+    assert tracker.sessions_view()[0].run_calls == 3  # no call counted twice
+    # prt_2 is the third plugin call (the failing one): its outcome is taken, once.
+    fail = {"command": "false"}
+    frames = [
+        tool_part(S, "prt_2", "bash", "running", fail),
+        tool_part(S, "prt_2", "bash", "error", fail, error="exit 1"),
+    ]
+    assert feed(tracker, frames) == []
+    tracker.judge(asked("call_0", {"command": "false", "x": 1}))
+    frames = [
+        tool_part(S, "prt_3", "bash", "running", {"command": "false", "x": 1}),
+        tool_part(S, "prt_3", "bash", "error", {"command": "false", "x": 1}, error="exit 1"),
+    ]
+    [decision] = feed(tracker, frames)
+    assert decision.rule == "failure" and decision.call_index == 4
+
+
+def test_blocked_call_repeated_is_blocked_at_once_and_escalates_to_a_hold():
+    tracker = Tracker(Detection(max_interventions=2))
+    verdicts = []
+    for n in range(1, 8):
+        judged = tracker.judge(asked())
+        verdicts.append(judged.verdict.verdict)
+        status = "completed" if judged.verdict == ALLOW else "error"
+        feed(tracker, updates(f"prt_{n}", status=status))
+        if judged.decision is not None:
+            last = judged.decision
+    assert verdicts == ["allow"] * 3 + ["block"] * 4  # no fresh budget of 3 after a block
+    assert (last.prior_interventions, last.hold, last.action) == (6 - 3, True, Action.STOP)
+
+
+def test_first_action_nudge_lets_the_call_run_then_blocks_the_next_repetition():
+    tracker = Tracker(Detection(first_action="nudge"))
+    for n in range(1, 4):
+        tracker.judge(asked())
+        feed(tracker, updates(f"prt_{n}"))
+    nudged = tracker.judge(asked())
+    assert nudged.verdict == ALLOW and nudged.decision is not None
+    assert nudged.decision.action == Action.NUDGE
+    assert "Your run goes on" in nudged.decision.feedback
+    feed(tracker, updates("prt_4"))
+    blocked = tracker.judge(asked())
+    assert blocked.verdict.verdict == "block" and blocked.decision is not None
+    assert (blocked.decision.action, blocked.decision.prior_interventions) == (Action.BLOCK, 1)
+
+
+def test_a_session_the_stream_never_shows_is_judged_on_the_plugin_alone():
+    tracker = Tracker()
+    verdicts = [tracker.judge(asked()).verdict.verdict for _ in range(4)]
+    assert verdicts == ["allow"] * 3 + ["block"]
+
+
+def test_first_action_stop_on_the_stream_path_aborts():
+    tracker = Tracker(Detection(first_action="stop"))
+    frames = [f for n in range(1, 5) for f in updates(f"prt_{n}")]
+    [decision] = feed(tracker, frames)
+    assert decision.action == Action.STOP and "your run was stopped" in decision.feedback
+
+
+def test_a_finished_call_read_back_is_not_taken_for_the_one_the_plugin_asks_about():
+    """After a reconnect the run is read back, finished calls held in flight; call ids
+    repeat, so the plugin's next `call_0` must not be matched to one of them."""
+    tracker = Tracker()
+    tracker.judge(asked("call_a"))
+    # Read back, each part comes once, in the state it had (as `export_frames` gives it).
+    tracker.seed(S, [updates(f"prt_{n}")[1] for n in range(1, 4)])
+    judged = tracker.judge(asked())
+    assert judged.verdict.verdict == "block" and judged.decision is not None
+    assert judged.decision.call_index == 4

@@ -1,0 +1,238 @@
+"""The plugin path against the real `opencode serve`, OpenCode's default config (no call asks
+permission), the monitor's plugin installed in the sandbox: the call completing a loop is
+blocked before it runs and the model's run goes on; without a daemon every call runs.
+
+Loop-completing calls that ran are counted on disk: each append loop must leave out.txt with
+exactly its 3 lines (asserted where the daemon was up: 0 ran)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from monitor.kit.poll import until
+from monitor.kit.sandbox import OpencodeServer, tool_parts
+from monitor.kit.scripted_model import DEFAULT_ANSWER, script
+from monitor.shell.decide import PluginEndpoint
+from tests.harness import opencode_run
+
+pytestmark = pytest.mark.real_server
+
+APPEND = ("bash", {"command": "echo x >> out.txt", "description": "append a line"})
+FELL_OPEN = "opencode-loop-monitor: no answer from the monitor at"
+
+
+@pytest.fixture
+def socket_path() -> Iterator[Path]:
+    # Short: a Unix socket path holds at most 107 bytes, pytest's tmp_path can be longer.
+    folder = Path(tempfile.mkdtemp(prefix="olm-"))
+    try:
+        yield folder / "plugin.sock"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+async def plugin_server(opencode_bin, scripted_model, socket_path) -> AsyncIterator[OpencodeServer]:
+    endpoint = PluginEndpoint(socket_path)
+    async with OpencodeServer(opencode_bin, scripted_model.url, plugin=endpoint) as server:
+        yield server
+
+
+async def run_appends(server, http, calls):
+    client = server.client(http)
+    session = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], calls, delay=0.1))
+    return session, await client.wait_idle(session["id"], 60)
+
+
+def lines(server):
+    return (server.project / "out.txt").read_text().splitlines()
+
+
+async def test_fourth_identical_append_blocked_in_band(
+    plugin_server, start_monitor, http, socket_path
+):
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path),
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    session, messages = await run_appends(plugin_server, http, 4)
+
+    assert lines(plugin_server) == ["x", "x", "x"]  # the 4th never ran
+    parts = tool_parts(messages)
+    assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"]
+    assert "repeated" in parts[3]["state"]["error"] and "Loop" in parts[3]["state"]["error"]
+    # No abort, no feedback message: the model read the refusal and answered in the same run.
+    assert [m["info"]["role"] for m in messages].count("user") == 1
+    assert all(m["info"].get("error") is None for m in messages)
+    last = messages[-1]
+    assert last["info"]["role"] == "assistant"
+    assert [p["text"] for p in last["parts"] if p["type"] == "text"] == [DEFAULT_ANSWER]
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["outcome"], outcome["via"], outcome["call_index"]) == ("blocked", "plugin", 4)
+    assert outcome["session_id"] == session["id"] and outcome["rule"] == "cycle"
+    assert monitor.events("feedback.sent") == []
+
+
+async def test_every_call_runs_when_no_daemon_listens(plugin_server, http):
+    session, messages = await run_appends(plugin_server, http, 5)
+    assert lines(plugin_server) == ["x"] * 5
+    assert [p["state"]["status"] for p in tool_parts(messages)] == ["completed"] * 5
+    log = plugin_server.log_path.read_text()
+    assert log.count(FELL_OPEN) == 1 and session["id"] in log
+
+
+async def test_every_call_runs_when_the_daemon_hangs(plugin_server, http, socket_path):
+    # Accepts connections (the kernel completes them from the backlog) and never answers.
+    hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    hung.bind(str(socket_path))
+    hung.listen(16)
+    try:
+        session, messages = await run_appends(plugin_server, http, 5)
+    finally:
+        hung.close()
+    assert lines(plugin_server) == ["x"] * 5
+    assert [p["state"]["status"] for p in tool_parts(messages)] == ["completed"] * 5
+    log = plugin_server.log_path.read_text()
+    assert log.count(FELL_OPEN) == 1 and "TimeoutError" in log
+
+
+async def test_the_refused_call_repeated_is_refused_at_once_then_held(
+    plugin_server, start_monitor, http, socket_path
+):
+    """The loop stays armed after a block: the model's 5th identical append is refused at once
+    (no fresh budget of three), the 6th escalates to a hold (max_interventions 2), which
+    stops the run. None of the three ran: out.txt keeps exactly 3 lines."""
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path), "--max-interventions", "2",
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    client = plugin_server.client(http)
+    session = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], 6, delay=0.1))
+    await monitor.wait_event("feedback.sent", timeout=60)  # the hold's, stored after the abort
+    messages = await client.messages(session["id"])
+
+    assert lines(plugin_server) == ["x", "x", "x"]  # loop-completing calls that ran: 0
+    parts = tool_parts(messages)
+    assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"] * 3
+    assert all("did not run" in p["state"]["error"] for p in parts[3:])
+    outcomes = [
+        (o["outcome"], o["call_index"], o["action"]) for o in monitor.events("intervention.outcome")
+    ]
+    assert outcomes == [("blocked", 4, "block"), ("blocked", 5, "block"), ("held", 6, "stop")]
+    [sent] = monitor.events("feedback.sent")
+    assert sent["session_id"] == session["id"] and sent["hold"] is True
+
+
+async def test_plugin_and_an_asking_server_decide_the_call_once(
+    opencode_bin, scripted_model, start_monitor, http, socket_path
+):
+    """Both enforcement points at once: the plugin asks first and blocks the 4th append, so
+    no permission request is ever made for it; calls 1-3 are approved; one outcome logged."""
+    endpoint = PluginEndpoint(socket_path)
+    async with OpencodeServer(
+        opencode_bin, scripted_model.url, permission={"*": "ask"}, plugin=endpoint
+    ) as server:
+        monitor = start_monitor(
+            "watch", "--url", server.url, "--log-format", "json",
+            "--plugin-socket", str(socket_path), "--permissions", "approve",
+        )  # fmt: skip
+        await monitor.wait_event("stream.connected")
+        session, messages = await run_appends(server, http, 4)
+        assert lines(server) == ["x", "x", "x"]  # loop-completing calls that ran: 0
+    statuses = [p["state"]["status"] for p in tool_parts(messages)]
+    assert statuses == ["completed"] * 3 + ["error"]
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["outcome"], outcome["via"], outcome["call_index"]) == ("blocked", "plugin", 4)
+    assert [r.get("request_id") for r in monitor.events("loop.detected")] == [None]
+
+
+async def test_opencode_run_attach_on_the_loop_exits_0_with_the_models_answer(
+    plugin_server, opencode_bin, start_monitor, socket_path
+):
+    """What a scripted client sees: the refused call's error with our feedback, then the
+    model's final answer in the same run; no `Error: Aborted`."""
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path),
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    code, output = await opencode_run(plugin_server, opencode_bin, script([APPEND], 4))
+    assert code == 0, output
+    assert lines(plugin_server) == ["x", "x", "x"]  # loop-completing calls that ran: 0
+    assert "did not run" in output and "Aborted" not in output
+    assert output.rstrip().endswith(DEFAULT_ANSWER)
+
+
+async def test_a_failure_loop_is_stopped_and_a_session_that_never_loops_runs_every_call(
+    plugin_server, start_monitor, http, socket_path
+):
+    """Two sessions at once. One fails the same way with new arguments each time: the
+    `failure` rule finds it on the 4th failure's outcome, after that call ran, so it cannot
+    be blocked and the run is stopped. The other never loops: every call runs, unjudged."""
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path),
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    client = plugin_server.client(http)
+    failing = [("bash", {"command": f"ls missing-{n}", "description": "look"}) for n in range(8)]
+    fine = [("bash", {"command": f"echo {n} >> ok.txt", "description": "note"}) for n in range(6)]
+    loop = await client.create_session("failures")
+    calm = await client.create_session("calm")
+    await client.prompt_async(loop["id"], script(failing, 8, delay=0.3))
+    await client.prompt_async(calm["id"], script(fine, 6, delay=0.1))
+    calm_messages = await client.wait_idle(calm["id"], 60)
+    [outcome] = await monitor.wait_event("intervention.outcome")
+    assert (outcome["session_id"], outcome["rule"]) == (loop["id"], "failure")
+    assert (outcome["outcome"], outcome["call_index"]) == ("aborted", 4)
+    statuses = [p["state"]["status"] for p in tool_parts(calm_messages)]
+    assert statuses == ["completed"] * 6
+    ok = (plugin_server.project / "ok.txt").read_text().split()
+    assert ok == [str(n) for n in range(6)]
+
+
+async def test_daemon_restarted_mid_run_calls_run_while_down_and_the_loop_is_caught_once_back(
+    plugin_server, start_monitor, http, socket_path
+):
+    watch = ("watch", "--url", plugin_server.url, "--log-format", "json",
+             "--plugin-socket", str(socket_path))  # fmt: skip
+    first = start_monitor(*watch)
+    await first.wait_event("stream.connected")
+    client = plugin_server.client(http)
+    session = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], 10, delay=1.0))
+    out = plugin_server.project / "out.txt"
+
+    async def written(count: int) -> bool:
+        return out.exists() and len(out.read_text().splitlines()) >= count
+
+    await until(lambda: written(1), 30, interval=0.05, what="the first append")
+    await first.stop()
+    await until(lambda: written(2), 30, interval=0.05, what="an append while down")
+    second = start_monitor(*watch)  # the same socket: the plugin finds it again
+    await second.wait_event("stream.connected")
+    [outcome] = await second.wait_event("intervention.outcome", timeout=60)
+    messages = await client.messages(session["id"])
+    ran = len(out.read_text().splitlines())
+    # Calls made while the daemon was down ran (the plugin fell open at once: no socket).
+    assert ran >= 2
+    if outcome["outcome"] == "blocked":
+        # Back before the loop completed: the 4th append is refused in band.
+        assert (outcome["call_index"], ran) == (4, 3)
+    else:
+        # The loop completed while down: read back at resync, the run is stopped at once.
+        assert outcome["outcome"] == "aborted" and outcome["call_index"] == 4
+    assert (
+        "opencode-loop-monitor: no answer from the monitor at" in plugin_server.log_path.read_text()
+    )
+    assert all(p["state"]["status"] == "completed" for p in tool_parts(messages)[:ran])
