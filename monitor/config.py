@@ -1049,9 +1049,13 @@ def _values(settings: Settings) -> dict[str, Any]:
 
 def guard_of(settings: Settings) -> Detection:
     """What `watch` and `attach` act by: the detection settings, and how permission requests
-    are answered (never in a dry run, which changes nothing on the server)."""
+    are answered. A dry run changes nothing on the server: it answers no request, and as the
+    loops it reports were never stopped, none stays armed (each is reported once, as replay
+    does)."""
     detection = _detection(_values(settings))
-    return replace(detection, permissions="off") if settings.dry_run else detection
+    if settings.dry_run:
+        return replace(detection, permissions="off", armed_runs=0)
+    return detection
 
 
 def detection_of(settings: Settings) -> Detection:

@@ -560,3 +560,11 @@ def test_an_absolute_directory_is_kept_as_given(tmp_path: Path) -> None:
     assert load(tmp_path, flags={"directory": "/home/dev/project"}).directory == (
         "/home/dev/project"
     )
+
+
+def test_a_dry_run_answers_no_request_and_keeps_no_loop_armed(tmp_path: Path) -> None:
+    # Its loops are never stopped, so each is reported once, as replay reports them.
+    guard = guard_of(load(tmp_path, flags={"dry_run": True, "permissions": "approve"}))
+    assert (guard.permissions, guard.armed_runs) == ("off", 0)
+    live = guard_of(load(tmp_path, flags={"permissions": "approve"}))
+    assert (live.permissions, live.armed_runs) == ("approve", 2)

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 
+import aiohttp
+import pytest
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
+from monitor.core.decisions import Intervene, Reply
 from monitor.core.due import DueWork, Step
 from monitor.core.export import intervened
 from monitor.core.feedback import MARK
-from monitor.shell.actions import RECENT_MESSAGES
+from monitor.core.findings import CallCycle
+from monitor.shell.actions import RECENT_MESSAGES, Interventions
+from monitor.shell.api import OpencodeAPI
 from monitor.testing import FakeOpencode, frames, play
 from tests import frames_factory as ff
 from tests.frames_factory import BASH, asked, envelope, part, replied
@@ -148,6 +154,7 @@ def test_intervened_reads_what_another_monitor_left():
     later = [*record, ff.user_message("ses_s1", MARK + "this loop")]
     assert intervened(later, "p4") == "feedback already in the session"
     assert intervened(refused_record(), "prt_4") == "call already refused"
+    assert intervened(refused_record(), "prt_4", refused=False) is None  # our own refusal
     assert intervened(later, "p9") is None  # a part the record does not hold: nothing known
 
 
@@ -272,3 +279,54 @@ async def test_attach_warns_when_a_monitor_already_intervened_in_the_session():
         await server.close()
     [warning] = events(logs, "attach.other_monitor")
     assert (warning["session_id"], warning["feedback_messages"]) == ("ses_s1", 1)
+
+
+def held_decision() -> Intervene:
+    """The loop of `refused_record`, escalated to a hold: ours to carry out in full."""
+    return Intervene(
+        session_id="ses_1",
+        directory="/w",
+        finding=CallCycle(("bash",), 4),
+        part_id="prt_4",
+        call_index=6,
+        prior_interventions=2,
+        hold=True,
+        escalated=True,
+        feedback=MARK + "held",
+    )
+
+
+async def carried_out(fake: FakeOpencode, act: Callable[[Interventions], None]) -> list[dict]:
+    """The log of `act` on an `Interventions` against the stand-in `fake`, once it is done."""
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            api = OpencodeAPI(http, str(server.make_url("")).rstrip("/"), FAST.retry, FAST.sleep)
+            actions = Interventions(api, forget=lambda _: None, on_fatal=lambda _: None)
+            with capture_logs() as logs:
+                act(actions)
+                await actions.drain(5)
+    finally:
+        await server.close()
+    return logs
+
+
+@pytest.mark.parametrize("via", ["plugin", "permission"])
+async def test_our_own_refusal_of_a_call_held_is_not_taken_for_another_monitors(via: str):
+    # We refused call 4 (the plugin threw our feedback, or we rejected its permission
+    # request): the record shows it refused with our text. The hold that follows is ours to
+    # finish: abort, then the feedback stored for a person; nothing deferred.
+    fake = FakeOpencode(messages={"ses_1": refused_record()}, answers={"prompt_async": [204]})
+    decision = held_decision()
+    if via == "plugin":
+        logs = await carried_out(fake, lambda actions: actions.blocked(decision, "call_4"))
+    else:
+        reply = Reply("per_1", "ses_1", "/w", "reject", message=MARK + "refused", loop=decision)
+        logs = await carried_out(fake, lambda actions: actions.answer(reply))
+    [outcome] = events(logs, "intervention.outcome")
+    assert outcome["outcome"] == "held"
+    assert [r.path for r in fake.of("abort")] == ["/session/ses_1/abort"]
+    [feedback] = fake.of("prompt_async")
+    assert feedback.body["noReply"] is True
+    assert events(logs, "feedback.deferred") == []

@@ -122,17 +122,20 @@ def feedback_delivered(messages: list[Any], text: str, part_id: str) -> bool:
     return any(_says(message, lambda said: said == text) for message in messages[start:])
 
 
-def intervened(messages: list[Any], part_id: str, aborted: bool = True) -> str | None:
+def intervened(
+    messages: list[Any], part_id: str, aborted: bool = True, refused: bool = True
+) -> str | None:
     """Whether some monitor already intervened on the loop caught at part `part_id`: why, or
     None. What another monitor of the same server leaves in the session's record, in the
-    order it leaves it: the call refused with a monitor's text, the run aborted (`aborted`;
-    its feedback follows), a monitor's feedback message after the part. Nothing is known
-    of a part the record does not hold yet.
+    order it leaves it: the call refused with a monitor's text (`refused`: False when the
+    refusal was the asker's own), the run aborted (`aborted`; its feedback follows), a
+    monitor's feedback message after the part. Nothing is known of a part the record does
+    not hold yet.
     """
     index = _holding(messages, part_id)
     if index is None:
         return None
-    for part in tool_parts(messages[index]):
+    for part in tool_parts(messages[index]) if refused else ():
         state = part.get("state")
         if (
             _has_id(part, part_id)

@@ -106,7 +106,10 @@ class Interventions:
         also stops the run, then gives the feedback; a block lets the run go on."""
         log.warning("loop.detected", via="plugin", call_id=call_id, **decision.fields())
         if decision.hold or decision.action == Action.STOP:
-            self._queue(decision, lambda progress: self._act(decision, progress, via="plugin"))
+            self._queue(
+                decision,
+                lambda progress: self._act(decision, progress, ours=True, via="plugin"),
+            )
             return
         self._decided(decision, Outcome.BLOCKED, via="plugin", call_id=call_id)
 
@@ -205,10 +208,15 @@ class Interventions:
         )
         self._on_outcome(decision, outcome)
 
-    async def _act(self, decision: Intervene, progress: _Progress, **extra: object) -> None:
+    async def _act(
+        self, decision: Intervene, progress: _Progress, ours: bool = False, **extra: object
+    ) -> None:
+        """Stop the run (or nudge it), then give the feedback. `ours`: we refused the loop's
+        call already (the plugin threw our feedback), so that refusal in the record is ours,
+        not another monitor's."""
         if self._api is not None:
             # Before acting, check: another monitor may have stopped this loop already.
-            other = await self._intervened(decision, aborted=True)
+            other = await self._intervened(decision, aborted=True, ours=ours)
             if other is not None:
                 progress.decided = True
                 self._decided(decision, Outcome.DEFERRED, reason=other, **extra)
@@ -218,7 +226,7 @@ class Interventions:
             progress.decided = True
             self._decided(decision, Outcome.NUDGED, **extra)
             progress.feedback_due = True
-            await self._give_feedback(decision, stagger=True)
+            await self._give_feedback(decision, stagger=True, ours=ours)
             return
         started = time.monotonic()
         outcome, error = await self._abort(decision)
@@ -230,7 +238,7 @@ class Interventions:
         self._decided(decision, outcome, abort_ms=abort_ms, error=error, **extra)
         if outcome in (Outcome.ABORTED, Outcome.HELD):
             progress.feedback_due = True
-            await self._give_feedback(decision, stagger=True)
+            await self._give_feedback(decision, stagger=True, ours=ours)
 
     async def _finish(self, due: Due, progress: _Progress) -> None:
         """Due work after a connect: what the session's record shows is done is logged as
@@ -263,9 +271,13 @@ class Interventions:
             return
         await self._give_feedback(decision, stagger=False, checked=True)
 
-    async def _intervened(self, decision: Intervene, aborted: bool, reads: int = 1) -> str | None:
+    async def _intervened(
+        self, decision: Intervene, aborted: bool, reads: int = 1, ours: bool = False
+    ) -> str | None:
         """What another monitor did about this loop, read back from the session's record;
-        None when nothing (or the record cannot be read: better act twice than never)."""
+        None when nothing (or the record cannot be read: better act twice than never).
+        `aborted`: whether an aborted run counts as its doing; `ours`: the loop's call was
+        refused by us, so its refusal does not."""
         assert self._api is not None
         for read in range(reads):
             if read:
@@ -276,7 +288,7 @@ class Interventions:
                 )
             except ServerError:
                 return None
-            other = intervened(messages, decision.part_id, aborted)
+            other = intervened(messages, decision.part_id, aborted, refused=not ours)
             if other is not None:
                 return other
         return None
@@ -334,7 +346,7 @@ class Interventions:
             outcome == Outcome.REJECTED and decision.rule == Rule.DOOM_LOOP
         ):
             progress.feedback_due = True
-            await self._give_feedback(decision, stagger=False)
+            await self._give_feedback(decision, stagger=False, ours=True)
 
     async def _approve(self, reply: Reply) -> None:
         assert self._api is not None
@@ -376,15 +388,16 @@ class Interventions:
         return (Outcome.HELD if decision.hold else Outcome.ABORTED), None
 
     async def _give_feedback(
-        self, decision: Intervene, stagger: bool, checked: bool = False
+        self, decision: Intervene, stagger: bool, checked: bool = False, ours: bool = False
     ) -> None:
         """Post the feedback, unless another monitor's is in the session by then (`stagger`:
-        after a random wait, see STAGGER_S; `checked`: the record was just read)."""
+        after a random wait, see STAGGER_S; `checked`: the record was just read; `ours`: the
+        loop's call was refused by us)."""
         assert self._api is not None
         if stagger:
             await self._sleep(self._stagger())
         if not checked:
-            other = await self._intervened(decision, aborted=False)
+            other = await self._intervened(decision, aborted=False, ours=ours)
             if other is not None:
                 _feedback_found(decision, other)
                 return
