@@ -251,7 +251,7 @@ def parse_event(frame: object) -> tuple[str, Event | Malformed | None]:
     kind = frame.get("type")
     if not isinstance(kind, str):
         return MALFORMED, Malformed("event type missing")
-    label = event_label(kind)
+    label = kind if kind in KNOWN_EVENT_TYPES else OTHER  # `event_label`, on every frame
     parse = _PARSERS.get(kind)
     if parse is None:
         return label, None
@@ -290,18 +290,19 @@ def _part_updated(props: dict[str, Any], directory: str | None) -> ToolPart | Te
     if kind != "tool":
         return None
     state = _object(part, "state")
+    # Positional: the most frequent event the tracker types, and keywords cost a third more.
     return ToolPart(
-        session_id=_text(part, "sessionID"),
-        part_id=_text(part, "id"),
-        tool=_text(part, "tool"),
-        status=_text(state, "status"),
-        input=state.get("input"),
-        output=state.get("output"),
-        error=state.get("error"),
-        directory=directory,
-        metadata=state.get("metadata"),
-        message_id=_optional_text(part, "messageID"),
-        call_id=_optional_text(part, "callID"),
+        _text(part, "sessionID"),
+        _text(part, "id"),
+        _text(part, "tool"),
+        _text(state, "status"),
+        state.get("input"),
+        state.get("output"),
+        state.get("error"),
+        directory,
+        state.get("metadata"),
+        _optional_text(part, "messageID"),
+        _optional_text(part, "callID"),
     )
 
 
@@ -374,8 +375,22 @@ def _session_info(props: dict[str, Any], directory: str | None) -> SessionSeen:
     )
 
 
+_TOKENS = ("input", "output", "reasoning")
+_CACHE_TOKENS = ("read", "write")
+
+
 def _count(value: object) -> int:
     return value if type(value) is int and value > 0 else 0
+
+
+def _sum_counts(counts: dict[str, Any], keys: tuple[str, ...]) -> int:
+    """The sum of the counts under `keys`; a missing, mistyped or negative one counts 0."""
+    total = 0
+    for key in keys:
+        value = counts.get(key)
+        if type(value) is int and value > 0:
+            total += value
+    return total
 
 
 def _message_updated(
@@ -394,11 +409,10 @@ def _message_updated(
     total = 0
     tokens = info.get("tokens")
     if isinstance(tokens, dict):
-        total = _count(tokens.get("input")) + _count(tokens.get("output"))
-        total += _count(tokens.get("reasoning"))
+        total = _sum_counts(tokens, _TOKENS)
         cache = tokens.get("cache")
         if isinstance(cache, dict):
-            total += _count(cache.get("read")) + _count(cache.get("write"))
+            total += _sum_counts(cache, _CACHE_TOKENS)
     cost = info.get("cost", 0)
     if type(cost) not in (int, float) or not cost >= 0:
         cost = 0  # a mistyped or negative cost (or NaN) spends nothing

@@ -48,7 +48,10 @@ def clean_tool_name(name: str, limit: int = TOOL_NAME_MAX) -> str:
     so it stays one short token. The shell cleans every name that leaves the process (logs,
     webhooks, /status) with it, with limits of its own for directories.
     """
-    printable = "".join(" " if unicodedata.category(c).startswith("C") else c for c in name)
+    if name.isascii() and name.isprintable():
+        printable = name  # the usual name: no control character to replace (a check in C)
+    else:
+        printable = "".join(" " if unicodedata.category(c).startswith("C") else c for c in name)
     words = " ".join(printable.split())
     return words if len(words) <= limit else words[: limit - 1] + "…"
 

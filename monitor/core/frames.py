@@ -8,7 +8,8 @@ daemon would have read.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+import json.scanner
+from collections.abc import Callable, Iterable, Iterator
 
 # A tool output can be large (a whole file read), but a frame beyond this is not something
 # the server sends: refuse it rather than hold it in memory.
@@ -19,11 +20,29 @@ class FrameError(ValueError):
     """A payload that is not usable JSON; the message is safe to log."""
 
 
+# `json.loads` less its wrappers: the C scanner of the default decoder, called directly on a
+# frame that starts an object. What it accepts is what `json.loads` accepts when it ends at
+# the frame's end; anything else (white space around, a BOM, an error) goes to `json.loads`,
+# so every answer and every error is the same. It saves about a third of the decoding time.
+# (typeshed types `make_scanner` as a class of itself; it is a function of a decoder.)
+_scan: Callable[[str, int], tuple[object, int]] = json.scanner.make_scanner(
+    json.JSONDecoder()  # type: ignore[arg-type]
+)
+
+
 def decode_frame(data: str) -> object:
     """Decode one event's data into a JSON value, or raise FrameError."""
     if len(data) > MAX_FRAME_BYTES:
         raise FrameError("frame too large")
     try:
+        if data[:1] == "{":
+            try:
+                value, end = _scan(data, 0)
+            except StopIteration:
+                pass
+            else:
+                if end == len(data):
+                    return value
         return json.loads(data)
     except RecursionError:
         raise FrameError("frame nested too deeply") from None
@@ -91,22 +110,31 @@ class SSEChunkDecoder:
             self._partial_size = len(tail)
         events: list[str] = []
         data = self._data
+        # Two lines a frame, so the loop keeps its state in locals.
+        size, limit = self._data_size, self._max_line
         for line in lines:
             if not line:
                 if data:
                     events.append(b"\n".join(data).decode("utf-8", "replace"))
                     data.clear()
-                    self._data_size = 0
-            elif line.startswith(b"data:"):
-                value = line[6:] if line.startswith(b"data: ") else line[5:]
+                    size = 0
+            elif line[:6] == b"data: ":
                 # Many data lines without the blank line that ends the event would otherwise
                 # grow it without bound, line limit or not.
-                self._data_size += len(value) + 1
-                if self._data_size > self._max_line:
+                size += len(line) - 5
+                if size > limit:
+                    self._data_size = size
                     raise FrameError("event too large")
-                data.append(value)
+                data.append(line[6:])
+            elif line.startswith(b"data:"):
+                size += len(line) - 4
+                if size > limit:
+                    self._data_size = size
+                    raise FrameError("event too large")
+                data.append(line[5:])
             elif line == b"data":
                 data.append(b"")
+        self._data_size = size
         return events
 
 

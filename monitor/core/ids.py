@@ -10,6 +10,7 @@ any length up to 64, so a longer id from a later server still works, while ".", 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _BASE62 = "[0-9A-Za-z]{1,64}"
 SESSION_ID = re.compile(f"ses_{_BASE62}")
@@ -17,7 +18,14 @@ PERMISSION_ID = re.compile(f"per_{_BASE62}")
 
 
 def is_session_id(value: object) -> bool:
-    return isinstance(value, str) and SESSION_ID.fullmatch(value) is not None
+    return isinstance(value, str) and _is_session_id(value)
+
+
+# The daemon checks the session id of every frame that names one, and a server has a few
+# sessions busy at a time: the answer for the recent ones is remembered (C, no regex).
+@lru_cache(maxsize=1024)
+def _is_session_id(value: str) -> bool:
+    return SESSION_ID.fullmatch(value) is not None
 
 
 def is_permission_id(value: object) -> bool:

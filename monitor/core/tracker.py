@@ -30,7 +30,6 @@ from monitor.core.events import (
     PartDelta,
     PermissionAsked,
     PermissionReplied,
-    SessionDeleted,
     SessionDiff,
     SessionIdle,
     SessionSeen,
@@ -264,7 +263,7 @@ class Tracker:
             frame = decode_frame(data)
         except FrameError as exc:
             return self._malformed(MALFORMED, str(exc))
-        return self.feed(frame)
+        return self._feed(frame, None)  # `feed`, one call less on every frame
 
     def feed(self, frame: object) -> Fed:
         """Take one decoded frame (`/event` or `/global/event` form); say what it did.
@@ -445,29 +444,50 @@ class Tracker:
         label, event = parse_event(frame)
         if event is None:
             return _QUIET[label]
+        # Every typed frame comes this way: the kinds are tried in the order of how often the
+        # server sends them (deltas, tool and session updates), the rare ones last.
         if isinstance(event, Malformed):
             return self._malformed(label, event.reason)
         if isinstance(event, FileEdited):  # names no session, only its directory
             self._files_edited(event.directory or self._default_directory)
             return _QUIET[label]
-        if self._check_ids and not is_session_id(event.session_id):
-            return self._malformed(label, f"{label}: sessionID is not of the shape ses_...")
-        if (
-            self._check_ids
-            and isinstance(event, PermissionAsked)
-            and not is_permission_id(event.request_id)
-        ):
-            return self._malformed(label, f"{label}: id is not of the shape per_...")
+        if self._check_ids:
+            if not is_session_id(event.session_id):
+                return self._malformed(label, f"{label}: sessionID is not of the shape ses_...")
+            if isinstance(event, PermissionAsked) and not is_permission_id(event.request_id):
+                return self._malformed(label, f"{label}: id is not of the shape per_...")
         if self.only_session is not None and event.session_id != self.only_session:
             return _QUIET[label]
-        if isinstance(event, PartDelta):  # the most frequent frames: first
+        if isinstance(event, PartDelta):
             decision = self._delta(event)
             return _QUIET[label] if decision is None else Fed((decision,), label)
         if isinstance(event, ToolPart):
             return self._tool_part(event, seeding, label)
+        if isinstance(event, SessionSeen):
+            self._seen(event.session_id, event.directory)
+            self._budgets.session(event.session_id, event.parent_id)
+            return _QUIET[label]
+        if isinstance(event, MessageUsage):
+            return self._usage(event, label)
+        if isinstance(event, UserMessage):
+            # A held session waits for a person; which message is theirs, its text tells.
+            asked = self._sessions.get(event.session_id)
+            if asked is not None and asked.held is not None:
+                asked.held = event.message_id
+            return _QUIET[label]
+        if isinstance(event, SessionDiff):
+            diffed = self._sessions.get(event.session_id)
+            if diffed is not None and diffed.running:
+                diffed.state(SIGNALS, Signals).diffed(event.digest)
+            return _QUIET[label]
         if isinstance(event, TextPart):
             decision = self._text_part(event)
             return _QUIET[label] if decision is None else Fed((decision,), label)
+        if isinstance(event, SessionIdle):
+            self._seen(event.session_id, event.directory)
+            self.end_run(event.session_id)
+            self._budgets.end_run(event.session_id)
+            return _QUIET[label]
         if isinstance(event, PermissionAsked):
             if self._gate.mode == "off":
                 return _QUIET[label]
@@ -476,47 +496,28 @@ class Tracker:
                 session, event, self.directory_of(event.session_id), self._doom_loop
             )
             return _QUIET[label] if reply is None else Fed(event_type=label, replies=(reply,))
-        if isinstance(event, UserMessage):
-            # A held session waits for a person; which message is theirs, its text tells.
-            asked = self._sessions.get(event.session_id)
-            if asked is not None and asked.held is not None:
-                asked.held = event.message_id
-            return _QUIET[label]
         if isinstance(event, PermissionReplied):
             replied = self._sessions.get(event.session_id)
             if replied is not None:
                 self._gate.replied(replied, event)
             return _QUIET[label]
-        if isinstance(event, MessageUsage):
-            return self._usage(event, label)
-        if isinstance(event, SessionDiff):
-            diffed = self._sessions.get(event.session_id)
-            if diffed is not None and diffed.running:
-                diffed.state(SIGNALS, Signals).diffed(event.digest)
-            return _QUIET[label]
-        if isinstance(event, SessionIdle):
-            self._seen(event.session_id, event.directory)
-            self.end_run(event.session_id)
-            self._budgets.end_run(event.session_id)
-        elif isinstance(event, SessionSeen):
-            self._seen(event.session_id, event.directory)
-            self._budgets.session(event.session_id, event.parent_id)
-        elif isinstance(event, SessionDeleted):
-            self.forget(event.session_id)
-            return Fed(event_type=label, deleted=event.session_id)
-        return _QUIET[label]
+        # The one kind left: `session.deleted`.
+        self.forget(event.session_id)
+        return Fed(event_type=label, deleted=event.session_id)
 
     def _malformed(self, label: str, reason: str) -> Fed:
         self.malformed[reason] += 1
         return Fed(event_type=label, malformed=reason)
 
     def _seen(self, session_id: str, directory: str | None) -> SessionRecord:
-        if session_id not in self._sessions:
-            self.sessions_seen += 1
-        session = self._sessions.touch(session_id, SessionRecord)
+        session = self._sessions.touch(session_id, self._new_session)
         if directory is not None:
             session.directory = directory
         return session
+
+    def _new_session(self) -> SessionRecord:
+        self.sessions_seen += 1
+        return SessionRecord()
 
     def _usage(self, usage: MessageUsage, label: str) -> Fed:
         """A step's spend: counted for the metrics, and against the budgets."""

@@ -390,7 +390,8 @@ class Watch:
 
     def _take(self, fed: Fed) -> None:
         """Carry out and count what one frame fed to the tracker did."""
-        self._carry_out(fed)
+        if fed.decisions or fed.replies:  # most frames decide nothing
+            self._carry_out(fed)
         if fed.event_type not in QUIET_EVENTS:
             self._last_event_at = self.timing.clock()
         metrics = self.metrics

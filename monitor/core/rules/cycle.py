@@ -48,11 +48,16 @@ def detect_cycle(
     """
     size = len(history)
     window = min(size, window_size(max_period, repeats) if window is None else window)
+    if not size:
+        return None
+    last = history[size - 1]
     for length in range(1, max_period + 1):
         needed = max(length * repeats, min_calls)
         if needed > window:
             # Longer periods need at least as many calls: none of them can match either.
             break
+        if history[size - 1 - length] != last:
+            continue  # the newest call differs from the one a period back: no cycle of it
         run = _periodic_tail(history, size, length, window)
         if run >= needed:
             return Cycle(length=length, repetitions=run // length)

@@ -19,13 +19,14 @@ import re
 from typing import Any
 
 from monitor.core import findings
+from monitor.core.patterns import TextPattern
 from monitor.core.session import Call, SessionRecord
 from monitor.core.signature import signature_digest
 
 # Only the head and tail of a long output are compared: errors sit at either end, and the
 # cost per call must not grow with the output.
 _EDGE = 2048
-_VOLATILE = re.compile(
+_VOLATILE = TextPattern(
     # The random folder of a temporary path (the rest of the path still says what failed).
     r"(?P<temp>(?:/tmp|/var/tmp|(?:/private)?/var/folders/[^/\s]+/[^/\s]+/T)/[^/\s]*)"
     # Other paths and file names are what failed: `file-3.md` and `file-4.md` are two
@@ -35,7 +36,7 @@ _VOLATILE = re.compile(
     r"|\d+",  # line numbers, counters, timestamps, durations
     re.IGNORECASE,
 )
-_SPACE = re.compile(r"\s+")
+_SPACE = TextPattern(r"\s+")
 
 
 def _mask(match: re.Match[str]) -> str:
@@ -49,7 +50,8 @@ def normalize(text: str) -> str:
     """The error text with its volatile bits replaced, whitespace collapsed."""
     if len(text) > 2 * _EDGE:
         text = text[:_EDGE] + "\n...\n" + text[-_EDGE:]
-    return _SPACE.sub(" ", _VOLATILE.sub(_mask, text)).strip()
+    text = _VOLATILE.of(text).sub(_mask, text)
+    return _SPACE.of(text).sub(" ", text).strip()
 
 
 def exit_status(tool: str, status: str, metadata: Any) -> int | None:

@@ -13,11 +13,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from monitor.core.patterns import TextPattern
+
 _WAITING_COMMAND = re.compile(
     r"\bsleep\s+\d|\bwatch\b|--watch\b|\bwait\b|\buntil\b|\bhealth|\bpoll|\btail\s+-[a-zA-Z]*f",
     re.IGNORECASE,
 )
-_IN_PROGRESS = re.compile(
+_IN_PROGRESS = TextPattern(
     r"\bin[ _-]?progress\b|\bqueued\b|\bstill running\b|\bnot (?:yet )?ready\b|\bwaiting for\b",
     re.IGNORECASE,
 )
@@ -39,4 +41,4 @@ def answers_in_progress(output: Any) -> bool:
         return False
     if len(output) > 2 * _EDGE:
         output = output[:_EDGE] + "\n" + output[-_EDGE:]
-    return _IN_PROGRESS.search(output) is not None
+    return _IN_PROGRESS.of(output).search(output) is not None
