@@ -10,7 +10,7 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.core.events import KNOWN_EVENT_TYPES, parse_event
+from monitor.core.events import _PARSERS, KNOWN_EVENT_TYPES, parse_event
 from monitor.shell.metrics import (
     Metrics,
     MetricsServer,
@@ -262,6 +262,12 @@ def test_known_event_types_include_what_the_tracker_reads():
         "sync",
     } <= KNOWN_EVENT_TYPES
     assert "other" not in KNOWN_EVENT_TYPES and "malformed" not in KNOWN_EVENT_TYPES
+
+
+def test_every_type_the_tracker_parses_is_its_own_label():
+    # `parse_event` labels a parsed frame by its type without looking it up again.
+    assert set(_PARSERS) <= KNOWN_EVENT_TYPES
+    assert set(_PARSERS) >= {"message.part.updated", "message.part.delta", "file.edited"}
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,8 @@ the metrics and the webhook carry it.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from monitor.core.findings import Finding, Rule, TextPassage, fields
@@ -63,6 +64,11 @@ class Intervene:
     escalated: bool
     feedback: str
     action: Action = Action.BLOCK
+    # `fields()`, made at its first use: every decision logs them twice (`loop.detected`,
+    # `intervention.outcome`).
+    _fields: Mapping[str, object] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def rule(self) -> Rule:
@@ -76,8 +82,15 @@ class Intervene:
             return self.finding.delta
         return self.call_index
 
-    def fields(self) -> dict[str, object]:
+    def fields(self) -> Mapping[str, object]:
         """What `loop.detected` says of a decision; `intervention.outcome` repeats it."""
+        made = self._fields
+        if made is None:
+            made = self._make_fields()
+            object.__setattr__(self, "_fields", made)  # frozen: set once, here
+        return made
+
+    def _make_fields(self) -> dict[str, object]:
         return dict(
             session_id=self.session_id,
             directory=self.directory,

@@ -251,10 +251,10 @@ def parse_event(frame: object) -> tuple[str, Event | Malformed | None]:
     kind = frame.get("type")
     if not isinstance(kind, str):
         return MALFORMED, Malformed("event type missing")
-    label = kind if kind in KNOWN_EVENT_TYPES else OTHER  # `event_label`, on every frame
     parse = _PARSERS.get(kind)
     if parse is None:
-        return label, None
+        return (kind if kind in KNOWN_EVENT_TYPES else OTHER), None  # `event_label`
+    label = kind  # every kind parsed is a known type (tests/test_events.py)
     props = frame.get("properties")
     if not isinstance(props, dict):
         return label, Malformed(f"{kind}: properties is not an object")

@@ -232,7 +232,17 @@ class Tracker:
         # The daemon acts on ids (they go into request paths): one that is not of OpenCode's
         # shape makes its frame malformed. Off for replay and the core's own tests.
         self._check_ids = check_ids
-        self._call_rules, self._text_rules = rules_of(detection)
+        call_rules, self._text_rules = rules_of(detection)
+        # The rules that read each kind of update, by (recorded, finished), in their order.
+        self._call_rules = {
+            (recorded, finished): [
+                rule
+                for rule in call_rules
+                if (recorded and rule.reads_recorded) or (finished and rule.reads_finished)
+            ]
+            for recorded in (False, True)
+            for finished in (False, True)
+        }
         self._ignore_args = ignored_args(detection.profile, detection.ignore_args)
         self._transparent = transparent_tools(detection.profile, detection.ignore_tools)
         self._record_at_running = detection.match == "input"
@@ -683,7 +693,7 @@ class Tracker:
         armed, finding = session.armed, session.armed_finding
         if record and live and armed is not None and finding is not None and call.digest in armed:
             return self._decide(session, session_id, finding, part_id, rearm=False)
-        for rule in self._call_rules:
+        for rule in self._call_rules[record, outcome]:
             found = rule.call(session, call, record, outcome)
             if found is not None:
                 return self._decide(session, session_id, found, part_id)

@@ -179,7 +179,7 @@ class Scope(Protocol):
         ...
 
     def ended(self, fed: Fed) -> bool:
-        """After every frame: True when there is nothing left to follow."""
+        """After a frame that deleted a session: True when there is nothing left to follow."""
         ...
 
 
@@ -404,7 +404,7 @@ class Watch:
                 metrics.spent(*fed.spent)
         if fed.malformed is not None:
             self._log_malformed(fed.malformed)
-        if self.scope.ended(fed):
+        if fed.deleted is not None and self.scope.ended(fed):
             self._stop.set()
 
     def _carry_out(self, fed: Fed) -> None:

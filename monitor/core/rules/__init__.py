@@ -21,6 +21,9 @@ What a rule sees:
   update in `input+output` mode, or when its `running` was missed); `finished`: this update
   brings its outcome (taken once per call). Both can be true at once.
 
+A rule says which updates it reads (`reads_recorded`, `reads_finished`); the tracker asks it
+only about those, so a `running` update costs nothing in the rules that wait for outcomes.
+
 A next rule is one module here with a class that follows `CallRule` or `TextRule`, made from
 its own settings; one field of `Detection`, one finding class (monitor/core/findings.py), and
 one line in `rules_of` (monitor/core/tracker.py) that makes it from that field, or leaves it
@@ -38,6 +41,9 @@ from monitor.core.session import Call, SessionRecord
 
 class CallRule(Protocol):
     """A rule over a session's tool calls."""
+
+    reads_recorded: bool  # asked about an update that records its call
+    reads_finished: bool  # asked about an update that brings its call's outcome
 
     def call(
         self, session: SessionRecord, call: Call, recorded: bool, finished: bool

@@ -92,6 +92,8 @@ class CycleRule:
         self.history = history
         self.wait_calls = wait_calls
         self.min_calls = min_calls
+        self.reads_recorded = True
+        self.reads_finished = wait_calls > 0  # an outcome "in progress" marks a wait
 
     def call(
         self, session: SessionRecord, call: Call, recorded: bool, finished: bool

@@ -105,6 +105,9 @@ class FailureRule:
     """Rule `failure`: the same failure `repeats` times in a row. Its state is the run of
     failures, made at the first failure (successes cost nothing until then)."""
 
+    reads_recorded = False
+    reads_finished = True  # outcomes only
+
     def __init__(self, repeats: int) -> None:
         self.repeats = repeats
 

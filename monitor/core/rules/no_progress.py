@@ -74,6 +74,9 @@ def _find(checks: array[int], digest: int) -> int:
 class NoProgressRule:
     """Rule `no_progress`: one check's same outcome `repeats` times, changes before each."""
 
+    reads_recorded = False
+    reads_finished = True  # outcomes only
+
     def __init__(self, repeats: int, max_checks: int = MAX_CHECKS) -> None:
         self.repeats = repeats
         self.max_checks = max_checks

@@ -63,6 +63,9 @@ def _waits(call: Call) -> bool:
 class RevisitRule:
     """Rule `revisit`: `revisits` of the last `WINDOW` calls brought nothing new."""
 
+    reads_recorded = False
+    reads_finished = True  # outcomes only
+
     def __init__(self, revisits: int, memory: int = MEMORY) -> None:
         if not 0 < revisits <= WINDOW:
             raise ValueError(f"revisits must be between 1 and {WINDOW}")

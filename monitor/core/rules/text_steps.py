@@ -45,6 +45,9 @@ class Steps:
 class StepsRule:
     """Rule `text_steps`, both a text and a call rule: texts count, new outcomes reset."""
 
+    reads_recorded = False
+    reads_finished = True  # outcomes only
+
     def __init__(self, steps: int) -> None:
         self.steps = steps
 
