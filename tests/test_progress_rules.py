@@ -4,6 +4,7 @@ tracker as the stream feeds it; and their measured false alarms on the shared re
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 from dataclasses import replace
 from pathlib import Path
@@ -318,17 +319,17 @@ def test_a_bad_budget_is_refused_with_the_form_it_takes(raw: str) -> None:
 
 # -- the shared real corpus ------------------------------------------------------------------
 
-# ../shared beside the repository (CI, /work/main), or beside the worktrees' folder.
+# ../shared beside the repository (as the developers' guide places it), beside the worktrees'
+# folder, $OLM_SHARED_DIR, or this workplace's /work/shared (a clone made elsewhere, in /tmp).
 _ROOT = Path(__file__).resolve().parents[1]
+_PLACES = [
+    *([Path(os.environ["OLM_SHARED_DIR"])] if os.environ.get("OLM_SHARED_DIR") else []),
+    _ROOT.parent / "shared",
+    _ROOT.parent.parent / "shared",
+    Path("/work/shared"),
+]
 SHARED = (
-    next(
-        (
-            p
-            for p in (_ROOT.parent / "shared", _ROOT.parent.parent / "shared")
-            if (p / "realtraj" / "corpus.tar.xz").is_file()
-        ),
-        _ROOT.parent / "shared",
-    )
+    next((p for p in _PLACES if (p / "realtraj" / "corpus.tar.xz").is_file()), _PLACES[0])
     / "realtraj"
     / "corpus.tar.xz"
 )
@@ -338,7 +339,7 @@ CACHE = Path("/tmp/olm-realtraj-cache")
 @pytest.fixture(scope="module")
 def corpus() -> Path:
     if not SHARED.is_file():
-        pytest.skip(f"{SHARED} is absent")
+        pytest.skip(f"{SHARED} is absent (set OLM_SHARED_DIR to the folder holding realtraj/)")
     root = CACHE / f"corpus-{SHARED.stat().st_size}"
     if not (root / "corpus" / "sets.json").is_file():
         with tarfile.open(SHARED) as archive:
