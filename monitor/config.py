@@ -1011,7 +1011,7 @@ def _warnings(values: Mapping[str, Any]) -> tuple[str, ...]:
     if password_file is not None and password_file.stat().st_mode & stat.S_IROTH:
         warnings.append(f"password_file {password_file} is readable by every user (chmod o-r)")
     address: ListenAddress | None = values["metrics_addr"]
-    if address is not None and not _is_loopback(address.host):
+    if address is not None and not is_loopback(address.host):
         warnings.append(
             f"metrics_addr {address.host}:{address.port} is not a loopback address: "
             "/metrics is served without authentication to whoever can reach it"
@@ -1019,7 +1019,8 @@ def _warnings(values: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(warnings)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` is loopback: `localhost` or an address of 127.0.0.0/8 or ::1."""
     if host == "localhost":
         return True
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import ipaddress
 import os
 import secrets
 import socket
@@ -23,7 +22,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from monitor.config import Settings
+from monitor.config import Settings, is_loopback
 from monitor.core.plugin_protocol import (
     DECIDE_PATH,
     MAX_BODY,
@@ -82,7 +81,7 @@ def plugin_endpoint(settings: Settings, environ: Mapping[str, str]) -> PluginEnd
     """The endpoint the settings ask for; None when it is off. Raises ConfigError."""
     address = settings.plugin_addr
     if address is not None:
-        if not _is_loopback(address.host):
+        if not is_loopback(address.host):
             raise ConfigError(
                 f"plugin_addr {address.host}:{address.port}: only loopback addresses are served"
             )
@@ -105,15 +104,6 @@ def plugin_endpoint(settings: Settings, environ: Mapping[str, str]) -> PluginEnd
             "cannot have; set a shorter --plugin-socket"
         )
     return PluginEndpoint(path)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def read_or_create_token(path: Path) -> str:
