@@ -172,18 +172,27 @@ async def restart(server: TestServer, fake: FakeOpencode, logs: list) -> TestSer
     return again
 
 
+async def across_a_restart(
+    fake: FakeOpencode, step: str, record: Callable[[], list[dict]]
+) -> tuple[list[dict], FakeOpencode]:
+    """A loop on `fake` whose `step` request is held; the server restarts (as `back`, whose
+    record of the session `record` gives) until the feedback is sent. The logs, and `back`."""
+    with capture_logs() as logs:
+        server, watch, task = await start(fake)
+        await wait_for(lambda: fake.of(step))
+        back = FakeOpencode(messages={"ses_s1": record()})
+        back.streams = [back.live]
+        server = await restart(server, back, logs)
+        await wait_for(lambda: events(logs, "feedback.sent"))
+        await stop(server, watch, task)
+    return logs, back
+
+
 async def test_feedback_lost_to_a_restart_is_posted_once_after_the_reconnect():
     # The abort is answered; the server goes away with the feedback in flight, unstored.
     posted = asyncio.Event()
     fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))], holds={"prompt_async": posted})
-    back = FakeOpencode(messages={"ses_s1": ff.run_record("ses_s1", 4)})
-    back.streams = [back.live]
-    with capture_logs() as logs:
-        server, watch, task = await start(fake)
-        await wait_for(lambda: fake.of("prompt_async"))
-        server = await restart(server, back, logs)
-        await wait_for(lambda: events(logs, "feedback.sent"))
-        await stop(server, watch, task)
+    logs, back = await across_a_restart(fake, "prompt_async", lambda: ff.run_record("ses_s1", 4))
     assert len(back.of("prompt_async")) == 1
     assert [e["step"] for e in events(logs, "intervention.due")] == ["feedback"]
     assert events(logs, "feedback.failed") == []
@@ -196,17 +205,10 @@ async def test_feedback_stored_before_the_restart_is_not_posted_again():
     fake = FakeOpencode(
         streams=[play(loop_frames("ses_s1", 4))], holds={"prompt_async": posted}, store_prompts=True
     )
-    with capture_logs() as logs:
-        server, watch, task = await start(fake)
-        await wait_for(lambda: fake.of("prompt_async"))
-        # The server had stored it when it went away.
-        back = FakeOpencode(
-            messages={"ses_s1": [*ff.run_record("ses_s1", 4), *fake.messages["ses_s1"]]}
-        )
-        back.streams = [back.live]
-        server = await restart(server, back, logs)
-        await wait_for(lambda: events(logs, "feedback.sent"))
-        await stop(server, watch, task)
+    # The server had stored it when it went away.
+    logs, back = await across_a_restart(
+        fake, "prompt_async", lambda: [*ff.run_record("ses_s1", 4), *fake.messages["ses_s1"]]
+    )
     assert back.of("prompt_async") == []
     [sent] = events(logs, "feedback.sent")
     assert sent["found"] is True
@@ -218,14 +220,7 @@ async def test_an_abort_unanswered_before_a_restart_is_confirmed_by_the_read_bac
     # follows, once.
     answered = asyncio.Event()
     fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))], holds={"abort": answered})
-    back = FakeOpencode(messages={"ses_s1": ff.run_record("ses_s1", 4)})
-    back.streams = [back.live]
-    with capture_logs() as logs:
-        server, watch, task = await start(fake)
-        await wait_for(lambda: fake.of("abort"))
-        server = await restart(server, back, logs)
-        await wait_for(lambda: events(logs, "feedback.sent"))
-        await stop(server, watch, task)
+    logs, back = await across_a_restart(fake, "abort", lambda: ff.run_record("ses_s1", 4))
     [outcome] = events(logs, "intervention.outcome")
     assert outcome["outcome"] == "aborted"
     assert outcome["confirmed"] == "run stopped, read back after reconnect"
