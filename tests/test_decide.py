@@ -15,7 +15,7 @@ import pytest
 
 from monitor.core.plugin_protocol import ALLOW, MAX_BODY, PluginCall, block
 from monitor.errors import ConfigError
-from monitor.shell.decide import DecideServer, PluginEndpoint
+from monitor.shell.decide import DecideServer, PluginEndpoint, state_dir
 
 CALL = {
     "session_id": "ses_dd4d5c831ffemmgMvdYdtbM3cW",
@@ -149,3 +149,31 @@ async def test_an_open_folder_is_refused(folder):
     open_folder.chmod(0o755)
     with pytest.raises(ConfigError, match="closed to others"):
         await serve(PluginEndpoint(open_folder / "plugin.sock"))
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        # systemd's RuntimeDirectory= first: a sandboxed service has no writable home.
+        (
+            {
+                "RUNTIME_DIRECTORY": "/run/olm:/run/other",
+                "XDG_RUNTIME_DIR": "/run/user/1",
+                "STATE_DIRECTORY": "/var/lib/olm",
+                "HOME": "/h",
+            },
+            "/run/olm",
+        ),
+        # A person's login: the folder a user unit's RuntimeDirectory= is.
+        (
+            {"XDG_RUNTIME_DIR": "/run/user/1", "STATE_DIRECTORY": "/var/lib/olm", "HOME": "/h"},
+            "/run/user/1/opencode-loop-monitor",
+        ),
+        ({"STATE_DIRECTORY": "/var/lib/olm", "HOME": "/h"}, "/var/lib/olm"),
+        ({"XDG_STATE_HOME": "/s", "HOME": "/h"}, "/s/opencode-loop-monitor"),
+        # launchd: HOME alone.
+        ({"HOME": "/Users/u"}, "/Users/u/.local/state/opencode-loop-monitor"),
+    ],
+)
+def test_state_dir_prefers_what_the_manager_made(environ, expected):
+    assert state_dir(environ) == Path(expected)

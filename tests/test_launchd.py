@@ -6,10 +6,9 @@ import plistlib
 import shlex
 from pathlib import Path
 
-from tests.units import SERVICE, load, value
+from tests.units import AGENT, SERVICE, load, value
 
 ROOT = Path(__file__).resolve().parent.parent
-AGENT = ROOT / "launchd" / "dev.opencode-loop-monitor.plist"
 # What differs, and only that: systemd hands the password over as a credential.
 SYSTEMD_PASSWORD = "${CREDENTIALS_DIRECTORY}/opencode-password"
 AGENT_PASSWORD = "/Users/USER/.config/opencode-loop-monitor/password"

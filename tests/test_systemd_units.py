@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,9 @@ import pytest
 from tests.units import (
     INSTALLED_BINARY,
     SERVICE,
+    TCP_DROP_IN,
     TEMPLATE,
+    USER_UNIT,
     load,
     parse_unit,
     value,
@@ -91,6 +94,48 @@ def test_recordings_have_a_private_state_directory(path: Path) -> None:
     assert value(unit, "Service", "StateDirectoryMode") == "0700"
 
 
+@pytest.mark.parametrize(
+    ("path", "folder"),
+    [
+        (SERVICE, "opencode-loop-monitor"),
+        # Each instance its own: systemd removes a runtime folder when its unit stops.
+        (TEMPLATE, "opencode-loop-monitor/%i"),
+        # Under $XDG_RUNTIME_DIR: where `plugin install` in the person's shell points.
+        (USER_UNIT, "opencode-loop-monitor"),
+    ],
+    ids=["service", "template", "user"],
+)
+def test_plugin_socket_goes_to_a_private_runtime_directory(path: Path, folder: str) -> None:
+    # The daemon refuses a socket folder open to others (monitor.shell.decide.private_dir).
+    unit = load(path)
+    assert value(unit, "Service", "RuntimeDirectory") == folder
+    assert value(unit, "Service", "RuntimeDirectoryMode") == "0700"
+
+
+def test_user_unit_runs_the_system_units_command_and_policy() -> None:
+    user, system = load(USER_UNIT), load(SERVICE)
+    # The same command, without the credential: a person's own server usually has no password.
+    assert value(user, "Service", "ExecStart") == value(system, "Service", "ExecStart").replace(
+        " --password-file ${CREDENTIALS_DIRECTORY}/opencode-password", ""
+    )
+    for key in ("Type", "NotifyAccess", "WatchdogSec", "Restart", "RestartPreventExitStatus"):
+        assert value(user, "Service", key) == value(system, "Service", key), key
+    assert value(user, "Service", "EnvironmentFile") == (
+        "-%h/.config/opencode-loop-monitor/monitor.env"
+    )
+    assert value(user, "Install", "WantedBy") == "default.target"
+
+
+def test_tcp_drop_in_hands_the_token_over_as_a_credential() -> None:
+    drop_in = load(TCP_DROP_IN)
+    name, _, source = value(drop_in, "Service", "LoadCredential").partition(":")
+    assert source == "/etc/opencode-loop-monitor/plugin-token"
+    assert values(drop_in, "Service", "Environment") == [
+        "OPENCODE_LOOP_MONITOR_PLUGIN_ADDR=127.0.0.1:9465",
+        f"OPENCODE_LOOP_MONITOR_PLUGIN_TOKEN_FILE=%d/{name}",
+    ]
+
+
 @both_units
 def test_exec_start_watches_and_logs_json(path: Path) -> None:
     argv = value(load(path), "Service", "ExecStart").split()
@@ -128,6 +173,7 @@ def test_template_differs_from_service_only_per_instance() -> None:
         "LoadCredential",
         "EnvironmentFile",
         "SyslogIdentifier",
+        "RuntimeDirectory",
     }
     service, template = load(SERVICE), load(TEMPLATE)
     assert service.keys() == template.keys()
@@ -145,7 +191,7 @@ needs_systemd_analyze = pytest.mark.skipif(
 )
 
 
-def verify_problems(unit_dir: Path, unit_name: str) -> list[str]:
+def verify_problems(unit_dir: Path, unit_name: str, *options: str, **env: str) -> list[str]:
     """What ``systemd-analyze verify`` says is wrong with our unit.
 
     verify exits 0 on most mistakes (an unknown key, an unparsable value) and only
@@ -155,7 +201,8 @@ def verify_problems(unit_dir: Path, unit_name: str) -> list[str]:
     """
     assert systemd_analyze is not None
     result = subprocess.run(
-        [systemd_analyze, "verify", "--man=no", str(unit_dir / unit_name)],
+        [systemd_analyze, *options, "verify", "--man=no", str(unit_dir / unit_name)],
+        env={**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=60,
@@ -191,6 +238,32 @@ def test_systemd_analyze_verify(unit: Path, name: str, tmp_path: Path) -> None:
     # The template is verified as an instance so that %i is expanded as systemd would.
     installable_copy(unit, tmp_path)
     assert verify_problems(tmp_path, name) == []
+
+
+@needs_systemd_analyze
+def test_systemd_analyze_verify_user_unit(tmp_path: Path) -> None:
+    # A user manager needs $XDG_RUNTIME_DIR, as the one of a login has.
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    installable_copy(USER_UNIT, tmp_path)
+    assert verify_problems(tmp_path, USER_UNIT.name, "--user", XDG_RUNTIME_DIR=str(runtime)) == []
+
+
+@needs_systemd_analyze
+def test_systemd_analyze_verify_with_the_tcp_drop_in(tmp_path: Path) -> None:
+    installable_copy(SERVICE, tmp_path)
+    drop_ins = tmp_path / f"{SERVICE.name}.d"
+    drop_ins.mkdir()
+    copy = drop_ins / TCP_DROP_IN.name
+    copy.write_text(TCP_DROP_IN.read_text())
+    # systemd reads drop-ins from its unit path, not beside the file it is given.
+    path = {"SYSTEMD_UNIT_PATH": f"{tmp_path}:"}
+    assert verify_problems(tmp_path, SERVICE.name, **path) == []
+    # And it does read this one: a bad specifier in it is reported.
+    copy.write_text(TCP_DROP_IN.read_text().replace("%d/", "%Q/"))
+    assert any(
+        "plugin-over-tcp.conf" in line for line in verify_problems(tmp_path, SERVICE.name, **path)
+    )
 
 
 @needs_systemd_analyze

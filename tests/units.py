@@ -7,6 +7,9 @@ from pathlib import Path
 UNITS = Path(__file__).parent.parent / "systemd"
 SERVICE = UNITS / "opencode-loop-monitor.service"
 TEMPLATE = UNITS / "opencode-loop-monitor@.service"
+USER_UNIT = UNITS / "user" / "opencode-loop-monitor.service"
+TCP_DROP_IN = UNITS / "plugin-over-tcp.conf"
+AGENT = UNITS.parent / "launchd" / "dev.opencode-loop-monitor.plist"
 INSTALLED_BINARY = "/opt/opencode-loop-monitor/bin/opencode-loop-monitor"
 
 Unit = dict[str, list[tuple[str, str]]]

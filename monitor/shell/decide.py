@@ -68,13 +68,30 @@ class PluginEndpoint:
 
 
 def state_dir(environ: Mapping[str, str]) -> Path:
-    """Where the monitor keeps its sockets: $XDG_RUNTIME_DIR (private, per login) when set,
-    else the XDG state folder."""
-    runtime = environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "opencode-loop-monitor"
-    state = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "opencode-loop-monitor"
+    """Where the monitor keeps its sockets.
+
+    A folder its service manager made for it comes first: a sandboxed service has no writable
+    home. systemd's `RuntimeDirectory=` in a user unit is $XDG_RUNTIME_DIR/opencode-loop-monitor,
+    the folder a person's shell derives next, so `plugin install` and the unit agree. Then
+    $XDG_RUNTIME_DIR (private, per login), then `StateDirectory=`, else the XDG state folder.
+    """
+    runtime = _given(environ, "RUNTIME_DIRECTORY")
+    if runtime is not None:
+        return runtime
+    if environ.get("XDG_RUNTIME_DIR"):
+        return Path(environ["XDG_RUNTIME_DIR"]) / "opencode-loop-monitor"
+    state = _given(environ, "STATE_DIRECTORY")
+    if state is not None:
+        return state
+    home = environ.get("HOME") or str(Path.home())
+    home_state = environ.get("XDG_STATE_HOME") or str(Path(home) / ".local" / "state")
+    return Path(home_state) / "opencode-loop-monitor"
+
+
+def _given(environ: Mapping[str, str], name: str) -> Path | None:
+    """The first folder systemd names in `name` (one per folder the unit lists, ":"-joined)."""
+    first = environ.get(name, "").split(":")[0]
+    return Path(first) if first else None
 
 
 def plugin_endpoint(settings: Settings, environ: Mapping[str, str]) -> PluginEndpoint | None:
