@@ -78,4 +78,4 @@ def test_the_dry_run_answer_does_not_answer_feedback_never_sent():
 
 def test_a_session_held_at_its_first_stop_says_once():
     text = feedback_text(CallCycle(("read", "bash"), 3), hold=True, interventions=1)
-    assert "stopped once for looping" in text and "1 times" not in text
+    assert "looped once (this run is stopped)" in text and "1 times" not in text

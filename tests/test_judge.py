@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor.core.decisions import Action
+from monitor.core.decisions import Action, Outcome
 from monitor.core.plugin_protocol import ALLOW, PluginCall
 from monitor.core.tracker import Detection, Tracker
 from tests.frames_factory import tool_part
@@ -158,3 +158,22 @@ def test_a_finished_call_read_back_is_not_taken_for_the_one_the_plugin_asks_abou
     judged = tracker.judge(asked())
     assert judged.verdict.verdict == "block" and judged.decision is not None
     assert judged.decision.call_index == 4
+
+
+def test_a_hold_after_two_refusals_counts_them_as_refusals():
+    # The trial: the hold's feedback said "stopped 3 times" when two were refusals.
+    tracker = Tracker(Detection(max_interventions=2))
+    decisions = []
+    for n in range(1, 7):
+        judged = tracker.judge(asked())
+        feed(
+            tracker, updates(f"prt_{n}", status="completed" if judged.decision is None else "error")
+        )
+        if judged.decision is not None:
+            decisions.append(judged.decision)
+            if not judged.decision.hold:
+                tracker.outcome(judged.decision, Outcome.BLOCKED)  # as the shell reports it
+    refused, again, hold = decisions
+    assert (refused.prior_outcomes, again.prior_outcomes) == ((), (Outcome.BLOCKED,))
+    assert hold.hold and hold.prior_outcomes == (Outcome.BLOCKED, Outcome.BLOCKED)
+    assert "looped 3 times (before this one: 2 calls refused; this run is stopped)" in hold.feedback

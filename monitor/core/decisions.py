@@ -64,6 +64,9 @@ class Intervene:
     escalated: bool
     feedback: str
     action: Action = Action.BLOCK
+    # How the session's earlier interventions ended, as far as this monitor saw: a hold's
+    # feedback counts them by name.
+    prior_outcomes: tuple[Outcome, ...] = ()
     # `fields()`, made at its first use: every decision logs them twice (`loop.detected`,
     # `intervention.outcome`).
     _fields: Mapping[str, object] | None = field(

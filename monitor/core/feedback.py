@@ -7,6 +7,9 @@ statement of what blocks it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from monitor.core.decisions import Outcome
 from monitor.core.findings import (
     TOOL_NAME_MAX,
     BudgetSpent,
@@ -107,24 +110,61 @@ def _found(finding: Finding) -> tuple[str, str]:
     ), _CALL_ADVICE
 
 
-def feedback_text(finding: Finding, hold: bool, interventions: int) -> str:
-    """The feedback for one intervention; `interventions` counts this one too."""
+def feedback_text(
+    finding: Finding, hold: bool, interventions: int, earlier: Sequence[Outcome] = ()
+) -> str:
+    """The feedback for one intervention; `interventions` counts this one too, `earlier` says
+    how those before it ended, as far as this monitor saw."""
     found, advice = _found(finding)
-    return _message(found, advice, hold, interventions)
+    return _message(found, advice, hold, interventions, earlier)
 
 
 def _times(count: int) -> str:
     return "once" if count == 1 else f"{count} times"
 
 
-def _message(finding: str, advice: str, hold: bool, interventions: int) -> str:
+# How an earlier intervention ended, in the words of a hold's count: a refused call is not
+# a stopped run, and a person told "stopped 3 times" after two refusals is misled.
+_KINDS: tuple[tuple[frozenset[Outcome], str, str], ...] = (
+    (frozenset({Outcome.BLOCKED, Outcome.REJECTED}), "call refused", "calls refused"),
+    (frozenset({Outcome.ABORTED}), "run stopped", "runs stopped"),
+    (frozenset({Outcome.HELD}), "hold", "holds"),
+    (frozenset({Outcome.NUDGED}), "warning", "warnings"),
+)
+
+
+def _count(count: int, one: str, many: str) -> str:
+    return f"{count} {one if count == 1 else many}"
+
+
+def _hold_line(interventions: int, earlier: Sequence[Outcome]) -> str:
+    """Why the session waits: how often it looped, the earlier times by what they were."""
+    parts = []
+    named = 0
+    for outcomes, one, many in _KINDS:
+        count = sum(outcome in outcomes for outcome in earlier)
+        if count:
+            parts.append(_count(count, one, many))
+            named += count
+    # Interventions of an earlier monitor process (counted from the session's record) or
+    # whose outcome is not in yet.
+    rest = interventions - 1 - named
+    if rest > 0:
+        parts.append(_count(rest, "other intervention", "other interventions"))
+    before = f"before this one: {', '.join(parts)}; " if parts else ""
+    return (
+        f"This session has now looped {_times(interventions)} ({before}this run is stopped), "
+        "so it is " + HOLD_NOTE
+    )
+
+
+def _message(
+    finding: str, advice: str, hold: bool, interventions: int, earlier: Sequence[Outcome] = ()
+) -> str:
     """Every feedback: the mark and what was found, the advice, and on hold, why it waits."""
     lines = [MARK + finding, advice]
     if hold:
-        lines.append(
-            f"This session has now been stopped {_times(interventions)} for looping, so it is "
-            + HOLD_NOTE
-        )
+        lines.append(_hold_line(interventions, earlier))
     return "\n\n".join(lines)
 
 
@@ -133,9 +173,12 @@ def is_hold_feedback(text: str) -> bool:
     return text.startswith(MARKS) and text.endswith(HOLD_NOTE)
 
 
-def rejection_text(finding: Finding, hold: bool, interventions: int) -> str:
+def rejection_text(
+    finding: Finding, hold: bool, interventions: int, earlier: Sequence[Outcome] = ()
+) -> str:
     """The message of a refused permission: the model reads it as the result of the call that
-    completed the loop, which never ran; its run goes on. `interventions` counts this one."""
+    completed the loop, which never ran; its run goes on. `interventions` counts this one,
+    `earlier` as in `feedback_text`."""
     return _message(
         "this call was refused and did not run: it would have completed a loop, "
         f"{finding.describe()} with the same arguments.",
@@ -145,6 +188,7 @@ def rejection_text(finding: Finding, hold: bool, interventions: int) -> str:
         "you need.",
         hold,
         interventions,
+        earlier,
     )
 
 

@@ -199,7 +199,12 @@ class PermissionGate:
 
     @staticmethod
     def _refuse(request_id: str, decision: Intervene, wait: float) -> Reply:
-        message = rejection_text(decision.finding, decision.hold, decision.prior_interventions + 1)
+        message = rejection_text(
+            decision.finding,
+            decision.hold,
+            decision.prior_interventions + 1,
+            decision.prior_outcomes,
+        )
         return Reply(
             request_id,
             decision.session_id,

@@ -27,7 +27,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from monitor.core.decisions import Intervene
+from monitor.core.decisions import Intervene, Outcome
 from monitor.core.findings import Finding
 from monitor.core.patterns import TextPattern
 from monitor.core.signature import canonical_signature, signature_digest
@@ -240,6 +240,7 @@ class SessionRecord:
     __slots__ = (
         "directory",
         "interventions",
+        "outcomes",
         "held",
         "calls",
         "run_start",
@@ -260,6 +261,8 @@ class SessionRecord:
     def __init__(self) -> None:
         self.directory: str | None = None
         self.interventions = 0
+        # How this monitor saw each intervention end, in order (a hold counts them by name).
+        self.outcomes: tuple[Outcome, ...] = ()
         # None: not held. Held since an intervention's outcome was `held`, until a person
         # writes: "" before any user message came since, then the id of the latest one, whose
         # text says whose it is (the monitor's own feedback comes as a user message too).

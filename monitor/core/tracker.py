@@ -410,7 +410,10 @@ class Tracker:
         """How the shell's intervention ended, as an event: a `held` one puts the session on
         hold until a person writes to it (a user message that is not our feedback)."""
         session = self._sessions.get(decision.session_id)
-        if outcome == Outcome.HELD and session is not None:
+        if session is None:
+            return
+        session.outcomes += (outcome,)
+        if outcome == Outcome.HELD:
             session.held = ""
 
     @property
@@ -784,7 +787,7 @@ class Tracker:
         if action == Action.NUDGE:
             feedback = nudge_text(finding, prior + 1)
         else:
-            feedback = feedback_text(finding, hold, prior + 1)
+            feedback = feedback_text(finding, hold, prior + 1, session.outcomes)
         return Intervene(
             session_id=session_id,
             directory=session.directory or self._default_directory,
@@ -796,6 +799,7 @@ class Tracker:
             escalated=escalated,
             feedback=feedback,
             action=action,
+            prior_outcomes=session.outcomes,
         )
 
 
@@ -818,5 +822,7 @@ def _judged(decision: Intervene | None) -> Judged:
         return Judged()
     if decision.action == Action.NUDGE:
         return Judged(ALLOW, decision)
-    message = rejection_text(decision.finding, decision.hold, decision.prior_interventions + 1)
+    message = rejection_text(
+        decision.finding, decision.hold, decision.prior_interventions + 1, decision.prior_outcomes
+    )
     return Judged(block(message), decision)

@@ -42,6 +42,14 @@ _SAID: dict[Outcome, str] = {
     Outcome.HELD: (
         "was stopped and put on hold: it waits for a person to read the feedback and go on"
     ),
+    Outcome.BLOCKED: (
+        "its call was refused before it ran (by the plugin); the model was told why and carries on"
+    ),
+    Outcome.REJECTED: (
+        "its call was refused before it ran (its permission request); the model was told why "
+        "and carries on"
+    ),
+    Outcome.NUDGED: "the model was warned; its run goes on",
     Outcome.ABORT_FAILED: "could not be stopped (the abort failed)",
     Outcome.DRY_RUN: "was left running (dry run)",
 }

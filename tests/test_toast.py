@@ -1,0 +1,106 @@
+"""The toasts at the TUI: which outcomes are shown, what they say, and refusals paced per
+session."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from monitor.core.decisions import Intervene, Outcome
+from monitor.core.feedback import MARK
+from monitor.core.findings import CallCycle
+from monitor.shell.toast import REFUSAL_INTERVAL_S, Toasts, toast_body
+from tests.harness import events
+
+
+def decision(session_id: str = "ses_1") -> Intervene:
+    return Intervene(
+        session_id=session_id,
+        directory="/w",
+        finding=CallCycle(("read", "bash"), 3),
+        part_id="prt_6",
+        call_index=6,
+        prior_interventions=0,
+        hold=False,
+        escalated=False,
+        feedback=MARK + "x",
+    )
+
+
+@pytest.mark.parametrize(
+    ("outcome", "said", "variant"),
+    [
+        (
+            Outcome.BLOCKED,
+            "its call was refused before it ran (by the plugin); the model was told why and "
+            "carries on",
+            "warning",
+        ),
+        (
+            Outcome.REJECTED,
+            "its call was refused before it ran (its permission request); the model was told "
+            "why and carries on",
+            "warning",
+        ),
+        (Outcome.ABORTED, "was stopped; the model was told why and carries on", "warning"),
+        (
+            Outcome.HELD,
+            "was stopped and put on hold: it waits for a person to read the feedback and go on",
+            "error",
+        ),
+    ],
+)
+def test_a_toast_names_the_session_the_calls_the_outcome_and_the_rule(outcome, said, variant):
+    assert toast_body(decision(), outcome) == {
+        "title": "opencode-loop-monitor",
+        "message": "opencode-loop-monitor: session ses_1 in /w looped (2 calls (read, bash) "
+        f"repeated 3 times) and {said} (rule: cycle)",
+        "variant": variant,
+    }
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [Outcome.NUDGED, Outcome.ANSWERED, Outcome.DRY_RUN, Outcome.DEFERRED, Outcome.CANCELLED],
+)
+def test_what_asks_nothing_of_the_person_is_not_toasted(outcome):
+    assert toast_body(decision(), outcome) is None
+
+
+class Api:
+    """Stands in for OpencodeAPI.show_toast: records the bodies, answers True."""
+
+    def __init__(self) -> None:
+        self.bodies: list[tuple[str | None, dict[str, Any]]] = []
+
+    async def show_toast(self, directory: str | None, body: dict[str, Any]) -> bool:
+        self.bodies.append((directory, body))
+        return True
+
+
+async def test_refusals_are_toasted_once_per_session_per_interval():
+    api, now = Api(), [1000.0]
+    toasts = Toasts(api, clock=lambda: now[0])  # type: ignore[arg-type]
+    with capture_logs() as logs:
+        toasts.show(decision("ses_1"), Outcome.BLOCKED)
+        toasts.show(decision("ses_1"), Outcome.REJECTED)  # within the interval: skipped
+        toasts.show(decision("ses_2"), Outcome.BLOCKED)  # another session: its own
+        toasts.show(decision("ses_1"), Outcome.HELD)  # not a refusal: never paced
+        now[0] += REFUSAL_INTERVAL_S - 0.1
+        toasts.show(decision("ses_1"), Outcome.BLOCKED)  # still within
+        now[0] += 0.1
+        toasts.show(decision("ses_1"), Outcome.BLOCKED)  # the interval is over
+        await asyncio.gather(*toasts._tasks)
+    # Posted in the order shown (each its own task, started in turn).
+    expected = [
+        toast_body(decision("ses_1"), Outcome.BLOCKED),
+        toast_body(decision("ses_2"), Outcome.BLOCKED),
+        toast_body(decision("ses_1"), Outcome.HELD),
+        toast_body(decision("ses_1"), Outcome.BLOCKED),
+    ]
+    assert api.bodies == [("/w", body) for body in expected]
+    skipped = [(e["session_id"], e["outcome"]) for e in events(logs, "toast.skipped")]
+    assert skipped == [("ses_1", "rejected"), ("ses_1", "blocked")]
