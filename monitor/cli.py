@@ -40,9 +40,9 @@ key in a TOML file (--config). Flags win over variables, variables over the file
 See docs/configuration.md."""
 
 EPILOG = """\
-exit status: 0 stopped cleanly (watch and attach: also by SIGTERM or SIGINT once following
-the stream), 78 configuration error, 130 interrupted by Ctrl-C (demo, replay, or watch and
-attach before they follow the stream); each command lists its own under --help.
+exit status: 0 stopped cleanly (watch: also by SIGTERM or SIGINT at any time; attach: once
+it follows the session), 78 configuration error, 130 interrupted by Ctrl-C (demo, replay,
+attach while it looks up the session); each command lists its own under --help.
 Run `opencode-loop-monitor COMMAND --help` for a command's settings."""
 
 
@@ -77,8 +77,9 @@ backoff), and logs one JSON object per line when stdout is not a terminal (docs/
 Under systemd it speaks the notify protocol (READY, STATUS, WATCHDOG, STOPPING)."""
 
 WATCH_EPILOG = """\
-exit status: 0 stopped by SIGTERM or SIGINT, 78 configuration error (a bad setting, a
-refused password: not worth restarting), 130 interrupted before following the stream."""
+exit status: 0 stopped by SIGTERM or SIGINT, also before the server answers, 78
+configuration error (a bad setting, a refused password: not worth restarting), 130
+interrupted while still reading its settings."""
 
 
 def _run_watch(settings: Settings, args: argparse.Namespace) -> int:
@@ -195,7 +196,7 @@ detection and action rules of `watch`, until the session is deleted."""
 ATTACH_EPILOG = """\
 exit status: 0 the session was deleted (or stopped with SIGTERM/SIGINT), 66 no such
 session on the server, 69 the server could not be asked, 78 configuration error
-(including credentials the server refused), 130 interrupted before following the stream."""
+(including credentials the server refused), 130 interrupted while looking up the session."""
 
 
 def _session_id(text: str) -> str:

@@ -83,3 +83,32 @@ async def test_every_field_a_doc_reads_is_on_the_event_it_names():
     unlogged = {event for _, event, _ in documented_reads()} - set(logged)
     # Events this run does not produce are checked by name in test_docs.py.
     assert unlogged <= {"stream.disconnected", "stream.connect_failed", "stream.reconnected"}
+
+
+def documented_table(path: Path, heading: str) -> set[str]:
+    """The names in the first column of the table under `heading` (`a`, `b` in one cell)."""
+    text = path.read_text(encoding="utf-8")
+    section = text.split(heading + "\n", 1)[1].split("\n#", 1)[0]
+    names: set[str] = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            names.update(re.findall(r"`(\w+)`", line.split("|")[1]))
+    return names
+
+
+async def test_monitor_started_fields_are_the_documented_ones():
+    logs = await stopped_loop_logs()
+    [started] = [entry for entry in logs if entry["event"] == "monitor.started"]
+    logged = set(started) - {"event", "log_level"}
+    assert documented_table(ROOT / "docs" / "logs.md", "### `monitor.started` (info)") == logged
+
+
+def test_interventions_total_lists_every_outcome_it_counts():
+    from monitor.shell.metrics import INTERVENTION_OUTCOMES
+
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    [row] = [
+        line for line in text.splitlines() if "`opencode_loop_monitor_interventions_total`" in line
+    ]
+    listed = re.findall(r"`(\w+)`", row.split("|")[3])
+    assert listed[0] == "outcome" and set(listed[1:]) == set(INTERVENTION_OUTCOMES)

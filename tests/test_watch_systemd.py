@@ -95,3 +95,25 @@ async def test_sigint_stops_the_daemon_cleanly(start_monitor):
     assert code == 0 and took < 5
     assert monitor.events("monitor.stopped")
     assert monitor.stderr_path.read_text() == ""  # no traceback
+
+
+async def test_sigint_before_the_stream_stops_the_daemon_cleanly_as_help_says(start_monitor):
+    """Ctrl-C while the server cannot be reached yet is a stop like any other: exit 0, as
+    `watch --help` says (it promised 130 there, which only a Ctrl-C during start-up gives)."""
+    import os
+    import signal
+
+    from monitor.cli import WATCH_EPILOG
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monitor = start_monitor(
+        "watch", "--url", f"http://127.0.0.1:{port}", "--log-format", "json",
+        "--plugin-socket", "off",
+    )  # fmt: skip
+    await monitor.wait_event("stream.connect_failed")
+    os.killpg(monitor.process.pid, signal.SIGINT)
+    assert await monitor.wait_exit(5) == 0
+    assert monitor.events("stream.connected") == []
+    assert "0 stopped by SIGTERM or SIGINT, also before" in " ".join(WATCH_EPILOG.split())
