@@ -112,3 +112,15 @@ def test_interventions_total_lists_every_outcome_it_counts():
     ]
     listed = re.findall(r"`(\w+)`", row.split("|")[3])
     assert listed[0] == "outcome" and set(listed[1:]) == set(INTERVENTION_OUTCOMES)
+
+
+def test_readme_demo_sample_says_what_the_demo_prints_with_its_defaults():
+    # It said "cycles of up to 4 calls" long after the default became 10.
+    from monitor.config import load_settings
+    from monitor.kit.demo import watching_line
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    [line] = [line for line in text.splitlines() if line.startswith("monitor: watching (")]
+    log_path = line.rsplit("its log: ", 1)[1]
+    defaults = load_settings({}, {}, isatty=False)
+    assert line == watching_line(defaults, False, log_path)

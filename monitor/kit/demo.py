@@ -381,11 +381,7 @@ async def _story(
         await asyncio.wait_for(printer.monitor_connected.wait(), CONNECT_TIMEOUT)
     except TimeoutError:
         raise DemoError("could not follow the server's event stream") from None
-    printer.say(
-        f"monitor: watching (cycles of up to {settings.max_period} calls, "
-        f"{settings.repeats} repetitions; on a loop: {_on_loop(settings, plugin)}); "
-        f"its log: {log_path}"
-    )
+    printer.say(watching_line(settings, plugin, log_path))
     readme = f"{client.directory}/README.md"
     pattern = [
         ("read", {"filePath": readme}),
@@ -422,6 +418,15 @@ async def _story(
 def _gated(settings: Settings) -> bool:
     """True when the server asks before every call and the monitor approves all but loops."""
     return settings.permissions == "approve" and not settings.dry_run
+
+
+def watching_line(settings: Settings, plugin: bool, log_path: Path | str) -> str:
+    """What the demo says of the monitor once it watches (README.md shows it)."""
+    return (
+        f"monitor: watching (cycles of up to {settings.max_period} calls, "
+        f"{settings.repeats} repetitions; on a loop: {_on_loop(settings, plugin)}); "
+        f"its log: {log_path}"
+    )
 
 
 def _on_loop(settings: Settings, plugin: bool) -> str:
