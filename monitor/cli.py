@@ -78,7 +78,7 @@ Under systemd it speaks the notify protocol (READY, STATUS, WATCHDOG, STOPPING).
 
 WATCH_EPILOG = """\
 exit status: 0 stopped by SIGTERM or SIGINT, also before the server answers, 78
-configuration error (a bad setting, a refused password: not worth restarting), 130
+configuration error (a bad setting, a password refused at start: not worth restarting), 130
 interrupted while still reading its settings."""
 
 

@@ -373,6 +373,25 @@ async def test_unauthorized_stream_is_a_config_error():
     assert fake.connections == 1
 
 
+async def test_credentials_refused_after_the_stream_worked_are_retried_not_fatal():
+    # The server restarted with another password: the monitor said so and kept trying (it
+    # exited 78 and stayed down under systemd), and watches again once the server takes it.
+    async def refuse(request, response):
+        raise web.HTTPUnauthorized()
+
+    fake = FakeOpencode(streams=[play(then="end"), refuse, refuse, refuse, play()])
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: events(logs, "stream.reconnected"), timeout=10)
+        assert not running[2].done()
+        await stop(*running)
+    [diagnosis] = events(logs, "stream.diagnosis")
+    assert diagnosis["problem"] == "credentials_refused" and "401" in diagnosis["hint"]
+    assert events(logs, "stream.disconnected")[0]["reason"] == "stream ended"
+    assert events(logs, "stream.reconnected")[0]["attempts"] == 4
+    assert fake.connections == 5
+
+
 async def test_directory_mode_reads_the_project_stream():
     fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 4))])
     running = await start(fake, directory="/proj")

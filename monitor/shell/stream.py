@@ -42,6 +42,8 @@ from monitor.shell.diagnosis import (
 
 log = structlog.get_logger("monitor.shell.stream")
 
+# The `stream.diagnosis` problem of a 401 (or 407) after the stream has worked.
+CREDENTIALS_REFUSED = "credentials_refused"
 HEARTBEAT_S = 10.0
 READ_TIMEOUT_S = 2.5 * HEARTBEAT_S
 CONNECT_TIMEOUT_S = 10.0
@@ -131,7 +133,8 @@ class EventStream:
         self._attempts = 0
 
     async def run(self) -> None:
-        """Read for ever; returns only by cancellation, raises only ConfigError (401)."""
+        """Read for ever; returns only by cancellation, raises only ConfigError (a 401 or
+        407 before the stream has ever worked)."""
         failures = 0
         while True:
             frames_before = self.frames
@@ -139,8 +142,15 @@ class EventStream:
             try:
                 await self._read_once()
                 reason = self._dropped or "stream ended"
-            except ConfigError:
-                raise
+            except ConfigError as exc:
+                # At start, refused credentials are the operator's to fix now (exit 78). Once
+                # the stream has worked, the server came back with other credentials: a guard
+                # that exits then stays down (systemd does not restart 78), so it says why and
+                # keeps trying, as through any outage, until the server takes ours again.
+                if not self.ever_connected:
+                    raise
+                reason = "credentials refused"
+                self._explain_problem(CREDENTIALS_REFUSED, str(exc))
             except Exception as exc:  # any failure of one connection means: reconnect
                 reason = self._dropped or _reason(exc)
                 self._explain(exc)
@@ -185,9 +195,14 @@ class EventStream:
             diagnosis: Diagnosis | None = exc.diagnosis
         else:
             diagnosis = diagnose_error(exc, self.url)
-        if diagnosis is not None and diagnosis.problem not in self._explained:
-            self._explained.add(diagnosis.problem)
-            log.error("stream.diagnosis", problem=diagnosis.problem, hint=diagnosis.hint)
+        if diagnosis is not None:
+            self._explain_problem(diagnosis.problem, diagnosis.hint)
+
+    def _explain_problem(self, problem: str, hint: str) -> None:
+        """Once per kind of failure until a connection works again."""
+        if problem not in self._explained:
+            self._explained.add(problem)
+            log.error("stream.diagnosis", problem=problem, hint=hint)
 
     async def _read_once(self) -> None:
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
