@@ -15,7 +15,7 @@ import pytest
 
 from monitor.core.plugin_protocol import ALLOW, MAX_BODY, PluginCall, block
 from monitor.errors import ConfigError
-from monitor.shell.decide import DecideServer, PluginEndpoint, state_dir
+from monitor.shell.decide import DecideServer, PluginEndpoint, Unasked, state_dir
 
 CALL = {
     "session_id": "ses_dd4d5c831ffemmgMvdYdtbM3cW",
@@ -177,3 +177,46 @@ async def test_an_open_folder_is_refused(folder):
 )
 def test_state_dir_prefers_what_the_manager_made(environ, expected):
     assert state_dir(environ) == Path(expected)
+
+
+class Calls:
+    """The tracker's count of calls, as `Unasked.check` reads it: counted reads too."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.reads = 0
+
+    def __call__(self) -> int:
+        self.reads += 1
+        return self.count
+
+
+def test_unasked_counts_only_calls_after_its_first_check():
+    calls, unasked = Calls(), Unasked(after=5, every=1)
+    calls.count = 7  # read back from the server's record at connect: ran before us
+    assert unasked.check(calls, False, 0) is None
+    assert unasked.check(calls, False, 10) is None  # nothing new: not counting
+    calls.count = 9
+    assert unasked.check(calls, False, 11) is None  # counting from here
+    assert unasked.check(calls, False, 15) is None  # 4 s of calls
+    assert unasked.check(calls, False, 16) == 2
+    assert (unasked.done, unasked.said) == (True, 2)
+    assert unasked.check(calls, False, 30) is None  # said once
+
+
+def test_unasked_stops_at_the_first_plugin_request():
+    calls, unasked = Calls(), Unasked(after=5, every=1)
+    assert unasked.check(calls, False, 0) is None
+    calls.count = 3
+    assert unasked.check(calls, False, 1) is None  # counting
+    assert unasked.check(calls, True, 2) is None
+    assert unasked.done and unasked.said is None
+    assert unasked.check(calls, False, 100) is None
+
+
+def test_unasked_counts_calls_at_most_once_per_interval():
+    # Counting walks every session: not at every frame.
+    calls, unasked = Calls(), Unasked(after=5, every=1)
+    for now in (0, 0.2, 0.5, 0.99, 1.0, 1.5):
+        unasked.check(calls, False, now)
+    assert calls.reads == 2

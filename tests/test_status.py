@@ -185,3 +185,38 @@ def test_status_table_says_how_many_sessions_it_left_out():
     assert render_status(status, 0).endswith(
         "... and 100 more (held first, then busy, then idle)\n"
     )
+
+
+def test_plugins_line_says_when_the_last_request_came():
+    # It said "last last frame 3 s ago" of a plugin's request.
+    from monitor.shell.status import render_status
+
+    status = {
+        "version": "1",
+        "url": "http://x",
+        "directory": None,
+        "dry_run": False,
+        "stream": {"state": "connected", "frames": 1, "last_frame_unix": 97.0},
+        "totals": {"sessions": 0, "busy": 0, "held": 0, "interventions": 0},
+        "sessions": [],
+        "plugins": {
+            "endpoint": "unix:/run/p.sock",
+            "refused": 0,
+            "directories": [
+                {
+                    "directory": "/w",
+                    "requests": 5,
+                    "blocked": 1,
+                    "fell_open": 0,
+                    "last_request_unix": 98.0,
+                }
+            ],
+            "unasked_calls": None,
+        },
+    }
+    assert render_status(status, 100).splitlines()[1:] == [
+        "stream: connected, 1 frames, last frame 3 s ago",
+        "sessions known: 0 (busy 0, held 0, idle 0), interventions: 0",
+        "plugins asking at unix:/run/p.sock:",
+        "  /w: 5 calls, 1 blocked, 0 fell open, last request 2 s ago",
+    ]

@@ -204,6 +204,64 @@ class PluginStats:
         return [{"directory": name, **entry} for name, entry in self.by_directory.items()]
 
 
+# How long the server may run tool calls with no plugin asking before `watch` says so. The
+# plugin asks before each call, or lets it run after at most 200 ms: seconds are no race.
+UNASKED_AFTER_S = 5.0
+# How often, at most, the calls are counted while waiting for a plugin's first request.
+UNASKED_CHECK_S = 1.0
+
+
+class Unasked:
+    """Whether the server runs tool calls while no plugin asks this monitor: the plugin not
+    installed where the server looks, or asking another endpoint. `check` says it once.
+
+    Only calls that come after the first check count: the calls read back from the server's
+    record at connect ran before this monitor could be asked.
+
+    | state    | input                                   | next     | says |
+    |----------|-----------------------------------------|----------|------|
+    | any      | a plugin asked                          | done     | no   |
+    | start    | first check: the calls so far           | waiting  | no   |
+    | waiting  | more calls than at the first check      | counting | no   |
+    | counting | `after` s since those calls were seen   | done     | yes  |
+    """
+
+    def __init__(self, after: float = UNASKED_AFTER_S, every: float = UNASKED_CHECK_S) -> None:
+        self._after = after
+        self._every = every
+        self._checked_at = float("-inf")
+        self._baseline: int | None = None
+        self._calls_since: float | None = None
+        self.done = False
+        # The calls it said ran with no plugin asking; None until it says so.
+        self.said: int | None = None
+
+    def check(self, calls: Callable[[], int], asked: bool, now: float) -> int | None:
+        """The calls seen since the first check, once, when it is time to say no plugin
+        asks; else None. `calls` counts every call known (it walks every session)."""
+        if self.done:
+            return None
+        if asked:
+            self.done = True
+            return None
+        if now - self._checked_at < self._every:
+            return None
+        self._checked_at = now
+        if self._baseline is None:
+            self._baseline = calls()
+            return None
+        seen = calls() - self._baseline
+        if seen <= 0:
+            return None
+        if self._calls_since is None:
+            self._calls_since = now
+        if now - self._calls_since < self._after:
+            return None
+        self.done = True
+        self.said = seen
+        return seen
+
+
 class DecideServer:
     """Serves `POST /v1/decide`; `judge` answers, `on_asked` counts (both synchronous)."""
 

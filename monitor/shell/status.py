@@ -38,8 +38,12 @@ def fetch_status(address: ListenAddress, timeout: float = TIMEOUT_S) -> dict[str
     return body
 
 
-def _ago(unix: float | None, now: float) -> str:
-    return "no frame yet" if unix is None else f"last frame {max(now - unix, 0):.0f} s ago"
+def _ago(unix: float, now: float) -> str:
+    return f"{max(now - unix, 0):.0f} s ago"
+
+
+def _last_frame(unix: float | None, now: float) -> str:
+    return "no frame yet" if unix is None else f"last frame {_ago(unix, now)}"
 
 
 def _plugin_lines(plugins: dict[str, Any] | None, now: float) -> list[str]:
@@ -49,11 +53,19 @@ def _plugin_lines(plugins: dict[str, Any] | None, now: float) -> list[str]:
     if plugins["endpoint"] is None:
         return ["plugins: endpoint off"]
     asking = plugins["directories"]
+    calls = plugins.get("unasked_calls")
+    if not asking and calls:
+        # The trial's case: every call fell open and nobody read the server's log.
+        return [
+            f"plugins: none asked at {plugins['endpoint']} while the server ran {calls} tool "
+            "calls: the plugin is not installed where the server looks, or asks elsewhere "
+            "(`opencode-loop-monitor plugin status`)"
+        ]
     if not asking:
         return [f"plugins: none asked yet at {plugins['endpoint']}"]
     return [f"plugins asking at {plugins['endpoint']}:"] + [
         f"  {entry['directory']}: {entry['requests']} calls, {entry['blocked']} blocked, "
-        f"{entry['fell_open']} fell open, last {_ago(entry['last_request_unix'], now)}"
+        f"{entry['fell_open']} fell open, last request {_ago(entry['last_request_unix'], now)}"
         for entry in asking
     ]
 
@@ -66,7 +78,7 @@ def render_status(status: dict[str, Any], now: float) -> str:
         f"monitor {status['version']} watching {where}"
         + (", dry run: detects only" if status["dry_run"] else ""),
         f"stream: {stream['state']}, {stream['frames']} frames, "
-        f"{_ago(stream['last_frame_unix'], now)}",
+        f"{_last_frame(stream['last_frame_unix'], now)}",
         # "busy" is what the sessions_tracked gauge counts; the total includes idle and held.
         f"sessions known: {totals['sessions']} (busy {totals['busy']}, held {totals['held']}, "
         f"idle {totals['sessions'] - totals['busy'] - totals['held']}), "

@@ -44,7 +44,15 @@ from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.actions import Interventions, random_stagger
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.backoff import Backoff
-from monitor.shell.decide import DecideServer, EndpointTaken, PluginStats, plugin_endpoint
+from monitor.shell.decide import (
+    UNASKED_AFTER_S,
+    UNASKED_CHECK_S,
+    DecideServer,
+    EndpointTaken,
+    PluginStats,
+    Unasked,
+    plugin_endpoint,
+)
 from monitor.shell.diagnosis import directory_known
 from monitor.shell.logs import LoopErrors, configure_logging
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
@@ -160,6 +168,8 @@ class Timing:
     # No event (heartbeats aside) for this long while runs are under way: ask the server.
     silence: float = SILENCE_S
     webhook: Delivery = Delivery()
+    # Tool calls with no plugin asking for this long: say so (`plugin.not_asking`).
+    unasked: float = UNASKED_AFTER_S
     # How long the feedback waits after an abort (see monitor.shell.actions.STAGGER_S).
     stagger: Callable[[], float] = random_stagger
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -234,6 +244,8 @@ class Watch:
         self.metrics_server: MetricsServer | None = None
         self.plugin_stats = PluginStats()
         self.plugin_server: DecideServer | None = None
+        # While the endpoint is served and no plugin has asked yet.
+        self._unasked: Unasked | None = None
         self.webhook: Webhook | None = None
         if settings.notify_url is not None:
             self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
@@ -283,6 +295,8 @@ class Watch:
             log.warning("plugin.endpoint_taken", reason=str(exc))
             return
         self.plugin_server = server
+        after = self.timing.unasked
+        self._unasked = Unasked(after, min(UNASKED_CHECK_S, after / 5))
 
     def judge(self, call: PluginCall) -> PluginVerdict:
         """The plugin's question about one call: the daemon's `judge` callback."""
@@ -406,6 +420,26 @@ class Watch:
             self._log_malformed(fed.malformed)
         if fed.deleted is not None and self.scope.ended(fed):
             self._stop.set()
+        if self._unasked is not None and not self._unasked.done:
+            self._say_if_unasked(self._unasked)
+
+    def _say_if_unasked(self, unasked: Unasked) -> None:
+        """Say once when the server runs calls and no plugin asks: the plugin silently misses
+        this monitor (not installed where the server looks, or pointing elsewhere)."""
+        calls = unasked.check(
+            lambda: sum(view.calls for view in self.tracker.sessions_view()),
+            bool(self.plugin_stats.by_directory),
+            self.timing.clock(),
+        )
+        if calls is not None:
+            log.warning(
+                "plugin.not_asking",
+                endpoint=self._plugin_address(),
+                calls=calls,
+                hint="the server runs tool calls and no plugin asks this monitor: install the "
+                "plugin where the server looks (`opencode-loop-monitor plugin install`, then "
+                "restart OpenCode) with this monitor's --url; `plugin status` checks it",
+            )
 
     def _carry_out(self, fed: Fed) -> None:
         """Hand the decisions and permission answers of one frame, or of one session read
@@ -500,6 +534,8 @@ class Watch:
                 "endpoint": None if self.plugin_server is None else self._plugin_address(),
                 "refused": self.plugin_stats.refused,
                 "directories": self.plugin_stats.view(),
+                # Tool calls the server ran with no plugin asking (`plugin.not_asking`).
+                "unasked_calls": None if self._unasked is None else self._unasked.said,
             },
         }
 
@@ -541,6 +577,8 @@ class Watch:
             await asyncio.sleep(timing.silence / 2)
             if stream.connected:
                 self.interventions.resume()  # due work left by a server away meanwhile
+            if self._unasked is not None and not self._unasked.done:
+                self._say_if_unasked(self._unasked)  # also when no frame comes
             running = self.tracker.running()
             silent_s = timing.clock() - self._last_event_at
             if not stream.connected or not running or silent_s < timing.silence:

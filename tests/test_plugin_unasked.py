@@ -1,0 +1,64 @@
+"""`watch` says when the server runs tool calls and no plugin asks it (the trial's plugin
+pointed at another monitor's socket: every call fell open, and nobody read the server's
+log), and `status` shows it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import aiohttp
+from structlog.testing import capture_logs
+
+from monitor.shell.status import render_status
+from monitor.testing import FakeOpencode, play
+from tests.harness import FAST, events, loop_frames, start, stop, wait_for
+
+# The silence check (every silence / 2) also checks for plugins: no frame need come.
+TIMING = dataclasses.replace(FAST, silence=0.2, unasked=0.3)
+
+
+async def test_calls_with_no_plugin_asking_are_said_once_and_shown_in_status():
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 2))])
+    with capture_logs() as logs:
+        running = await start(fake, TIMING)
+        watch = running[1]
+        await wait_for(lambda: events(logs, "plugin.not_asking"))
+        status = watch.status()
+        await stop(*running)
+    [said] = events(logs, "plugin.not_asking")
+    assert said["calls"] == 2 and said["log_level"] == "warning"
+    assert said["endpoint"] == status["plugins"]["endpoint"]
+    assert "plugin install" in said["hint"]
+    assert status["plugins"]["unasked_calls"] == 2
+    [line] = [line for line in render_status(status, 0).splitlines() if "plugins" in line]
+    assert line == (
+        f"plugins: none asked at {said['endpoint']} while the server ran 2 tool calls: the "
+        "plugin is not installed where the server looks, or asks elsewhere "
+        "(`opencode-loop-monitor plugin status`)"
+    )
+
+
+async def test_nothing_is_said_when_a_plugin_asks():
+    fake = FakeOpencode(streams=[play()])
+    with capture_logs() as logs:
+        running = await start(fake, TIMING)
+        watch = running[1]
+        await wait_for(lambda: events(logs, "stream.connected"))
+        socket = str(watch.plugin_server.endpoint.socket)
+        call = {
+            "session_id": "ses_dd4d5c831ffemmgMvdYdtbM3cW",
+            "call_id": "call_0",
+            "tool": "read",
+            "args": {"filePath": "/w/a"},
+            "directory": "/w",
+        }
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(socket)) as http:
+            async with http.post("http://localhost/v1/decide", json=call) as answer:
+                assert answer.status == 200
+        # The positive sign: the check has seen the request.
+        await wait_for(lambda: watch._unasked.done)
+        status = watch.status()
+        await stop(*running)
+    assert events(logs, "plugin.not_asking") == []
+    assert status["plugins"]["unasked_calls"] is None
+    assert "while the server ran" not in render_status(status, 0)
