@@ -4,6 +4,7 @@ session."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -104,3 +105,19 @@ async def test_refusals_are_toasted_once_per_session_per_interval():
     assert api.bodies == [("/w", body) for body in expected]
     skipped = [(e["session_id"], e["outcome"]) for e in events(logs, "toast.skipped")]
     assert skipped == [("ses_1", "rejected"), ("ses_1", "blocked")]
+
+
+def test_the_hold_toast_counts_earlier_interventions_by_name():
+    # The trial's hold toast: the first thing the person saw; two of its three were refusals.
+    held = dataclasses.replace(
+        decision(),
+        prior_interventions=2,
+        hold=True,
+        prior_outcomes=(Outcome.BLOCKED, Outcome.BLOCKED),
+    )
+    body = toast_body(held, Outcome.HELD)
+    assert body is not None
+    assert body["message"].endswith(
+        "was stopped and put on hold: it waits for a person to read the feedback and go on "
+        "(rule: cycle; before: 2 calls refused)"
+    )

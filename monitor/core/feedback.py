@@ -29,6 +29,7 @@ __all__ = [
     "MARKS",
     "TOOL_NAME_MAX",
     "clean_tool_name",
+    "earlier_by_name",
     "feedback_text",
     "is_hold_feedback",
     "nudge_text",
@@ -137,8 +138,9 @@ def _count(count: int, one: str, many: str) -> str:
     return f"{count} {one if count == 1 else many}"
 
 
-def _hold_line(interventions: int, earlier: Sequence[Outcome]) -> str:
-    """Why the session waits: how often it looped, the earlier times by what they were."""
+def earlier_by_name(interventions: int, earlier: Sequence[Outcome]) -> list[str]:
+    """The session's interventions before this one, counted by what they were:
+    `["2 calls refused", "1 run stopped"]`; `interventions` counts this one too."""
     parts = []
     named = 0
     for outcomes, one, many in _KINDS:
@@ -151,6 +153,12 @@ def _hold_line(interventions: int, earlier: Sequence[Outcome]) -> str:
     rest = interventions - 1 - named
     if rest > 0:
         parts.append(_count(rest, "other intervention", "other interventions"))
+    return parts
+
+
+def _hold_line(interventions: int, earlier: Sequence[Outcome]) -> str:
+    """Why the session waits: how often it looped, the earlier times by what they were."""
+    parts = earlier_by_name(interventions, earlier)
     before = f"before this one: {', '.join(parts)}; " if parts else ""
     return (
         f"This session has now looped {_times(interventions)} ({before}this run is stopped), "

@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 
 from monitor.core.decisions import Intervene, Outcome
+from monitor.core.feedback import earlier_by_name
 from monitor.shell.api import OpencodeAPI
 from monitor.shell.webhook import notification
 
@@ -44,9 +45,12 @@ def toast_body(decision: Intervene, outcome: Outcome) -> dict[str, Any] | None:
     variant = VARIANTS.get(outcome)
     if variant is None:
         return None
-    # The webhook's sentence (ids, names and counts only, written for a person) and the rule,
-    # the name docs/detection.md and the log use.
-    message = f"{notification(decision, outcome)['text']} (rule: {decision.rule})"
+    # The webhook's sentence (ids, names and counts only, written for a person), the rule
+    # (the name docs/detection.md and the log use), and what the session's earlier
+    # interventions were, by name: a hold after two refusals is not a third stop.
+    earlier = earlier_by_name(decision.prior_interventions + 1, decision.prior_outcomes)
+    before = f"; before: {', '.join(earlier)}" if earlier else ""
+    message = f"{notification(decision, outcome)['text']} (rule: {decision.rule}{before})"
     return {"title": TITLE, "message": message, "variant": variant}
 
 
