@@ -58,7 +58,7 @@ def test_a_toast_names_the_session_the_calls_the_outcome_and_the_rule(outcome, s
     assert toast_body(decision(), outcome) == {
         "title": "opencode-loop-monitor",
         "message": "opencode-loop-monitor: session ses_1 in /w looped (2 calls (read, bash) "
-        f"repeated 3 times) and {said} (rule: cycle)",
+        f"repeated 3 times) and {said} (rule: cycle, call 6)",
         "variant": variant,
     }
 
@@ -119,5 +119,5 @@ def test_the_hold_toast_counts_earlier_interventions_by_name():
     assert body is not None
     assert body["message"].endswith(
         "was stopped and put on hold: it waits for a person to read the feedback and go on "
-        "(rule: cycle; before: 2 calls refused)"
+        "(rule: cycle, call 6; before: 2 calls refused)"
     )

@@ -714,7 +714,7 @@ async def test_a_stopped_loop_is_toasted_at_the_tui():
     assert toast.body == {
         "title": "opencode-loop-monitor",
         "message": "opencode-loop-monitor: session ses_s1 in /w looped (1 call (read) repeated "
-        "4 times) and was stopped; the model was told why and carries on (rule: cycle)",
+        "4 times) and was stopped; the model was told why and carries on (rule: cycle, call 4)",
         "variant": "warning",
     }
     # After the stop, never before it.

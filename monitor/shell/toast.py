@@ -46,11 +46,15 @@ def toast_body(decision: Intervene, outcome: Outcome) -> dict[str, Any] | None:
     if variant is None:
         return None
     # The webhook's sentence (ids, names and counts only, written for a person), the rule
-    # (the name docs/detection.md and the log use), and what the session's earlier
-    # interventions were, by name: a hold after two refusals is not a third stop.
+    # (the name docs/detection.md and the log use), the call (its place in the run, as
+    # `intervention.outcome` logs it), and what the session's earlier interventions were,
+    # by name: a hold after two refusals is not a third stop.
     earlier = earlier_by_name(decision.prior_interventions + 1, decision.prior_outcomes)
     before = f"; before: {', '.join(earlier)}" if earlier else ""
-    message = f"{notification(decision, outcome)['text']} (rule: {decision.rule}{before})"
+    message = (
+        f"{notification(decision, outcome)['text']} "
+        f"(rule: {decision.rule}, call {decision.position}{before})"
+    )
     return {"title": TITLE, "message": message, "variant": variant}
 
 
