@@ -231,7 +231,24 @@ async def test_stream_without_headers_hits_read_timeout():
         await stop(*running)
     # It never connected: the failure is not called a disconnection.
     assert events(logs, "stream.disconnected") == []
-    assert events(logs, "stream.connect_failed")[0]["reason"] == "read timeout"
+    assert events(logs, "stream.connect_failed")[0]["reason"] == "no answer for 0.5 s"
+
+
+async def test_a_server_that_takes_the_request_and_never_answers_is_retried_early(monkeypatch):
+    # A server still starting after a restart: the reconnect waited out the whole read
+    # limit (25 s) before it tried again. The answer has a shorter limit of its own.
+    import dataclasses
+
+    from monitor.shell import stream
+
+    monkeypatch.setattr(stream, "HEADERS_TIMEOUT_S", 0.3)
+    fake = FakeOpencode(streams=[play(then="end"), no_headers, play()])
+    with capture_logs() as logs:
+        running = await start(fake, dataclasses.replace(FAST, read_timeout=30))
+        await wait_for(lambda: events(logs, "stream.reconnected"), timeout=5)
+        await stop(*running)
+    assert events(logs, "stream.retry_failed")[0]["reason"] == "no answer for 0.3 s"
+    assert fake.connections == 3
 
 
 async def test_garbage_frames_are_counted_and_the_loop_still_caught():

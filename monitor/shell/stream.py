@@ -47,6 +47,10 @@ CREDENTIALS_REFUSED = "credentials_refused"
 HEARTBEAT_S = 10.0
 READ_TIMEOUT_S = 2.5 * HEARTBEAT_S
 CONNECT_TIMEOUT_S = 10.0
+# A server that is up answers a stream request at once; one still starting may take the
+# connection and hold it. Without this limit the reconnect after a server's restart waited
+# out the whole read limit before it tried again.
+HEADERS_TIMEOUT_S = 10.0
 # Between reconnects: at most 2 s, so a server that comes back after any outage is noticed
 # within 2 s (plus the connect). A refused connect to a local port costs next to nothing, so
 # the backoff only keeps a flapping server from being hammered, it need not grow further.
@@ -78,12 +82,16 @@ class _NotAStream(Exception):
         self.diagnosis = diagnosis
 
 
+class _NoAnswer(Exception):
+    """The server took the request and sent no answer in time: still starting, say."""
+
+
 class _NoFrame(Exception):
     """Bytes came, frames did not: the stream is stalled whatever the socket says."""
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, (_NotAStream, _NoFrame)):
+    if isinstance(exc, (_NotAStream, _NoAnswer, _NoFrame)):
         return str(exc)
     if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return "read timeout"
@@ -118,6 +126,7 @@ class EventStream:
         self._backoff = backoff
         self._timeout = stream_timeout(read_timeout)
         self._read_limit = read_timeout
+        self._answer_limit = min(HEADERS_TIMEOUT_S, read_timeout)
         self._response: aiohttp.ClientResponse | None = None
         self._dropped: str | None = None  # why `reconnect` dropped the connection
         self._sleep = sleep
@@ -206,9 +215,15 @@ class EventStream:
 
     async def _read_once(self) -> None:
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
-        async with self._http.get(
+        request = self._http.get(
             self.url, headers=headers, timeout=self._timeout, allow_redirects=False
-        ) as response:
+        )
+        try:
+            async with asyncio.timeout(self._answer_limit):
+                response = await request
+        except TimeoutError:
+            raise _NoAnswer(f"no answer for {self._answer_limit:g} s") from None
+        async with response:
             status, content_type = response.status, response.content_type
             if status in (401, 407):
                 sent = aiohttp.hdrs.AUTHORIZATION in self._http.headers
