@@ -33,6 +33,8 @@ from monitor.shell.plugin_install import render as render_plugin
 
 OPENCODE_VERSION = "1.18.33"
 NPM_PACKAGE = f"opencode-ai@{OPENCODE_VERSION}"
+# The Bun inside that opencode: the plugin's tests run on the runtime that runs the plugin.
+BUN_VERSION = "1.3.14"
 MODEL_ID = "fake/looper"
 
 START_TIMEOUT = 60.0
@@ -75,7 +77,21 @@ def find_or_install_opencode(cache_dir: Path) -> Path:
     on_path = shutil.which("opencode")
     if on_path and _version_of(Path(on_path)) == OPENCODE_VERSION:
         return Path(on_path)
-    return _npm_install(cache_dir, cached)
+    return _npm_install(cache_dir, NPM_PACKAGE, cached)
+
+
+def find_or_install_bun(cache_dir: Path) -> Path:
+    """Bun, to test the plugin: ``$BUN_BIN``, a cached install, or the `bun` npm package
+    installed into its own folder of the cache (apart from opencode's install)."""
+    if explicit := os.environ.get("BUN_BIN"):
+        if not Path(explicit).is_file():
+            raise InstallError(f"BUN_BIN={explicit} is not a file")
+        return Path(explicit)
+    folder = cache_dir / "bun"
+    cached = folder / "node_modules" / ".bin" / "bun"
+    if cached.exists():
+        return cached
+    return _npm_install(folder, f"bun@{BUN_VERSION}", cached)
 
 
 def _version_of(binary: Path) -> str | None:
@@ -86,14 +102,15 @@ def _version_of(binary: Path) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def _npm_install(cache_dir: Path, expected: Path) -> Path:
+def _npm_install(cache_dir: Path, package: str, expected: Path) -> Path:
     npm = shutil.which("npm")
     if npm is None:
         raise InstallError(
             f"npm not found: install Node.js, or set OPENCODE_BIN to opencode {OPENCODE_VERSION}"
+            f" and BUN_BIN to bun {BUN_VERSION}"
         )
     cache_dir.mkdir(parents=True, exist_ok=True)
-    command = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache_dir), NPM_PACKAGE]
+    command = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache_dir), package]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0 or not expected.exists():
         raise InstallError(
