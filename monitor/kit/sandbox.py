@@ -157,6 +157,47 @@ def opencode_config(
     }
 
 
+# What opencode installs into a config folder that has plugins before it answers (its plugin
+# SDK, about 64 MB from the registry: 35-60 s on a busy machine). Kept once per binary in the
+# cache and copied into each sandbox with a plugin, whose start then takes seconds.
+_DEPENDENCIES = ("package.json", "package-lock.json", "node_modules")
+
+
+def _dependencies_cache(binary: Path) -> Path:
+    info = binary.resolve().stat()
+    return default_cache_dir() / "plugin-dependencies" / f"{info.st_size}-{int(info.st_mtime)}"
+
+
+def _copy_dependencies(source: Path, target: Path) -> None:
+    for name in _DEPENDENCIES:
+        if (source / name).is_dir():
+            shutil.copytree(source / name, target / name, symlinks=True)
+        elif (source / name).exists():
+            shutil.copy2(source / name, target / name)
+
+
+def _seed_plugin_dependencies(binary: Path, config_dir: Path) -> None:
+    kept = _dependencies_cache(binary)
+    if kept.is_dir():
+        _copy_dependencies(kept, config_dir)
+
+
+def _keep_plugin_dependencies(binary: Path, config_dir: Path) -> None:
+    """Keep what this server installed, once: made aside, then renamed into place (another
+    server may keep them first; then this copy is dropped)."""
+    kept = _dependencies_cache(binary)
+    if kept.exists() or not (config_dir / "node_modules").is_dir():
+        return
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    aside = Path(tempfile.mkdtemp(prefix="new-", dir=kept.parent))
+    try:
+        with suppress(OSError):  # a full disk: the next start installs them again
+            _copy_dependencies(config_dir, aside)
+            aside.rename(kept)
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
 class OpencodeServer:
     """``opencode serve`` in a throwaway HOME; an async context manager.
 
@@ -245,6 +286,8 @@ class OpencodeServer:
         except BaseException:
             await self.stop()
             raise
+        if self.plugin is not None:
+            _keep_plugin_dependencies(self.binary, self.root / "config" / "opencode")
 
     async def stop(self) -> None:
         process, self._process = self._process, None
@@ -288,6 +331,7 @@ class OpencodeServer:
             plugins = config_dir / "plugins"
             plugins.mkdir()
             (plugins / PLUGIN_FILE).write_text(render_plugin(self.plugin), encoding="utf-8")
+            _seed_plugin_dependencies(self.binary, config_dir)
         _make_project(self.project, self._environment())
 
     def client_environment(self) -> dict[str, str]:
