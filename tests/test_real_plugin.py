@@ -122,29 +122,37 @@ async def test_with_the_daemon_hung_the_plugin_alone_refuses_the_fourth_identica
     assert "TimeoutError" in log
 
 
+async def slow_appends_stopping_the_daemon(server, start_monitor, http, socket_path, calls):
+    """Appends a second apart, the daemon up for the first only: (watch args, client,
+    session, the appends written so far)."""
+    watch = ("watch", "--url", server.url, "--log-format", "json",
+             "--plugin-socket", str(socket_path))  # fmt: skip
+    first = start_monitor(*watch)
+    await first.wait_event("stream.connected")
+    client = server.client(http)
+    session = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], calls, delay=1.0))
+
+    async def written(count: int) -> bool:
+        out = server.project / "out.txt"
+        return out.exists() and len(out.read_text().splitlines()) >= count
+
+    await until(lambda: written(1), 30, interval=0.05, what="the first append")
+    await first.stop()
+    assert first.events("intervention.outcome") == []
+    return watch, client, session, written
+
+
 async def test_with_the_daemon_stopped_the_plugin_alone_refuses_the_fourth_identical_call(
     plugin_server, start_monitor, http, socket_path
 ):
     """The daemon answered, then stopped before the loop completed: the plugin's own rule
     has seen every call, so the 4th is still refused in band."""
-    monitor = start_monitor(
-        "watch", "--url", plugin_server.url, "--log-format", "json",
-        "--plugin-socket", str(socket_path),
-    )  # fmt: skip
-    await monitor.wait_event("stream.connected")
-    client = plugin_server.client(http)
-    session = await client.create_session("appends")
-    await client.prompt_async(session["id"], script([APPEND], 5, delay=1.0))
-    out = plugin_server.project / "out.txt"
-
-    async def written(count: int) -> bool:
-        return out.exists() and len(out.read_text().splitlines()) >= count
-
-    await until(lambda: written(1), 30, interval=0.05, what="the first append")
-    await monitor.stop()
+    _, client, session, _ = await slow_appends_stopping_the_daemon(
+        plugin_server, start_monitor, http, socket_path, 5
+    )
     messages = await client.wait_idle(session["id"], 60)
     refused_on_its_own(plugin_server, session, messages)
-    assert monitor.events("intervention.outcome") == []
 
 
 async def test_installed_without_url_it_finds_the_daemon_of_its_server_on_a_random_port(
@@ -277,20 +285,9 @@ async def test_a_failure_loop_is_stopped_and_a_session_that_never_loops_runs_eve
 async def test_daemon_restarted_mid_run_calls_run_while_down_and_the_loop_is_caught_once_back(
     plugin_server, start_monitor, http, socket_path
 ):
-    watch = ("watch", "--url", plugin_server.url, "--log-format", "json",
-             "--plugin-socket", str(socket_path))  # fmt: skip
-    first = start_monitor(*watch)
-    await first.wait_event("stream.connected")
-    client = plugin_server.client(http)
-    session = await client.create_session("appends")
-    await client.prompt_async(session["id"], script([APPEND], 10, delay=1.0))
-    out = plugin_server.project / "out.txt"
-
-    async def written(count: int) -> bool:
-        return out.exists() and len(out.read_text().splitlines()) >= count
-
-    await until(lambda: written(1), 30, interval=0.05, what="the first append")
-    await first.stop()
+    watch, client, session, written = await slow_appends_stopping_the_daemon(
+        plugin_server, start_monitor, http, socket_path, 10
+    )
     await until(lambda: written(2), 30, interval=0.05, what="an append while down")
     second = start_monitor(*watch)  # the same socket: the plugin finds it again
     await second.wait_event("stream.connected")
@@ -299,18 +296,15 @@ async def test_daemon_restarted_mid_run_calls_run_while_down_and_the_loop_is_cau
     # Calls made while the daemon was down ran (the plugin fell open at once: no socket),
     # except the loop's: the plugin's own rule saw every call, so none that completes the
     # loop ran, whether the daemon was back in time or not.
-    assert len(out.read_text().splitlines()) == 3
-    ran = 3
+    assert lines(plugin_server) == ["x", "x", "x"]
+    parts = tool_parts(messages)
+    assert [p["state"]["status"] for p in parts[:3]] == ["completed"] * 3
     log = plugin_server.log_path.read_text()
     assert "opencode-loop-monitor: no answer from the monitor at" in log
-    refused = [p for p in tool_parts(messages)[3:] if p["state"]["status"] == "error"]
-    if outcome["outcome"] == "blocked" and outcome["call_index"] == 4:
-        pass  # back before the loop completed: the daemon refused the 4th append in band
-    else:
-        # The 4th came while down: the plugin refused it on its own; back, the daemon
-        # either refuses the next repetition in band or, having read the refused call back
-        # at resync, stops the run.
-        assert refused[0]["state"]["error"].startswith(MARK + "this call was refused")
+    if (outcome["outcome"], outcome["call_index"]) != ("blocked", 4):
+        # Not back before the loop completed: the plugin refused the 4th on its own; back,
+        # the daemon either refuses the next repetition in band or, having read the refused
+        # call back at resync, stops the run.
+        assert parts[3]["state"]["error"].startswith(MARK + "this call was refused")
         assert "checked by the plugin's own loop rule" in log
         assert (outcome["outcome"], outcome["call_index"]) in (("blocked", 5), ("aborted", 4))
-    assert all(p["state"]["status"] == "completed" for p in tool_parts(messages)[:ran])
