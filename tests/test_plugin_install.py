@@ -174,3 +174,16 @@ def test_the_cli_exits_with_the_status(home: Path, monkeypatch: pytest.MonkeyPat
     assert main(["plugin", "status"]) == EX_UNAVAILABLE
     out = capsys.readouterr().out
     assert "nothing answers there" in out
+
+
+def test_a_file_of_the_previous_release_is_ours(home: Path) -> None:
+    folder = home / "config" / "opencode" / "plugins"
+    folder.mkdir(parents=True)
+    (folder / FILE_NAME).write_text(
+        "// Installed by `opencode-loop-monitor plugin install`, which writes ENDPOINT below.\n"
+        "const ENDPOINT: { url: string; socket: string | null; tokenFile: string | null } = "
+        '{"url": "http://localhost/v1/decide", "socket": "/s.sock", "tokenFile": null}\n'
+    )
+    text, code = status(settings(), None, env(home))
+    assert code == EX_UNAVAILABLE and "it asks: /s.sock" in text
+    assert uninstall(None, env(home)).startswith(f"removed {folder / FILE_NAME}")

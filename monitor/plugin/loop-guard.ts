@@ -28,7 +28,8 @@ import { readFileSync } from "node:fs"
 // `socketDir`, the socket of this server's daemon is in it (`socketFor`); `socket` is asked
 // when the server's URL is not known (2.x), or always when there is no `socketDir`; with
 // neither, `url` over loopback TCP with the token in `tokenFile`.
-const ENDPOINT: { url: string; socket: string | null; socketDir: string | null; tokenFile: string | null } = {"url": "http://localhost/v1/decide", "socket": null, "socketDir": null, "tokenFile": null}
+export type Endpoint = { url: string; socket: string | null; socketDir: string | null; tokenFile: string | null }
+const ENDPOINT: Endpoint = {"url": "http://localhost/v1/decide", "socket": null, "socketDir": null, "tokenFile": null}
 // The longest a call waits for the daemon before the plugin's own rule decides.
 const WAIT_MS = 200
 // Sessions already warned about, bounded: a server can run for weeks.
@@ -221,15 +222,16 @@ const NOTHING_LISTENS = new Set(["FailedToOpenSocket", "ConnectionRefused", "ENO
 type Verdict = { block: string | null } | { fellOpen: string }
 type Asker = (body: Record<string, unknown>, tool: string) => Promise<Verdict>
 
-/** Asks the daemon; at most WAIT_MS. The block text, null to allow, or why it fell open. */
-function makeAsker(serverUrl: string | null): Asker {
+/** Asks the daemon at `endpoint`; at most WAIT_MS. The block text, null to allow, or why
+ * it fell open (then the caller's own rule decides). */
+export function makeAsker(endpoint: Endpoint, serverUrl: string | null): Asker {
   const socket =
-    ENDPOINT.socketDir && serverUrl ? socketFor(ENDPOINT.socketDir, serverUrl) : ENDPOINT.socket
-  const where = socket ?? ENDPOINT.url
+    endpoint.socketDir && serverUrl ? socketFor(endpoint.socketDir, serverUrl) : endpoint.socket
+  const where = socket ?? endpoint.url
   const readToken = (): string | null => {
-    if (!ENDPOINT.tokenFile) return null
+    if (!endpoint.tokenFile) return null
     try {
-      return readFileSync(ENDPOINT.tokenFile, "utf8").trim()
+      return readFileSync(endpoint.tokenFile, "utf8").trim()
     } catch {
       return null
     }
@@ -241,7 +243,7 @@ function makeAsker(serverUrl: string | null): Asker {
     let status: number
     let answer: { verdict?: unknown; feedback?: unknown; error?: unknown } | null
     try {
-      const response = await fetch(ENDPOINT.url, {
+      const response = await fetch(endpoint.url, {
         method: "POST",
         headers,
         body: JSON.stringify(body),
@@ -331,7 +333,7 @@ async function server(ctx: { directory: string; serverUrl?: URL | string }) {
   } catch {
     serverUrl = null // a getter of an older release may throw: ask where install said
   }
-  return v1Hooks(makeJudge(makeAsker(serverUrl), ctx.directory))
+  return v1Hooks(makeJudge(makeAsker(ENDPOINT, serverUrl), ctx.directory))
 }
 
 /** The parts of a 2.x plugin context this plugin uses (`@opencode/plugin` Context). */
@@ -380,7 +382,7 @@ export async function v2Hooks(ctx: V2Context, ask: Asker): Promise<void> {
 
 /** The 2.x entry: its context carries no server URL, so it asks where install said. */
 async function setup(ctx: V2Context): Promise<void> {
-  await v2Hooks(ctx, makeAsker(null))
+  await v2Hooks(ctx, makeAsker(ENDPOINT, null))
 }
 
 export default { id: "opencode-loop-monitor", server, setup }

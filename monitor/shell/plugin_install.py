@@ -26,11 +26,10 @@ from monitor.shell.decide import (
 )
 
 FILE_NAME = "opencode-loop-monitor.ts"
-# The one line of the shipped file that install rewrites.
-_ENDPOINT_LINE = (
-    "const ENDPOINT: { url: string; socket: string | null; socketDir: string | null; "
-    "tokenFile: string | null } = "
-)
+# The one line of the shipped file that install rewrites (earlier releases spelled out its
+# type: a file of theirs is read too, so it can be uninstalled).
+_ENDPOINT_LINE = "const ENDPOINT: Endpoint = "
+_ENDPOINT_START, _VALUE_START = "const ENDPOINT:", " = {"
 # Said by the file itself, so uninstall removes only a file we wrote.
 _MARK = "opencode-loop-monitor plugin install"
 PROBE_TIMEOUT_S = 0.5
@@ -71,14 +70,14 @@ def render(endpoint: PluginEndpoint) -> str:
 
 
 def installed_endpoint(text: str) -> dict[str, str | None] | None:
-    """The address an installed plugin uses, or None when the file is not ours (or is ours
-    from a release whose address line differs: install again)."""
+    """The address an installed plugin uses, or None when the file is not ours."""
     if _MARK not in text:
         return None
     for line in text.splitlines():
-        if line.startswith(_ENDPOINT_LINE):
+        if line.startswith(_ENDPOINT_START) and _VALUE_START in line:
+            value = line[line.index(_VALUE_START) + len(_VALUE_START) - 1 :]
             try:
-                address = json.loads(line.removeprefix(_ENDPOINT_LINE))
+                address = json.loads(value)
             except ValueError:
                 return None
             return address if isinstance(address, dict) else None

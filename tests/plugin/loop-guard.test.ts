@@ -1,6 +1,8 @@
 // The plugin's pure parts and both entries with stand-ins, run by `bun test` (tests/test_plugin_ts.py
 // runs it from pytest with the Bun of the `bun` npm package).
-import { describe, expect, test } from "bun:test"
+import { afterAll, describe, expect, test } from "bun:test"
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
 import plugin, {
   HISTORY,
   LocalGuard,
@@ -10,6 +12,7 @@ import plugin, {
   canonical,
   endedSession,
   localFeedback,
+  makeAsker,
   makeJudge,
   refusal,
   v1Hooks,
@@ -244,5 +247,85 @@ describe("the 2.x entry with a stand-in ctx", () => {
     const check = await call(hooks, "c0")
     expect([check.effect, check.message]).toEqual(["deny", "daemon says no"])
     expect(bodies[0]).toEqual({ session_id: "ses_1", call_id: "c0", tool: "shell", args: { command: "ls" }, directory: "/p", fell_open: 0 })
+  })
+})
+
+describe("asking the daemon (a stand-in on a Unix socket)", () => {
+  const dir = mkdtempSync(`${tmpdir()}/olm-`)
+  afterAll(() => rmSync(dir, { recursive: true, force: true }))
+  const answers: Record<string, () => Response> = {
+    allow: () => Response.json({ verdict: "allow" }),
+    empty: () => Response.json({ verdict: "block", feedback: "" }),
+    words: () => Response.json({ verdict: "block", feedback: "stop that" }),
+    maybe: () => Response.json({ verdict: "maybe" }),
+    text: () => new Response("not json"),
+    failed: () => Response.json({ error: "the monitor failed to judge this call" }, { status: 500 }),
+  }
+  const seen: { auth: string | null; body: any }[] = []
+  const socket = `${dir}/plugin-4096.sock`
+  const server = Bun.serve({
+    unix: socket,
+    async fetch(request) {
+      const body = await request.json()
+      seen.push({ auth: request.headers.get("Authorization"), body })
+      return answers[body.tool]()
+    },
+  })
+  afterAll(() => server.stop(true))
+  const endpoint = { url: "http://localhost/v1/decide", socket: null, socketDir: dir, tokenFile: null }
+  const ask = makeAsker(endpoint, "http://127.0.0.1:4096/")
+  const body = (tool: string) => ({ session_id: "ses_1", call_id: "c", tool, args: {}, directory: "/p", fell_open: 0 })
+
+  test("the server's own socket is asked; its verdicts are taken", async () => {
+    expect(await ask(body("allow"), "allow")).toEqual({ block: null })
+    expect(await ask(body("words"), "words")).toEqual({ block: "stop that" })
+    expect(seen.at(-1)).toEqual({ auth: null, body: body("words") })
+  })
+
+  test("a block without feedback is refused with the fallback text", async () => {
+    const verdict = await ask(body("empty"), "bash")
+    expect("block" in verdict && verdict.block!.startsWith(MARK)).toBe(true)
+  })
+
+  test("a malformed answer falls open (the local rule decides)", async () => {
+    expect(await ask(body("maybe"), "maybe")).toEqual({ fellOpen: `the monitor at ${socket} answered no verdict` })
+    expect("fellOpen" in (await ask(body("text"), "text"))).toBe(true)
+    expect(await ask(body("failed"), "failed")).toEqual({
+      fellOpen: `the monitor at ${socket} refused: 500 the monitor failed to judge this call`,
+    })
+  })
+
+  test("another server's plugin asks another socket, where nothing listens: our words, not Bun's", async () => {
+    const verdict = await makeAsker(endpoint, "http://127.0.0.1:5000")(body("allow"), "allow")
+    expect(verdict).toEqual({
+      fellOpen:
+        `no answer from the monitor at ${dir}/plugin-5000.sock (nothing listens there: ` +
+        "is `opencode-loop-monitor watch` running for this server?)",
+    })
+  })
+
+  test("without a server URL (2.x) the socket written at install is asked", async () => {
+    const pinned = { ...endpoint, socket }
+    expect(await makeAsker(pinned, null)(body("allow"), "allow")).toEqual({ block: null })
+  })
+
+  test("over TCP the token from the file goes along", async () => {
+    const tcp = Bun.serve({
+      hostname: "127.0.0.1",
+      port: 0,
+      fetch: (request) => (seen.push({ auth: request.headers.get("Authorization"), body: null }), answers.allow()),
+    })
+    try {
+      writeFileSync(`${dir}/token`, "s3cret\n")
+      const url = `http://127.0.0.1:${tcp.port}/v1/decide`
+      const verdict = await makeAsker({ url, socket: null, socketDir: null, tokenFile: `${dir}/token` }, null)(
+        body("allow"),
+        "allow",
+      )
+      expect(verdict).toEqual({ block: null })
+      expect(seen.at(-1)!.auth).toBe("Bearer s3cret")
+    } finally {
+      tcp.stop(true)
+    }
   })
 })
