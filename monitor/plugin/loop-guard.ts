@@ -38,14 +38,14 @@ const MAX_WARNED = 1000
 /** How every message of the guard starts (monitor/core/feedback.py MARK). */
 export const MARK = "[opencode-loop-monitor] Loop guard: "
 
-// The daemon's `cycle` rule with its defaults (monitor/core/rules/cycle.py).
+// The monitor's `cycle` rule as it first shipped (monitor/core/rules/cycle.py, with
+// max_period 4): the plain loops, without the daemon's settings, which it cannot read here.
 export const MAX_PERIOD = 4
 export const REPEATS = 3
 // Period 1: three identical calls in a row are allowed, the fourth is a loop.
 export const MIN_CALLS = 4
-// Signatures kept a session: twice the longest window the rule reads (16).
+// Signatures kept a session, all of them read by the rule: the daemon's default history.
 export const HISTORY = 32
-export const WINDOW = 16
 // Sessions remembered at once; the oldest is forgotten first (a session normally goes idle).
 export const MAX_SESSIONS = 256
 const TOOL_NAME_MAX = 64
@@ -101,11 +101,11 @@ type Entry = { key: bigint | number; tool: string }
 /**
  * The shortest cycle ending `history` (oldest first), or null: for a period L, the last
  * max(L * REPEATS, MIN_CALLS) entries each equal the one L places before them, looking at
- * no more than WINDOW entries (monitor/core/rules/cycle.py detect_cycle).
+ * no more than HISTORY entries (monitor/core/rules/cycle.py detect_cycle).
  */
 export function detectCycle<T>(history: readonly T[]): { length: number; repetitions: number } | null {
   const size = history.length
-  const window = Math.min(size, WINDOW)
+  const window = Math.min(size, HISTORY)
   if (!size) return null
   const last = history[size - 1]
   for (let length = 1; length <= MAX_PERIOD; length++) {
