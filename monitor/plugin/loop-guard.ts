@@ -283,7 +283,13 @@ export function makeJudge(
   const warned = new Set<string>()
   let fellOpen = 0
   const judge = async (sessionID: string, callID: string, tool: string, args: unknown): Promise<string | null> => {
-    const cycle = guard.call(sessionID, tool, args)
+    let cycle: Cycle | null = null
+    try {
+      cycle = guard.call(sessionID, tool, args)
+    } catch (err) {
+      // A fault of ours (arguments no JSON has, say) must not refuse the call: it is asked.
+      log(`opencode-loop-monitor: the plugin's own rule failed on a call of ${tool} (${err})`)
+    }
     const reported = fellOpen
     const verdict = await ask(
       { session_id: sessionID, call_id: callID, tool, args: args ?? {}, directory, fell_open: reported },

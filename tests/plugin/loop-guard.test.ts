@@ -170,6 +170,13 @@ describe("the judge: the daemon first, the local rule when it does not answer", 
     expect(asked[5].fell_open).toBe(3) // the three that ran unasked; the refused ones did not run
   })
 
+  test("arguments the rule cannot read are asked about, never refused for it", async () => {
+    const lines: string[] = []
+    const { judge } = makeJudge(async () => ({ block: null }), "/p", (line) => lines.push(line))
+    expect(await judge("ses_1", "c0", "odd", { n: 1n })).toBeNull()
+    expect(lines).toEqual([expect.stringContaining("the plugin's own rule failed on a call of odd")])
+  })
+
   test("a daemon's block is refused with its text", async () => {
     const { judge } = makeJudge(async () => ({ block: "no" }), "/p", silent)
     expect(await judge("ses_1", "c0", ...A)).toBe("no")
