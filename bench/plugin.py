@@ -31,7 +31,7 @@ from monitor.shell.plugin_install import render
 HARNESS = """
 const [plugin, calls, warmup] = [process.argv[2], Number(process.argv[3]), Number(process.argv[4])]
 const mod = await import(plugin)
-const hooks = await Object.values(mod)[0]({ directory: "/home/dev/project" })
+const hooks = await mod.default.server({ directory: "/home/dev/project" })
 const hook = hooks["tool.execute.before"]
 const times = []
 for (let i = 0; i < warmup + calls; i++) {

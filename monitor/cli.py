@@ -26,7 +26,7 @@ from monitor.config import (
     unknown_variables,
 )
 from monitor.errors import ConfigError
-from monitor.exits import EX_CONFIG, EX_INTERRUPTED
+from monitor.exits import EX_CONFIG, EX_INTERRUPTED, EX_OK
 
 PROG = "opencode-loop-monitor"
 # 128 + SIGINT, what a shell reports for a program stopped with Ctrl-C.
@@ -242,13 +242,17 @@ PLUGIN_DESCRIPTION = """\
 Installs the OpenCode plugin that asks this monitor before every tool call, so the call that
 completes a loop is blocked before it runs and the model's run goes on (see
 docs/operations.md). install writes it user-wide ($XDG_CONFIG_HOME/opencode/plugins/) or,
-with --project DIR, into DIR/.opencode/plugins/, pointing at the endpoint the same --url and
-plugin settings give `watch`; OpenCode loads it when it next starts. uninstall removes it;
-status says where it is, where it asks and whether a monitor answers there."""
+with --project DIR, into DIR/.opencode/plugins/; OpenCode loads it when it next starts.
+With the default plugin settings it finds the monitor of the server it runs in, whatever
+its port (no --url needed); with --plugin-socket PATH or --plugin-addr it asks there. When
+no monitor answers, it applies its own loop rule. uninstall removes it; status says where
+it is, where it asks in the server at --url and whether a monitor answers there."""
 
 PLUGIN_EPILOG = """\
-exit status: 0 done, 78 configuration error (the folder cannot be written, a file there is
-not ours, the endpoint is off), 130 interrupted."""
+exit status: 0 done (status: installed, and the monitor of --url answers where it asks),
+3 status: not installed, 4 status: a monitor answers where the plugin asks but it is not the
+one of --url, 69 status: installed but nothing answers, 78 configuration error (the folder
+cannot be written, a file there is not ours, the endpoint is off), 130 interrupted."""
 
 
 def _plugin_arguments(parser: argparse.ArgumentParser) -> None:
@@ -270,8 +274,10 @@ def _run_plugin(settings: Settings, args: argparse.Namespace) -> int:
     elif args.action == "uninstall":
         print(plugin_install.uninstall(project, os.environ))
     else:
-        print(plugin_install.status(settings, project, os.environ))
-    return 0
+        text, code = plugin_install.status(settings, project, os.environ)
+        print(text)
+        return code
+    return EX_OK
 
 
 COMMANDS: tuple[Command, ...] = (

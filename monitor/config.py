@@ -718,9 +718,10 @@ class Settings:
         metadata=_row(
             _text,
             "Unix socket (mode 0600 in a 0700 folder) where the OpenCode plugin asks whether a "
-            "call may run; auto: plugin-HASH.sock, one per --url, in $RUNTIME_DIRECTORY "
-            "(systemd's RuntimeDirectory=), else $XDG_RUNTIME_DIR/opencode-loop-monitor, else "
-            "$STATE_DIRECTORY, else the state folder; off: no endpoint",
+            "call may run; auto: plugin-PORT.sock, PORT that of --url (the plugin finds it "
+            "from its own server's URL), in $RUNTIME_DIRECTORY (systemd's RuntimeDirectory=), "
+            "else $XDG_RUNTIME_DIR/opencode-loop-monitor, else $STATE_DIRECTORY, else the state "
+            "folder; off: no endpoint",
             Group.PLUGIN,
             default="auto",
             metavar="PATH|auto|off",

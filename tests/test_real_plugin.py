@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from monitor.core.feedback import MARK
 from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
-from monitor.shell.decide import PluginEndpoint
+from monitor.shell.decide import PluginEndpoint, socket_name
 from tests.harness import opencode_run
 
 pytestmark = pytest.mark.real_server
@@ -68,7 +69,8 @@ async def test_fourth_identical_append_blocked_in_band(
     assert lines(plugin_server) == ["x", "x", "x"]  # the 4th never ran
     parts = tool_parts(messages)
     assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"]
-    assert "repeated" in parts[3]["state"]["error"] and "Loop" in parts[3]["state"]["error"]
+    assert parts[3]["state"]["error"].startswith(MARK)  # the guard's words, not "Error: ..."
+    assert "repeated" in parts[3]["state"]["error"]
     # No abort, no feedback message: the model read the refusal and answered in the same run.
     assert [m["info"]["role"] for m in messages].count("user") == 1
     assert all(m["info"].get("error") is None for m in messages)
@@ -81,15 +83,33 @@ async def test_fourth_identical_append_blocked_in_band(
     assert monitor.events("feedback.sent") == []
 
 
-async def test_every_call_runs_when_no_daemon_listens(plugin_server, http):
-    session, messages = await run_appends(plugin_server, http, 5)
-    assert lines(plugin_server) == ["x"] * 5
-    assert [p["state"]["status"] for p in tool_parts(messages)] == ["completed"] * 5
-    log = plugin_server.log_path.read_text()
+def refused_on_its_own(server, session, messages) -> str:
+    """Asserts the plugin alone refused the 4th and 5th identical appends; the server's log."""
+    assert lines(server) == ["x", "x", "x"]  # the 4th and 5th never ran
+    parts = tool_parts(messages)
+    assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"] * 2
+    for part in parts[3:]:
+        assert part["state"]["error"].startswith(MARK + "this call was refused and did not run")
+        assert "1 call (bash) repeated" in part["state"]["error"]
+    assert all(m["info"].get("error") is None for m in messages)  # no abort: the run went on
+    log = server.log_path.read_text()
     assert log.count(FELL_OPEN) == 1 and session["id"] in log
+    assert "checked by the plugin's own loop rule" in log
+    return log
 
 
-async def test_every_call_runs_when_the_daemon_hangs(plugin_server, http, socket_path):
+async def test_with_no_daemon_the_plugin_alone_refuses_the_fourth_identical_call(
+    plugin_server, http
+):
+    session, messages = await run_appends(plugin_server, http, 5)
+    log = refused_on_its_own(plugin_server, session, messages)
+    # Our words for a socket nobody listens on, not Bun's question about a typo in the URL.
+    assert "nothing listens there" in log and "typo" not in log
+
+
+async def test_with_the_daemon_hung_the_plugin_alone_refuses_the_fourth_identical_call(
+    plugin_server, http, socket_path
+):
     # Accepts connections (the kernel completes them from the backlog) and never answers.
     hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     hung.bind(str(socket_path))
@@ -98,10 +118,71 @@ async def test_every_call_runs_when_the_daemon_hangs(plugin_server, http, socket
         session, messages = await run_appends(plugin_server, http, 5)
     finally:
         hung.close()
-    assert lines(plugin_server) == ["x"] * 5
-    assert [p["state"]["status"] for p in tool_parts(messages)] == ["completed"] * 5
-    log = plugin_server.log_path.read_text()
-    assert log.count(FELL_OPEN) == 1 and "TimeoutError" in log
+    log = refused_on_its_own(plugin_server, session, messages)
+    assert "TimeoutError" in log
+
+
+async def slow_appends_stopping_the_daemon(server, start_monitor, http, socket_path, calls):
+    """Appends a second apart, the daemon up for the first only: (watch args, client,
+    session, the appends written so far)."""
+    watch = ("watch", "--url", server.url, "--log-format", "json",
+             "--plugin-socket", str(socket_path))  # fmt: skip
+    first = start_monitor(*watch)
+    await first.wait_event("stream.connected")
+    client = server.client(http)
+    session = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], calls, delay=1.0))
+
+    async def written(count: int) -> bool:
+        out = server.project / "out.txt"
+        return out.exists() and len(out.read_text().splitlines()) >= count
+
+    await until(lambda: written(1), 30, interval=0.05, what="the first append")
+    await first.stop()
+    assert first.events("intervention.outcome") == []
+    return watch, client, session, written
+
+
+async def test_with_the_daemon_stopped_the_plugin_alone_refuses_the_fourth_identical_call(
+    plugin_server, start_monitor, http, socket_path
+):
+    """The daemon answered, then stopped before the loop completed: the plugin's own rule
+    has seen every call, so the 4th is still refused in band."""
+    _, client, session, _ = await slow_appends_stopping_the_daemon(
+        plugin_server, start_monitor, http, socket_path, 5
+    )
+    messages = await client.wait_idle(session["id"], 60)
+    refused_on_its_own(plugin_server, session, messages)
+
+
+async def test_installed_without_url_it_finds_the_daemon_of_its_server_on_a_random_port(
+    opencode_bin, scripted_model, start_monitor, http
+):
+    """`plugin install` with no --url: the plugin names its daemon's socket from the URL its
+    server listens on, which `watch --url` on that (random) port serves."""
+    runtime = Path(tempfile.mkdtemp(prefix="olm-"))
+    try:
+        folder = runtime / "opencode-loop-monitor"
+        endpoint = PluginEndpoint(folder / "plugin-4096.sock", socket_dir=folder)
+        async with OpencodeServer(opencode_bin, scripted_model.url, plugin=endpoint) as server:
+            assert not server.url.endswith(":4096")
+            monitor = start_monitor(
+                "watch", "--url", server.url, "--log-format", "json",
+                env={"XDG_RUNTIME_DIR": str(runtime)},
+            )  # fmt: skip
+            [listening] = await monitor.wait_event("plugin.listening")
+            assert listening["socket"] == str(folder / socket_name(server.url))
+            await monitor.wait_event("stream.connected")
+            session, messages = await run_appends(server, http, 4)
+            assert lines(server) == ["x", "x", "x"]
+            [outcome] = monitor.events("intervention.outcome")
+            assert (outcome["outcome"], outcome["via"], outcome["call_index"]) == (
+                "blocked", "plugin", 4,
+            )  # fmt: skip
+            assert tool_parts(messages)[3]["state"]["error"].startswith(MARK)
+            assert FELL_OPEN not in server.log_path.read_text()
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 async def test_the_refused_call_repeated_is_refused_at_once_then_held(
@@ -204,35 +285,26 @@ async def test_a_failure_loop_is_stopped_and_a_session_that_never_loops_runs_eve
 async def test_daemon_restarted_mid_run_calls_run_while_down_and_the_loop_is_caught_once_back(
     plugin_server, start_monitor, http, socket_path
 ):
-    watch = ("watch", "--url", plugin_server.url, "--log-format", "json",
-             "--plugin-socket", str(socket_path))  # fmt: skip
-    first = start_monitor(*watch)
-    await first.wait_event("stream.connected")
-    client = plugin_server.client(http)
-    session = await client.create_session("appends")
-    await client.prompt_async(session["id"], script([APPEND], 10, delay=1.0))
-    out = plugin_server.project / "out.txt"
-
-    async def written(count: int) -> bool:
-        return out.exists() and len(out.read_text().splitlines()) >= count
-
-    await until(lambda: written(1), 30, interval=0.05, what="the first append")
-    await first.stop()
+    watch, client, session, written = await slow_appends_stopping_the_daemon(
+        plugin_server, start_monitor, http, socket_path, 10
+    )
     await until(lambda: written(2), 30, interval=0.05, what="an append while down")
     second = start_monitor(*watch)  # the same socket: the plugin finds it again
     await second.wait_event("stream.connected")
     [outcome] = await second.wait_event("intervention.outcome", timeout=60)
     messages = await client.messages(session["id"])
-    ran = len(out.read_text().splitlines())
-    # Calls made while the daemon was down ran (the plugin fell open at once: no socket).
-    assert ran >= 2
-    if outcome["outcome"] == "blocked":
-        # Back before the loop completed: the 4th append is refused in band.
-        assert (outcome["call_index"], ran) == (4, 3)
-    else:
-        # The loop completed while down: read back at resync, the run is stopped at once.
-        assert outcome["outcome"] == "aborted" and outcome["call_index"] == 4
-    assert (
-        "opencode-loop-monitor: no answer from the monitor at" in plugin_server.log_path.read_text()
-    )
-    assert all(p["state"]["status"] == "completed" for p in tool_parts(messages)[:ran])
+    # Calls made while the daemon was down ran (the plugin fell open at once: no socket),
+    # except the loop's: the plugin's own rule saw every call, so none that completes the
+    # loop ran, whether the daemon was back in time or not.
+    assert lines(plugin_server) == ["x", "x", "x"]
+    parts = tool_parts(messages)
+    assert [p["state"]["status"] for p in parts[:3]] == ["completed"] * 3
+    log = plugin_server.log_path.read_text()
+    assert "opencode-loop-monitor: no answer from the monitor at" in log
+    if (outcome["outcome"], outcome["call_index"]) != ("blocked", 4):
+        # Not back before the loop completed: the plugin refused the 4th on its own; back,
+        # the daemon either refuses the next repetition in band or, having read the refused
+        # call back at resync, stops the run.
+        assert parts[3]["state"]["error"].startswith(MARK + "this call was refused")
+        assert "checked by the plugin's own loop rule" in log
+        assert (outcome["outcome"], outcome["call_index"]) in (("blocked", 5), ("aborted", 4))

@@ -18,6 +18,7 @@ from monitor.kit.sandbox import (
     OpencodeServer,
     ServerStartError,
     default_cache_dir,
+    find_or_install_bun,
     find_or_install_opencode,
     tool_parts,
 )
@@ -326,6 +327,48 @@ def test_without_npm_the_install_fails_clearly(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(InstallError, match="npm not found"):
         find_or_install_opencode(tmp_path / "cache")
+
+
+def test_bun_bin_overrides_the_cache_and_a_cached_bun_is_used(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("BUN_BIN", str(tmp_path / "missing"))
+    with pytest.raises(InstallError, match="missing is not a file"):
+        find_or_install_bun(tmp_path)
+    monkeypatch.delenv("BUN_BIN")
+    cached = tmp_path / "bun" / "node_modules" / ".bin" / "bun"  # apart from opencode's install
+    cached.parent.mkdir(parents=True)
+    cached.touch()
+    assert find_or_install_bun(tmp_path) == cached
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(InstallError, match="npm not found"):
+        find_or_install_bun(tmp_path / "elsewhere")
+
+
+def test_plugin_dependencies_are_kept_once_per_binary_and_seeded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from monitor.kit.sandbox import _keep_plugin_dependencies, _seed_plugin_dependencies
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    binary = tmp_path / "opencode"
+    binary.write_text("1")
+    first, second, third = (tmp_path / name for name in ("first", "second", "third"))
+    for folder in (first, second, third):
+        folder.mkdir()
+    _keep_plugin_dependencies(binary, first)  # nothing installed: nothing kept
+    _seed_plugin_dependencies(binary, second)
+    assert sorted(os.listdir(second)) == []
+    (first / "node_modules" / "@opencode-ai").mkdir(parents=True)
+    (first / "node_modules" / "@opencode-ai" / "plugin.js").write_text("x")
+    (first / "package.json").write_text("{}")
+    _keep_plugin_dependencies(binary, first)
+    _seed_plugin_dependencies(binary, second)
+    assert (second / "node_modules" / "@opencode-ai" / "plugin.js").read_text() == "x"
+    assert (second / "package.json").read_text() == "{}"
+    binary.write_text("another release")  # another binary: its own install
+    _seed_plugin_dependencies(binary, third)
+    assert sorted(os.listdir(third)) == []
 
 
 def test_the_default_cache_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

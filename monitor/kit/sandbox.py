@@ -33,6 +33,8 @@ from monitor.shell.plugin_install import render as render_plugin
 
 OPENCODE_VERSION = "1.18.33"
 NPM_PACKAGE = f"opencode-ai@{OPENCODE_VERSION}"
+# The Bun inside that opencode: the plugin's tests run on the runtime that runs the plugin.
+BUN_VERSION = "1.3.14"
 MODEL_ID = "fake/looper"
 
 START_TIMEOUT = 60.0
@@ -75,7 +77,21 @@ def find_or_install_opencode(cache_dir: Path) -> Path:
     on_path = shutil.which("opencode")
     if on_path and _version_of(Path(on_path)) == OPENCODE_VERSION:
         return Path(on_path)
-    return _npm_install(cache_dir, cached)
+    return _npm_install(cache_dir, NPM_PACKAGE, cached)
+
+
+def find_or_install_bun(cache_dir: Path) -> Path:
+    """Bun, to test the plugin: ``$BUN_BIN``, a cached install, or the `bun` npm package
+    installed into its own folder of the cache (apart from opencode's install)."""
+    if explicit := os.environ.get("BUN_BIN"):
+        if not Path(explicit).is_file():
+            raise InstallError(f"BUN_BIN={explicit} is not a file")
+        return Path(explicit)
+    folder = cache_dir / "bun"
+    cached = folder / "node_modules" / ".bin" / "bun"
+    if cached.exists():
+        return cached
+    return _npm_install(folder, f"bun@{BUN_VERSION}", cached)
 
 
 def _version_of(binary: Path) -> str | None:
@@ -86,14 +102,15 @@ def _version_of(binary: Path) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def _npm_install(cache_dir: Path, expected: Path) -> Path:
+def _npm_install(cache_dir: Path, package: str, expected: Path) -> Path:
     npm = shutil.which("npm")
     if npm is None:
         raise InstallError(
             f"npm not found: install Node.js, or set OPENCODE_BIN to opencode {OPENCODE_VERSION}"
+            f" and BUN_BIN to bun {BUN_VERSION}"
         )
     cache_dir.mkdir(parents=True, exist_ok=True)
-    command = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache_dir), NPM_PACKAGE]
+    command = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache_dir), package]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0 or not expected.exists():
         raise InstallError(
@@ -138,6 +155,47 @@ def opencode_config(
             }
         },
     }
+
+
+# What opencode installs into a config folder that has plugins before it answers (its plugin
+# SDK, about 64 MB from the registry: 35-60 s on a busy machine). Kept once per binary in the
+# cache and copied into each sandbox with a plugin, whose start then takes seconds.
+_DEPENDENCIES = ("package.json", "package-lock.json", "node_modules")
+
+
+def _dependencies_cache(binary: Path) -> Path:
+    info = binary.resolve().stat()
+    return default_cache_dir() / "plugin-dependencies" / f"{info.st_size}-{int(info.st_mtime)}"
+
+
+def _copy_dependencies(source: Path, target: Path) -> None:
+    for name in _DEPENDENCIES:
+        if (source / name).is_dir():
+            shutil.copytree(source / name, target / name, symlinks=True)
+        elif (source / name).exists():
+            shutil.copy2(source / name, target / name)
+
+
+def _seed_plugin_dependencies(binary: Path, config_dir: Path) -> None:
+    kept = _dependencies_cache(binary)
+    if kept.is_dir():
+        _copy_dependencies(kept, config_dir)
+
+
+def _keep_plugin_dependencies(binary: Path, config_dir: Path) -> None:
+    """Keep what this server installed, once: made aside, then renamed into place (another
+    server may keep them first; then this copy is dropped)."""
+    kept = _dependencies_cache(binary)
+    if kept.exists() or not (config_dir / "node_modules").is_dir():
+        return
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    aside = Path(tempfile.mkdtemp(prefix="new-", dir=kept.parent))
+    try:
+        with suppress(OSError):  # a full disk: the next start installs them again
+            _copy_dependencies(config_dir, aside)
+            aside.rename(kept)
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 class OpencodeServer:
@@ -228,6 +286,8 @@ class OpencodeServer:
         except BaseException:
             await self.stop()
             raise
+        if self.plugin is not None:
+            _keep_plugin_dependencies(self.binary, self.root / "config" / "opencode")
 
     async def stop(self) -> None:
         process, self._process = self._process, None
@@ -271,6 +331,7 @@ class OpencodeServer:
             plugins = config_dir / "plugins"
             plugins.mkdir()
             (plugins / PLUGIN_FILE).write_text(render_plugin(self.plugin), encoding="utf-8")
+            _seed_plugin_dependencies(self.binary, config_dir)
         _make_project(self.project, self._environment())
 
     def client_environment(self) -> dict[str, str]:

@@ -1,94 +1,394 @@
 /**
  * opencode-loop-monitor's OpenCode plugin: before every tool call it asks the monitor's
  * daemon whether the call completes a loop, and blocks the call when the daemon says so.
- * A blocked call never runs: its part ends in `error` with the daemon's feedback, the model
- * reads that as the call's result, and its run goes on.
+ * A blocked call never runs: its part ends in `error` with the feedback, the model reads
+ * that as the call's result, and its run goes on.
  *
- * It fails open: when the daemon is not there, slow or answers nonsense, the call runs after
- * at most WAIT_MS (at once when nothing listens), and the server's log says so once per
- * session. The calls let through that way are reported with the next answered request.
+ * When the daemon does not answer (not running, slow, answering nonsense), the plugin is
+ * still a guard: it applies the daemon's first rule itself (`LocalGuard`: one call repeated
+ * 4 times, or a block of 2 to 4 calls repeated 3 full times, blocks the call completing it),
+ * on what it saw of each session since its last idle. Any other call runs after at most
+ * WAIT_MS (at once when nothing listens), and the server's log says so once per session.
+ * The calls let through that way are reported with the next answered request.
  *
- * Installed by `opencode-loop-monitor plugin install`, which writes ENDPOINT below. OpenCode
- * loads every file in its plugins folder at start and treats each export as a plugin, so
- * this file exports one function and nothing else. No package needed: Bun runs it as it is.
+ * Where it asks: the daemon watching this server listens on a socket named after the
+ * server's port (`socketFor`), so the plugin finds it from the URL OpenCode gives it at
+ * load, whatever the port; `plugin install` writes the socket folder (or a fixed socket, or
+ * a TCP address and token file) into ENDPOINT below.
+ *
+ * One file for both OpenCode generations: the default export is an object with `id`,
+ * `server` (the 1.x entry: OpenCode >= 1.18.29 loads a default export with `server()` and
+ * ignores the other exports) and `setup` (the 2.x entry, what `Plugin.define` returns: it
+ * is the identity). The named exports are the pure parts, for `bun test`. No package
+ * needed: Bun runs it as it is.
  */
 import { readFileSync } from "node:fs"
 
-// Where the daemon listens; written by `opencode-loop-monitor plugin install`.
-const ENDPOINT: { url: string; socket: string | null; tokenFile: string | null } = {"url": "http://localhost/v1/decide", "socket": null, "tokenFile": null}
-// The longest a call waits for the daemon before it runs unchecked.
+// Where the daemon listens; written by `opencode-loop-monitor plugin install`. With
+// `socketDir`, the socket of this server's daemon is in it (`socketFor`); `socket` is asked
+// when the server's URL is not known (2.x), or always when there is no `socketDir`; with
+// neither, `url` over loopback TCP with the token in `tokenFile`.
+export type Endpoint = { url: string; socket: string | null; socketDir: string | null; tokenFile: string | null }
+const ENDPOINT: Endpoint = {"url": "http://localhost/v1/decide", "socket": null, "socketDir": null, "tokenFile": null}
+// The longest a call waits for the daemon before the plugin's own rule decides.
 const WAIT_MS = 200
 // Sessions already warned about, bounded: a server can run for weeks.
 const MAX_WARNED = 1000
 
-function readToken(): string | null {
-  if (!ENDPOINT.tokenFile) return null
-  try {
-    return readFileSync(ENDPOINT.tokenFile, "utf8").trim()
-  } catch {
-    return null
+/** How every message of the guard starts (monitor/core/feedback.py MARK). */
+export const MARK = "[opencode-loop-monitor] Loop guard: "
+
+// The monitor's `cycle` rule as it first shipped (monitor/core/rules/cycle.py, with
+// max_period 4): the plain loops, without the daemon's settings, which it cannot read here.
+export const MAX_PERIOD = 4
+export const REPEATS = 3
+// Period 1: three identical calls in a row are allowed, the fourth is a loop.
+export const MIN_CALLS = 4
+// Signatures kept a session, all of them read by the rule: the daemon's default history.
+export const HISTORY = 32
+// Sessions remembered at once; the oldest is forgotten first (a session normally goes idle).
+export const MAX_SESSIONS = 256
+const TOOL_NAME_MAX = 64
+
+/**
+ * The call's arguments as the daemon compares them: compact JSON with object keys sorted
+ * recursively, strings kept exactly, a field that is undefined or null absent (how an
+ * omitted optional argument arrives). An explicit stack: arguments can nest deeply.
+ */
+export function canonical(value: unknown): string {
+  const out: string[] = []
+  const stack: unknown[] = [value]
+  const TOKEN = Symbol("token")
+  type Token = { [TOKEN]: string }
+  const token = (text: string): Token => ({ [TOKEN]: text })
+  while (stack.length) {
+    const item = stack.pop()
+    if (item !== null && typeof item === "object" && TOKEN in item) {
+      out.push((item as Token)[TOKEN])
+    } else if (Array.isArray(item)) {
+      stack.push(token("]"))
+      for (let i = item.length - 1; i >= 0; i--) {
+        stack.push(item[i] === undefined ? null : item[i])
+        if (i) stack.push(token(","))
+      }
+      stack.push(token("["))
+    } else if (item !== null && typeof item === "object") {
+      const keys = Object.keys(item)
+        .filter((k) => (item as Record<string, unknown>)[k] != null)
+        .sort()
+      stack.push(token("}"))
+      for (let i = keys.length - 1; i >= 0; i--) {
+        stack.push((item as Record<string, unknown>)[keys[i]])
+        stack.push(token(JSON.stringify(keys[i]) + ":"))
+        if (i) stack.push(token(","))
+      }
+      stack.push(token("{"))
+    } else {
+      out.push(JSON.stringify(item) ?? "null")
+    }
+  }
+  return out.join("")
+}
+
+/** The call's signature: the exact tool name, a NUL, the canonical arguments. */
+export function signature(tool: string, args: unknown): string {
+  return `${tool}\u0000${canonical(args ?? {})}`
+}
+
+export type Cycle = { tools: string[]; repetitions: number }
+type Entry = { key: bigint | number; tool: string }
+
+/**
+ * The shortest cycle ending `history` (oldest first), or null: for a period L, the last
+ * max(L * REPEATS, MIN_CALLS) entries each equal the one L places before them, looking at
+ * no more than HISTORY entries (monitor/core/rules/cycle.py detect_cycle).
+ */
+export function detectCycle<T>(history: readonly T[]): { length: number; repetitions: number } | null {
+  const size = history.length
+  const window = Math.min(size, HISTORY)
+  if (!size) return null
+  const last = history[size - 1]
+  for (let length = 1; length <= MAX_PERIOD; length++) {
+    const needed = Math.max(length * REPEATS, MIN_CALLS)
+    if (needed > window) break
+    if (history[size - 1 - length] !== last) continue
+    let run = length
+    while (run < window && history[size - 1 - run] === history[size - 1 - run + length]) run++
+    run = Math.min(run, window)
+    if (run >= needed) return { length, repetitions: Math.floor(run / length) }
+  }
+  return null
+}
+
+/**
+ * What the plugin knows of each session's calls since it last went idle: at most HISTORY
+ * signature digests a session, MAX_SESSIONS sessions. No I/O: it runs inside the hook.
+ */
+export class LocalGuard {
+  private sessions = new Map<string, Entry[]>()
+
+  /** Record a call about to run; the cycle it completes, if any. */
+  call(sessionID: string, tool: string, args: unknown): Cycle | null {
+    let history = this.sessions.get(sessionID)
+    if (history === undefined) {
+      if (this.sessions.size >= MAX_SESSIONS) {
+        this.sessions.delete(this.sessions.keys().next().value as string)
+      }
+      history = []
+      this.sessions.set(sessionID, history)
+    }
+    history.push({ key: Bun.hash(signature(tool, args)), tool })
+    if (history.length > HISTORY) history.splice(0, history.length - HISTORY)
+    const found = detectCycle(history.map((entry) => entry.key))
+    if (found === null) return null
+    const block = history.slice(history.length - found.length).map((entry) => entry.tool)
+    return { tools: block, repetitions: found.repetitions }
+  }
+
+  /** Forget a session (its run ended: the daemon's history is a run's too). */
+  forget(sessionID: string): void {
+    this.sessions.delete(sessionID)
+  }
+
+  /** The calls held for a session (for tests and bounds). */
+  held(sessionID: string): number {
+    return this.sessions.get(sessionID)?.length ?? 0
+  }
+
+  get size(): number {
+    return this.sessions.size
   }
 }
 
-export const OpencodeLoopMonitor = async (ctx: { directory: string }) => {
-  let token = readToken()
-  let fellOpen = 0
-  const warned = new Set<string>()
-  const where = ENDPOINT.socket ?? ENDPOINT.url
+function cleanToolName(name: string): string {
+  return name.replace(/[\p{C}\s]+/gu, " ").trim().slice(0, TOOL_NAME_MAX)
+}
 
-  function fallOpen(sessionID: string, why: string): void {
-    fellOpen += 1
-    if (warned.has(sessionID)) return
-    if (warned.size >= MAX_WARNED) warned.clear()
-    warned.add(sessionID)
-    console.error(
-      `opencode-loop-monitor: ${why}; calls of session ${sessionID} run unchecked while it lasts`,
-    )
+/** What the model reads for a call the plugin's own rule refused (feedback.py rejection_text). */
+export function localFeedback(cycle: Cycle): string {
+  const calls = cycle.tools.length === 1 ? "1 call" : `${cycle.tools.length} calls`
+  const names = cycle.tools.map(cleanToolName).join(", ")
+  return (
+    `${MARK}this call was refused and did not run: it would have completed a loop, ` +
+    `${calls} (${names}) repeated ${cycle.repetitions} times with the same arguments.\n\n` +
+    "Do not make the same call again. Compare what you expected the earlier calls to do with " +
+    "what they actually returned. Then either take a materially different action based on " +
+    "that evidence, or explain briefly why you are blocked and what information you need."
+  )
+}
+
+/** The text a daemon's block is refused with; a fallback when it sent none usable. */
+export function blockText(feedback: unknown, tool: string): string {
+  if (typeof feedback === "string" && feedback.trim()) return feedback
+  return (
+    `${MARK}this call (${cleanToolName(tool)}) was refused and did not run: the monitor ` +
+    "found that it would complete a loop of repeated tool calls. Do not make the same call " +
+    "again; take a materially different action, or explain briefly why you are blocked."
+  )
+}
+
+/**
+ * The error a refused call throws. OpenCode shows a thrown error as `String(error)`, which
+ * puts "Error: " before the message; with no name the text starts with the guard's mark.
+ */
+export function refusal(text: string): Error {
+  const error = new Error(text)
+  error.name = ""
+  return error
+}
+
+/** The daemon's socket for the server at `serverUrl`: one per port (config.py plugin_socket). */
+export function socketFor(dir: string, serverUrl: string): string | null {
+  let url: URL
+  try {
+    url = new URL(serverUrl)
+  } catch {
+    return null
   }
+  const port = url.port || (url.protocol === "https:" ? "443" : "80")
+  return `${dir}/plugin-${port}.sock`
+}
 
+/** The session a 1.x event ends the run of, or null. */
+export function endedSession(event: { type?: unknown; properties?: any } | undefined): string | null {
+  if (event?.type === "session.idle") return event.properties?.sessionID ?? null
+  if (event?.type === "session.deleted") return event.properties?.info?.id ?? null
+  return null
+}
+
+// What Bun's fetch reports when no one listens at a socket or port.
+const NOTHING_LISTENS = new Set(["FailedToOpenSocket", "ConnectionRefused", "ENOENT", "ECONNREFUSED"])
+
+type Verdict = { block: string | null } | { fellOpen: string }
+type Asker = (body: Record<string, unknown>, tool: string) => Promise<Verdict>
+
+/** Asks the daemon at `endpoint`; at most WAIT_MS. The block text, null to allow, or why
+ * it fell open (then the caller's own rule decides). */
+export function makeAsker(endpoint: Endpoint, serverUrl: string | null): Asker {
+  const socket =
+    endpoint.socketDir && serverUrl ? socketFor(endpoint.socketDir, serverUrl) : endpoint.socket
+  const where = socket ?? endpoint.url
+  const readToken = (): string | null => {
+    if (!endpoint.tokenFile) return null
+    try {
+      return readFileSync(endpoint.tokenFile, "utf8").trim()
+    } catch {
+      return null
+    }
+  }
+  let token = readToken()
+  return async (body: Record<string, unknown>, tool: string): Promise<Verdict> => {
+    const headers: Record<string, string> = { "Content-Type": "application/json" }
+    if (token) headers.Authorization = `Bearer ${token}`
+    let status: number
+    let answer: { verdict?: unknown; feedback?: unknown; error?: unknown } | null
+    try {
+      const response = await fetch(endpoint.url, {
+        method: "POST",
+        headers,
+        body: JSON.stringify(body),
+        signal: AbortSignal.timeout(WAIT_MS),
+        ...(socket ? { unix: socket } : {}),
+      } as RequestInit)
+      status = response.status
+      answer = await response.json()
+    } catch (err) {
+      // Bun's own text for these asks whether the URL has a typo: say what it means here.
+      const { name, code } = (err ?? {}) as { name?: unknown; code?: unknown }
+      const why = NOTHING_LISTENS.has(String(code))
+        ? "nothing listens there: is `opencode-loop-monitor watch` running for this server?"
+        : `${String(name ?? err)}${code ? ` ${String(code)}` : ""}`
+      return { fellOpen: `no answer from the monitor at ${where} (${why})` }
+    }
+    if (status === 401) token = readToken() // the daemon may have a new token
+    if (status !== 200 || answer === null || typeof answer !== "object") {
+      return { fellOpen: `the monitor at ${where} refused: ${status} ${answer?.error}` }
+    }
+    if (answer.verdict === "block") return { block: blockText(answer.feedback, tool) }
+    if (answer.verdict === "allow") return { block: null }
+    return { fellOpen: `the monitor at ${where} answered no verdict` }
+  }
+}
+
+/**
+ * One call's judgement, shared by both entries: the daemon's verdict when it answers, else
+ * the plugin's own rule. Returns the text to refuse the call with, or null to let it run.
+ */
+export function makeJudge(
+  ask: Asker,
+  directory: string,
+  log: (line: string) => void = console.error,
+) {
+  const guard = new LocalGuard()
+  const warned = new Set<string>()
+  let fellOpen = 0
+  const judge = async (sessionID: string, callID: string, tool: string, args: unknown): Promise<string | null> => {
+    let cycle: Cycle | null = null
+    try {
+      cycle = guard.call(sessionID, tool, args)
+    } catch (err) {
+      // A fault of ours (arguments no JSON has, say) must not refuse the call: it is asked.
+      log(`opencode-loop-monitor: the plugin's own rule failed on a call of ${tool} (${err})`)
+    }
+    const reported = fellOpen
+    const verdict = await ask(
+      { session_id: sessionID, call_id: callID, tool, args: args ?? {}, directory, fell_open: reported },
+      tool,
+    )
+    if ("block" in verdict) {
+      fellOpen -= reported // the daemon counted them
+      return verdict.block
+    }
+    if (!warned.has(sessionID)) {
+      if (warned.size >= MAX_WARNED) warned.clear()
+      warned.add(sessionID)
+      log(
+        `opencode-loop-monitor: ${verdict.fellOpen}; the calls of session ${sessionID} are ` +
+          "checked by the plugin's own loop rule while it lasts",
+      )
+    }
+    if (cycle !== null) return localFeedback(cycle)
+    fellOpen += 1
+    return null
+  }
+  return { judge, guard }
+}
+
+/** The 1.x hooks around a judge: `tool.execute.before` throws to refuse; idle clears. */
+export function v1Hooks({ judge, guard }: ReturnType<typeof makeJudge>) {
   return {
     "tool.execute.before": async (
       input: { tool: string; sessionID: string; callID: string },
       output: { args: unknown },
     ): Promise<void> => {
-      const reported = fellOpen
-      const headers: Record<string, string> = { "Content-Type": "application/json" }
-      if (token) headers.Authorization = `Bearer ${token}`
-      let status: number
-      let answer: { verdict?: unknown; feedback?: unknown; error?: unknown } | null
-      try {
-        const response = await fetch(ENDPOINT.url, {
-          method: "POST",
-          headers,
-          body: JSON.stringify({
-            session_id: input.sessionID,
-            call_id: input.callID,
-            tool: input.tool,
-            args: output.args ?? {},
-            directory: ctx.directory,
-            fell_open: reported,
-          }),
-          signal: AbortSignal.timeout(WAIT_MS),
-          ...(ENDPOINT.socket ? { unix: ENDPOINT.socket } : {}),
-        } as RequestInit)
-        status = response.status
-        answer = await response.json()
-      } catch (err) {
-        fallOpen(input.sessionID, `no answer from the monitor at ${where} (${err})`)
-        return
-      }
-      if (status === 401) token = readToken() // the daemon may have a new token
-      if (status !== 200 || answer === null || typeof answer !== "object") {
-        fallOpen(input.sessionID, `the monitor at ${where} refused: ${status} ${answer?.error}`)
-        return
-      }
-      fellOpen -= reported // the daemon counted them
-      if (answer.verdict === "block" && typeof answer.feedback === "string") {
-        throw new Error(answer.feedback)
-      }
-      if (answer.verdict !== "allow") {
-        fallOpen(input.sessionID, `the monitor at ${where} answered no verdict`)
-      }
+      const refused = await judge(input.sessionID, input.callID, input.tool, output.args)
+      if (refused !== null) throw refusal(refused)
+    },
+    event: async ({ event }: { event: { type?: unknown; properties?: any } }): Promise<void> => {
+      const ended = endedSession(event)
+      if (ended !== null) guard.forget(ended)
     },
   }
 }
+
+/** The 1.x entry. OpenCode gives the URL it serves on (`serverUrl`): the daemon's socket. */
+async function server(ctx: { directory: string; serverUrl?: URL | string }) {
+  let serverUrl: string | null = null
+  try {
+    serverUrl = ctx.serverUrl ? String(ctx.serverUrl) : null
+  } catch {
+    serverUrl = null // a getter of an older release may throw: ask where install said
+  }
+  return v1Hooks(makeJudge(makeAsker(ENDPOINT, serverUrl), ctx.directory))
+}
+
+/** The parts of a 2.x plugin context this plugin uses (`@opencode/plugin` Context). */
+export type V2Context = {
+  location?: { directory?: string }
+  tool: { hook: (name: "execute.before", callback: (event: V2ToolEvent) => Promise<void>) => Promise<unknown> }
+  permission: { hook: (name: "evaluate", callback: (event: V2PermissionEvent) => Promise<void>) => Promise<unknown> }
+}
+export type V2ToolEvent = { tool: string; sessionID: string; id: string; input: unknown }
+export type V2PermissionEvent = {
+  sessionID: string
+  source?: { type?: string; id?: string; callID?: string }
+  effect: string
+  message?: string
+}
+
+// Refusals waiting for their call's permission check, bounded like the sessions.
+const MAX_PENDING = 1024
+
+/**
+ * The 2.x hooks. 2.x documents no way for `execute.before` to refuse a call (a thrown error
+ * is a defect there, not a tool error); it documents `permission.hook("evaluate")` setting
+ * `effect = "deny"` with a `message`, which becomes the denial the model reads. So the call
+ * is judged in `execute.before` (which has its input) and denied at its permission check.
+ */
+export async function v2Hooks(ctx: V2Context, ask: Asker): Promise<void> {
+  const { judge } = makeJudge(ask, ctx.location?.directory ?? "/")
+  const pending = new Map<string, string>()
+  await ctx.tool.hook("execute.before", async (event) => {
+    const refused = await judge(event.sessionID, event.id, event.tool, event.input)
+    if (refused === null) return
+    if (pending.size >= MAX_PENDING) pending.delete(pending.keys().next().value as string)
+    pending.set(`${event.sessionID} ${event.id}`, refused)
+  })
+  await ctx.permission.hook("evaluate", async (event) => {
+    const call = event.source?.id ?? event.source?.callID
+    if (call === undefined) return
+    const key = `${event.sessionID} ${call}`
+    const refused = pending.get(key)
+    if (refused === undefined) return
+    pending.delete(key)
+    event.effect = "deny"
+    event.message = refused
+  })
+}
+
+/** The 2.x entry: its context carries no server URL, so it asks where install said. */
+async function setup(ctx: V2Context): Promise<void> {
+  await v2Hooks(ctx, makeAsker(ENDPOINT, null))
+}
+
+export default { id: "opencode-loop-monitor", server, setup }

@@ -9,7 +9,6 @@ and the stream never waits on a request.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import secrets
 import socket
@@ -18,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import structlog
 from aiohttp import web
@@ -57,6 +57,9 @@ class PluginEndpoint:
     host: str | None = None
     port: int | None = None
     token_file: Path | None = None
+    # With plugin_socket auto: the folder holding one socket per server port (socket_name),
+    # where a plugin finds the one of the server it runs in.
+    socket_dir: Path | None = None
 
     @property
     def url(self) -> str:
@@ -107,10 +110,10 @@ def plugin_endpoint(settings: Settings, environ: Mapping[str, str]) -> PluginEnd
         return PluginEndpoint(None, address.host, address.port, settings.plugin_token_file)
     if settings.plugin_socket == "off":
         return None
+    folder = None
     if settings.plugin_socket == "auto":
-        # One socket per server watched: two monitors of two servers must not share one.
-        digest = hashlib.sha256(settings.url.encode()).hexdigest()[:12]
-        path = state_dir(environ) / f"plugin-{digest}.sock"
+        folder = state_dir(environ)
+        path = folder / socket_name(settings.url)
     else:
         path = Path(settings.plugin_socket)
         if not path.is_absolute():
@@ -120,7 +123,16 @@ def plugin_endpoint(settings: Settings, environ: Mapping[str, str]) -> PluginEnd
             f"plugin_socket {path}: longer than {MAX_SOCKET_PATH} bytes, which a Unix socket "
             "cannot have; set a shorter --plugin-socket"
         )
-    return PluginEndpoint(path)
+    return PluginEndpoint(path, socket_dir=folder)
+
+
+def socket_name(url: str) -> str:
+    """The socket of the monitor of the server at `url`, named by its port: two monitors of
+    two servers never share one, and the plugin, which knows the URL its server listens on,
+    names the same one however the monitor was given the host (loop-guard.ts socketFor)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"plugin-{port}.sock"
 
 
 def read_or_create_token(path: Path) -> str:

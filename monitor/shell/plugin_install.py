@@ -1,27 +1,40 @@
 """`opencode-loop-monitor plugin install|uninstall|status`: the plugin file in OpenCode's
-plugins folder, written with the address of the daemon's endpoint."""
+plugins folder, written with the address of the daemon's endpoint (with plugin_socket auto,
+the folder of the sockets: the plugin picks its own server's)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import socket
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
+from urllib.parse import urlsplit
 
-from monitor.config import Settings
+from monitor.config import Settings, public_url
 from monitor.errors import ConfigError
-from monitor.shell.decide import PluginEndpoint, plugin_endpoint, read_or_create_token
+from monitor.exits import EX_NOT_INSTALLED, EX_OK, EX_OTHER_SERVER, EX_UNAVAILABLE
+from monitor.shell.decide import (
+    PluginEndpoint,
+    plugin_endpoint,
+    read_or_create_token,
+    socket_name,
+)
 
 FILE_NAME = "opencode-loop-monitor.ts"
-# The one line of the shipped file that install rewrites.
-_ENDPOINT_LINE = (
-    "const ENDPOINT: { url: string; socket: string | null; tokenFile: string | null } = "
-)
+# The one line of the shipped file that install rewrites (earlier releases spelled out its
+# type: a file of theirs is read too, so it can be uninstalled).
+_ENDPOINT_LINE = "const ENDPOINT: Endpoint = "
+_ENDPOINT_START, _VALUE_START = "const ENDPOINT:", " = {"
 # Said by the file itself, so uninstall removes only a file we wrote.
 _MARK = "opencode-loop-monitor plugin install"
 PROBE_TIMEOUT_S = 0.5
+# Written mode 0644, as an editor would: OpenCode, maybe run as another user, reads it.
+FILE_MODE = 0o644
 
 
 def plugins_dir(project: Path | None, environ: Mapping[str, str]) -> Path:
@@ -36,16 +49,23 @@ def template() -> str:
     return (resources.files("monitor") / "plugin" / "loop-guard.ts").read_text(encoding="utf-8")
 
 
+def _address(endpoint: PluginEndpoint) -> dict[str, str | None]:
+    def text(path: Path | None) -> str | None:
+        return None if path is None else str(path)
+
+    return {
+        "url": endpoint.url,
+        "socket": text(endpoint.socket),
+        "socketDir": text(endpoint.socket_dir),
+        "tokenFile": text(endpoint.token_file),
+    }
+
+
 def render(endpoint: PluginEndpoint) -> str:
     """The plugin's source, pointing at `endpoint`."""
-    address = {
-        "url": endpoint.url,
-        "socket": None if endpoint.socket is None else str(endpoint.socket),
-        "tokenFile": None if endpoint.token_file is None else str(endpoint.token_file),
-    }
     lines = template().splitlines(keepends=True)
     [index] = [n for n, line in enumerate(lines) if line.startswith(_ENDPOINT_LINE)]
-    lines[index] = _ENDPOINT_LINE + json.dumps(address) + "\n"
+    lines[index] = _ENDPOINT_LINE + json.dumps(_address(endpoint)) + "\n"
     return "".join(lines)
 
 
@@ -54,13 +74,22 @@ def installed_endpoint(text: str) -> dict[str, str | None] | None:
     if _MARK not in text:
         return None
     for line in text.splitlines():
-        if line.startswith(_ENDPOINT_LINE):
+        if line.startswith(_ENDPOINT_START) and _VALUE_START in line:
+            value = line[line.index(_VALUE_START) + len(_VALUE_START) - 1 :]
             try:
-                address = json.loads(line.removeprefix(_ENDPOINT_LINE))
+                address = json.loads(value)
             except ValueError:
                 return None
             return address if isinstance(address, dict) else None
     return None
+
+
+def asked_at(address: Mapping[str, str | None], url: str) -> str:
+    """Where an installed plugin running in the server at `url` asks (loop-guard.ts)."""
+    folder = address.get("socketDir")
+    if folder:
+        return str(Path(folder) / socket_name(url))
+    return address.get("socket") or address.get("url") or ""
 
 
 def _endpoint(settings: Settings, environ: Mapping[str, str]) -> PluginEndpoint:
@@ -70,73 +99,144 @@ def _endpoint(settings: Settings, environ: Mapping[str, str]) -> PluginEndpoint:
     return endpoint
 
 
+def _write(folder: Path, text: str) -> Path:
+    """Write `folder`/FILE_NAME through a new file of ours: created exclusively and never
+    through a link (a link planted at the temporary name makes the open fail), then renamed
+    over the old one, which replaces a link there rather than writing where it points. A
+    server starting meanwhile never loads half a file."""
+    path = folder / FILE_NAME
+    temporary = folder / f".{FILE_NAME}.{secrets.token_hex(8)}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temporary, flags, FILE_MODE)
+    try:
+        with open(fd, "w", encoding="utf-8", closefd=True) as file:
+            file.write(text)
+        os.chmod(temporary, FILE_MODE, follow_symlinks=False)  # whatever the umask
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    return path
+
+
 def install(settings: Settings, project: Path | None, environ: Mapping[str, str]) -> str:
     endpoint = _endpoint(settings, environ)
     if endpoint.token_file is not None:
         read_or_create_token(endpoint.token_file)  # the daemon and the plugin share it
     folder = plugins_dir(project, environ)
-    path = folder / FILE_NAME
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".ts.tmp")
-        temporary.write_text(render(endpoint), encoding="utf-8")
-        os.replace(temporary, path)  # a server starting meanwhile never loads half a file
+        path = _write(folder, render(endpoint))
     except OSError as exc:
-        raise ConfigError(f"plugin install: cannot write {path} ({exc.strerror})") from None
-    where = endpoint.socket if endpoint.socket is not None else endpoint.url
+        raise ConfigError(
+            f"plugin install: cannot write {folder / FILE_NAME} ({exc.strerror})"
+        ) from None
+    if endpoint.socket_dir is not None:
+        where = (
+            f"the monitor of its own server, at {endpoint.socket_dir}/plugin-PORT.sock "
+            "(PORT: the port that server listens on)"
+        )
+    else:
+        where = f"the monitor at {endpoint.socket or endpoint.url}" + (
+            f" (token from {endpoint.token_file})" if endpoint.token_file else ""
+        )
     return (
         f"wrote {path}\n"
-        f"it asks the monitor at {where} before every tool call"
-        + (f" (token from {endpoint.token_file})" if endpoint.token_file else "")
-        + "\nrestart OpenCode (opencode serve, the TUI) to load it; run `watch` with the same "
-        "plugin settings"
+        f"before every tool call it asks {where}; when none answers, it applies its own "
+        "loop rule\nrestart OpenCode (opencode serve, the TUI) to load it"
     )
 
 
+def _read_ours(path: Path) -> str:
+    """The text of `path`, never through a link; FileNotFoundError when there is none."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with open(fd, encoding="utf-8", closefd=True) as file:
+        return file.read()
+
+
 def uninstall(project: Path | None, environ: Mapping[str, str]) -> str:
-    path = plugins_dir(project, environ) / FILE_NAME
+    folder = plugins_dir(project, environ)
+    path = folder / FILE_NAME
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_ours(path)
     except FileNotFoundError:
         return f"not installed: no {path}"
     except OSError as exc:
+        # ELOOP: a link at our file's name; we never wrote one, so it is not ours to remove.
         raise ConfigError(f"plugin uninstall: cannot read {path} ({exc.strerror})") from None
+    except ValueError:
+        text = ""  # not UTF-8: not ours
     if installed_endpoint(text) is None:
         raise ConfigError(f"plugin uninstall: {path} was not written by us; left alone")
     path.unlink()
-    return f"removed {path}\nrestart OpenCode to unload it"
+    removed = [path]
+    if project is not None:
+        # The folders install made for the project, if nothing else is in them now.
+        for made in (folder, folder.parent):
+            try:
+                made.rmdir()
+            except OSError:
+                break
+            removed.append(made)
+    return "\n".join(f"removed {p}" for p in removed) + "\nrestart OpenCode to unload it"
 
 
-def status(settings: Settings, project: Path | None, environ: Mapping[str, str]) -> str:
+class PluginStatus(NamedTuple):
+    text: str
+    code: int
+
+
+def status(settings: Settings, project: Path | None, environ: Mapping[str, str]) -> PluginStatus:
+    """Where the plugin is and whether the monitor of the server at --url answers it."""
     path = plugins_dir(project, environ) / FILE_NAME
     try:
-        address = installed_endpoint(path.read_text(encoding="utf-8"))
+        address = installed_endpoint(_read_ours(path))
     except FileNotFoundError:
-        return f"not installed ({path} does not exist)"
+        return PluginStatus(f"not installed ({path} does not exist)", EX_NOT_INSTALLED)
+    except (OSError, ValueError):
+        address = None
     if address is None:
-        return f"{path} exists but was not written by `plugin install`"
-    lines = [f"installed: {path}"]
-    where = address.get("socket") or address.get("url")
-    lines.append(f"asks: {where}" + (" (answers)" if _answers(address) else " (nothing answers)"))
-    expected = render(_endpoint(settings, environ))
-    if installed_endpoint(expected) != address:
-        lines.append("differs from these settings: run `plugin install` again, then restart")
-    return "\n".join(lines)
+        return PluginStatus(
+            f"not installed: {path} exists but was not written by this release's `plugin install`",
+            EX_NOT_INSTALLED,
+        )
+    server = public_url(settings.url)
+    asked = asked_at(address, settings.url)
+    expected = _endpoint(settings, environ)
+    watch_at = str(expected.socket) if expected.socket is not None else expected.url
+    lines = [f"installed: {path}", f"in the server at {server} it asks: {asked}"]
+    if not _answers(asked):
+        lines.append(
+            "nothing answers there: start `opencode-loop-monitor watch --url "
+            f"{server}` (with these plugin settings); meanwhile the plugin applies its own "
+            "loop rule"
+        )
+        if watch_at != asked and _answers(watch_at):
+            lines.append(f"a monitor answers at {watch_at}: run `plugin install` again")
+        return PluginStatus("\n".join(lines), EX_UNAVAILABLE)
+    if watch_at != asked:
+        lines.append(
+            f"a monitor answers there, but a monitor of {server} with these settings serves "
+            f"{watch_at}: it watches another server, or run `plugin install` again"
+        )
+        return PluginStatus("\n".join(lines), EX_OTHER_SERVER)
+    lines.append("a monitor answers there")
+    return PluginStatus("\n".join(lines), EX_OK)
 
 
-def _answers(address: Mapping[str, str | None]) -> bool:
-    """Whether something accepts connections where the plugin asks."""
-    socket_path = address.get("socket")
+def _answers(where: str) -> bool:
+    """Whether something accepts connections where the plugin asks (a socket or a URL)."""
     try:
-        if socket_path:
+        if where.startswith("/"):
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
                 probe.settimeout(PROBE_TIMEOUT_S)
-                probe.connect(socket_path)
+                probe.connect(where)
             return True
-        url = address.get("url") or ""
-        host_port = url.split("//", 1)[-1].split("/", 1)[0]
-        host, _, port = host_port.rpartition(":")
-        with socket.create_connection((host.strip("[]"), int(port)), PROBE_TIMEOUT_S):
+        parts = urlsplit(where)
+        if parts.hostname is None or parts.port is None:
+            return False
+        with socket.create_connection((parts.hostname, parts.port), PROBE_TIMEOUT_S):
             return True
     except (OSError, ValueError):
         return False

@@ -1,0 +1,338 @@
+// The plugin's pure parts and both entries with stand-ins, run by `bun test` (tests/test_plugin_ts.py
+// runs it from pytest with the Bun of the `bun` npm package).
+import { afterAll, describe, expect, test } from "bun:test"
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import { tmpdir } from "node:os"
+import plugin, {
+  HISTORY,
+  LocalGuard,
+  MARK,
+  MAX_SESSIONS,
+  blockText,
+  canonical,
+  endedSession,
+  localFeedback,
+  makeAsker,
+  makeJudge,
+  refusal,
+  v1Hooks,
+  v2Hooks,
+  signature,
+  socketFor,
+  type V2PermissionEvent,
+  type V2ToolEvent,
+} from "../../monitor/plugin/loop-guard.ts"
+
+const A: [string, object] = ["read", { filePath: "a.txt" }]
+const B: [string, object] = ["bash", { command: "ls", description: "list" }]
+const C: [string, object] = ["grep", { pattern: "x" }]
+const D: [string, object] = ["edit", { filePath: "a.txt", oldString: "1", newString: "2" }]
+
+/** The 1-based index of the first call the guard refuses, or null. */
+function firstBlocked(calls: [string, object][], guard = new LocalGuard(), session = "ses_1"): number | null {
+  for (let i = 0; i < calls.length; i++) {
+    if (guard.call(session, calls[i][0], calls[i][1]) !== null) return i + 1
+  }
+  return null
+}
+
+const times = <T>(block: T[], n: number): T[] => Array.from({ length: n }, () => block).flat()
+
+describe("the plugin's own rule", () => {
+  test("a single call is blocked on its 4th", () => {
+    expect(firstBlocked(times([A], 6))).toBe(4)
+    const guard = new LocalGuard()
+    for (let i = 0; i < 3; i++) expect(guard.call("ses_1", ...A)).toBeNull()
+    expect(guard.call("ses_1", ...A)).toEqual({ tools: ["read"], repetitions: 4 })
+  })
+
+  test("A B x3 on the 6th, A B C x3 on the 9th, A B C D x3 on the 12th", () => {
+    expect(firstBlocked(times([A, B], 4))).toBe(6)
+    expect(firstBlocked(times([A, B, C], 4))).toBe(9)
+    expect(firstBlocked(times([A, B, C, D], 4))).toBe(12)
+    const guard = new LocalGuard()
+    expect(firstBlocked(times([A, B, C, D], 3).slice(0, 11), guard)).toBeNull()
+    expect(guard.call("ses_1", ...D)).toEqual({ tools: ["read", "bash", "grep", "edit"], repetitions: 3 })
+  })
+
+  test("A B C A B C A B is not a loop", () => {
+    expect(firstBlocked([A, B, C, A, B, C, A, B])).toBeNull()
+  })
+
+  test("a changed argument is a different call", () => {
+    const changed: [string, object] = ["read", { filePath: "b.txt" }]
+    expect(firstBlocked([A, A, A, changed, A, A])).toBeNull()
+    expect(firstBlocked([A, A, A, ["read", { filePath: "a.txt " }]])).toBeNull() // strings kept exactly
+    expect(firstBlocked([A, A, A, ["write", { filePath: "a.txt" }]])).toBeNull() // the tool counts
+  })
+
+  test("key order is ignored, recursively; undefined and null fields are absent", () => {
+    const calls: [string, object][] = [
+      ["edit", { filePath: "a", options: { b: 1, a: [{ y: 2, x: 1 }] } }],
+      ["edit", { options: { a: [{ x: 1, y: 2 }], b: 1 }, filePath: "a" }],
+      ["edit", { filePath: "a", options: { b: 1, a: [{ x: 1, y: 2 }] }, limit: undefined }],
+      ["edit", { filePath: "a", options: { b: 1, a: [{ x: 1, y: 2, z: null }] } }],
+    ]
+    expect(firstBlocked(calls)).toBe(4)
+    expect(canonical({ b: 1, a: { d: [1, "x"], c: null }, e: undefined })).toBe('{"a":{"d":[1,"x"]},"b":1}')
+    expect(canonical([undefined, null])).toBe("[null,null]")
+    expect(signature("read", { filePath: "é\n" })).toBe('read\u0000{"filePath":"é\\n"}')
+  })
+
+  test("deep arguments do not overflow the stack", () => {
+    let deep: unknown = "x"
+    for (let i = 0; i < 100_000; i++) deep = [deep]
+    expect(canonical(deep).length).toBe(200_003)
+  })
+
+  test("two sessions are apart", () => {
+    const guard = new LocalGuard()
+    for (let i = 0; i < 3; i++) {
+      expect(guard.call("ses_1", ...A)).toBeNull()
+      expect(guard.call("ses_2", ...A)).toBeNull()
+    }
+    expect(guard.call("ses_1", ...A)).not.toBeNull()
+    expect(guard.call("ses_3", ...A)).toBeNull()
+  })
+
+  test("history is bounded: per session and in sessions", () => {
+    const guard = new LocalGuard()
+    for (let i = 0; i < 100; i++) guard.call("ses_1", "read", { filePath: `f${i}` })
+    expect(guard.held("ses_1")).toBe(HISTORY)
+    for (let i = 0; i < MAX_SESSIONS + 10; i++) guard.call(`ses_n${i}`, ...A)
+    expect(guard.size).toBe(MAX_SESSIONS)
+    expect(guard.held("ses_1")).toBe(0) // the oldest went first
+    expect(guard.held(`ses_n${MAX_SESSIONS + 9}`)).toBe(1)
+  })
+
+  test("cleanup: session.idle and session.deleted forget a session's calls", () => {
+    expect(endedSession({ type: "session.idle", properties: { sessionID: "ses_1" } })).toBe("ses_1")
+    expect(endedSession({ type: "session.deleted", properties: { info: { id: "ses_2" } } })).toBe("ses_2")
+    expect(endedSession({ type: "session.status", properties: { sessionID: "ses_1" } })).toBeNull()
+    expect(endedSession(undefined)).toBeNull()
+    const guard = new LocalGuard()
+    for (let i = 0; i < 3; i++) guard.call("ses_1", ...A)
+    guard.forget("ses_1")
+    expect(guard.held("ses_1")).toBe(0)
+    expect(firstBlocked(times([A], 4), guard)).toBe(4) // a fresh budget of three
+  })
+})
+
+describe("what the model reads", () => {
+  test("the local refusal starts with the mark and names the loop", () => {
+    const text = localFeedback({ tools: ["read", "ba\nsh"], repetitions: 3 })
+    expect(text.startsWith(MARK + "this call was refused and did not run")).toBe(true)
+    expect(text).toContain("2 calls (read, ba sh) repeated 3 times")
+  })
+
+  test("a block without usable feedback gets a fallback text, never a bare Error", () => {
+    for (const feedback of ["", "   ", undefined, null, 3, {}]) {
+      const text = blockText(feedback, "bash")
+      expect(text.startsWith(MARK)).toBe(true)
+      expect(text).toContain("(bash) was refused and did not run")
+    }
+    expect(blockText("the daemon's words", "bash")).toBe("the daemon's words")
+  })
+
+  test("the thrown error reads as its message alone", () => {
+    expect(String(refusal(MARK + "x"))).toBe(MARK + "x")
+  })
+})
+
+describe("the judge: the daemon first, the local rule when it does not answer", () => {
+  const silent = () => {}
+  test("the daemon's verdict wins while it answers", async () => {
+    const asked: Record<string, unknown>[] = []
+    const { judge } = makeJudge(async (body) => (asked.push(body), { block: null }), "/p", silent)
+    for (let i = 0; i < 5; i++) expect(await judge("ses_1", `c${i}`, ...A)).toBeNull()
+    expect(asked.map((b) => b.call_id)).toEqual(["c0", "c1", "c2", "c3", "c4"])
+    expect(asked[0]).toEqual({ session_id: "ses_1", call_id: "c0", tool: "read", args: A[1], directory: "/p", fell_open: 0 })
+  })
+
+  test("no daemon: the 4th identical call is refused, the log says so once, fell_open counts what ran", async () => {
+    const lines: string[] = []
+    let up = false
+    const asked: Record<string, unknown>[] = []
+    const ask = async (body: Record<string, unknown>) => {
+      asked.push(body)
+      return up ? { block: null } : { fellOpen: "no answer from the monitor at S (x)" }
+    }
+    const { judge } = makeJudge(ask, "/p", (line) => lines.push(line))
+    const results = []
+    for (let i = 0; i < 5; i++) results.push(await judge("ses_1", `c${i}`, ...A))
+    expect(results.map((r) => r === null)).toEqual([true, true, true, false, false])
+    expect(results[3]!.startsWith(MARK)).toBe(true)
+    expect(lines).toEqual([
+      "opencode-loop-monitor: no answer from the monitor at S (x); the calls of session ses_1 are checked by the plugin's own loop rule while it lasts",
+    ])
+    up = true
+    await judge("ses_1", "c5", ...B)
+    expect(asked[5].fell_open).toBe(3) // the three that ran unasked; the refused ones did not run
+  })
+
+  test("arguments the rule cannot read are asked about, never refused for it", async () => {
+    const lines: string[] = []
+    const { judge } = makeJudge(async () => ({ block: null }), "/p", (line) => lines.push(line))
+    expect(await judge("ses_1", "c0", "odd", { n: 1n })).toBeNull()
+    expect(lines).toEqual([expect.stringContaining("the plugin's own rule failed on a call of odd")])
+  })
+
+  test("a daemon's block is refused with its text", async () => {
+    const { judge } = makeJudge(async () => ({ block: "no" }), "/p", silent)
+    expect(await judge("ses_1", "c0", ...A)).toBe("no")
+  })
+})
+
+test("the socket is named after the server's port", () => {
+  expect(socketFor("/run/user/1/opencode-loop-monitor", "http://127.0.0.1:4096/")).toBe(
+    "/run/user/1/opencode-loop-monitor/plugin-4096.sock",
+  )
+  expect(socketFor("/d", "http://localhost:43123")).toBe("/d/plugin-43123.sock")
+  expect(socketFor("/d", "http://[::1]:5000/base")).toBe("/d/plugin-5000.sock")
+  expect(socketFor("/d", "http://localhost")).toBe("/d/plugin-80.sock")
+  expect(socketFor("/d", "not a url")).toBeNull()
+})
+
+describe("the default export loads in both generations", () => {
+  test("1.x: an object with id and server(); 2.x: setup()", () => {
+    expect(plugin.id).toBe("opencode-loop-monitor")
+    expect(typeof plugin.server).toBe("function")
+    expect(typeof plugin.setup).toBe("function")
+  })
+
+  test("1.x entry: throws the refusal with the daemon away, clears on idle", async () => {
+    const hooks = v1Hooks(makeJudge(async () => ({ fellOpen: "down" }), "/p", () => {}))
+    const call = (n: number) =>
+      hooks["tool.execute.before"]({ tool: "read", sessionID: "ses_1", callID: `c${n}` }, { args: A[1] })
+    for (let i = 0; i < 3; i++) await call(i)
+    const thrown = await call(3).then(() => null, (error: unknown) => error)
+    expect(String(thrown).startsWith(MARK + "this call was refused")).toBe(true)
+    await hooks.event({ event: { type: "session.idle", properties: { sessionID: "ses_1" } } })
+    for (let i = 4; i < 7; i++) await call(i) // a fresh budget of three
+    await hooks.event({ event: { type: "session.deleted", properties: { info: { id: "ses_1" } } } })
+    for (let i = 7; i < 10; i++) await call(i)
+  })
+})
+
+describe("the 2.x entry with a stand-in ctx", () => {
+  function standIn() {
+    const hooks: { before?: (e: V2ToolEvent) => Promise<void>; evaluate?: (e: V2PermissionEvent) => Promise<void> } = {}
+    const ctx = {
+      location: { directory: "/p" },
+      tool: { hook: async (_: "execute.before", cb: (e: V2ToolEvent) => Promise<void>) => void (hooks.before = cb) },
+      permission: {
+        hook: async (_: "evaluate", cb: (e: V2PermissionEvent) => Promise<void>) => void (hooks.evaluate = cb),
+      },
+    }
+    return { ctx, hooks }
+  }
+
+  async function call(hooks: ReturnType<typeof standIn>["hooks"], id: string) {
+    await hooks.before!({ tool: "shell", sessionID: "ses_1", id, input: { command: "ls" } })
+    const check: V2PermissionEvent = { sessionID: "ses_1", source: { type: "tool", id }, effect: "allow" }
+    await hooks.evaluate!(check)
+    return check
+  }
+
+  test("the call completing a loop is denied at its permission check with the refusal", async () => {
+    const { ctx, hooks } = standIn()
+    await v2Hooks(ctx, async () => ({ fellOpen: "down" }))
+    for (let i = 0; i < 3; i++) expect((await call(hooks, `c${i}`)).effect).toBe("allow")
+    const fourth = await call(hooks, "c3")
+    expect(fourth.effect).toBe("deny")
+    expect(fourth.message!.startsWith(MARK + "this call was refused")).toBe(true)
+    // A permission check of another call is left alone.
+    const other: V2PermissionEvent = { sessionID: "ses_1", source: { type: "tool", id: "zz" }, effect: "ask" }
+    await hooks.evaluate!(other)
+    expect(other.effect).toBe("ask")
+  })
+
+  test("the daemon's block is denied with its text", async () => {
+    const { ctx, hooks } = standIn()
+    const bodies: Record<string, unknown>[] = []
+    await v2Hooks(ctx, async (body) => (bodies.push(body), { block: "daemon says no" }))
+    const check = await call(hooks, "c0")
+    expect([check.effect, check.message]).toEqual(["deny", "daemon says no"])
+    expect(bodies[0]).toEqual({ session_id: "ses_1", call_id: "c0", tool: "shell", args: { command: "ls" }, directory: "/p", fell_open: 0 })
+  })
+})
+
+describe("asking the daemon (a stand-in on a Unix socket)", () => {
+  const dir = mkdtempSync(`${tmpdir()}/olm-`)
+  afterAll(() => rmSync(dir, { recursive: true, force: true }))
+  const answers: Record<string, () => Response> = {
+    allow: () => Response.json({ verdict: "allow" }),
+    empty: () => Response.json({ verdict: "block", feedback: "" }),
+    words: () => Response.json({ verdict: "block", feedback: "stop that" }),
+    maybe: () => Response.json({ verdict: "maybe" }),
+    text: () => new Response("not json"),
+    failed: () => Response.json({ error: "the monitor failed to judge this call" }, { status: 500 }),
+  }
+  const seen: { auth: string | null; body: any }[] = []
+  const socket = `${dir}/plugin-4096.sock`
+  const server = Bun.serve({
+    unix: socket,
+    async fetch(request) {
+      const body = await request.json()
+      seen.push({ auth: request.headers.get("Authorization"), body })
+      return answers[body.tool]()
+    },
+  })
+  afterAll(() => server.stop(true))
+  const endpoint = { url: "http://localhost/v1/decide", socket: null, socketDir: dir, tokenFile: null }
+  const ask = makeAsker(endpoint, "http://127.0.0.1:4096/")
+  const body = (tool: string) => ({ session_id: "ses_1", call_id: "c", tool, args: {}, directory: "/p", fell_open: 0 })
+
+  test("the server's own socket is asked; its verdicts are taken", async () => {
+    expect(await ask(body("allow"), "allow")).toEqual({ block: null })
+    expect(await ask(body("words"), "words")).toEqual({ block: "stop that" })
+    expect(seen.at(-1)).toEqual({ auth: null, body: body("words") })
+  })
+
+  test("a block without feedback is refused with the fallback text", async () => {
+    const verdict = await ask(body("empty"), "bash")
+    expect("block" in verdict && verdict.block!.startsWith(MARK)).toBe(true)
+  })
+
+  test("a malformed answer falls open (the local rule decides)", async () => {
+    expect(await ask(body("maybe"), "maybe")).toEqual({ fellOpen: `the monitor at ${socket} answered no verdict` })
+    expect("fellOpen" in (await ask(body("text"), "text"))).toBe(true)
+    expect(await ask(body("failed"), "failed")).toEqual({
+      fellOpen: `the monitor at ${socket} refused: 500 the monitor failed to judge this call`,
+    })
+  })
+
+  test("another server's plugin asks another socket, where nothing listens: our words, not Bun's", async () => {
+    const verdict = await makeAsker(endpoint, "http://127.0.0.1:5000")(body("allow"), "allow")
+    expect(verdict).toEqual({
+      fellOpen:
+        `no answer from the monitor at ${dir}/plugin-5000.sock (nothing listens there: ` +
+        "is `opencode-loop-monitor watch` running for this server?)",
+    })
+  })
+
+  test("without a server URL (2.x) the socket written at install is asked", async () => {
+    const pinned = { ...endpoint, socket }
+    expect(await makeAsker(pinned, null)(body("allow"), "allow")).toEqual({ block: null })
+  })
+
+  test("over TCP the token from the file goes along", async () => {
+    const tcp = Bun.serve({
+      hostname: "127.0.0.1",
+      port: 0,
+      fetch: (request) => (seen.push({ auth: request.headers.get("Authorization"), body: null }), answers.allow()),
+    })
+    try {
+      writeFileSync(`${dir}/token`, "s3cret\n")
+      const url = `http://127.0.0.1:${tcp.port}/v1/decide`
+      const verdict = await makeAsker({ url, socket: null, socketDir: null, tokenFile: `${dir}/token` }, null)(
+        body("allow"),
+        "allow",
+      )
+      expect(verdict).toEqual({ block: null })
+      expect(seen.at(-1)!.auth).toBe("Bearer s3cret")
+    } finally {
+      tcp.stop(true)
+    }
+  })
+})
