@@ -44,6 +44,28 @@ def frames(*events: object) -> bytes:
     return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
 
 
+def engine_event(
+    kind: str,
+    session: str,
+    data: dict[str, Any] | None = None,
+    seq: int | None = None,
+    directory: str | None = None,
+) -> dict[str, Any]:
+    """One event of OpenCode 2's `/api/event` (2.0 names, `session.tool.called`...): the
+    envelope `{id, type, durable?, location?, data}` with `sessionID` in its data; `seq` makes
+    it durable (replayed by `/api/session/{id}/event?after=`)."""
+    event: dict[str, Any] = {
+        "id": f"evt_{kind}_{session}_{seq}",
+        "type": kind,
+        "data": {"sessionID": session, **(data or {})},
+    }
+    if seq is not None:
+        event["durable"] = {"aggregateID": session, "seq": seq, "version": 1}
+    if directory is not None:
+        event["location"] = {"directory": directory}
+    return event
+
+
 def play(*chunks: bytes, then: str = "hang") -> StreamScript:
     """A stream that writes `chunks`, then hangs (silent), ends, or breaks mid-read."""
 
