@@ -27,10 +27,12 @@ from monitor.core.events import (
     ToolPart,
 )
 from monitor.core.events_v2 import Adapter, engine_name
+from monitor.core.export import current_run, export_frames, tool_parts
+from monitor.core.export_v2 import classic_messages
 from monitor.core.frames import decode_frame, iter_sse_data
 from monitor.core.profile import server_call
 from monitor.core.tracker import Tracker
-from monitor.testing import engine_event
+from monitor.testing import engine_call, engine_event
 
 RECORDINGS = Path(__file__).parent / "recordings"
 READS = "new-engine-8-reads"
@@ -172,13 +174,11 @@ def test_2_0_names_give_the_same_run_as_the_1_18_names() -> None:
 
 
 def call(n: int, tool: str, args: dict[str, Any], seq: int, key: str = "callID") -> list[dict]:
-    """A 2.0 call: input started (the only event naming the tool), called, success."""
-    ids = {key: f"call_{n}", "assistantMessageID": f"msg_{n}"}
-    return [
-        engine_event("session.tool.input.started", S, {**ids, "name": tool}, seq),
-        engine_event("session.tool.called", S, {**ids, "input": args}, seq + 1),
-        engine_event("session.tool.success", S, {**ids, "structured": {}, "content": []}, seq + 2),
-    ]
+    """A 2.0 call (`engine_call`), its call id under `key`."""
+    events = engine_call(S, n, tool, args, seq)
+    for event in events:
+        event["data"][key] = event["data"].pop("callID")
+    return events
 
 
 def test_a_2_0_call_is_named_by_its_input_started_and_renamed() -> None:
@@ -284,8 +284,20 @@ def test_2_x_tool_names_and_keys_are_the_1_x_ones() -> None:
     assert server_call("read", {"filePath": "a"}) == ("read", {"filePath": "a"})
 
 
-def test_the_read_back_of_a_new_engine_session_is_recorded() -> None:
-    # What `GET /api/session/{id}/message` answers (newest first, with a cursor).
+def test_the_read_back_of_a_new_engine_session_names_calls_as_the_stream_does() -> None:
+    # What `GET /api/session/{id}/message` answered (newest first, with a cursor).
     page = json.loads((RECORDINGS / "new-engine-read-bash.messages.json").read_text())
-    assert set(page) == {"data", "cursor"}
-    assert page["data"][0]["finish"] == "stop"
+    session = "ses_dce03b0d2ffe8959oUgGE3kZKf"
+    messages = classic_messages(page, session)
+    assert [m["info"]["role"] for m in messages] == ["user"] + ["assistant"] * 6
+    assert messages[0]["parts"][0]["text"].startswith('{"pattern"')
+    parts = [part for message in messages for part in tool_parts(message)]
+    on_stream = [event[0] for event in tool_events("new-engine-read-bash.api")[::3]]
+    assert [part["id"] for part in parts] == on_stream
+    assert [part["tool"] for part in parts] == ["read", "bash", "read", "bash", "read"]
+    assert parts[0]["state"]["input"] == {"filePath": "README.md"}
+    assert parts[1]["state"]["metadata"] == {"exit": 0, "truncated": False}
+    # Seeded from it, the run is the one the stream carried.
+    tracker = Tracker()
+    tracker.seed(session, list(export_frames(current_run(messages))), None)
+    assert tracker.sessions_view()[0].calls == 5

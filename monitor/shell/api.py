@@ -59,6 +59,14 @@ class _NoAnswer(ServerAway):
     """Sent, and no answer came (timeout, dropped connection): the server may still act."""
 
 
+class Refused(ServerError):
+    """The server refused the request (a 4xx other than 401 and 404): `status` says which."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class MalformedId(ServerError):
     """An id that is not of OpenCode's shape; no request was made with it."""
 
@@ -161,9 +169,17 @@ class OpencodeAPI:
         return str(paths["directory"])
 
     async def reply_permission(
-        self, request_id: str, directory: str | None, reply: str, message: str | None = None
+        self,
+        request_id: str,
+        directory: str | None,
+        reply: str,
+        message: str | None = None,
+        session_id: str | None = None,
     ) -> bool:
-        """Answer a permission request; False when it was answered already (404)."""
+        """Answer a permission request; False when it was answered already (404).
+
+        `session_id`, the session that asks, is not part of a 1.x route; `EngineAPI` needs it
+        for a new-engine session's."""
         body: dict[str, Any] = {"reply": reply}
         if message is not None:
             body["message"] = message
@@ -320,7 +336,7 @@ class OpencodeAPI:
                 if response.status >= 500:
                     raise _Transient(f"{what}: server error {response.status}")
                 if response.status >= 400:
-                    raise ServerError(f"{what}: refused ({response.status})")
+                    raise Refused(f"{what}: refused ({response.status})", response.status)
                 if response.status >= 300:
                     raise ServerError(f"{what}: redirected ({response.status}), not followed")
                 if response.status == 204 or response.content_length == 0:
