@@ -1,0 +1,167 @@
+"""`watch` against the new session engine of the real `opencode serve` 1.18.33.
+
+A session made with `POST /api/session` and prompted with `POST /api/session/{id}/prompt` runs
+on the engine OpenCode 2.0 ships (its events `session.next.*`, see V2-NOTES.md): the monitor,
+reading `/global/event` as for 1.x, must stop its loops through `/api` (interrupt, then the
+feedback as a new turn). Every assertion reads the server's own record of the session
+(`GET /api/session/{id}/message`) or the monitor's JSON log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+
+from monitor.kit.poll import until
+from monitor.kit.sandbox import OpencodeServer, tool_parts
+from monitor.kit.scripted_model import DEFAULT_ANSWER, script
+from monitor.shell.api_v2 import EngineAPI
+from tests.harness import MODEL_DELAY, assistant_texts, start_watching, user_texts
+
+pytestmark = pytest.mark.real_server
+
+READ = ("read", {"path": "README.md"})
+BASH = ("bash", {"command": "echo engine", "description": "print a word"})
+
+
+class Engine:
+    """A user's client of the new engine: sessions made and prompted through `/api`."""
+
+    def __init__(self, server: OpencodeServer, http: aiohttp.ClientSession) -> None:
+        self.server = server
+        self.http = http
+        self.api = EngineAPI(http, server.url, engine_of=lambda session_id: 2)
+        self.where = {"location[directory]": server.directory}
+
+    async def create_session(self) -> str:
+        async with self.http.post(
+            f"{self.server.url}/api/session", params=self.where, json={}
+        ) as response:
+            assert response.status == 200
+            return str((await response.json())["data"]["id"])
+
+    async def prompt(self, session_id: str, text: str) -> None:
+        async with self.http.post(
+            f"{self.server.url}/api/session/{session_id}/prompt",
+            params=self.where,
+            json={"prompt": {"text": text}},
+        ) as response:
+            assert response.status == 200
+
+    async def messages(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's record as 1.x messages (`core/export_v2.py`), oldest first."""
+        return await self.api.messages(session_id, self.server.directory)
+
+    async def wait_answered(
+        self, session_id: str, timeout: float, user_messages: int = 1
+    ) -> list[dict[str, Any]]:
+        """The record once the session is no longer running and its last message is the
+        final answer to its `user_messages`-th user message."""
+
+        async def answered() -> list[dict[str, Any]] | None:
+            if session_id in await self.api.busy_sessions(self.server.directory):
+                return None
+            messages = await self.messages(session_id)
+            users = sum(m["info"]["role"] == "user" for m in messages)
+            last = messages[-1]["info"] if messages else {}
+            done = last.get("role") == "assistant" and last.get("finish") == "stop"
+            return messages if users >= user_messages and done else None
+
+        return await until(answered, timeout, interval=0.2, what=f"{session_id} to answer")
+
+
+@pytest.fixture
+def engine(opencode_server: OpencodeServer, http: aiohttp.ClientSession) -> Engine:
+    return Engine(opencode_server, http)
+
+
+async def test_one_tool_loop_on_the_new_engine_is_interrupted_once_and_told(
+    opencode_server, start_monitor, engine
+):
+    monitor = await start_watching(start_monitor, opencode_server)
+    session = await engine.create_session()
+    await engine.prompt(session, script([READ], 12, delay=MODEL_DELAY))
+    messages = await engine.wait_answered(session, 90, user_messages=2)
+
+    parts = tool_parts(messages)
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["session_id"], outcome["outcome"], outcome["call_index"]) == (
+        session,
+        "aborted",
+        4,
+    )
+    assert outcome["part_id"] == parts[3]["id"]
+    # Interrupted: the script's 12 reads did not all run.
+    assert 4 <= len(parts) <= 5 and {p["tool"] for p in parts} == {"read"}
+    users = user_texts(messages)
+    assert len(users) == 2 and "1 call (read) repeated 4 times" in users[1]
+    assert assistant_texts(messages)[-1] == DEFAULT_ANSWER
+    [detected] = monitor.events("server.detected")
+    assert (detected["classic"], detected["engine"], detected["version"]) == (True, True, "1.18.33")
+    assert len(monitor.events("feedback.sent")) == 1
+
+
+async def test_two_call_cycle_on_the_new_engine_is_interrupted_once(
+    opencode_server, start_monitor, engine
+):
+    monitor = await start_watching(start_monitor, opencode_server)
+    session = await engine.create_session()
+    await engine.prompt(session, script([READ, BASH], 30, delay=MODEL_DELAY))
+    messages = await engine.wait_answered(session, 90, user_messages=2)
+
+    parts = tool_parts(messages)
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["outcome"], outcome["call_index"]) == ("aborted", 6)
+    assert (outcome["cycle_length"], outcome["repetitions"], outcome["tools"]) == (
+        2,
+        3,
+        ["read", "bash"],
+    )
+    assert outcome["part_id"] == parts[5]["id"]
+    assert 6 <= len(parts) <= 7
+    users = user_texts(messages)
+    assert len(users) == 2 and "2 calls (read, bash) repeated 3 times" in users[1]
+
+
+async def test_a_new_engine_session_that_never_loops_runs_to_the_end(
+    opencode_server, start_monitor, engine
+):
+    monitor = await start_watching(start_monitor, opencode_server)
+    session = await engine.create_session()
+    pattern = [("read", {"path": f"file-{n}.md"}) for n in range(8)]
+    await engine.prompt(session, script(pattern, 8))
+    messages = await engine.wait_answered(session, 90)
+    assert len(tool_parts(messages)) == 8
+    assert len(user_texts(messages)) == 1
+    # A positive sign that the monitor read that run: a loop started after it is caught
+    # (the stream is in order), and it is the only one.
+    looping = await engine.create_session()
+    await engine.prompt(looping, script([READ], 12, delay=MODEL_DELAY))
+    await monitor.wait_event("intervention.outcome")
+    assert [o["session_id"] for o in monitor.events("loop.detected")] == [looping]
+
+
+async def test_a_classic_and_a_new_engine_session_looping_at_once_are_each_stopped_once(
+    opencode_server, start_monitor, engine, http
+):
+    monitor = await start_watching(start_monitor, opencode_server)
+    classic = opencode_server.client(http)
+    old = (await classic.create_session("classic"))["id"]
+    new = await engine.create_session()
+    await asyncio.gather(
+        classic.prompt_async(old, script([("read", {"filePath": "README.md"})], 12, delay=0.2)),
+        engine.prompt(new, script([READ], 12, delay=MODEL_DELAY)),
+    )
+    old_messages, new_messages = await asyncio.gather(
+        classic.wait_idle(old, 90, user_messages=2),
+        engine.wait_answered(new, 90, user_messages=2),
+    )
+    outcomes = {o["session_id"]: o for o in monitor.events("intervention.outcome")}
+    assert len(monitor.events("intervention.outcome")) == 2 and set(outcomes) == {old, new}
+    assert all(o["outcome"] == "aborted" and o["call_index"] == 4 for o in outcomes.values())
+    assert len(user_texts(old_messages)) == 2 and len(user_texts(new_messages)) == 2
+    assert outcomes[new]["part_id"] == tool_parts(new_messages)[3]["id"]
+    assert outcomes[old]["part_id"] == tool_parts(old_messages)[3]["id"]
