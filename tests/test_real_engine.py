@@ -165,3 +165,97 @@ async def test_a_classic_and_a_new_engine_session_looping_at_once_are_each_stopp
     assert len(user_texts(old_messages)) == 2 and len(user_texts(new_messages)) == 2
     assert outcomes[new]["part_id"] == tool_parts(new_messages)[3]["id"]
     assert outcomes[old]["part_id"] == tool_parts(old_messages)[3]["id"]
+
+
+class CuttableProxy:
+    """A TCP proxy on loopback in front of the server: `cut` drops every connection and
+    refuses new ones until `mend`, as a network outage would."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self.open = True
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.open:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._writers |= {writer, up_writer}
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers -= {writer, up_writer}
+
+    def cut(self) -> None:
+        self.open = False
+        for writer in list(self._writers):
+            writer.transport.abort()
+
+    def mend(self) -> None:
+        self.open = True
+
+    async def close(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+async def test_a_loop_whose_stream_is_cut_is_stopped_once_after_the_reconnect(
+    opencode_server, start_monitor, engine
+):
+    proxy = CuttableProxy(opencode_server.port or 0)
+    await proxy.start()
+    try:
+        monitor = start_monitor(
+            "watch", "--url", f"http://127.0.0.1:{proxy.port}", "--log-format", "json"
+        )
+        await monitor.wait_event("stream.connected")
+        session = await engine.create_session()
+        await engine.prompt(session, script([READ], 12, delay=0.5))
+
+        async def calls() -> int:
+            return len(tool_parts(await engine.messages(session)))
+
+        await until(lambda: _at_least(calls, 2), 60, interval=0.05, what="two calls")
+        proxy.cut()  # the 3rd and 4th calls happen while the monitor is away
+        await until(lambda: _at_least(calls, 4), 60, interval=0.05, what="four calls")
+        proxy.mend()
+        messages = await engine.wait_answered(session, 90, user_messages=2)
+    finally:
+        await proxy.close()
+    # Stopped once, at its 4th call, read back from the history after the reconnect. A 5th
+    # call the model made before the monitor was back is the loop again, but the record
+    # shows it handled already: deferred, not acted on twice.
+    outcome, *later = monitor.events("intervention.outcome")
+    assert (outcome["session_id"], outcome["outcome"], outcome["call_index"]) == (
+        session,
+        "aborted",
+        4,
+    )
+    assert [o["outcome"] for o in later] in ([], ["deferred"])
+    assert outcome["part_id"] == tool_parts(messages)[3]["id"]
+    assert len(user_texts(messages)) == 2
+    resynced = monitor.events("stream.resynced")
+    assert len(resynced) >= 2 and resynced[-1]["replayed"] > 0
+    assert len(monitor.events("feedback.sent")) == 1
+
+
+async def _at_least(count: Any, wanted: int) -> bool:
+    return bool(await count() >= wanted)
