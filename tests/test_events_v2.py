@@ -3,7 +3,8 @@
 The recordings `new-engine-*` come from the real opencode 1.18.33 running its new session
 engine (a session made with `POST /api/session`, prompted with `POST /api/session/{id}/prompt`)
 with the scripted model: the same run read on `/api/event`, `/global/event` and `/event`, and
-the session's replay `/api/session/{id}/event?after=3`. See tests/recordings/README.md.
+the session's replay `/api/session/{id}/event?after=3`. See tests/recordings/README.md
+(they are in tests/recordings/engine).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from monitor.core.profile import server_call
 from monitor.core.tracker import Tracker
 from monitor.testing import engine_call, engine_event
 
-RECORDINGS = Path(__file__).parent / "recordings"
+RECORDINGS = Path(__file__).parent / "recordings" / "engine"
 READS = "new-engine-8-reads"
 READS_SESSION = "ses_dce017259ffePVc2KzPCdbNODM"
 STREAMS = ("api", "global", "event")
@@ -140,10 +141,11 @@ def test_bash_on_the_new_engine_keeps_its_exit_status_as_metadata() -> None:
 def test_classic_and_new_engine_sessions_on_one_stream_are_both_followed() -> None:
     tracker = Tracker()
     # The 1.x recording of 8 identical reads, in `/global/event`'s envelope.
-    classic = [
-        {"directory": "/home/dev/project", "payload": frame}
-        for frame in frames_of("one-tool-8-calls-no-guard.event")
-    ]
+    with (RECORDINGS.parent / "one-tool-8-calls-no-guard.event.sse").open() as lines:
+        classic = [
+            {"directory": "/home/dev/project", "payload": decode_frame(data)}
+            for data in iter_sse_data(lines)
+        ]
     new = frames_of(f"{READS}.global")
     mixed = [frame for pair in zip(classic, new, strict=False) for frame in pair]
     mixed += classic[len(new) :] + new[len(classic) :]

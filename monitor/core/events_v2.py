@@ -21,7 +21,7 @@ frame, so the tracker and its rules never know which server spoke:
 A call's part id is its step's message id and its call id: models reuse call ids (`call_0`
 in every run). Calls are named in the 1.x way (`core/profile.py` `server_call`).
 
-Where the frames come from (seen on the real 1.18.33, `tests/recordings/new-engine-*`):
+Where the frames come from (seen on the real 1.18.33, `tests/recordings/engine/`):
 - `/api/event` and the per-session replay `/api/session/{id}/event?after=SEQ`: envelopes
   `{id, type, durable?{aggregateID, seq}, location?{directory}, data}`;
 - `/global/event`: the live copy as `{directory, payload: {type, properties}}` with no seq,

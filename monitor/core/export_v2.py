@@ -4,7 +4,7 @@
 [message, ...], cursor}`, newest first; a message is `{id, type: "user", text}` or `{id, type:
 "assistant", content: [{type: "text", text} | {type: "tool", id: CALL_ID, name, state:
 {status, input, error?, ...}}], finish, error?}` (recording
-`tests/recordings/new-engine-read-bash.messages.json`). `classic_messages` makes them the
+`tests/recordings/engine/new-engine-read-bash.messages.json`). `classic_messages` makes them the
 `{info, parts}` list, oldest first, that every read-back of the monitor (seeding, the checks for
 another monitor's feedback, whether the feedback arrived) already reads: one reading of a
 session's record for both engines. A tool part's id is what `events_v2` calls the same call
