@@ -118,7 +118,12 @@ def test_the_run_ends_with_the_step_that_asked_for_no_tools() -> None:
     typed = [adapter.parse(frame)[1] for frame in frames_of("new-engine-read-bash.api")]
     ends = [e for e in typed if isinstance(e, (SessionIdle, MessageUsage))]
     assert [type(e) for e in ends] == [MessageUsage] * 5 + [SessionIdle]
-    texts = [e for e in typed if isinstance(e, (TextPart, PartDelta))]
+    # The user's prompt is a text part too, neither started nor ended (not the model's).
+    [prompt] = [e for e in typed if isinstance(e, TextPart) and not e.started]
+    assert prompt.text.startswith('{"pattern"') and not prompt.ended
+    texts = [
+        e for e in typed if isinstance(e, PartDelta) or (isinstance(e, TextPart) and e.started)
+    ]
     answer = "Understood. I will stop repeating and change approach."
     assert [(type(e), getattr(e, "ended", None)) for e in texts] == [
         (TextPart, False),
@@ -303,3 +308,32 @@ def test_the_read_back_of_a_new_engine_session_names_calls_as_the_stream_does() 
     tracker = Tracker()
     tracker.seed(session, list(export_frames(current_run(messages))), None)
     assert tracker.sessions_view()[0].calls == 5
+
+
+def test_a_hold_on_the_new_engine_ends_when_a_person_writes() -> None:
+    from monitor.core.decisions import Outcome
+    from monitor.core.tracker import Detection
+
+    tracker = Tracker(Detection(on_loop="hold"))
+    decisions = []
+    for frame in [f for n in range(4) for f in engine_call(S, n, "read", {"path": "a"}, 1 + 3 * n)]:
+        decisions += tracker.feed(frame).decisions
+    [decision] = decisions
+    tracker.outcome(decision, Outcome.HELD)
+
+    def prompt(message: str, text: str, seq: int) -> list[dict]:
+        data = {"messageID": message, "prompt": {"text": text}}
+        return [
+            engine_event("session.prompt.admitted", S, data, seq),
+            engine_event("session.prompted", S, data, seq + 1),
+        ]
+
+    # Our feedback, posted with `resume: false`: admitted, and no turn starts.
+    tracker.feed(prompt("msg_feedback", decision.feedback, 20)[0])
+    assert tracker.held_sessions == 1
+    # A person's message starts a turn: the hold is over.
+    admitted, prompted = prompt("msg_person", "try the other file", 21)
+    tracker.feed(admitted)
+    assert tracker.held_sessions == 1
+    tracker.feed(prompted)
+    assert tracker.held_sessions == 0

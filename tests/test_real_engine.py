@@ -10,16 +10,24 @@ feedback as a new turn). Every assertion reads the server's own record of the se
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
 import pytest
 
 from monitor.kit.poll import until
-from monitor.kit.sandbox import OpencodeServer, tool_parts
+from monitor.kit.sandbox import OpencodeServer, free_loopback_port, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
 from monitor.shell.api_v2 import EngineAPI
-from tests.harness import MODEL_DELAY, assistant_texts, start_watching, user_texts
+from tests.harness import (
+    MODEL_DELAY,
+    assistant_texts,
+    start_watching,
+    user_texts,
+    watch_args,
+)
+from tests.test_real_status import status
 
 pytestmark = pytest.mark.real_server
 
@@ -259,3 +267,41 @@ async def test_a_loop_whose_stream_is_cut_is_stopped_once_after_the_reconnect(
 
 async def _at_least(count: Any, wanted: int) -> bool:
     return bool(await count() >= wanted)
+
+
+async def test_a_held_new_engine_session_waits_without_a_turn_until_a_person_writes(
+    opencode_server, start_monitor, engine
+):
+    address = f"127.0.0.1:{free_loopback_port()}"
+    monitor = start_monitor(
+        *watch_args(opencode_server, "--on-loop", "hold", "--metrics-addr", address)
+    )
+    await monitor.wait_event("stream.connected")
+    session = await engine.create_session()
+    await engine.prompt(session, script([READ], 12, delay=MODEL_DELAY))
+    [sent] = await monitor.wait_event("feedback.sent", timeout=60)
+    assert sent["hold"] is True
+
+    async def held() -> dict[str, Any] | None:
+        code, out = await status(address, "--json")
+        [entry] = [s for s in json.loads(out)["sessions"] if s["session_id"] == session]
+        return entry if code == 0 and entry["state"] == "held" else None
+
+    await until(held, 30, 0.2, "the session held")
+    # The feedback was added with `resume: false`: no turn started, and 1.18.33 keeps such a
+    # message out of the record until the next turn takes it in.
+    messages = await engine.messages(session)
+    assert len(user_texts(messages)) == 1 and messages[-1]["info"]["role"] == "assistant"
+    assert 4 <= len(tool_parts(messages)) <= 5
+
+    await engine.prompt(session, "ok, read the other file")
+
+    async def unheld() -> bool:
+        code, out = await status(address, "--json")
+        return code == 0 and json.loads(out)["totals"]["held"] == 0
+
+    await until(unheld, 30, 0.2, "the hold to end")
+    # The person's turn took both in: the model reads the feedback, then the person.
+    messages = await engine.wait_answered(session, 60, user_messages=3)
+    feedback, person = user_texts(messages)[1:]
+    assert "on hold" in feedback and person == "ok, read the other file"

@@ -16,7 +16,9 @@ frame, so the tracker and its rules never know which server spoke:
   ended the run: `SessionIdle` (1.18.33 sends neither `execution.*` nor status events for the
   new engine); `execution.succeeded` / `.failed` / `.interrupted`, `status` idle, `idle`:
   `SessionIdle`;
-- `permission.asked` / `.replied`: `PermissionAsked` / `PermissionReplied`.
+- `permission.asked` / `.replied`: `PermissionAsked` / `PermissionReplied`;
+- `prompt.admitted` (a user message stored): `UserMessage`; `prompted` (it starts a turn): its
+  text as a user's `TextPart`, which is how a person's message ends a hold.
 
 A call's part id is its step's message id and its call id: models reuse call ids (`call_0`
 in every run). Calls are named in the 1.x way (`core/profile.py` `server_call`).
@@ -53,6 +55,7 @@ from monitor.core.events import (
     SessionSeen,
     TextPart,
     ToolPart,
+    UserMessage,
     parse_event,
     usage_total,
 )
@@ -361,6 +364,23 @@ def _seen(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
     return SessionSeen(sid, own or d, _optional(info, "parentID"))
 
 
+def _admitted(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    # A user message stored: a person's prompt or the monitor's feedback (with `resume:
+    # false` for a hold, nothing more follows it).
+    return UserMessage(sid, _text(data, "messageID"), d)
+
+
+def _prompted(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    """The admitted message starts a turn: its text, as 1.x's user text part (no `time`: not
+    one the model writes), tells a person's message from the monitor's feedback."""
+    prompt = data.get("prompt")
+    text = prompt.get("text") if isinstance(prompt, dict) else data.get("text")
+    if not isinstance(text, str):
+        raise _Mistyped("prompt.text is not a string")
+    message_id = _text(data, "messageID")
+    return TextPart(sid, f"{message_id}:prompt", "text", text, False, False, d, message_id)
+
+
 def _status(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
     status = data.get("status")
     kind = status.get("type") if isinstance(status, dict) else status
@@ -401,7 +421,9 @@ def _permission_replied(s: _Session, sid: str, data: dict[str, Any], d: str | No
 
 _PARSERS: dict[str, _Parse] = {
     "session.created": _seen,
-    "session.prompt.admitted": _seen,
+    "session.prompt.admitted": _admitted,
+    "session.input.admitted": _admitted,
+    "session.prompted": _prompted,
     "session.step.started": _seen,
     "session.deleted": _deleted,
     "session.status": _status,
