@@ -337,3 +337,30 @@ def test_a_hold_on_the_new_engine_ends_when_a_person_writes() -> None:
     assert tracker.held_sessions == 1
     tracker.feed(prompted)
     assert tracker.held_sessions == 0
+
+
+@pytest.mark.parametrize("stream", ["api", "global"])
+def test_a_new_engine_permission_request_names_its_call(stream: str) -> None:
+    # 1.18.33 with `"permission": {"*": "ask"}`: each read asks once it is called; the request
+    # (`permission.v2.asked`, no sync copy on /global/event) names the call by its message
+    # and call id, as the gate matches it; someone answered `{"reply": "once"}`.
+    adapter = Adapter()
+    typed = [adapter.parse(frame)[1] for frame in frames_of(f"new-engine-permission.{stream}")]
+    seen = [e for e in typed if isinstance(e, (ToolPart, PermissionAsked, PermissionReplied))]
+    kinds = [(type(e).__name__, getattr(e, "status", None)) for e in seen]
+    assert kinds == 2 * [
+        ("ToolPart", "pending"),
+        ("ToolPart", "running"),
+        ("PermissionAsked", None),
+        ("PermissionReplied", None),
+        ("ToolPart", "completed"),
+    ]
+    running, asked, replied = seen[1], seen[2], seen[3]
+    assert isinstance(running, ToolPart) and isinstance(asked, PermissionAsked)
+    assert (asked.permission, asked.call_id, asked.message_id) == (
+        "read",
+        running.call_id,
+        running.message_id,
+    )
+    assert isinstance(replied, PermissionReplied)
+    assert (replied.request_id, replied.reply) == (asked.request_id, "once")
