@@ -305,3 +305,34 @@ async def test_a_held_new_engine_session_waits_without_a_turn_until_a_person_wri
     messages = await engine.wait_answered(session, 60, user_messages=3)
     feedback, person = user_texts(messages)[1:]
     assert "on hold" in feedback and person == "ok, read the other file"
+
+
+@pytest.fixture
+async def asking_server(opencode_bin, scripted_model):
+    async with OpencodeServer(opencode_bin, scripted_model.url, permission={"*": "ask"}) as server:
+        yield server
+
+
+async def test_the_gate_refuses_the_loops_call_of_a_new_engine_session_before_it_runs(
+    asking_server, start_monitor, http
+):
+    """Every call asks (`"*": "ask"`); the monitor approves the others (`approve`) and refuses
+    the request of the 4th append through `/api`: calls 1-3 ran, the 4th never did."""
+    engine = Engine(asking_server, http)
+    monitor = await start_watching(start_monitor, asking_server, "--permissions", "approve")
+    session = await engine.create_session()
+    append = ("bash", {"command": "echo again >> loop.txt", "description": "append a line"})
+    await engine.prompt(session, script([append], 4))
+    [outcome] = await monitor.wait_event("intervention.outcome", timeout=60)
+    assert (outcome["session_id"], outcome["outcome"], outcome["call_index"]) == (
+        session,
+        "rejected",
+        4,
+    )
+    messages = await engine.wait_answered(session, 60)
+    path = asking_server.project / "loop.txt"
+    assert len(path.read_text().splitlines()) == 3
+    parts = tool_parts(messages)
+    assert [p["state"]["status"] for p in parts][:3] == ["completed"] * 3
+    assert parts[3]["id"] == outcome["part_id"] and parts[3]["state"]["status"] == "error"
+    assert len(user_texts(messages)) == 1  # refused before it ran: no stop, no new message
