@@ -86,11 +86,12 @@ def path_segment(text: str) -> str:
     return quote(text, safe="", errors="strict").replace(".", "%2E")
 
 
-def _session_path(session_id: str, action: str = "") -> str:
+def session_path(session_id: str, action: str = "", root: str = "/session") -> str:
+    """The path of a session's route (`root`: `/api/session` for a new-engine session's)."""
     # Session ids come from the stream, the server or the command line.
     if not is_session_id(session_id):
         raise MalformedId("session id is not of the shape ses_...")
-    path = f"/session/{path_segment(session_id)}"
+    path = f"{root}/{path_segment(session_id)}"
     return f"{path}/{action}" if action else path
 
 
@@ -114,7 +115,7 @@ class OpencodeAPI:
 
     async def abort(self, session_id: str, directory: str | None) -> None:
         # Idempotent: aborting an aborted run answers true and changes nothing.
-        await self._call("POST", _session_path(session_id, "abort"), directory, idempotent=True)
+        await self._call("POST", session_path(session_id, "abort"), directory, idempotent=True)
 
     async def prompt(
         self,
@@ -136,7 +137,7 @@ class OpencodeAPI:
         async def arrived() -> bool:
             return feedback_delivered(await self.messages(session_id, directory), text, after_part)
 
-        path = _session_path(session_id, "prompt_async")
+        path = session_path(session_id, "prompt_async")
         await self._call("POST", path, directory, body, idempotent=False, arrived=arrived)
 
     async def show_toast(self, directory: str | None, body: Mapping[str, Any]) -> Any:
@@ -218,7 +219,7 @@ class OpencodeAPI:
 
     async def session(self, session_id: str, directory: str | None) -> dict[str, Any]:
         """The session's info (with its `directory`); `SessionGone` when the server has none."""
-        info = await self._call("GET", _session_path(session_id), directory, idempotent=True)
+        info = await self._call("GET", session_path(session_id), directory, idempotent=True)
         if not isinstance(info, dict) or not isinstance(info.get("directory"), str):
             raise ServerError("/session/{id} did not answer an object with a directory")
         return info
@@ -241,7 +242,7 @@ class OpencodeAPI:
     ) -> list[Any]:
         """The session's messages, oldest first; `last`: only the newest that many (the
         server's `limit`), for a check that needs only what came lately."""
-        path = _session_path(session_id, "message")
+        path = session_path(session_id, "message")
         query = None if last is None else {"limit": str(last)}
         messages = await self._call("GET", path, directory, idempotent=True, query=query)
         if not isinstance(messages, list):

@@ -36,9 +36,16 @@ import aiohttp
 from monitor.config import ApiChoice
 from monitor.core.export import feedback_delivered
 from monitor.core.export_v2 import classic_messages
-from monitor.core.ids import is_permission_id, is_session_id
+from monitor.core.ids import is_permission_id
 from monitor.errors import ServerError, SessionGone
-from monitor.shell.api import MalformedId, OpencodeAPI, Refused, Retry, path_segment
+from monitor.shell.api import (
+    MalformedId,
+    OpencodeAPI,
+    Refused,
+    Retry,
+    path_segment,
+    session_path,
+)
 
 # Pages of a session's missed events read after a reconnect, at most, and their size (the
 # server's maximum): a session that ran longer than this while we were away is read back up
@@ -68,10 +75,7 @@ class ServerKind:
 
 
 def _api_path(session_id: str, action: str = "") -> str:
-    if not is_session_id(session_id):
-        raise MalformedId("session id is not of the shape ses_...")
-    path = f"/api/session/{path_segment(session_id)}"
-    return f"{path}/{action}" if action else path
+    return session_path(session_id, action, root="/api/session")
 
 
 def _where(directory: str | None, **query: str) -> dict[str, str]:
@@ -107,7 +111,7 @@ class EngineAPI(OpencodeAPI):
         else:
             version = await self._version()
             try:
-                await self._call("GET", "/api/health", None, idempotent=True)
+                await self._once("GET", "/api/health", None, None)
                 engine = True
             except (SessionGone, Refused):
                 engine = False
@@ -120,7 +124,8 @@ class EngineAPI(OpencodeAPI):
     async def _version(self) -> str | None:
         """The version `/global/health` gives (1.x servers); None where there is none."""
         try:
-            health = await self._call("GET", "/global/health", None, idempotent=True)
+            # Asked once: a server that does not answer is the stream's to report.
+            health = await self._once("GET", "/global/health", None, None)
         except (SessionGone, Refused):
             return None
         version = health.get("version") if isinstance(health, dict) else None

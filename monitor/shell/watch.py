@@ -531,7 +531,12 @@ class Watch:
 
     async def _locate(self) -> str:
         """Before every connect: which server this is (`--api`), and so which stream."""
-        before, kind = self.server, await self.api.detect()
+        before = self.server
+        try:
+            kind = await self.api.detect()
+        except ServerError:
+            # Down, starting or failing: the stream's own connect says so, with its hint.
+            kind = before or self.api.server
         self.server = kind
         if kind != before:
             url = stream_url(self.settings.url, self.settings.directory, api=not kind.classic)
