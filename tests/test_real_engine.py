@@ -24,10 +24,10 @@ from tests.harness import (
     MODEL_DELAY,
     assistant_texts,
     start_watching,
+    status,
     user_texts,
     watch_args,
 )
-from tests.test_real_status import status
 
 pytestmark = pytest.mark.real_server
 
