@@ -364,3 +364,12 @@ def test_a_new_engine_permission_request_names_its_call(stream: str) -> None:
     )
     assert isinstance(replied, PermissionReplied)
     assert (replied.request_id, replied.reply) == (asked.request_id, "once")
+
+
+def test_on_global_event_a_durable_event_counts_once_by_name_and_its_copy_as_sync() -> None:
+    adapter = Adapter()
+    typed = [adapter.parse(frame) for frame in frames_of(f"{READS}.global")]
+    called = [(label, event) for label, event in typed if label == "session.tool.called"]
+    assert len(called) == 8 and all(event is None for _, event in called)
+    from_sync = [e for label, e in typed if label == "sync" and isinstance(e, ToolPart)]
+    assert [e.status for e in from_sync].count("running") == 8

@@ -187,7 +187,9 @@ class Adapter:
         data = event.get("data")
         if not isinstance(data, dict):
             return "sync", Malformed(f"{_label(name)}: data is not an object")
-        return self._typed(name, data, event.get("seq"), _directory(directory))
+        # Counted as a `sync` copy, as 1.x's are: its live copy is counted under its name.
+        _, typed = self._typed(name, data, event.get("seq"), _directory(directory))
+        return "sync", typed
 
     def _typed(
         self, name: str, data: dict[str, Any], seq: object, directory: str | None
