@@ -54,17 +54,27 @@ async def test_a_2_0_server_is_read_on_its_stream_and_a_loop_interrupted() -> No
     assert prompt.body["prompt"]["text"].startswith(MARK)
 
 
-async def test_a_prompt_body_of_another_release_falls_back_on_a_400() -> None:
-    fake = FakeOpencode(
-        generation=2, streams=[play(frames(*reads(1, 4, 1)))], answers={"prompt": [400, 200]}
-    )
+async def test_a_prompt_body_of_another_release_falls_back_on_a_400_and_is_kept() -> None:
+    # Two loops of two sessions, one after the other: the first feedback meets a 400 with
+    # the documented body and is taken in 2.0's form; the second goes in that form at once.
+    other = [dict(event, data={**event["data"], "sessionID": "ses_s2"}) for event in reads(1, 4, 1)]
+    for event in other:
+        event["durable"] = {**event["durable"], "aggregateID": "ses_s2"}
+    fake = FakeOpencode(generation=2, answers={"prompt": [400, 200]})
+    fake.streams = [fake.live]
     running = await start(fake)
+    await wait_for(fake.live_connected.is_set)
+    await fake.push(frames(*reads(1, 4, 1)))
     await wait_for(lambda: len(fake.of("prompt")) == 2)
+    await fake.push(frames(*other))
+    await wait_for(lambda: len(fake.of("prompt")) == 3)
     await stop(*running)
-    first, second = (r.body for r in fake.of("prompt"))
-    assert isinstance(first, dict) and isinstance(second, dict)
+    first, second, third = (r.body for r in fake.of("prompt"))
+    assert isinstance(first, dict) and isinstance(second, dict) and isinstance(third, dict)
     assert set(first) == {"prompt", "resume"} and set(second) == {"text", "resume"}
     assert second["text"] == first["prompt"]["text"]
+    assert set(third) == {"text", "resume"}
+    assert [r.path for r in fake.of("prompt")][2] == "/api/session/ses_s2/prompt"
 
 
 async def test_the_gap_an_overflow_left_is_filled_by_replay_and_counted_once() -> None:

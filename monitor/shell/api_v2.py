@@ -98,6 +98,8 @@ class EngineAPI(OpencodeAPI):
         super().__init__(http, base_url, retry, sleep, headers)
         self._engine_of = engine_of
         self.choice = choice
+        # The body form each request took last (`_first_taken`): 0, the documented one.
+        self._forms: dict[str, int] = {}
         # Until `detect` says otherwise: a 1.x server, as before this client knew of 2.x.
         self.server = ServerKind(classic=choice != "2", engine=choice != "1")
 
@@ -159,10 +161,10 @@ class EngineAPI(OpencodeAPI):
             return feedback_delivered(await self.messages(session_id, directory), text, after_part)
 
         path = _api_path(session_id, "prompt")
-        bodies = ({"prompt": {"text": text}}, {"text": text})  # 1.18.33, then 2.0's
-        await self._first_taken(
-            path, directory, [{**body, "resume": not no_reply} for body in bodies], arrived
-        )
+        resume = not no_reply
+        # 1.18.33's form, then 2.0's.
+        bodies = [{"prompt": {"text": text}, "resume": resume}, {"text": text, "resume": resume}]
+        await self._first_taken("prompt", path, directory, bodies, arrived)
 
     async def reply_permission(
         self,
@@ -181,33 +183,38 @@ class EngineAPI(OpencodeAPI):
         # The documented body (1.18.33's OpenAPI, pre-GA 2.0), then 2.0.21's.
         bodies = [{"reply": reply, **extra}, {"decision": reply, **extra}]
         try:
-            await self._first_taken(path, directory, bodies, None)
+            await self._first_taken("reply", path, directory, bodies, None)
         except SessionGone:
             return False  # answered already
         return True
 
     async def _first_taken(
         self,
+        what: str,
         path: str,
         directory: str | None,
         bodies: list[dict[str, Any]],
         arrived: Callable[[], Awaitable[bool]] | None,
     ) -> None:
-        """POST the first body the server takes: a 400 says its schema is another release's."""
-        for index, body in enumerate(bodies):
+        """POST the first body the server takes: a 400 says its schema is another release's.
+        The form taken is tried first next time (`what` names the request)."""
+        first = self._forms.get(what, 0)
+        order = [first, *(index for index in range(len(bodies)) if index != first)]
+        for tried, index in enumerate(order):
             try:
                 await self._call(
                     "POST",
                     path,
                     None,
-                    body,
+                    bodies[index],
                     idempotent=False,
                     arrived=arrived,
                     query=_where(directory),
                 )
+                self._forms[what] = index
                 return
             except Refused as exc:
-                if exc.status != 400 or index == len(bodies) - 1:
+                if exc.status != 400 or tried == len(order) - 1:
                     raise
 
     async def messages(
