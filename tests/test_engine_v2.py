@@ -215,3 +215,22 @@ async def test_a_pending_request_of_a_2_0_server_is_read_back() -> None:
     assert [r.path for r in fake.requests if "permission" in r.path] == ["/api/permission/request"]
     assert events(logs, "stream.resynced")[0]["pending_permissions"] == 1
     assert events(logs, "frame.malformed") == []
+
+
+async def test_a_run_that_ended_before_the_outage_is_not_replayed() -> None:
+    # Two calls and the step that ends the run; then the stream ends. The session is neither
+    # running nor busy: like a classic one, nothing is read back for it.
+    ended = engine_event(
+        "session.step.ended", S, {"assistantMessageID": "msg_9", "finish": "stop"}, 7, "/w"
+    )
+    fake = FakeOpencode(
+        generation=2,
+        streams=[play(frames(*reads(1, 2, 1), ended), then="end")],
+        history={S: reads(1, 2, 1)},
+    )
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: len(events(logs, "stream.resynced")) == 2)
+        await stop(*running)
+    assert fake.of("history") == []
+    assert events(logs, "stream.resynced")[1]["replayed"] == 0

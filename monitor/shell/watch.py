@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TextIO, TypeVar
+from typing import Any, Protocol, TextIO, TypeVar
 
 import aiohttp
 import structlog
@@ -551,28 +551,29 @@ class Watch:
             )
         return stream_url(self.settings.url, self.settings.directory, api=not kind.classic)
 
-    async def _replay_engine_sessions(self) -> int:
+    async def _replay_engine_sessions(self, sessions: Iterable[str]) -> int:
         """New-engine sessions keep their events: what came while we were away is read from
         each one's last durable seq on and fed as if live (the adapter drops what the stream
-        brings again). How many events."""
+        brings again). Of `sessions` (those running before or busy now, as the classic
+        read-back), the new-engine ones we followed. How many events."""
         adapter = self.tracker.adapter
-        count = 0
-        for session_id in adapter.sessions():
-            after = adapter.last_seq(session_id)
-            if after is None:
-                continue
+        asked = [(s, after) for s in sessions if (after := adapter.last_seq(s)) is not None]
+
+        async def history(session_id: str, after: int) -> list[dict[str, Any]]:
             try:
-                events = await self.api.history(session_id, after)
+                return await self.api.history(session_id, after)
             except SessionGone:
                 self.tracker.forget(session_id)
-                continue
             except ServerError as exc:
                 log.warning("session.replay_failed", session_id=session_id, error=str(exc))
-                continue
+            return []
+
+        # Read at once, concurrently, then fed in order: the stream's frames wait meanwhile.
+        answers = await bounded(history(session_id, after) for session_id, after in asked)
+        for events in answers:
             for event in events:
                 self._take(self.tracker.feed(event))
-            count += len(events)
-        return count
+        return sum(map(len, answers))
 
     async def _on_connect(self) -> None:
         self._last_event_at = self.timing.clock()
@@ -682,10 +683,11 @@ class Watch:
             None if only is None else {only},
             [session_id for session_id in busy if self.interventions.acting_on(session_id)],
         )
+        running = tracker.running()
         tracker.end_runs(plan.end_runs)
         # Read back at once, concurrently: the stream's frames wait in the socket meanwhile.
         # A new-engine session we followed is replayed from its last seq instead.
-        replayed = await self._replay_engine_sessions()
+        replayed = await self._replay_engine_sessions({*running, *busy})
         read_back = [(s, w) for s, w in plan.read_back if tracker.adapter.last_seq(s) is None]
         seeded = sum(await bounded(self._seed(session, where) for session, where in read_back))
         pending = await self._read_back_permissions(
