@@ -19,7 +19,13 @@ CAPTURES = Path(__file__).resolve().parents[1] / "tests" / "recordings"
 # The delta-heavy stream: the text-loop traces of the real server, where streamed text and
 # reasoning chunks (`message.part.delta`) are most of the frames.
 TEXT_TRACES = Path(__file__).resolve().parents[1] / "tests" / "corpus"
-CORPORA = {"tools": (CAPTURES, "*.sse"), "text": (TEXT_TRACES, "*.text-*.sse")}
+# The 2.x stream: the new session engine of the real 1.18.33 as `/api/event` sends it
+# (tests/recordings/engine), the same loops as events instead of part updates.
+CORPORA = {
+    "tools": (CAPTURES, "*.sse"),
+    "text": (TEXT_TRACES, "*.text-*.sse"),
+    "engine": (CAPTURES / "engine", "*.api.sse"),
+}
 # Sessions running at once: replays interleaved frame by frame.
 CONCURRENT = 8
 _ID = re.compile(r"\b((?:ses|msg|prt)_[A-Za-z0-9]+)")

@@ -228,6 +228,10 @@ def main(argv: list[str] | None = None) -> None:
         file=sys.stderr,
     )
     text_runs, _ = throughput(args.frames, args.rounds, False, "text")
+    print(
+        f"throughput, 2.x stream: {args.frames:,} frames x {args.rounds} rounds...", file=sys.stderr
+    )
+    engine_runs, _ = throughput(args.frames, args.rounds, False, "engine")
     print(f"latency: {LATENCY_RUNS} rounds x {args.loops} loops...", file=sys.stderr)
     aborts = alternated("bench.latency", LATENCY_CLIENTS, "p99_ms", "--loops", str(args.loops))
     latency = median_run(aborts["monitor"])
@@ -274,6 +278,16 @@ def main(argv: list[str] | None = None) -> None:
             f"{ratio(text_runs, 'watch', 'cpu_fps')[0]:.2f})",
             ">= 1.0",
             "yes" if text_ratio >= 1.0 else "NO",
+        )
+    )
+    engine_ratio, engine_low, engine_high = ratio(engine_runs, "watch", "fps")
+    rows.append(
+        (
+            "2.x stream (new engine, /api/event): watch / baseline",
+            f"{engine_ratio:.2f} (rounds {engine_low:.2f}-{engine_high:.2f}; by CPU time "
+            f"{ratio(engine_runs, 'watch', 'cpu_fps')[0]:.2f})",
+            ">= 1.0",
+            "yes" if engine_ratio >= 1.0 else "NO",
         )
     )
     per_session = rss["bytes_per_session"]

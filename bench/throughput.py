@@ -55,8 +55,8 @@ def bench_settings(url: str, dry_run: bool = True) -> Settings:
 # -- the server --------------------------------------------------------------------------
 
 
-def serve(count: int, corpus: str = "tools") -> None:
-    data = frame_data(count, *CORPORA[corpus])
+def serve(count: int, corpus_name: str = "tools") -> None:
+    data = frame_data(count, *CORPORA[corpus_name])
     payload = sse_bytes(data)
     # What the daemon should decide on these frames, for the `watch` reader to check against.
     tracker = Tracker(detection_of(bench_settings("http://unused")))
@@ -75,9 +75,16 @@ def serve(count: int, corpus: str = "tools") -> None:
     async def corpus(request: web.Request) -> web.Response:
         return web.json_response(info)
 
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"healthy": True})
+
     app = web.Application()
     app.router.add_get("/global/event", stream)
     app.router.add_get("/event", stream)
+    if corpus_name == "engine":
+        # A server of the 2.x API only: `watch` finds it so and reads `/api/event`.
+        app.router.add_get("/api/event", stream)
+        app.router.add_get("/api/health", health)
     app.router.add_get("/corpus", corpus)
 
     async def serve_forever() -> None:

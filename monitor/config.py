@@ -38,6 +38,9 @@ from monitor.core.rules.revisit import WINDOW as REVISIT_WINDOW
 from monitor.core.tracker import SEED, Detection, FirstAction, MatchMode, OnLoop
 from monitor.errors import ConfigError
 
+# Which OpenCode API the monitor speaks (`--api`): see monitor/shell/api_v2.py.
+ApiChoice = Literal["auto", "1", "2"]
+
 ENV_PREFIX = "OPENCODE_LOOP_MONITOR_"
 # The server's own variables: the operator sets them once for `opencode serve` and for us,
 # so they keep their names instead of taking our prefix.
@@ -422,6 +425,18 @@ class Settings:
             Group.CONNECTION,
             default=None,
             metavar="DIR",
+        )
+    )
+    api: ApiChoice = field(
+        metadata=_row(
+            _choice(get_args(ApiChoice)),
+            "which OpenCode API to speak: auto asks the server at every connect (1.x routes "
+            "and /global/event where it has them, else 2.x's /api and /api/event; a 1.18 "
+            "server's new-engine sessions by /api either way), 1 only the 1.x routes, 2 only "
+            "/api",
+            Group.CONNECTION,
+            default="auto",
+            metavar="|".join(get_args(ApiChoice)),
         )
     )
     password_file: Path | None = field(

@@ -44,6 +44,42 @@ def frames(*events: object) -> bytes:
     return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
 
 
+def engine_event(
+    kind: str,
+    session: str,
+    data: dict[str, Any] | None = None,
+    seq: int | None = None,
+    directory: str | None = None,
+) -> dict[str, Any]:
+    """One event of OpenCode 2's `/api/event` (2.0 names, `session.tool.called`...): the
+    envelope `{id, type, durable?, location?, data}` with `sessionID` in its data; `seq` makes
+    it durable (replayed by `/api/session/{id}/event?after=`)."""
+    event: dict[str, Any] = {
+        "id": f"evt_{kind}_{session}_{seq}",
+        "type": kind,
+        "data": {"sessionID": session, **(data or {})},
+    }
+    if seq is not None:
+        event["durable"] = {"aggregateID": session, "seq": seq, "version": 1}
+    if directory is not None:
+        event["location"] = {"directory": directory}
+    return event
+
+
+def engine_call(
+    session: str, n: int, tool: str, args: dict[str, Any], seq: int, directory: str | None = None
+) -> list[dict[str, Any]]:
+    """The n-th call of a session as 2.0 streams it, durable events `seq` to `seq + 2`: its
+    input started (the only event naming the tool), called (with the input), success."""
+    ids = {"callID": f"call_{n}", "assistantMessageID": f"msg_{n}"}
+    result = {**ids, "structured": {}, "content": []}
+    return [
+        engine_event("session.tool.input.started", session, {**ids, "name": tool}, seq, directory),
+        engine_event("session.tool.called", session, {**ids, "input": args}, seq + 1, directory),
+        engine_event("session.tool.success", session, result, seq + 2, directory),
+    ]
+
+
 def play(*chunks: bytes, then: str = "hang") -> StreamScript:
     """A stream that writes `chunks`, then hangs (silent), ends, or breaks mid-read."""
 
@@ -99,6 +135,16 @@ class FakeOpencode:
     reply_once: bool = False
     requests: list[Received] = field(default_factory=list)
     connections: int = 0
+    # 2: a server of OpenCode 2.0, which has only the `/api` routes (its stream `/api/event`,
+    # its session actions `/api/session/{id}/interrupt|prompt|permission/{rid}/reply`);
+    # 1: a 1.x server. Restart a test's server as the other one to change generation.
+    generation: int = 1
+    # What GET /api/session/{id}/history answers, per session: durable events in the
+    # `/api/event` envelope (`engine_event`); only those after `?after=` are sent.
+    history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # Statuses a 2.0 permission reply answers per body key ("reply", "decision"): 2.0
+    # releases differ in the body, and refuse the other one with a 400.
+    reply_keys: dict[str, int] = field(default_factory=lambda: {"reply": 204, "decision": 204})
     # Set once a stream played by `live` is open, so `push` reaches someone.
     live_connected: asyncio.Event = field(default_factory=asyncio.Event)
     _live: list[web.StreamResponse] = field(default_factory=list, init=False, repr=False)
@@ -106,6 +152,8 @@ class FakeOpencode:
     _replied: set[str] = field(default_factory=set, init=False, repr=False)
 
     def app(self) -> web.Application:
+        if self.generation == 2:
+            return self._app_v2()
         app = web.Application()
         app.router.add_get("/global/event", self._stream)
         app.router.add_get("/event", self._stream)
@@ -123,6 +171,66 @@ class FakeOpencode:
         app.router.add_route("*", "/{tail:.*}", self._elsewhere)
         return app
 
+    def _app_v2(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/api/health", self._health)
+        app.router.add_get("/api/event", self._stream)
+        app.router.add_get("/api/session/active", self._active)
+        app.router.add_get("/api/session", self._sessions_v2)
+        app.router.add_get("/api/permission/request", self._permissions_v2)
+        app.router.add_get("/api/session/{id}/message", self._messages_v2)
+        app.router.add_get("/api/session/{id}/history", self._history)
+        # Answered like the action of its last path segment ("interrupt", "prompt", "reply").
+        app.router.add_post("/api/session/{id}/{action}", self._action)
+        app.router.add_post("/api/session/{id}/permission/{request}/{action}", self._reply_v2)
+        app.router.add_route("*", "/{tail:.*}", self._elsewhere)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"healthy": True})
+
+    async def _sessions_v2(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"data": self.sessions})
+
+    async def _permissions_v2(self, request: web.Request) -> web.Response:
+        """`permissions` in 2.0's shape (`{id, sessionID, action, resources, source}`)."""
+        await self._record(request)
+        return web.json_response({"data": self.permissions})
+
+    async def _active(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"data": {sid: {"type": "running"} for sid in self.busy}})
+
+    async def _messages_v2(self, request: web.Request) -> web.Response:
+        """`messages` of a session are given in 2.0's form (`{id, type, content | text}`),
+        oldest first; answered newest first, as the server does."""
+        await self._record(request)
+        messages = list(reversed(self.messages.get(request.match_info["id"], [])))
+        last = request.query.get("limit")
+        return web.json_response({"data": messages[: int(last)] if last else messages})
+
+    async def _history(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        after = int(request.query.get("after", "0"))
+        events = [
+            event
+            for event in self.history.get(request.match_info["id"], [])
+            if event["durable"]["seq"] > after
+        ]
+        limit = int(request.query.get("limit", "100"))
+        return web.json_response({"data": events[:limit], "hasMore": len(events) > limit})
+
+    async def _reply_v2(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        body = self.requests[-1].body
+        key = next((k for k in ("reply", "decision") if isinstance(body, dict) and k in body), "")
+        status = self.reply_keys.get(key, 400)
+        if status != 204:
+            return web.json_response({"name": "InvalidRequestError"}, status=status)
+        return self._answer("reply")
+
     def of(self, action: str) -> list[Received]:
         """The requests for one action (`abort`, `prompt_async`, `status`...), in order."""
         return [r for r in self.requests if r.path.endswith("/" + action)]
@@ -135,7 +243,9 @@ class FakeOpencode:
     async def live(self, request: web.Request, response: web.StreamResponse) -> None:
         """A stream script: stays open, writing what `push` is given, until `close`."""
         await response.prepare(request)
-        connected = {"type": "server.connected", "properties": {}}
+        connected: dict[str, Any] = {"type": "server.connected", "properties": {}}
+        if request.path == "/api/event":
+            connected = {"id": "evt_0", "type": "server.connected", "data": {}}
         # /global/event wraps every event in an envelope, as the real server does.
         await response.write(
             frames({"payload": connected} if request.path == "/global/event" else connected)

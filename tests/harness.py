@@ -8,6 +8,7 @@ each other.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -201,3 +202,20 @@ async def opencode_run(
             process.kill()
             await process.wait()
     return process.returncode or 0, output.decode(errors="replace")
+
+
+async def status(address: str, *flags: str) -> tuple[int, str]:
+    """`opencode-loop-monitor status` of the monitor serving `address`: exit status, output."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "monitor",
+        "status",
+        "--metrics-addr",
+        address,
+        *flags,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode is not None
+    return process.returncode, out.decode()

@@ -59,6 +59,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "config": None,
         "url": "http://127.0.0.1:4096",
         "directory": None,
+        "api": "auto",
         "password_file": None,
         "max_period": 10,
         "repeats": 3,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from typing import Any
 
 import pytest
@@ -12,27 +10,11 @@ import pytest
 from monitor.kit.poll import until
 from monitor.kit.sandbox import free_loopback_port, tool_parts
 from monitor.kit.scripted_model import script
-from tests.harness import user_texts
+from tests.harness import status, user_texts
 
 pytestmark = pytest.mark.real_server
 
 READ = ("read", {"filePath": "README.md"})
-
-
-async def status(address: str, *flags: str) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "monitor",
-        "status",
-        "--metrics-addr",
-        address,
-        *flags,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    out, _ = await asyncio.wait_for(process.communicate(), 30)
-    assert process.returncode is not None
-    return process.returncode, out.decode()
 
 
 async def test_status_of_a_running_monitor(opencode_server, start_monitor, http):

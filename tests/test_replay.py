@@ -564,3 +564,16 @@ def test_bounded_lines_cut_a_long_line_and_count_every_byte_read() -> None:
     # What readline(4) returns for b"ab\nlong line\ncd": the long line in pieces of 4.
     reads = [b"ab\n", b"long", b" lin", b"e\n", b"cd"]
     assert list(bounded_lines(reads, 4)) == [(3, "ab\n"), (13, "long\n"), (15, "cd")]
+
+
+@pytest.mark.parametrize("stream", ["api", "global", "event", "replay-after-3"])
+def test_a_new_engine_recording_gives_the_same_detections_as_the_1_x_one(stream: str) -> None:
+    # tests/recordings/engine: the same 8 identical reads as ONE_TOOL, run by 1.18.33's new
+    # engine (2.x events) and read on each of its streams and the session's replay.
+    path = CAPTURES / "engine" / f"new-engine-8-reads.{stream}.sse"
+    run = replay(path)
+    assert [(d["position"], d["cycle_length"], d["tools"]) for d in run.detections] == [
+        (4, 1, ["read"]),
+        (8, 1, ["read"]),
+    ]
+    assert run.summary["malformed"] == 0 and run.summary["sessions"] == 1

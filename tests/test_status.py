@@ -169,7 +169,12 @@ def test_status_table_says_how_many_sessions_it_left_out():
         "url": "http://x",
         "directory": None,
         "dry_run": False,
-        "stream": {"state": "connected", "frames": 1, "last_frame_unix": None},
+        "stream": {
+            "state": "connected",
+            "frames": 1,
+            "last_frame_unix": None,
+            "server": "opencode (no version given): 1.x API",
+        },
         "totals": {"sessions": 101, "busy": 0, "held": 0, "interventions": 0},
         "sessions": [
             {

@@ -220,6 +220,35 @@ KNOWN_EVENT_TYPES = frozenset(
         "ide.installed",
         "sync",  # /global/event's copy of every stored event
     }
+) | frozenset(
+    # OpenCode 2's session engine under its 2.0 names (1.18.33 sends them as
+    # `session.next.*` / `permission.v2.*`); typed by `monitor/core/events_v2.py`.
+    {
+        "session.prompt.admitted",
+        "session.prompted",
+        "session.input.admitted",
+        "session.execution.started",
+        "session.execution.succeeded",
+        "session.execution.failed",
+        "session.execution.interrupted",
+        "session.step.started",
+        "session.step.ended",
+        "session.step.failed",
+        "session.text.started",
+        "session.text.delta",
+        "session.text.ended",
+        "session.reasoning.started",
+        "session.reasoning.delta",
+        "session.reasoning.ended",
+        "session.tool.input.started",
+        "session.tool.input.delta",
+        "session.tool.input.ended",
+        "session.tool.called",
+        "session.tool.progress",
+        "session.tool.success",
+        "session.tool.failed",
+        "session.usage.updated",
+    }
 )
 # Our own values, not the server's: a frame without a usable type, and everything unknown.
 MALFORMED = "malformed"
@@ -406,6 +435,13 @@ def _message_updated(
         # The server updates an assistant message many times as it streams; its usage comes
         # with the update that ends a step (`finish`, the reason), so only that one is typed.
         return None
+    total, cost = usage_total(info)
+    return MessageUsage(_text(info, "sessionID"), _text(info, "id"), total, cost, directory)
+
+
+def usage_total(info: dict[str, Any]) -> tuple[int, float]:
+    """The tokens (input + output + reasoning + cache read and write) and cost of a step, as
+    1.x messages and 2.x `step.ended` events both carry them."""
     total = 0
     tokens = info.get("tokens")
     if isinstance(tokens, dict):
@@ -416,7 +452,7 @@ def _message_updated(
     cost = info.get("cost", 0)
     if type(cost) not in (int, float) or not cost >= 0:
         cost = 0  # a mistyped or negative cost (or NaN) spends nothing
-    return MessageUsage(_text(info, "sessionID"), _text(info, "id"), total, float(cost), directory)
+    return total, float(cost)
 
 
 # Files of one diff that go into its digest, at most: a diff of more files than this is

@@ -16,6 +16,12 @@ send (the recordings in ../shared/opencode/captures):
 
 Everything else is compared exactly; `workdir`, `offset`, `limit`, `replaceAll` change what
 a call does.
+
+OpenCode 2 renamed tools and keys (../shared/opencode/V2-NOTES.md): `shell` is bash,
+`subagent` is task, and the file tools take `path` where 1.x took `filePath` (seen on the real
+1.18.33's new engine: `read` refuses `filePath` there). `server_call` gives a 2.x call its 1.x
+name and keys, so that the profile, the rules that know a tool (bash's exit status, its sleeps,
+the file-changing tools) and the signature treat one loop alike whichever engine ran it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,24 @@ OPENCODE_IGNORED_ARGS: Mapping[str, frozenset[str]] = MappingProxyType(
         "webfetch": frozenset({"timeout"}),
     }
 )
+
+
+# 2.x tool name -> the 1.x name the profile and the rules know.
+SERVER_TOOL_NAMES: Mapping[str, str] = MappingProxyType({"shell": "bash", "subagent": "task"})
+# Per (1.x) tool, 2.x argument key -> 1.x key. Only the file tools: glob's and grep's `path`
+# is a folder in 1.x too, and stays.
+SERVER_ARG_KEYS: Mapping[str, Mapping[str, str]] = MappingProxyType(
+    {tool: MappingProxyType({"path": "filePath"}) for tool in ("read", "write", "edit")}
+)
+
+
+def server_call(tool: str, args: object) -> tuple[str, object]:
+    """A 2.x call under its 1.x name and argument keys; a 1.x call comes back as it is."""
+    tool = SERVER_TOOL_NAMES.get(tool, tool)
+    keys = SERVER_ARG_KEYS.get(tool)
+    if keys and isinstance(args, dict) and any(key in args for key in keys):
+        args = {keys.get(key, key): value for key, value in args.items()}
+    return tool, args
 
 
 def transparent_tools(profile: Profile, extra: frozenset[str]) -> frozenset[str]:

@@ -36,8 +36,8 @@ from monitor.core.events import (
     TextPart,
     ToolPart,
     UserMessage,
-    parse_event,
 )
+from monitor.core.events_v2 import Adapter
 from monitor.core.feedback import MARKS, feedback_text, nudge_text, rejection_text
 from monitor.core.findings import (
     RULES,
@@ -266,6 +266,9 @@ class Tracker:
         self.chunks_after_detection = 0
         # Part ids of ours for the calls the plugin asks about before the stream carries them.
         self._plugin_parts = itertools.count(1)
+        # Frames of either server generation become the same events (monitor/core/events_v2.py);
+        # the shell asks it which sessions speak 2.x and where their replays resume.
+        self.adapter = Adapter(detection.max_sessions)
 
     def feed_data(self, data: str) -> Fed:
         """Take the data of one SSE event, as read from the stream or a recording."""
@@ -449,12 +452,13 @@ class Tracker:
 
     def forget(self, session_id: str) -> None:
         self._sessions.pop(session_id)
+        self.adapter.forget(session_id)
         self._budgets.forget(session_id)
 
     def _feed(self, frame: object, seeding: _Seeding | None) -> Fed:
         if isinstance(frame, Malformed):
             return self._malformed(MALFORMED, frame.reason)
-        label, event = parse_event(frame)
+        label, event = self.adapter.parse(frame)
         if event is None:
             return _QUIET[label]
         # Every typed frame comes this way: the kinds are tried in the order of how often the

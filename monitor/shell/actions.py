@@ -314,7 +314,7 @@ class Interventions:
         started = time.monotonic()
         try:
             refused = await self._api.reply_permission(
-                request_id, reply.directory, reply.reply, reply.message
+                request_id, reply.directory, reply.reply, reply.message, reply.session_id
             )
         except ServerError as exc:
             await self._act(decision, progress, request_id=request_id, fallback=str(exc))
@@ -353,7 +353,7 @@ class Interventions:
         started = time.monotonic()
         try:
             answered = await self._api.reply_permission(
-                reply.request_id, reply.directory, reply.reply
+                reply.request_id, reply.directory, reply.reply, session_id=reply.session_id
             )
         except ConfigError as exc:
             self._on_fatal(exc)

@@ -59,6 +59,14 @@ class _NoAnswer(ServerAway):
     """Sent, and no answer came (timeout, dropped connection): the server may still act."""
 
 
+class Refused(ServerError):
+    """The server refused the request (a 4xx other than 401 and 404): `status` says which."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class MalformedId(ServerError):
     """An id that is not of OpenCode's shape; no request was made with it."""
 
@@ -78,11 +86,12 @@ def path_segment(text: str) -> str:
     return quote(text, safe="", errors="strict").replace(".", "%2E")
 
 
-def _session_path(session_id: str, action: str = "") -> str:
+def session_path(session_id: str, action: str = "", root: str = "/session") -> str:
+    """The path of a session's route (`root`: `/api/session` for a new-engine session's)."""
     # Session ids come from the stream, the server or the command line.
     if not is_session_id(session_id):
         raise MalformedId("session id is not of the shape ses_...")
-    path = f"/session/{path_segment(session_id)}"
+    path = f"{root}/{path_segment(session_id)}"
     return f"{path}/{action}" if action else path
 
 
@@ -106,7 +115,7 @@ class OpencodeAPI:
 
     async def abort(self, session_id: str, directory: str | None) -> None:
         # Idempotent: aborting an aborted run answers true and changes nothing.
-        await self._call("POST", _session_path(session_id, "abort"), directory, idempotent=True)
+        await self._call("POST", session_path(session_id, "abort"), directory, idempotent=True)
 
     async def prompt(
         self,
@@ -128,7 +137,7 @@ class OpencodeAPI:
         async def arrived() -> bool:
             return feedback_delivered(await self.messages(session_id, directory), text, after_part)
 
-        path = _session_path(session_id, "prompt_async")
+        path = session_path(session_id, "prompt_async")
         await self._call("POST", path, directory, body, idempotent=False, arrived=arrived)
 
     async def show_toast(self, directory: str | None, body: Mapping[str, Any]) -> Any:
@@ -161,9 +170,17 @@ class OpencodeAPI:
         return str(paths["directory"])
 
     async def reply_permission(
-        self, request_id: str, directory: str | None, reply: str, message: str | None = None
+        self,
+        request_id: str,
+        directory: str | None,
+        reply: str,
+        message: str | None = None,
+        session_id: str | None = None,
     ) -> bool:
-        """Answer a permission request; False when it was answered already (404)."""
+        """Answer a permission request; False when it was answered already (404).
+
+        `session_id`, the session that asks, is not part of a 1.x route; `EngineAPI` needs it
+        for a new-engine session's."""
         body: dict[str, Any] = {"reply": reply}
         if message is not None:
             body["message"] = message
@@ -202,7 +219,7 @@ class OpencodeAPI:
 
     async def session(self, session_id: str, directory: str | None) -> dict[str, Any]:
         """The session's info (with its `directory`); `SessionGone` when the server has none."""
-        info = await self._call("GET", _session_path(session_id), directory, idempotent=True)
+        info = await self._call("GET", session_path(session_id), directory, idempotent=True)
         if not isinstance(info, dict) or not isinstance(info.get("directory"), str):
             raise ServerError("/session/{id} did not answer an object with a directory")
         return info
@@ -225,7 +242,7 @@ class OpencodeAPI:
     ) -> list[Any]:
         """The session's messages, oldest first; `last`: only the newest that many (the
         server's `limit`), for a check that needs only what came lately."""
-        path = _session_path(session_id, "message")
+        path = session_path(session_id, "message")
         query = None if last is None else {"limit": str(last)}
         messages = await self._call("GET", path, directory, idempotent=True, query=query)
         if not isinstance(messages, list):
@@ -320,7 +337,7 @@ class OpencodeAPI:
                 if response.status >= 500:
                     raise _Transient(f"{what}: server error {response.status}")
                 if response.status >= 400:
-                    raise ServerError(f"{what}: refused ({response.status})")
+                    raise Refused(f"{what}: refused ({response.status})", response.status)
                 if response.status >= 300:
                     raise ServerError(f"{what}: redirected ({response.status}), not followed")
                 if response.status == 204 or response.content_length == 0:

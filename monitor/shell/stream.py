@@ -67,8 +67,13 @@ def stream_timeout(read: float = READ_TIMEOUT_S) -> aiohttp.ClientTimeout:
     )
 
 
-def stream_url(base_url: str, directory: str | None) -> str:
+def stream_url(base_url: str, directory: str | None, api: bool = False) -> str:
+    """The stream to read: a 1.x server's (`/global/event`, or `/event` of one directory), or
+    with `api` the one of a server that has only the 2.x routes (`/api/event`)."""
     base = base_url.rstrip("/")
+    if api:
+        where = f"?{urlencode({'location[directory]': directory})}" if directory else ""
+        return f"{base}/api/event{where}"
     if directory is None:
         return f"{base}/global/event"
     return f"{base}/event?{urlencode({'directory': directory})}"
@@ -117,9 +122,13 @@ class EventStream:
         read_timeout: float = READ_TIMEOUT_S,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        locate: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         self._http = http
         self.url = url
+        # Asked before every connect for the stream to read: the server may have changed
+        # generation while we were away (an upgrade in place), and with it its stream.
+        self._locate = locate
         self._on_frame = on_frame
         self._on_connect = on_connect
         self._on_disconnect = on_disconnect
@@ -214,6 +223,8 @@ class EventStream:
             log.error("stream.diagnosis", problem=problem, hint=hint)
 
     async def _read_once(self) -> None:
+        if self._locate is not None:
+            self.url = await self._locate()
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
         request = self._http.get(
             self.url, headers=headers, timeout=self._timeout, allow_redirects=False

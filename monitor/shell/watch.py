@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TextIO, TypeVar
+from typing import Any, Protocol, TextIO, TypeVar
 
 import aiohttp
 import structlog
@@ -43,6 +43,7 @@ from monitor.core.tracker import Detection, Fed, Tracker
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.actions import Interventions, random_stagger
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
+from monitor.shell.api_v2 import EngineAPI, ServerKind
 from monitor.shell.backoff import Backoff
 from monitor.shell.decide import (
     UNASKED_AFTER_S,
@@ -229,6 +230,7 @@ class Watch:
         self._ready_sent = False
         self._record: TextIO | None = None
         self._stream: EventStream | None = None
+        self.server: ServerKind | None = None  # what the last connect found (`_locate`)
         self._last_frame_at: float | None = None
         self._last_event_at = timing.clock()
         self.metrics: Metrics | None = None
@@ -340,7 +342,14 @@ class Watch:
         for warning in settings.warnings:
             log.warning("config.warning", message=warning)
         async with http_session(settings) as http:
-            self.api = OpencodeAPI(http, settings.url, self.timing.retry, self.timing.sleep)
+            self.api = EngineAPI(
+                http,
+                settings.url,
+                self.timing.retry,
+                self.timing.sleep,
+                engine_of=self.tracker.adapter.engine,
+                choice=settings.api,
+            )
             self.toasts = Toasts(self.api)
             self.interventions = Interventions(
                 None if settings.dry_run else self.api,
@@ -362,6 +371,7 @@ class Watch:
                 read_timeout=self.timing.read_timeout,
                 sleep=self.timing.sleep,
                 clock=self.timing.clock,
+                locate=self._locate,
             )
             await self._until_stopped(stream)
             self.notifier.stopping()
@@ -521,6 +531,8 @@ class Watch:
                 "state": state,
                 "frames": 0 if stream is None else stream.frames,
                 "last_frame_unix": self.last_frame_unix(),
+                # Which server the last connect found, and so which API and stream.
+                "server": None if self.server is None else self.server.describe(),
             },
             "totals": {
                 "sessions": len(views),
@@ -552,6 +564,52 @@ class Watch:
         if now - self._malformed_logged_at >= MALFORMED_LOG_EVERY_S:
             self._malformed_logged_at = now
             log.warning("frame.malformed", reason=reason, count=self.tracker.malformed_total)
+
+    async def _locate(self) -> str:
+        """Before every connect: which server this is (`--api`), and so which stream."""
+        before = self.server
+        try:
+            kind = await self.api.detect()
+        except ServerError:
+            # Down, starting or failing: the stream's own connect says so, with its hint.
+            kind = before or self.api.server
+        self.server = kind
+        if kind != before:
+            url = stream_url(self.settings.url, self.settings.directory, api=not kind.classic)
+            log.info(
+                "server.detected",
+                server=kind.describe(),
+                version=kind.version,
+                classic=kind.classic,
+                engine=kind.engine,
+                stream=public_url(url),
+                changed=before is not None,
+            )
+        return stream_url(self.settings.url, self.settings.directory, api=not kind.classic)
+
+    async def _replay_engine_sessions(self, sessions: Iterable[str]) -> int:
+        """New-engine sessions keep their events: what came while we were away is read from
+        each one's last durable seq on and fed as if live (the adapter drops what the stream
+        brings again). Of `sessions` (those running before or busy now, as the classic
+        read-back), the new-engine ones we followed. How many events."""
+        adapter = self.tracker.adapter
+        asked = [(s, after) for s in sessions if (after := adapter.last_seq(s)) is not None]
+
+        async def history(session_id: str, after: int) -> list[dict[str, Any]]:
+            try:
+                return await self.api.history(session_id, after)
+            except SessionGone:
+                self.tracker.forget(session_id)
+            except ServerError as exc:
+                log.warning("session.replay_failed", session_id=session_id, error=str(exc))
+            return []
+
+        # Read at once, concurrently, then fed in order: the stream's frames wait meanwhile.
+        answers = await bounded(history(session_id, after) for session_id, after in asked)
+        for events in answers:
+            for event in events:
+                self._take(self.tracker.feed(event))
+        return sum(map(len, answers))
 
     async def _on_connect(self) -> None:
         self._last_event_at = self.timing.clock()
@@ -663,9 +721,13 @@ class Watch:
             None if only is None else {only},
             [session_id for session_id in busy if self.interventions.acting_on(session_id)],
         )
+        running = tracker.running()
         tracker.end_runs(plan.end_runs)
         # Read back at once, concurrently: the stream's frames wait in the socket meanwhile.
-        seeded = sum(await bounded(self._seed(session, where) for session, where in plan.read_back))
+        # A new-engine session we followed is replayed from its last seq instead.
+        replayed = await self._replay_engine_sessions({*running, *busy})
+        read_back = [(s, w) for s, w in plan.read_back if tracker.adapter.last_seq(s) is None]
+        seeded = sum(await bounded(self._seed(session, where) for session, where in read_back))
         pending = await self._read_back_permissions(
             directories_to_ask(busy, self.settings.directory)
         )
@@ -674,6 +736,7 @@ class Watch:
             "stream.resynced",
             busy=len(busy),
             seeded=seeded,
+            replayed=replayed,
             pending_permissions=pending,
             held=held,
         )

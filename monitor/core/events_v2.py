@@ -1,0 +1,449 @@
+"""Typing OpenCode 2 events: the new session engine's stream, as the core's own events.
+
+OpenCode 2.0 (and the new engine that 1.18.33 runs for sessions made and prompted under
+`/api`) does not send part updates. A call is a row of events: `tool.input.started` {callID,
+name}, `tool.called` {callID, input}, then `tool.success` or `tool.failed`; text streams as
+`text.started` / `.delta` / `.ended`; a model step ends with `step.ended` {finish, tokens,
+cost}. 2.0 names them `session.tool.called`, ...; 1.18.33 `session.next.tool.called` and
+`permission.v2.asked`. `Adapter.parse` turns both into the events `parse_event` makes of a 1.x
+frame, so the tracker and its rules never know which server spoke:
+
+- `tool.input.started`: a `ToolPart` pending (input `{}`); `tool.called`: running, with the
+  input; `tool.success` / `tool.failed`: completed (`structured` as metadata: the shell's
+  `exit`) / error;
+- `text.*`, `reasoning.*`: `TextPart` started / ended, `PartDelta`;
+- `step.ended`: `MessageUsage`, but the step that ends with another reason than `tool-calls`
+  ended the run: `SessionIdle` (1.18.33 sends neither `execution.*` nor status events for the
+  new engine); `execution.succeeded` / `.failed` / `.interrupted`, `status` idle, `idle`:
+  `SessionIdle`;
+- `permission.asked` / `.replied`: `PermissionAsked` / `PermissionReplied`;
+- `prompt.admitted` (a user message stored): `UserMessage`; `prompted` (it starts a turn): its
+  text as a user's `TextPart`, which is how a person's message ends a hold.
+
+A call's part id is its step's message id and its call id: models reuse call ids (`call_0`
+in every run). Calls are named in the 1.x way (`core/profile.py` `server_call`).
+
+Where the frames come from (seen on the real 1.18.33, `tests/recordings/engine/`):
+- `/api/event` and the per-session replay `/api/session/{id}/event?after=SEQ`: envelopes
+  `{id, type, durable?{aggregateID, seq}, location?{directory}, data}`;
+- `/global/event`: the live copy as `{directory, payload: {type, properties}}` with no seq,
+  and for every durable event a `sync` copy `{payload: {type: "sync", syncEvent: {type:
+  "<name>.<version>", seq, aggregateID, data}}}`. Durable events are taken from the sync copy
+  (it has the seq), ephemeral ones (deltas, status) from the live copy (they have no other);
+- `/event`: the live copy `{type, properties}` alone.
+
+Durable events count up per session (`seq`); an event at or below the last seq taken for its
+session is one we had (a replay after a reconnect overlaps the live stream) and is dropped, so
+no call is counted twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from monitor.core.events import (
+    KNOWN_EVENT_TYPES,
+    Event,
+    Malformed,
+    MessageUsage,
+    PartDelta,
+    PermissionAsked,
+    PermissionReplied,
+    SessionDeleted,
+    SessionIdle,
+    SessionSeen,
+    TextPart,
+    ToolPart,
+    UserMessage,
+    parse_event,
+    usage_total,
+)
+from monitor.core.profile import server_call
+from monitor.core.session import RecentMap
+
+# The 1.18.33 names of 2.0's events, by the part that differs.
+_V1_18_PREFIXES = (("session.next.", "session."), ("permission.v2.", "permission."))
+
+# Live copies on `/global/event` worth reading: the ones with no sync copy (never stored).
+_EPHEMERAL = frozenset(
+    {
+        "session.text.delta",
+        "session.reasoning.delta",
+        "session.tool.input.delta",
+        "session.tool.progress",
+        "session.status",
+        "session.idle",
+        "session.usage.updated",
+        "permission.asked",
+        "permission.replied",
+    }
+)
+
+# What a step ends with when the model asked for tools: the run goes on.
+_MORE_STEPS = frozenset({"tool-calls", "tool_calls"})
+# Calls remembered per session until they end: a few steps of parallel calls.
+_CALLS_REMEMBERED = 256
+
+
+def engine_name(kind: str) -> str | None:
+    """The 2.0 name of a 2.x event type (1.18.33's `session.next.*` / `permission.v2.*`
+    included), or None for a type that is not of the new engine."""
+    for old, new in _V1_18_PREFIXES:
+        if kind.startswith(old):
+            return new + kind[len(old) :]
+    return None
+
+
+class _Session:
+    """What the adapter keeps of one new-engine session."""
+
+    __slots__ = ("seq", "tools")
+
+    def __init__(self) -> None:
+        self.seq = -1  # the last durable seq taken (`session.created` is 0)
+        # Call id -> tool name (from `tool.input.started`) and raw input (from `tool.called`)
+        # of the calls in flight: the events after them do not repeat either.
+        self.tools: dict[str, tuple[str, object]] = {}
+
+
+class Adapter:
+    """Types frames of either server generation; knows which sessions speak 2.x.
+
+    One per tracker: it keeps, per new-engine session, the last durable seq taken (what a
+    replay resumes after) and the tool name of each call in flight (2.0 names the tool only
+    when its input starts). At most `capacity` sessions, the least recently active dropped.
+    """
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self._sessions: RecentMap[str, _Session] = RecentMap(capacity)
+
+    def parse(self, frame: object) -> tuple[str, Event | Malformed | None]:
+        """`parse_event` for a 1.x frame, the table above for a 2.x one."""
+        if not isinstance(frame, dict):
+            return parse_event(frame)
+        data = frame.get("data")
+        if data is not None and "properties" not in frame:
+            # An `/api` envelope (the live stream or a session's replay).
+            return self._envelope(frame, data)
+        payload = frame.get("payload")
+        kind = (payload if isinstance(payload, dict) else frame).get("type")
+        if kind == "sync" and isinstance(payload, dict):
+            return self._sync(payload.get("syncEvent"), frame.get("directory"))
+        name = engine_name(kind) if isinstance(kind, str) else None
+        if name is None:
+            return parse_event(frame)
+        directory = None
+        event: dict[str, Any] = frame
+        if isinstance(payload, dict):
+            if name not in _EPHEMERAL:
+                return _label(name), None  # its sync copy, with its seq, follows
+            directory, event = frame.get("directory"), payload
+        props = event.get("properties")
+        if not isinstance(props, dict):
+            return _label(name), Malformed(f"{_label(name)}: properties is not an object")
+        return self._typed(name, props, None, _directory(directory))
+
+    def engine(self, session_id: str) -> int:
+        """2 for a session seen on the new engine, else 1."""
+        return 2 if session_id in self._sessions else 1
+
+    def last_seq(self, session_id: str) -> int | None:
+        """The last durable seq taken of a new-engine session: where its replay resumes."""
+        session = self._sessions.get(session_id)
+        return None if session is None or session.seq < 0 else session.seq
+
+    def sessions(self) -> list[str]:
+        """The new-engine sessions known, oldest first."""
+        return list(self._sessions)
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id)
+
+    def _envelope(
+        self, frame: dict[str, Any], data: object
+    ) -> tuple[str, Event | Malformed | None]:
+        kind = frame.get("type")
+        if not isinstance(kind, str):
+            return "malformed", Malformed("event type missing")
+        name = engine_name(kind) or kind
+        if name not in KNOWN_EVENT_TYPES:
+            return "other", None
+        if not isinstance(data, dict):
+            return name, Malformed(f"{name}: data is not an object")
+        durable = frame.get("durable")
+        seq = durable.get("seq") if isinstance(durable, dict) else None
+        location = frame.get("location")
+        directory = location.get("directory") if isinstance(location, dict) else None
+        return self._typed(name, data, seq, _directory(directory))
+
+    def _sync(self, event: object, directory: object) -> tuple[str, Event | Malformed | None]:
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            return "sync", None
+        # "session.next.tool.called.1": the name, then the version of its schema.
+        name = engine_name(event["type"].rsplit(".", 1)[0])
+        if name is None:
+            return "sync", None  # a 1.x stored event: its live copy was typed
+        data = event.get("data")
+        if not isinstance(data, dict):
+            return "sync", Malformed(f"{_label(name)}: data is not an object")
+        # Counted as a `sync` copy, as 1.x's are: its live copy is counted under its name.
+        _, typed = self._typed(name, data, event.get("seq"), _directory(directory))
+        return "sync", typed
+
+    def _typed(
+        self, name: str, data: dict[str, Any], seq: object, directory: str | None
+    ) -> tuple[str, Event | Malformed | None]:
+        label = _label(name)
+        parse = _PARSERS.get(name)
+        session_id = data.get("sessionID")
+        if not isinstance(session_id, str) or not session_id:
+            if parse is None:
+                return label, None
+            return label, Malformed(f"{label}: sessionID is not a non-empty string")
+        session = self._sessions.touch(session_id, _Session)
+        if type(seq) is int:
+            if seq <= session.seq:
+                return label, None  # taken already: a replay overlapping the live stream
+            session.seq = seq
+        if parse is None:
+            return label, None
+        try:
+            return label, parse(session, session_id, data, directory)
+        except _Mistyped as exc:
+            return label, Malformed(f"{label}: {exc}")
+
+
+class _Mistyped(Exception):
+    pass
+
+
+def _label(name: str) -> str:
+    # 2.0's names are in `KNOWN_EVENT_TYPES` with 1.x's: the metrics' label set is one.
+    return name if name in KNOWN_EVENT_TYPES else "other"
+
+
+def _directory(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _text(obj: dict[str, Any], key: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str) or not value:
+        raise _Mistyped(f"{key} is not a non-empty string")
+    return value
+
+
+def _optional(obj: dict[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def _call_id(data: dict[str, Any]) -> str:
+    # `callID` in the schema and on 1.18.33; clients of 2.0.6-2.0.21 read `id`.
+    return _optional(data, "callID") or _text(data, "id")
+
+
+def _part_id(data: dict[str, Any], call_id: str) -> str:
+    message = _optional(data, "assistantMessageID")
+    return f"{message}:{call_id}" if message else call_id
+
+
+def _tool(
+    session: _Session, session_id: str, data: dict[str, Any], directory: str | None, status: str
+) -> ToolPart:
+    call_id = _call_id(data)
+    known = session.tools.get(call_id)
+    tool = _optional(data, "tool") or _optional(data, "name") or (known and known[0])
+    if not tool:
+        raise _Mistyped("the call's tool is not known (its input.started was missed)")
+    # Only `called` carries the input; the outcome is told apart by the call it ends.
+    raw = data["input"] if "input" in data else (known[1] if known else {})
+    name, args = server_call(tool, raw)
+    output = error = metadata = None
+    if status == "completed":
+        structured = data.get("structured")
+        output = data.get("content") or structured or data.get("result")
+        metadata = structured if isinstance(structured, dict) else None
+    elif status == "error":
+        failure = data.get("error")
+        error = failure.get("message", failure) if isinstance(failure, dict) else failure
+    if status in ("completed", "error"):
+        session.tools.pop(call_id, None)
+    else:
+        if known is None and len(session.tools) >= _CALLS_REMEMBERED:
+            del session.tools[next(iter(session.tools))]
+        session.tools[call_id] = (tool, raw)
+    return ToolPart(
+        session_id,
+        _part_id(data, call_id),
+        name,
+        status,
+        args,
+        output,
+        error,
+        directory,
+        metadata,
+        _optional(data, "assistantMessageID"),
+        call_id,
+    )
+
+
+def _input_started(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    return _tool(s, sid, data, d, "pending")
+
+
+def _called(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    return _tool(s, sid, data, d, "running")
+
+
+def _success(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    return _tool(s, sid, data, d, "completed")
+
+
+def _failed(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    return _tool(s, sid, data, d, "error")
+
+
+def _text_id(data: dict[str, Any], kind: str) -> str:
+    # 1.18.33 names a text `textID` ("text-0"), 2.0 counts them by kind (`ordinal`).
+    own = _optional(data, "textID") or _optional(data, "reasoningID")
+    if own is None:
+        ordinal = data.get("ordinal", 0)
+        own = f"{kind}-{ordinal if type(ordinal) is int else 0}"
+    message = _optional(data, "assistantMessageID")
+    return f"{message}:{own}" if message else own
+
+
+_Parse = Callable[[_Session, str, dict[str, Any], str | None], Event]
+
+
+def _text_event(kind: str, ended: bool) -> _Parse:
+    def parse(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+        text = data.get("text", "") if ended else ""
+        if not isinstance(text, str):
+            raise _Mistyped("text is not a string")
+        return TextPart(
+            sid,
+            _text_id(data, kind),
+            kind,
+            text,
+            started=True,
+            ended=ended,
+            directory=d,
+            message_id=_optional(data, "assistantMessageID"),
+        )
+
+    return parse
+
+
+def _delta(kind: str) -> _Parse:
+    def parse(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+        delta = data.get("delta")
+        if not isinstance(delta, str):
+            raise _Mistyped("delta is not a string")
+        return PartDelta(sid, _text_id(data, kind), "text", delta, d)
+
+    return parse
+
+
+def _step_ended(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    if data.get("finish") not in _MORE_STEPS:
+        # The model answered without asking for tools: the run is over. (That step's usage
+        # is not counted: one event per frame, and the end of the run matters more.)
+        return SessionIdle(sid, d)
+    tokens, cost = usage_total(data)
+    return MessageUsage(sid, _text(data, "assistantMessageID"), tokens, cost, d)
+
+
+def _seen(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    info = data.get("info")
+    info = info if isinstance(info, dict) else data
+    own = _directory(info.get("directory"))
+    location = data.get("location")
+    if own is None and isinstance(location, dict):
+        own = _directory(location.get("directory"))
+    return SessionSeen(sid, own or d, _optional(info, "parentID"))
+
+
+def _admitted(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    # A user message stored: a person's prompt or the monitor's feedback (with `resume:
+    # false` for a hold, nothing more follows it).
+    return UserMessage(sid, _text(data, "messageID"), d)
+
+
+def _prompted(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    """The admitted message starts a turn: its text, as 1.x's user text part (no `time`: not
+    one the model writes), tells a person's message from the monitor's feedback."""
+    prompt = data.get("prompt")
+    text = prompt.get("text") if isinstance(prompt, dict) else data.get("text")
+    if not isinstance(text, str):
+        raise _Mistyped("prompt.text is not a string")
+    message_id = _text(data, "messageID")
+    return TextPart(sid, f"{message_id}:prompt", "text", text, False, False, d, message_id)
+
+
+def _status(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    status = data.get("status")
+    kind = status.get("type") if isinstance(status, dict) else status
+    return SessionIdle(sid, d) if kind == "idle" else SessionSeen(sid, d)
+
+
+def _idle(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    return SessionIdle(sid, d)
+
+
+def _deleted(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    return SessionDeleted(sid)
+
+
+def _permission_asked(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    source = data.get("source")
+    source = source if isinstance(source, dict) else {}
+    legacy = data.get("tool")  # the 1.x shape, which 2.0 still sends as `permission.asked`
+    legacy = legacy if isinstance(legacy, dict) else {}
+    metadata = data.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    permission = _optional(data, "action") or _text(data, "permission")
+    return PermissionAsked(
+        sid,
+        _text(data, "id"),
+        permission,
+        _optional(source, "messageID") or _optional(legacy, "messageID"),
+        _optional(source, "callID") or _optional(source, "id") or _optional(legacy, "callID"),
+        _optional(metadata, "tool"),
+        d,
+    )
+
+
+def _permission_replied(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    reply = _optional(data, "reply") or _text(data, "decision")
+    return PermissionReplied(sid, _text(data, "requestID"), reply)
+
+
+_PARSERS: dict[str, _Parse] = {
+    "session.created": _seen,
+    "session.prompt.admitted": _admitted,
+    "session.input.admitted": _admitted,
+    "session.prompted": _prompted,
+    "session.step.started": _seen,
+    "session.deleted": _deleted,
+    "session.status": _status,
+    "session.idle": _idle,
+    "session.execution.succeeded": _idle,
+    "session.execution.failed": _idle,
+    "session.execution.interrupted": _idle,
+    "session.step.ended": _step_ended,
+    "session.text.started": _text_event("text", ended=False),
+    "session.text.delta": _delta("text"),
+    "session.text.ended": _text_event("text", ended=True),
+    "session.reasoning.started": _text_event("reasoning", ended=False),
+    "session.reasoning.delta": _delta("reasoning"),
+    "session.reasoning.ended": _text_event("reasoning", ended=True),
+    "session.tool.input.started": _input_started,
+    "session.tool.called": _called,
+    "session.tool.success": _success,
+    "session.tool.failed": _failed,
+    "permission.asked": _permission_asked,
+    "permission.replied": _permission_replied,
+}

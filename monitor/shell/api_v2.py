@@ -1,0 +1,308 @@
+"""The REST client for servers of both generations: which server this is, and each session's
+actions by the routes of its engine.
+
+OpenCode 2.0 serves only `/api/...` (queries `location[directory]=`); 1.18.33 serves the 1.x
+routes and, for sessions of its new engine, the same `/api` routes as 2.0. `EngineAPI` is an
+`OpencodeAPI` whose session actions go to the `/api` routes for a session of the new engine
+(the tracker's adapter says which, `monitor/core/events_v2.py`) or for every session of a
+server without 1.x routes, and to the 1.x routes otherwise, so `Interventions` carries out
+the same decisions on both:
+
+- stop the run: `POST /session/{id}/abort` / `POST /api/session/{id}/interrupt` (the 1.x abort
+  answers `true` on a new-engine session and the run goes on);
+- feedback: `POST /session/{id}/prompt_async` with `noReply` / `POST /api/session/{id}/prompt`
+  `{prompt: {text}, resume}` (`resume: false` adds the message and starts no turn); a 400
+  falls back on 2.0's `{text, resume}`;
+- permission reply: `POST /permission/{id}/reply` / `POST /api/session/{sid}/permission/{id}/
+  reply` `{reply}`, a 400 falling back on 2.0.21's `{decision}`;
+- read back: `GET /session/{id}/message` / `GET /api/session/{id}/message` (as 1.x messages,
+  `core/export_v2.py`); busy sessions: `GET /session/status` / `GET /api/session/active`;
+- missed events: none (read back) / `GET /api/session/{id}/history?after=SEQ`.
+
+Auth: the same `Authorization` header goes with every request (1.18.33 guards `/api` like the
+rest; 2.0's shared service has a generated password, `opencode service get password`, given
+to the monitor as for 1.x: `--password-file` or the variable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from monitor.config import ApiChoice
+from monitor.core.export import feedback_delivered
+from monitor.core.export_v2 import classic_messages
+from monitor.core.ids import is_permission_id
+from monitor.errors import ServerError, SessionGone
+from monitor.shell.api import (
+    MalformedId,
+    OpencodeAPI,
+    Refused,
+    Retry,
+    path_segment,
+    session_path,
+)
+
+# Pages of a session's missed events read after a reconnect, at most, and their size (the
+# server's maximum): a session that ran longer than this while we were away is read back up
+# to there, the rest comes live.
+HISTORY_PAGE = 100
+HISTORY_PAGES = 50
+
+
+@dataclass(frozen=True, slots=True)
+class ServerKind:
+    """What a server serves: the 1.x routes (`classic`), the `/api` routes of the new engine
+    (`engine`), and the version it gives (`/global/health`), if any."""
+
+    classic: bool
+    engine: bool
+    version: str | None = None
+
+    @property
+    def stream_path(self) -> str:
+        # 1.18.33's `/global/event` carries both engines (the new one's events as `sync`
+        # copies with their seq); a server without it has `/api/event`.
+        return "/global/event" if self.classic else "/api/event"
+
+    def describe(self) -> str:
+        engines = [name for name, has in (("1.x", self.classic), ("2.x", self.engine)) if has]
+        return f"opencode {self.version or '(no version given)'}: {' and '.join(engines)} API"
+
+
+def _api_path(session_id: str, action: str = "") -> str:
+    return session_path(session_id, action, root="/api/session")
+
+
+def _where(directory: str | None, **query: str) -> dict[str, str]:
+    return {**({"location[directory]": directory} if directory else {}), **query}
+
+
+class EngineAPI(OpencodeAPI):
+    """`OpencodeAPI`, each session's actions by its engine's routes (see the module)."""
+
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        base_url: str,
+        retry: Retry = Retry(),
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        headers: Mapping[str, str] | None = None,
+        engine_of: Callable[[str], int] = lambda session_id: 1,
+        choice: ApiChoice = "auto",
+    ) -> None:
+        super().__init__(http, base_url, retry, sleep, headers)
+        self._engine_of = engine_of
+        self.choice = choice
+        # The body form each request took last (`_first_taken`): 0, the documented one.
+        self._forms: dict[str, int] = {}
+        # Until `detect` says otherwise: a 1.x server, as before this client knew of 2.x.
+        self.server = ServerKind(classic=choice != "2", engine=choice != "1")
+
+    async def detect(self) -> ServerKind:
+        """Ask the server which generation it is (at every connect: it may have been upgraded
+        in place); `--api 1|2` decides without asking."""
+        if self.choice == "1":
+            self.server = ServerKind(classic=True, engine=False, version=await self._version())
+        elif self.choice == "2":
+            self.server = ServerKind(classic=False, engine=True, version=await self._version())
+        else:
+            version = await self._version()
+            try:
+                await self._once("GET", "/api/health", None, None)
+                engine = True
+            except (SessionGone, Refused):
+                engine = False
+            # Without `/api`, a 1.x server whatever its health route says (older ones have
+            # none); with it, 2.x only if it lacks the 1.x health route too.
+            classic = version is not None or not engine
+            self.server = ServerKind(classic=classic, engine=engine, version=version)
+        return self.server
+
+    async def _version(self) -> str | None:
+        """The version `/global/health` gives (1.x servers); None where there is none."""
+        try:
+            # Asked once: a server that does not answer is the stream's to report.
+            health = await self._once("GET", "/global/health", None, None)
+        except (SessionGone, Refused):
+            return None
+        version = health.get("version") if isinstance(health, dict) else None
+        return version if isinstance(version, str) else "unknown"
+
+    def new_engine(self, session_id: str) -> bool:
+        """Whether the session's actions go to the `/api` routes."""
+        return not self.server.classic or self._engine_of(session_id) == 2
+
+    async def abort(self, session_id: str, directory: str | None) -> None:
+        if not self.new_engine(session_id):
+            await super().abort(session_id, directory)
+            return
+        # Interrupting a run that stopped changes nothing (204 all the same).
+        path = _api_path(session_id, "interrupt")
+        await self._call("POST", path, None, idempotent=True, query=_where(directory))
+
+    async def prompt(
+        self,
+        session_id: str,
+        directory: str | None,
+        text: str,
+        no_reply: bool = False,
+        after_part: str = "",
+    ) -> None:
+        if not self.new_engine(session_id):
+            await super().prompt(session_id, directory, text, no_reply, after_part)
+            return
+
+        async def arrived() -> bool:
+            return feedback_delivered(await self.messages(session_id, directory), text, after_part)
+
+        path = _api_path(session_id, "prompt")
+        resume = not no_reply
+        # 1.18.33's form, then 2.0's.
+        bodies = [{"prompt": {"text": text}, "resume": resume}, {"text": text, "resume": resume}]
+        await self._first_taken("prompt", path, directory, bodies, arrived)
+
+    async def reply_permission(
+        self,
+        request_id: str,
+        directory: str | None,
+        reply: str,
+        message: str | None = None,
+        session_id: str | None = None,
+    ) -> bool:
+        if session_id is None or not self.new_engine(session_id):
+            return await super().reply_permission(request_id, directory, reply, message)
+        if not is_permission_id(request_id):
+            raise MalformedId("permission request id is not of the shape per_...")
+        path = _api_path(session_id, f"permission/{path_segment(request_id)}/reply")
+        extra = {} if message is None else {"message": message}
+        # The documented body (1.18.33's OpenAPI, pre-GA 2.0), then 2.0.21's.
+        bodies = [{"reply": reply, **extra}, {"decision": reply, **extra}]
+        try:
+            await self._first_taken("reply", path, directory, bodies, None)
+        except SessionGone:
+            return False  # answered already
+        return True
+
+    async def _first_taken(
+        self,
+        what: str,
+        path: str,
+        directory: str | None,
+        bodies: list[dict[str, Any]],
+        arrived: Callable[[], Awaitable[bool]] | None,
+    ) -> None:
+        """POST the first body the server takes: a 400 says its schema is another release's.
+        The form taken is tried first next time (`what` names the request)."""
+        first = self._forms.get(what, 0)
+        order = [first, *(index for index in range(len(bodies)) if index != first)]
+        for tried, index in enumerate(order):
+            try:
+                await self._call(
+                    "POST",
+                    path,
+                    None,
+                    bodies[index],
+                    idempotent=False,
+                    arrived=arrived,
+                    query=_where(directory),
+                )
+                self._forms[what] = index
+                return
+            except Refused as exc:
+                if exc.status != 400 or tried == len(order) - 1:
+                    raise
+
+    async def messages(
+        self, session_id: str, directory: str | None, last: int | None = None
+    ) -> list[Any]:
+        if not self.new_engine(session_id):
+            return await super().messages(session_id, directory, last)
+        query = _where(directory, order="desc")
+        if last is not None:
+            query["limit"] = str(last)
+        page = await self._call(
+            "GET", _api_path(session_id, "message"), None, idempotent=True, query=query
+        )
+        if not isinstance(page, dict) or not isinstance(page.get("data"), list):
+            raise ServerError("/api/session/{id}/message did not answer {data: [...]}")
+        return classic_messages(page, session_id)
+
+    async def busy_sessions(self, directory: str | None) -> set[str]:
+        busy = await super().busy_sessions(directory) if self.server.classic else set()
+        if self.server.engine:
+            active = await self._call(
+                "GET", "/api/session/active", None, idempotent=True, query=_where(directory)
+            )
+            data = active.get("data") if isinstance(active, dict) else None
+            if not isinstance(data, dict):
+                raise ServerError("/api/session/active did not answer {data: {...}}")
+            busy |= {session_id for session_id in data if isinstance(session_id, str)}
+        return busy
+
+    async def pending_permissions(self, directory: str | None) -> list[dict[str, Any]]:
+        """On a server without 1.x routes, `GET /api/permission/request`, each request in
+        the 1.x shape the read-back feeds as `permission.asked` (`action` is `permission`,
+        `source` names the call as `tool` did)."""
+        if self.server.classic:
+            return await super().pending_permissions(directory)
+        page = await self._call(
+            "GET", "/api/permission/request", None, idempotent=True, query=_where(directory)
+        )
+        data = page.get("data") if isinstance(page, dict) else page
+        if not isinstance(data, list):
+            raise ServerError("/api/permission/request did not answer a list")
+        requests = []
+        for request in data:
+            if isinstance(request, dict):
+                source = request.get("source")
+                source = source if isinstance(source, dict) else {}
+                call = {"messageID": source.get("messageID"), "callID": source.get("callID")}
+                requests.append({**request, "permission": request.get("action"), "tool": call})
+        return requests
+
+    async def sessions(self, directory: str | None) -> list[Any]:
+        if self.server.classic:
+            return await super().sessions(directory)
+        page = await self._call(
+            "GET", "/api/session", None, idempotent=True, query=_where(directory)
+        )
+        data = page.get("data") if isinstance(page, dict) else None
+        if not isinstance(data, list):
+            raise ServerError("/api/session did not answer {data: [...]}")
+        return data
+
+    async def history(self, session_id: str, after: int) -> list[dict[str, Any]]:
+        """The session's durable events after seq `after`, as `/api/event` envelopes, oldest
+        first (at most HISTORY_PAGES pages)."""
+        events: list[dict[str, Any]] = []
+        for _ in range(HISTORY_PAGES):
+            query = {"after": str(after), "limit": str(HISTORY_PAGE)}
+            page = await self._call(
+                "GET", _api_path(session_id, "history"), None, idempotent=True, query=query
+            )
+            data = page.get("data") if isinstance(page, dict) else None
+            if not isinstance(data, list):
+                raise ServerError("/api/session/{id}/history did not answer {data: [...]}")
+            for event in data:
+                if isinstance(event, dict):
+                    envelope = _envelope(event, session_id)
+                    events.append(envelope)
+                    seq = envelope.get("durable", {}).get("seq")
+                    after = seq if type(seq) is int and seq > after else after
+            if not page.get("hasMore") or not data:
+                return events
+        return events
+
+
+def _envelope(event: dict[str, Any], session_id: str) -> dict[str, Any]:
+    """A history entry as the stream's envelope: the entry may carry its seq at the top
+    (`{id, type, seq, aggregateID, data}`) or as the stream does (`durable`)."""
+    if "durable" in event or "seq" not in event:
+        return event
+    durable = {"aggregateID": event.get("aggregateID", session_id), "seq": event["seq"]}
+    return {**event, "durable": durable}

@@ -1,0 +1,236 @@
+"""The monitor against a stand-in OpenCode 2.0 server (`FakeOpencode(generation=2)`).
+
+2.0 itself cannot be installed here; the stand-in speaks what V2-NOTES.md documents of it: only
+the `/api` routes, 2.0's event names, a stream that a slow reader's overflow ends, durable
+events replayed from a seq, two release-specific permission reply bodies. The real server's
+new engine (1.18.33) is tested in tests/test_real_engine.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp.test_utils import TestServer
+from structlog.testing import capture_logs
+
+from monitor.core.feedback import MARK
+from monitor.testing import FakeOpencode, engine_call, engine_event, frames, play
+from tests.harness import start, stop, wait_for
+
+S = "ses_s1"
+READ = {"path": "README.md"}
+
+
+def reads(first: int, last: int, seq: int) -> list[dict[str, Any]]:
+    """Calls `first` to `last` (numbered from 1) of identical reads, from durable seq `seq`."""
+    events = []
+    for n in range(first, last + 1):
+        events += engine_call(S, n, "read", READ, seq + 3 * (n - first), "/w")
+    return events
+
+
+def events(logs: list[dict], name: str) -> list[dict]:
+    return [log for log in logs if log["event"] == name]
+
+
+async def test_a_2_0_server_is_read_on_its_stream_and_a_loop_interrupted() -> None:
+    fake = FakeOpencode(generation=2, streams=[play(frames(*reads(1, 4, 1)))])
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("prompt"))
+        await stop(*running)
+    paths = [r.path for r in fake.requests]
+    assert paths[:3] == ["/global/health", "/api/health", "/api/event"]
+    [detected] = events(logs, "server.detected")
+    assert (detected["classic"], detected["engine"], detected["version"]) == (False, True, None)
+    assert detected["stream"].endswith("/api/event")
+    [loop] = events(logs, "loop.detected")
+    assert (loop["session_id"], loop["part_id"], loop["call_index"]) == (S, "msg_4:call_4", 4)
+    # Stopped through 2.0's routes only: interrupt, then the feedback as a new turn.
+    assert fake.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
+    [prompt] = fake.of("prompt")
+    assert prompt.body == {"prompt": {"text": prompt.body["prompt"]["text"]}, "resume": True}
+    assert prompt.body["prompt"]["text"].startswith(MARK)
+
+
+async def test_a_prompt_body_of_another_release_falls_back_on_a_400_and_is_kept() -> None:
+    # Two loops of two sessions, one after the other: the first feedback meets a 400 with
+    # the documented body and is taken in 2.0's form; the second goes in that form at once.
+    other = [dict(event, data={**event["data"], "sessionID": "ses_s2"}) for event in reads(1, 4, 1)]
+    for event in other:
+        event["durable"] = {**event["durable"], "aggregateID": "ses_s2"}
+    fake = FakeOpencode(generation=2, answers={"prompt": [400, 200]})
+    fake.streams = [fake.live]
+    running = await start(fake)
+    await wait_for(fake.live_connected.is_set)
+    await fake.push(frames(*reads(1, 4, 1)))
+    await wait_for(lambda: len(fake.of("prompt")) == 2)
+    await fake.push(frames(*other))
+    await wait_for(lambda: len(fake.of("prompt")) == 3)
+    await stop(*running)
+    first, second, third = (r.body for r in fake.of("prompt"))
+    assert isinstance(first, dict) and isinstance(second, dict) and isinstance(third, dict)
+    assert set(first) == {"prompt", "resume"} and set(second) == {"text", "resume"}
+    assert second["text"] == first["prompt"]["text"]
+    assert set(third) == {"text", "resume"}
+    assert [r.path for r in fake.of("prompt")][2] == "/api/session/ses_s2/prompt"
+
+
+async def test_the_gap_an_overflow_left_is_filled_by_replay_and_counted_once() -> None:
+    # The stream brings calls 1 and 2 and is ended (a slow reader's overflow); calls 3 and 4
+    # happen while it is down, the next stream brings only what comes after.
+    history = reads(1, 4, 1)
+    other_call = engine_call(S, 5, "shell", {"command": "ls"}, 13, "/w")
+    fake = FakeOpencode(
+        generation=2,
+        streams=[play(frames(*history[:6]), then="end"), play(frames(*other_call))],
+        history={S: history},
+        busy={S: {}},
+    )
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("prompt"))
+        await wait_for(lambda: len(events(logs, "stream.resynced")) == 2)
+        await stop(*running)
+    [asked] = fake.of("history")
+    assert asked.path == f"/api/session/{S}/history" and asked.query["after"] == "6"
+    # The 4th call, replayed, is the loop, caught once; the 5th comes live after it.
+    [loop] = events(logs, "loop.detected")
+    assert (loop["part_id"], loop["call_index"]) == ("msg_4:call_4", 4)
+    assert len(fake.of("interrupt")) == 1
+    assert events(logs, "stream.resynced")[1]["replayed"] == 6
+
+
+async def test_replayed_events_the_stream_brings_again_are_not_counted_twice() -> None:
+    history = reads(1, 3, 1)
+    fake = FakeOpencode(
+        generation=2,
+        # The second stream starts with call 3 again, already replayed from the history.
+        streams=[play(frames(*history[:6]), then="end"), play(frames(*history[6:]))],
+        history={S: history},
+    )
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: len(events(logs, "stream.resynced")) == 2)
+        # A positive sign that the second stream's frames were read: its frame count.
+        await wait_for(lambda: running[1].status()["stream"]["frames"] >= 4)  # type: ignore[index]
+        await stop(*running)
+    assert events(logs, "loop.detected") == []  # three calls, not four
+    assert fake.of("interrupt") == []
+
+
+def permission(kind: str, n: int, data: dict[str, Any]) -> dict[str, Any]:
+    return engine_event(f"permission.{kind}", S, data, directory="/w")
+
+
+def asking_call(n: int, seq: int, answered: bool = True) -> list[dict[str, Any]]:
+    """A read that asks permission once it is called (as `"*": "ask"` makes every call do):
+    answered `once` by someone, then run; or left waiting for an answer."""
+    started, called, success = engine_call(S, n, "read", READ, seq, "/w")
+    request = {
+        "id": f"per_{n}",
+        "action": "read",
+        "resources": ["README.md"],
+        "source": {"type": "tool", "messageID": f"msg_{n}", "callID": f"call_{n}"},
+    }
+    asked = permission("asked", n, request)
+    if not answered:
+        return [started, called, asked]
+    replied = permission("replied", n, {"requestID": f"per_{n}", "reply": "once"})
+    return [started, called, asked, replied, success]
+
+
+async def test_a_permission_reply_body_of_another_release_falls_back_on_a_400() -> None:
+    # Calls 1-3 ask and are let run; the 4th, the loop's, is refused before it runs.
+    stream = [e for n in range(1, 4) for e in asking_call(n, 3 * n - 2)]
+    stream += asking_call(4, 10, answered=False)
+    fake = FakeOpencode(
+        generation=2,
+        streams=[play(frames(*stream))],
+        reply_keys={"reply": 400, "decision": 204},
+    )
+    running = await start(fake)
+    await wait_for(lambda: len(fake.of("reply")) == 2)
+    await stop(*running)
+    replies = fake.of("reply")
+    assert [r.path for r in replies] == [f"/api/session/{S}/permission/per_4/reply"] * 2
+    first, second = (r.body for r in replies)
+    assert isinstance(first, dict) and isinstance(second, dict)
+    assert (first["reply"], second["decision"]) == ("reject", "reject")
+    assert first["message"] == second["message"] and first["message"].startswith(MARK)
+    assert fake.of("interrupt") == []  # refused before it ran: the run goes on
+
+
+async def test_a_server_upgraded_in_place_is_read_by_its_new_api() -> None:
+    # A 1.x server (its stream stays open, quiet) restarts as 2.0 on the same port.
+    old = FakeOpencode()
+    old.streams = [old.live]
+    new = FakeOpencode(generation=2, streams=[play(frames(*reads(1, 4, 1)))])
+    with capture_logs() as logs:
+        server, watch, task = await start(old)
+        await wait_for(lambda: old.live_connected.is_set())
+        port = server.port
+        old.close()
+        await server.close()
+        server = TestServer(new.app(), host="127.0.0.1", port=port)
+        await server.start_server()
+        await wait_for(lambda: new.of("prompt"))
+        await stop(server, watch, task)
+    first, second = events(logs, "server.detected")
+    assert (first["classic"], first["changed"]) == (True, False)
+    assert first["stream"].endswith("/global/event")
+    assert (second["classic"], second["engine"], second["changed"]) == (False, True, True)
+    assert new.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
+    assert watch.status()["stream"]["server"] == "opencode (no version given): 2.x API"
+
+
+async def test_a_1_x_stand_in_is_still_read_on_global_event() -> None:
+    # Health routes unknown (404): a 1.x server, as before 2.x was known.
+    fake = FakeOpencode()
+    fake.streams = [fake.live]
+    running = await start(fake)
+    await wait_for(lambda: fake.live_connected.is_set())
+    await stop(*running)
+    assert [r.path for r in fake.requests[:3]] == ["/global/health", "/api/health", "/global/event"]
+    await asyncio.sleep(0)
+
+
+async def test_a_pending_request_of_a_2_0_server_is_read_back() -> None:
+    # Asked while the monitor was away: the stream does not replay it, the read-back does,
+    # and the request is typed like one the stream brought (answered under `--permissions`).
+    request = {
+        "id": "per_9",
+        "sessionID": S,
+        "action": "read",
+        "resources": ["README.md"],
+        "source": {"type": "tool", "messageID": "msg_9", "callID": "call_9"},
+    }
+    fake = FakeOpencode(generation=2, permissions=[request])
+    fake.streams = [fake.live]
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: events(logs, "stream.resynced"))
+        await stop(*running)
+    assert [r.path for r in fake.requests if "permission" in r.path] == ["/api/permission/request"]
+    assert events(logs, "stream.resynced")[0]["pending_permissions"] == 1
+    assert events(logs, "frame.malformed") == []
+
+
+async def test_a_run_that_ended_before_the_outage_is_not_replayed() -> None:
+    # Two calls and the step that ends the run; then the stream ends. The session is neither
+    # running nor busy: like a classic one, nothing is read back for it.
+    ended = engine_event(
+        "session.step.ended", S, {"assistantMessageID": "msg_9", "finish": "stop"}, 7, "/w"
+    )
+    fake = FakeOpencode(
+        generation=2,
+        streams=[play(frames(*reads(1, 2, 1), ended), then="end")],
+        history={S: reads(1, 2, 1)},
+    )
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: len(events(logs, "stream.resynced")) == 2)
+        await stop(*running)
+    assert fake.of("history") == []
+    assert events(logs, "stream.resynced")[1]["replayed"] == 0

@@ -1,0 +1,338 @@
+"""`watch` against the new session engine of the real `opencode serve` 1.18.33.
+
+A session made with `POST /api/session` and prompted with `POST /api/session/{id}/prompt` runs
+on the engine OpenCode 2.0 ships (its events `session.next.*`, see V2-NOTES.md): the monitor,
+reading `/global/event` as for 1.x, must stop its loops through `/api` (interrupt, then the
+feedback as a new turn). Every assertion reads the server's own record of the session
+(`GET /api/session/{id}/message`) or the monitor's JSON log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from monitor.kit.poll import until
+from monitor.kit.sandbox import OpencodeServer, free_loopback_port, tool_parts
+from monitor.kit.scripted_model import DEFAULT_ANSWER, script
+from monitor.shell.api_v2 import EngineAPI
+from tests.harness import (
+    MODEL_DELAY,
+    assistant_texts,
+    start_watching,
+    status,
+    user_texts,
+    watch_args,
+)
+
+pytestmark = pytest.mark.real_server
+
+READ = ("read", {"path": "README.md"})
+BASH = ("bash", {"command": "echo engine", "description": "print a word"})
+
+
+class Engine:
+    """A user's client of the new engine: sessions made and prompted through `/api`."""
+
+    def __init__(self, server: OpencodeServer, http: aiohttp.ClientSession) -> None:
+        self.server = server
+        self.http = http
+        self.api = EngineAPI(http, server.url, engine_of=lambda session_id: 2)
+        self.where = {"location[directory]": server.directory}
+
+    async def create_session(self) -> str:
+        async with self.http.post(
+            f"{self.server.url}/api/session", params=self.where, json={}
+        ) as response:
+            assert response.status == 200
+            return str((await response.json())["data"]["id"])
+
+    async def prompt(self, session_id: str, text: str) -> None:
+        async with self.http.post(
+            f"{self.server.url}/api/session/{session_id}/prompt",
+            params=self.where,
+            json={"prompt": {"text": text}},
+        ) as response:
+            assert response.status == 200
+
+    async def messages(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's record as 1.x messages (`core/export_v2.py`), oldest first."""
+        return await self.api.messages(session_id, self.server.directory)
+
+    async def wait_answered(
+        self, session_id: str, timeout: float, user_messages: int = 1
+    ) -> list[dict[str, Any]]:
+        """The record once the session is no longer running and its last message is the
+        final answer to its `user_messages`-th user message."""
+
+        async def answered() -> list[dict[str, Any]] | None:
+            if session_id in await self.api.busy_sessions(self.server.directory):
+                return None
+            messages = await self.messages(session_id)
+            users = sum(m["info"]["role"] == "user" for m in messages)
+            last = messages[-1]["info"] if messages else {}
+            done = last.get("role") == "assistant" and last.get("finish") == "stop"
+            return messages if users >= user_messages and done else None
+
+        return await until(answered, timeout, interval=0.2, what=f"{session_id} to answer")
+
+
+@pytest.fixture
+def engine(opencode_server: OpencodeServer, http: aiohttp.ClientSession) -> Engine:
+    return Engine(opencode_server, http)
+
+
+async def test_one_tool_loop_on_the_new_engine_is_interrupted_once_and_told(
+    opencode_server, start_monitor, engine
+):
+    monitor = await start_watching(start_monitor, opencode_server)
+    session = await engine.create_session()
+    await engine.prompt(session, script([READ], 12, delay=MODEL_DELAY))
+    messages = await engine.wait_answered(session, 90, user_messages=2)
+
+    parts = tool_parts(messages)
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["session_id"], outcome["outcome"], outcome["call_index"]) == (
+        session,
+        "aborted",
+        4,
+    )
+    assert outcome["part_id"] == parts[3]["id"]
+    # Interrupted: the script's 12 reads did not all run.
+    assert 4 <= len(parts) <= 5 and {p["tool"] for p in parts} == {"read"}
+    users = user_texts(messages)
+    assert len(users) == 2 and "1 call (read) repeated 4 times" in users[1]
+    assert assistant_texts(messages)[-1] == DEFAULT_ANSWER
+    [detected] = monitor.events("server.detected")
+    assert (detected["classic"], detected["engine"], detected["version"]) == (True, True, "1.18.33")
+    assert len(monitor.events("feedback.sent")) == 1
+
+
+async def test_two_call_cycle_on_the_new_engine_is_interrupted_once(
+    opencode_server, start_monitor, engine
+):
+    monitor = await start_watching(start_monitor, opencode_server)
+    session = await engine.create_session()
+    await engine.prompt(session, script([READ, BASH], 30, delay=MODEL_DELAY))
+    messages = await engine.wait_answered(session, 90, user_messages=2)
+
+    parts = tool_parts(messages)
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["outcome"], outcome["call_index"]) == ("aborted", 6)
+    assert (outcome["cycle_length"], outcome["repetitions"], outcome["tools"]) == (
+        2,
+        3,
+        ["read", "bash"],
+    )
+    assert outcome["part_id"] == parts[5]["id"]
+    assert 6 <= len(parts) <= 7
+    users = user_texts(messages)
+    assert len(users) == 2 and "2 calls (read, bash) repeated 3 times" in users[1]
+
+
+async def test_a_new_engine_session_that_never_loops_runs_to_the_end(
+    opencode_server, start_monitor, engine
+):
+    monitor = await start_watching(start_monitor, opencode_server)
+    session = await engine.create_session()
+    pattern = [("read", {"path": f"file-{n}.md"}) for n in range(8)]
+    await engine.prompt(session, script(pattern, 8))
+    messages = await engine.wait_answered(session, 90)
+    assert len(tool_parts(messages)) == 8
+    assert len(user_texts(messages)) == 1
+    # A positive sign that the monitor read that run: a loop started after it is caught
+    # (the stream is in order), and it is the only one.
+    looping = await engine.create_session()
+    await engine.prompt(looping, script([READ], 12, delay=MODEL_DELAY))
+    await monitor.wait_event("intervention.outcome")
+    assert [o["session_id"] for o in monitor.events("loop.detected")] == [looping]
+
+
+async def test_a_classic_and_a_new_engine_session_looping_at_once_are_each_stopped_once(
+    opencode_server, start_monitor, engine, http
+):
+    monitor = await start_watching(start_monitor, opencode_server)
+    classic = opencode_server.client(http)
+    old = (await classic.create_session("classic"))["id"]
+    new = await engine.create_session()
+    await asyncio.gather(
+        classic.prompt_async(old, script([("read", {"filePath": "README.md"})], 12, delay=0.2)),
+        engine.prompt(new, script([READ], 12, delay=MODEL_DELAY)),
+    )
+    old_messages, new_messages = await asyncio.gather(
+        classic.wait_idle(old, 90, user_messages=2),
+        engine.wait_answered(new, 90, user_messages=2),
+    )
+    outcomes = {o["session_id"]: o for o in monitor.events("intervention.outcome")}
+    assert len(monitor.events("intervention.outcome")) == 2 and set(outcomes) == {old, new}
+    assert all(o["outcome"] == "aborted" and o["call_index"] == 4 for o in outcomes.values())
+    assert len(user_texts(old_messages)) == 2 and len(user_texts(new_messages)) == 2
+    assert outcomes[new]["part_id"] == tool_parts(new_messages)[3]["id"]
+    assert outcomes[old]["part_id"] == tool_parts(old_messages)[3]["id"]
+
+
+class CuttableProxy:
+    """A TCP proxy on loopback in front of the server: `cut` drops every connection and
+    refuses new ones until `mend`, as a network outage would."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self.open = True
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.open:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._writers |= {writer, up_writer}
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers -= {writer, up_writer}
+
+    def cut(self) -> None:
+        self.open = False
+        for writer in list(self._writers):
+            writer.transport.abort()
+
+    def mend(self) -> None:
+        self.open = True
+
+    async def close(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+async def test_a_loop_whose_stream_is_cut_is_stopped_once_after_the_reconnect(
+    opencode_server, start_monitor, engine
+):
+    proxy = CuttableProxy(opencode_server.port or 0)
+    await proxy.start()
+    try:
+        monitor = start_monitor(
+            "watch", "--url", f"http://127.0.0.1:{proxy.port}", "--log-format", "json"
+        )
+        await monitor.wait_event("stream.connected")
+        session = await engine.create_session()
+        await engine.prompt(session, script([READ], 12, delay=0.5))
+
+        async def calls() -> int:
+            return len(tool_parts(await engine.messages(session)))
+
+        await until(lambda: _at_least(calls, 2), 60, interval=0.05, what="two calls")
+        proxy.cut()  # the 3rd and 4th calls happen while the monitor is away
+        await until(lambda: _at_least(calls, 4), 60, interval=0.05, what="four calls")
+        proxy.mend()
+        messages = await engine.wait_answered(session, 90, user_messages=2)
+    finally:
+        await proxy.close()
+    # Stopped once, at its 4th call, read back from the history after the reconnect. A 5th
+    # call the model made before the monitor was back is the loop again, but the record
+    # shows it handled already: deferred, not acted on twice.
+    outcome, *later = monitor.events("intervention.outcome")
+    assert (outcome["session_id"], outcome["outcome"], outcome["call_index"]) == (
+        session,
+        "aborted",
+        4,
+    )
+    assert [o["outcome"] for o in later] in ([], ["deferred"])
+    assert outcome["part_id"] == tool_parts(messages)[3]["id"]
+    assert len(user_texts(messages)) == 2
+    resynced = monitor.events("stream.resynced")
+    assert len(resynced) >= 2 and resynced[-1]["replayed"] > 0
+    assert len(monitor.events("feedback.sent")) == 1
+
+
+async def _at_least(count: Any, wanted: int) -> bool:
+    return bool(await count() >= wanted)
+
+
+async def test_a_held_new_engine_session_waits_without_a_turn_until_a_person_writes(
+    opencode_server, start_monitor, engine
+):
+    address = f"127.0.0.1:{free_loopback_port()}"
+    monitor = start_monitor(
+        *watch_args(opencode_server, "--on-loop", "hold", "--metrics-addr", address)
+    )
+    await monitor.wait_event("stream.connected")
+    session = await engine.create_session()
+    await engine.prompt(session, script([READ], 12, delay=MODEL_DELAY))
+    [sent] = await monitor.wait_event("feedback.sent", timeout=60)
+    assert sent["hold"] is True
+
+    async def held() -> dict[str, Any] | None:
+        code, out = await status(address, "--json")
+        [entry] = [s for s in json.loads(out)["sessions"] if s["session_id"] == session]
+        return entry if code == 0 and entry["state"] == "held" else None
+
+    await until(held, 30, 0.2, "the session held")
+    # The feedback was added with `resume: false`: no turn started, and 1.18.33 keeps such a
+    # message out of the record until the next turn takes it in.
+    messages = await engine.messages(session)
+    assert len(user_texts(messages)) == 1 and messages[-1]["info"]["role"] == "assistant"
+    assert 4 <= len(tool_parts(messages)) <= 5
+
+    await engine.prompt(session, "ok, read the other file")
+
+    async def unheld() -> bool:
+        code, out = await status(address, "--json")
+        return code == 0 and json.loads(out)["totals"]["held"] == 0
+
+    await until(unheld, 30, 0.2, "the hold to end")
+    # The person's turn took both in: the model reads the feedback, then the person.
+    messages = await engine.wait_answered(session, 60, user_messages=3)
+    feedback, person = user_texts(messages)[1:]
+    assert "on hold" in feedback and person == "ok, read the other file"
+
+
+@pytest.fixture
+async def asking_server(opencode_bin, scripted_model):
+    async with OpencodeServer(opencode_bin, scripted_model.url, permission={"*": "ask"}) as server:
+        yield server
+
+
+async def test_the_gate_refuses_the_loops_call_of_a_new_engine_session_before_it_runs(
+    asking_server, start_monitor, http
+):
+    """Every call asks (`"*": "ask"`); the monitor approves the others (`approve`) and refuses
+    the request of the 4th append through `/api`: calls 1-3 ran, the 4th never did."""
+    engine = Engine(asking_server, http)
+    monitor = await start_watching(start_monitor, asking_server, "--permissions", "approve")
+    session = await engine.create_session()
+    append = ("bash", {"command": "echo again >> loop.txt", "description": "append a line"})
+    await engine.prompt(session, script([append], 4))
+    [outcome] = await monitor.wait_event("intervention.outcome", timeout=60)
+    assert (outcome["session_id"], outcome["outcome"], outcome["call_index"]) == (
+        session,
+        "rejected",
+        4,
+    )
+    messages = await engine.wait_answered(session, 60)
+    path = asking_server.project / "loop.txt"
+    assert len(path.read_text().splitlines()) == 3
+    parts = tool_parts(messages)
+    assert [p["state"]["status"] for p in parts][:3] == ["completed"] * 3
+    assert parts[3]["id"] == outcome["part_id"] and parts[3]["state"]["status"] == "error"
+    assert len(user_texts(messages)) == 1  # refused before it ran: no stop, no new message
