@@ -5,12 +5,21 @@ process is what is abused."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import pwd
+import signal
 import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+import aiohttp
+import pytest
 from aiohttp.test_utils import TestServer
 
+from monitor.shell import decide
 from monitor.testing import FakeOpencode, frames
 from tests import frames_factory as ff
 from tests.monitor_process import MonitorProcess
@@ -130,3 +139,188 @@ async def test_a_redirected_abort_is_not_followed_and_logged_as_failed() -> None
     assert outcome["error"] == "POST /session/ses_1/abort: redirected (307), not followed"
     assert elsewhere.requests == [] and events(logs, "feedback.sent") == []
     assert len(fake.of("abort")) == 1
+
+
+# Issue 25: another local user against the plugin's TCP endpoint. The neighbour is a child
+# that runs as `nobody`, so it can only do what any user of the machine can.
+NEIGHBOUR = "nobody"
+SLOWLORIS = """
+import socket, sys, time
+port, count = int(sys.argv[1]), int(sys.argv[2])
+def head():
+    s = socket.socket(); s.setblocking(False)
+    try: s.connect(("127.0.0.1", port))
+    except BlockingIOError: pass
+    return s
+conns = [head() for _ in range(count)]
+time.sleep(0.2)
+for s in conns:
+    try: s.send(b"POST /v1/decide HTTP/1.1\\r\\n")
+    except OSError: pass
+print("ready", flush=True)
+n = 0
+while True:  # one more header every 0.5 s; a connection the monitor closed is opened again
+    time.sleep(0.5); n += 1
+    for i, s in enumerate(conns):
+        try: s.send(b"X-Slow-%d: 1\\r\\n" % n)
+        except OSError:
+            s.close(); conns[i] = head()
+"""
+WRONG_TOKEN = """
+import http.client, sys, time
+port, seconds = int(sys.argv[1]), float(sys.argv[2])
+answered, end = 0, time.monotonic() + seconds
+conn = None
+while time.monotonic() < end:
+    try:
+        conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        conn.request("POST", "/v1/decide", b"{}", {"Authorization": "Bearer wrong",
+                                                   "Content-Type": "application/json"})
+        answered += conn.getresponse().read() is not None
+    except OSError:
+        conn = None
+print(answered, flush=True)
+"""
+
+
+def neighbour(script: str, *args: object) -> subprocess.Popen[str]:
+    """`script` as the other user, in a process group of its own."""
+    return subprocess.Popen(
+        ["python3", "-c", script, *map(str, args)],
+        user=NEIGHBOUR,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def end(process: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def neighbour_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root, to run the abuse as a second local user"
+    try:
+        pwd.getpwnam(NEIGHBOUR)
+    except KeyError:
+        return f"no user {NEIGHBOUR} to run the abuse as"
+    return None
+
+
+needs_neighbour = pytest.mark.skipif(
+    neighbour_missing() is not None, reason=neighbour_missing() or ""
+)
+
+
+def plugin_monitor(tmp_path: Path, url: str, port: int) -> MonitorProcess:
+    monitor = MonitorProcess(
+        [
+            "watch",
+            "--url",
+            url,
+            "--plugin-addr",
+            f"127.0.0.1:{port}",
+            "--plugin-token-file",
+            str(tmp_path / "token"),
+            "--log-format",
+            "json",
+        ],
+        tmp_path,
+    )
+    monitor.args = [sys.executable, "-c", LIMITED, *monitor.args[1:]]
+    return monitor
+
+
+async def decide_call(port: int, token: str) -> tuple[int, float]:
+    """One plugin-like call on a new connection: its status and how long it took."""
+    call = {
+        "session_id": "ses_pluginxx",
+        "call_id": "call_0",
+        "tool": "read",
+        "args": {"filePath": "/w/a"},
+        "directory": "/w",
+    }
+    started = time.monotonic()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            f"http://127.0.0.1:{port}/v1/decide",
+            json=call,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=aiohttp.ClientTimeout(total=5),
+        ) as r:
+            await r.read()
+            return r.status, time.monotonic() - started
+
+
+@needs_neighbour
+async def test_a_slowloris_by_another_user_holds_no_descriptors_and_stops_nothing(
+    tmp_path: Path,
+) -> None:
+    fake = FakeOpencode()
+    fake.streams = [fake.live]
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    port = free_port()
+    monitor = plugin_monitor(tmp_path, str(server.make_url("")).rstrip("/"), port)
+    flood = None
+    try:
+        monitor.start()
+        await monitor.wait_event("stream.resynced")
+        token = (tmp_path / "token").read_text().strip()
+        flood = neighbour(SLOWLORIS, port, IDLE_CONNECTIONS)
+        assert flood.stdout is not None
+        assert await asyncio.to_thread(flood.stdout.readline) == "ready\n"
+        # The plugin's calls are answered, each on a new connection, as it opens them.
+        calls = [await decide_call(port, token) for _ in range(3)]
+        assert [status for status, _ in calls] == [200] * 3, calls
+        assert max(took for _, took in calls) < 1.0, calls
+        descriptors = len(os.listdir(f"/proc/{monitor.process.pid}/fd"))  # type: ignore[union-attr]
+        assert descriptors < decide.MAX_CONNECTIONS + 32, descriptors
+        await fake.push(frames(*(ff.envelope(f, "/w") for f in ff.loop_of("ses_slow", 4))))
+        [outcome] = await monitor.wait_event("intervention.outcome", timeout=20)
+        assert (outcome["session_id"], outcome["outcome"]) == ("ses_slow", "aborted")
+        code, _ = await monitor.stop()
+        assert code == 0
+    finally:
+        if flood is not None:
+            end(flood)
+        monitor.kill()
+        fake.close()
+        await server.close()
+
+
+@needs_neighbour
+async def test_another_users_wrong_tokens_make_one_log_line_per_interval(tmp_path: Path) -> None:
+    fake = FakeOpencode()
+    fake.streams = [fake.live]
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    port = free_port()
+    monitor = plugin_monitor(tmp_path, str(server.make_url("")).rstrip("/"), port)
+    floods: list[subprocess.Popen[str]] = []
+    try:
+        monitor.start()
+        await monitor.wait_event("stream.resynced")
+        floods = [neighbour(WRONG_TOKEN, port, 2) for _ in range(4)]
+        answered = 0
+        for flood in floods:
+            out, _ = await asyncio.to_thread(flood.communicate)
+            answered += int(out)
+        assert answered > 200
+        # A loop after the flood is still logged (journald would have dropped it with the rest).
+        await fake.push(frames(*(ff.envelope(f, "/w") for f in ff.loop_of("ses_after", 4))))
+        await monitor.wait_event("loop.detected")
+        # Well within the 10 s interval: the first refusal's line, with the count so far.
+        [line] = monitor.events("plugin.refused")
+        assert (line["status"], line["count"]) == (401, 1)
+        code, _ = await monitor.stop()
+        assert code == 0
+    finally:
+        for flood in floods:
+            end(flood)
+        monitor.kill()
+        fake.close()
+        await server.close()

@@ -4,10 +4,20 @@
 (mode 0600 in a 0700 folder), or on loopback TCP with a bearer token from a file. Judging
 is a synchronous call of the `judge` callback, so a request never waits on the event stream
 and the stream never waits on a request.
+
+On TCP any local user can connect, token or not, so the server has the limits of
+monitor.shell.listener: at most MAX_CONNECTIONS open (far below the 1,024 descriptors of a
+process started by hand, and the 8,192 the units set), a head within IDLE_S of the
+connection's start or of the previous answer, a body within BODY_S, an idle connection
+closed after IDLE_S; a refused request's connection is closed after the answer, so a
+wrong token costs a new connection each time. What stays possible: a neighbour holding every
+slot makes the plugin's calls fail open (they run unjudged, the stream still catches the
+loop); the owner-only Unix socket has no such neighbour.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
@@ -23,6 +33,7 @@ import structlog
 from aiohttp import web
 
 from monitor.config import Settings, is_loopback
+from monitor.core.findings import clean_tool_name
 from monitor.core.plugin_protocol import (
     DECIDE_PATH,
     MAX_BODY,
@@ -34,6 +45,7 @@ from monitor.core.plugin_protocol import (
     too_large,
 )
 from monitor.errors import ConfigError
+from monitor.shell.listener import Limits, listen_tcp, listen_unix, trust
 
 log = structlog.get_logger("monitor.shell.decide")
 
@@ -43,6 +55,14 @@ Judge = Callable[[PluginCall], PluginVerdict]
 MAX_SOCKET_PATH = 107
 # Directories counted apart in status and metrics; more than this many projects share "other".
 MAX_DIRECTORIES = 64
+# How a directory is labelled in status and metrics (cut like everywhere else it leaves us).
+DIRECTORY_MAX = 256
+# The plugin of one server opens a connection per call under way at once (Bun's fetch pool).
+MAX_CONNECTIONS = 128
+IDLE_S = 5.0
+BODY_S = 5.0
+# A request line and each header: the path and a bearer token are short.
+MAX_LINE = 4096
 
 
 class EndpointTaken(ConfigError):
@@ -167,8 +187,10 @@ class PluginStats:
         self.refused = 0
 
     def label(self, directory: str) -> str:
-        if directory in self.by_directory or len(self.by_directory) < MAX_DIRECTORIES:
-            return directory
+        # Cleaned: a label Prometheus cannot encode (a lone surrogate) would break /metrics.
+        label = clean_tool_name(directory, DIRECTORY_MAX)
+        if label in self.by_directory or len(self.by_directory) < MAX_DIRECTORIES:
+            return label
         return "other"
 
     def asked(self, call: PluginCall, verdict: PluginVerdict) -> str:
@@ -203,6 +225,7 @@ class DecideServer:
         self._on_refused = on_refused
         self._token: str | None = None
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
         self.port: int | None = None
 
     async def start(self) -> None:
@@ -213,15 +236,18 @@ class DecideServer:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
+        limits = Limits(MAX_CONNECTIONS, IDLE_S, MAX_LINE, self._over_the_cap)
         try:
             if endpoint.socket is not None:
-                await self._start_unix(runner, endpoint.socket)
+                private_dir(endpoint.socket.parent)
+                clear_stale_socket(endpoint.socket)
+                self._listener = await listen_unix(runner, limits, endpoint.socket)
             else:
                 assert endpoint.token_file is not None and endpoint.host is not None
+                assert endpoint.port is not None
                 self._token = read_or_create_token(endpoint.token_file)
-                site = web.TCPSite(runner, endpoint.host, endpoint.port, reuse_address=True)
-                await site.start()
-                self.port = runner.addresses[0][1]
+                self._listener = await listen_tcp(runner, limits, endpoint.host, endpoint.port)
+                self.port = self._listener.sockets[0].getsockname()[1]
         except OSError as exc:
             await runner.cleanup()
             raise ConfigError(f"plugin endpoint: cannot listen ({exc.strerror})") from None
@@ -231,20 +257,12 @@ class DecideServer:
         self._runner = runner
         log.info("plugin.listening", socket=str(endpoint.socket), port=self.port)
 
-    async def _start_unix(self, runner: web.AppRunner, path: Path) -> None:
-        private_dir(path.parent)
-        clear_stale_socket(path)
-        # Created 0600 from the start: a chmod after bind leaves a moment open to others.
-        old = os.umask(0o177)
-        try:
-            await web.UnixSite(runner, str(path)).start()
-        finally:
-            os.umask(old)
-
     async def close(self) -> None:
         runner, self._runner = self._runner, None
         if runner is None:
             return
+        if self._listener is not None:
+            self._listener.close()
         await runner.cleanup()
         if self.endpoint.socket is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -257,16 +275,27 @@ class DecideServer:
                 refused = too_large()
             else:
                 try:
-                    body = await request.read()
+                    async with asyncio.timeout(BODY_S):
+                        body = await request.read()
                 except web.HTTPRequestEntityTooLarge:
                     refused = too_large()
+                except TimeoutError:
+                    refused = RequestRefused(408, f"request body not received within {BODY_S:g} s")
                 else:
                     parsed = read_body(body)
                     if isinstance(parsed, PluginCall):
+                        trust(request)
                         return self._answer(parsed)
                     refused = parsed
         self._on_refused(refused)
-        return web.json_response(refused.to_json(), status=refused.status)
+        answer = web.json_response(refused.to_json(), status=refused.status)
+        # Closed after the answer: a client that is refused cannot go on asking for free on
+        # a kept-alive connection (another user's flood of wrong tokens, say).
+        answer.force_close()
+        return answer
+
+    def _over_the_cap(self) -> None:
+        self._on_refused(RequestRefused(503, f"over {MAX_CONNECTIONS} connections"))
 
     def _answer(self, call: PluginCall) -> web.Response:
         try:

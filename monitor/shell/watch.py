@@ -46,7 +46,7 @@ from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.backoff import Backoff
 from monitor.shell.decide import DecideServer, EndpointTaken, PluginStats, plugin_endpoint
 from monitor.shell.diagnosis import directory_known
-from monitor.shell.logs import LoopErrors, configure_logging
+from monitor.shell.logs import LoopErrors, Throttle, configure_logging
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.shell.stream import (
@@ -66,6 +66,7 @@ DRAIN_S = 3.0
 # Then notifications still being posted get this long (within the same 5 s).
 WEBHOOK_DRAIN_S = 1.0
 MALFORMED_LOG_EVERY_S = 10.0
+REFUSED_LOG_EVERY_S = 10.0
 # /status lists at most this many sessions (its totals count them all), so its body stays
 # small and quick to build whatever the server runs.
 STATUS_SESSIONS_MAX = 100
@@ -216,6 +217,7 @@ class Watch:
         self._stop = asyncio.Event()
         self._fatal: BaseException | None = None
         self._malformed_logged_at = float("-inf")
+        self._refusals = Throttle(REFUSED_LOG_EVERY_S, timing.clock)
         self._ready_sent = False
         self._record: TextIO | None = None
         self._stream: EventStream | None = None
@@ -307,7 +309,13 @@ class Watch:
         self.plugin_stats.refused += 1
         if self.metrics is not None:
             self.metrics.plugin_refused(refused.status)
-        log.warning("plugin.refused", status=refused.status, reason=refused.message)
+        # Anyone who can connect can be refused as often as they like: one line per status
+        # per interval, or they would fill the journal and push loop.detected out with it.
+        count = self._refusals.due(str(refused.status))
+        if count is not None:
+            log.warning(
+                "plugin.refused", status=refused.status, reason=refused.message, count=count
+            )
 
     async def _run(self) -> int:
         settings = self.settings
