@@ -264,6 +264,31 @@ def test_message_usage_sums_every_kind_of_token() -> None:
     assert parse_event(frame)[1] == MessageUsage("ses_a", "msg_1", 15, 0.0, "/p")
 
 
+@pytest.mark.parametrize(
+    ("tokens", "cost", "expected"),
+    [
+        (10**400, 1e308, (0, 0.0)),  # OverflowError in a counter, +Inf cost, before issue 25
+        (10**9, 1e6, (10**9, 1e6)),  # the largest a step is believed to spend
+        (10**9 + 1, float("inf"), (0, 0.0)),
+        (5, float("nan"), (5, 0.0)),
+        (-5, -1.0, (0, 0.0)),
+        (5, 10**400, (5, 0.0)),
+    ],
+)
+def test_what_a_step_spent_is_bounded_before_it_reaches_a_budget(tokens, cost, expected) -> None:
+    frame = usage("ses_a", "msg_1", 0, cost)
+    frame["payload"]["properties"]["info"]["tokens"]["input"] = tokens
+    usage_of = parse_event(frame)[1]
+    assert isinstance(usage_of, MessageUsage)
+    assert (usage_of.tokens, usage_of.cost) == expected
+    tracker = Tracker(Detection(run_budget=Budget(tokens=10**12, cost=10**7)))
+    spent = []
+    for n in range(2):  # two steps: what the counters and the budget add up stays finite
+        frame["payload"]["properties"]["info"]["id"] = f"msg_{n}"
+        spent.append(tracker.feed(frame).spent)
+    assert spent == [("/p", *expected) if any(expected) else None] * 2
+
+
 def test_a_run_budget_of_steps_stops_the_run_at_the_step_that_reaches_it() -> None:
     tracker = Tracker(Detection(run_budget=Budget(steps=3)))
     fed = [tracker.feed(usage("ses_a", f"msg_{n}", 10)) for n in (1, 1, 2, 3, 4)]
