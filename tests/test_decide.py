@@ -286,3 +286,28 @@ async def test_a_refused_request_closes_its_connection(tcp) -> None:
         assert await closed_within(reader, 0.1)
     finally:
         writer.close()
+
+
+def test_a_token_file_is_read_back_and_must_be_ours_closed_and_no_link(folder) -> None:
+    path = folder / "token"
+    token = decide.read_or_create_token(path)
+    assert decide.read_or_create_token(path) == token
+    link = folder / "link"
+    link.symlink_to(path)
+    with pytest.raises(ConfigError, match="link: cannot read"):
+        decide.read_or_create_token(link)  # followed before issue 25
+    path.chmod(0o620)
+    with pytest.raises(ConfigError, match="open to others"):
+        decide.read_or_create_token(path)  # writable by the group: accepted before issue 25
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to plant a file of another user")
+def test_a_token_file_planted_by_another_user_is_refused(folder) -> None:
+    import pwd
+
+    path = folder / "token"
+    path.write_text("known-to-them\n")
+    path.chmod(0o600)
+    os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+    with pytest.raises(ConfigError, match="belongs to another user"):
+        decide.read_or_create_token(path)

@@ -126,10 +126,19 @@ def plugin_endpoint(settings: Settings, environ: Mapping[str, str]) -> PluginEnd
     return PluginEndpoint(path)
 
 
+# A token is a few dozen characters; a larger file is not one we wrote.
+MAX_TOKEN_FILE = 4096
+
+
 def read_or_create_token(path: Path) -> str:
-    """The token in `path`; a new one, written readable by its owner only, if there is none."""
+    """The token in `path`; a new one, written readable by its owner only, if there is none.
+
+    The file must be ours and closed to others, and is opened without following a link: a
+    token someone else can read, write or point us to is one they know (a daemon run as root
+    can read any user's file, so the mode alone does not say it is ours).
+    """
     try:
-        token = path.read_text(encoding="utf-8").strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         token = secrets.token_urlsafe(32)
         try:
@@ -140,11 +149,26 @@ def read_or_create_token(path: Path) -> str:
             file.write(token + "\n")
         return token
     except OSError as exc:
+        # ELOOP: a symbolic link, which O_NOFOLLOW refuses to open.
         raise ConfigError(f"plugin_token_file {path}: cannot read ({exc.strerror})") from None
-    if not token:
-        raise ConfigError(f"plugin_token_file {path}: is empty")
-    if path.stat().st_mode & 0o077:
-        raise ConfigError(f"plugin_token_file {path}: readable by others (chmod 600 it)")
+    with open(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"plugin_token_file {path}: not a regular file")
+        if info.st_uid != os.geteuid():
+            raise ConfigError(
+                f"plugin_token_file {path}: belongs to another user (uid {info.st_uid}), who "
+                "knows the token; use a file of this user's"
+            )
+        if info.st_mode & 0o077:
+            raise ConfigError(f"plugin_token_file {path}: open to others (chmod 600 it)")
+        raw = file.read(MAX_TOKEN_FILE + 1)
+    try:
+        token = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        token = ""
+    if not token or len(raw) > MAX_TOKEN_FILE:
+        raise ConfigError(f"plugin_token_file {path}: is empty or not a token")
     return token
 
 
