@@ -81,9 +81,10 @@ QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
 # Requests a resync has under way at once: 10,000 directories asked one by one took 4.8 s;
 # all at once would take every connection of the pool from the aborts.
 RESYNC_CONCURRENCY = 16
-# At start, this many of the most recently updated sessions are read back for a hold that an
-# earlier monitor process put them on (held sessions are idle: no other read-back sees them).
-HELD_READ_BACK_MAX = 64
+# An idle session is read back (at start, up to --max-sessions of them) from its newest this
+# many messages: its recent interventions and whether it is held are there, and a whole record
+# can be megabytes.
+RECENT_HISTORY = 200
 
 
 def log_fields(detection: Detection) -> dict[str, object]:
@@ -651,7 +652,8 @@ class Watch:
     async def _read_back_held(self, busy: dict[str, str | None], first: bool) -> int:
         """Held sessions are idle, so the busy ones' read-back misses them: read back those we
         hold (a person may have written while we were away) and, at start, the most recently
-        updated sessions (held before a restart). How many are held."""
+        updated sessions, as many as the session table holds (held before a restart, or with
+        an earlier process's interventions the ladder must count). How many are held."""
         candidates = {
             session_id: where
             for session_id, where in self.tracker.held().items()
@@ -664,7 +666,7 @@ class Watch:
                 log.warning("session.list_failed", error=str(exc))
                 listed = []
             for session_id, where in recent_sessions(
-                listed, HELD_READ_BACK_MAX, self.settings.directory
+                listed, self.settings.max_sessions, self.settings.directory
             ).items():
                 if session_id not in busy:
                     candidates.setdefault(session_id, where)
@@ -672,18 +674,20 @@ class Watch:
         return self.tracker.held_sessions
 
     async def _read_hold(self, session_id: str, directory: str | None) -> None:
-        """Whether an idle session waits for a person, from its messages."""
+        """Whether an idle session waits for a person, and how often it was intervened in,
+        from its messages: an idle session that a restart found between two loops continues
+        the ladder where it was."""
         try:
-            messages = await self.api.messages(session_id, directory)
+            messages = await self.api.messages(session_id, directory, last=RECENT_HISTORY)
         except SessionGone:
             self.tracker.forget(session_id)
             return
         except ServerError as exc:
             log.warning("session.read_back_failed", session_id=session_id, error=str(exc))
             return
-        held = held_in(messages)
-        if held or session_id in self.tracker.held():
-            self.tracker.seed(session_id, (), directory, feedback_count(messages), held)
+        held, interventions = held_in(messages), feedback_count(messages)
+        if held or interventions or session_id in self.tracker.held():
+            self.tracker.seed(session_id, (), directory, interventions, held)
 
     async def _read_back_permissions(self, directories: Iterable[str | None]) -> int:
         """The stream does not replay permission requests made while we were away: read the
