@@ -219,6 +219,7 @@ class Watch:
         self._fatal: BaseException | None = None
         self._malformed_logged_at = float("-inf")
         self._refusals = Throttle(REFUSED_LOG_EVERY_S, timing.clock)
+        self._plugin_elsewhere = False
         self._ready_sent = False
         self._record: TextIO | None = None
         self._stream: EventStream | None = None
@@ -284,6 +285,7 @@ class Watch:
         except EndpointTaken as exc:
             # A second monitor of the same server: the first answers its plugins.
             log.warning("plugin.endpoint_taken", reason=str(exc))
+            self._plugin_elsewhere = True
             return
         self.plugin_server = server
 
@@ -346,6 +348,7 @@ class Watch:
                 sleep=self.timing.sleep,
                 stagger=self.timing.stagger,
                 clock=self.timing.clock,
+                plugin_elsewhere=self._plugin_elsewhere,
             )
             stream = self._stream = EventStream(
                 http,
