@@ -15,7 +15,9 @@ import pytest
 from monitor.config import load_settings
 from monitor.core.budget import Budget
 from monitor.core.events import MessageUsage, parse_event
-from monitor.core.rules.facts import changes_files
+from monitor.core.plugin_protocol import PluginCall
+from monitor.core.rules.facts import COMMAND_EDGE, changes_files, rule_args
+from monitor.core.rules.waiting import waits_by_command
 from monitor.core.session import outcome_digest
 from monitor.core.tracker import Detection, Tracker
 from tests.frames_factory import call as call_frames
@@ -386,3 +388,47 @@ def test_defaults_fire_on_no_silent_success_and_at_most_2_resolved_runs(corpus: 
     assert rows["no_progress"][2:4] == ["0", "0"]
     assert rows["revisit"][2:4] == ["0", "0"]
     assert rows["text_steps"][2:4] == ["0", "0"]
+
+
+# -- what a judged call keeps (issue 25) -----------------------------------------------------
+
+
+def test_a_judged_call_keeps_no_whole_arguments() -> None:
+    import tracemalloc
+
+    from monitor.core.plugin_protocol import read_body
+
+    tracker = Tracker()
+    bodies = [
+        json.dumps(
+            {
+                "session_id": f"ses_big{n:03d}",
+                "call_id": "call_0",
+                "tool": "write",
+                "args": {"filePath": f"/w/f{n}", "content": f"{n:06d}" * 50_000},
+                "directory": "/w",
+            }
+        ).encode()
+        for n in range(40)
+    ]
+    tracemalloc.start()
+    try:
+        for body in bodies:
+            call = read_body(body)
+            assert isinstance(call, PluginCall)
+            tracker.judge(call)
+            del call
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # 40 calls of 300 KB never finished by the stream: 12 MB kept before issue 25.
+    assert kept < 1_000_000, kept
+
+
+def test_a_long_command_keeps_its_head_and_tail_for_the_rules() -> None:
+    long = "echo start; " + "x" * 100_000 + "; sleep 30"
+    kept = rule_args("bash", {"command": long, "timeout": 5})
+    assert kept is not None and len(kept["command"]) == 2 * COMMAND_EDGE + 1
+    assert waits_by_command("bash", kept) and kept["command"].startswith("echo start")
+    assert rule_args("bash", {"command": "ls"}) == {"command": "ls"}
+    assert rule_args("write", {"content": "x" * 100}) is None
