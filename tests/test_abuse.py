@@ -5,20 +5,17 @@ process is what is abused."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import pwd
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from bench.abuse import NEIGHBOUR, SLOWLORIS, WRONG_TOKEN, decide_call, end, neighbour
 from monitor.shell import decide
 from monitor.testing import FakeOpencode, frames
 from tests import frames_factory as ff
@@ -142,64 +139,7 @@ async def test_a_redirected_abort_is_not_followed_and_logged_as_failed() -> None
 
 
 # Issue 25: another local user against the plugin's TCP endpoint. The neighbour is a child
-# that runs as `nobody`, so it can only do what any user of the machine can.
-NEIGHBOUR = "nobody"
-SLOWLORIS = """
-import socket, sys, time
-port, count = int(sys.argv[1]), int(sys.argv[2])
-def head():
-    s = socket.socket(); s.setblocking(False)
-    try: s.connect(("127.0.0.1", port))
-    except BlockingIOError: pass
-    return s
-conns = [head() for _ in range(count)]
-time.sleep(0.2)
-for s in conns:
-    try: s.send(b"POST /v1/decide HTTP/1.1\\r\\n")
-    except OSError: pass
-print("ready", flush=True)
-n = 0
-while True:  # one more header every 0.5 s; a connection the monitor closed is opened again
-    time.sleep(0.5); n += 1
-    for i, s in enumerate(conns):
-        try: s.send(b"X-Slow-%d: 1\\r\\n" % n)
-        except OSError:
-            s.close(); conns[i] = head()
-"""
-WRONG_TOKEN = """
-import http.client, sys, time
-port, seconds = int(sys.argv[1]), float(sys.argv[2])
-answered, end = 0, time.monotonic() + seconds
-conn = None
-while time.monotonic() < end:
-    try:
-        conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        conn.request("POST", "/v1/decide", b"{}", {"Authorization": "Bearer wrong",
-                                                   "Content-Type": "application/json"})
-        answered += conn.getresponse().read() is not None
-    except OSError:
-        conn = None
-print(answered, flush=True)
-"""
-
-
-def neighbour(script: str, *args: object) -> subprocess.Popen[str]:
-    """`script` as the other user, in a process group of its own."""
-    return subprocess.Popen(
-        ["python3", "-c", script, *map(str, args)],
-        user=NEIGHBOUR,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def end(process: subprocess.Popen[str]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
+# that runs as `nobody` (bench.abuse.neighbour), so it can only do what any user can.
 def neighbour_missing() -> str | None:
     if os.geteuid() != 0:
         return "needs root, to run the abuse as a second local user"
@@ -232,27 +172,6 @@ def plugin_monitor(tmp_path: Path, url: str, port: int) -> MonitorProcess:
     )
     monitor.args = [sys.executable, "-c", LIMITED, *monitor.args[1:]]
     return monitor
-
-
-async def decide_call(port: int, token: str) -> tuple[int, float]:
-    """One plugin-like call on a new connection: its status and how long it took."""
-    call = {
-        "session_id": "ses_pluginxx",
-        "call_id": "call_0",
-        "tool": "read",
-        "args": {"filePath": "/w/a"},
-        "directory": "/w",
-    }
-    started = time.monotonic()
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
-            f"http://127.0.0.1:{port}/v1/decide",
-            json=call,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=aiohttp.ClientTimeout(total=5),
-        ) as r:
-            await r.read()
-            return r.status, time.monotonic() - started
 
 
 @needs_neighbour
