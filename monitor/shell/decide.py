@@ -10,9 +10,11 @@ monitor.shell.listener: at most MAX_CONNECTIONS open (far below the 1,024 descri
 process started by hand, and the 8,192 the units set), a head within IDLE_S of the
 connection's start or of the previous answer, a body within BODY_S, an idle connection
 closed after IDLE_S; a refused request's connection is closed after the answer, so a
-wrong token costs a new connection each time. What stays possible: a neighbour holding every
-slot makes the plugin's calls fail open (they run unjudged, the stream still catches the
-loop); the owner-only Unix socket has no such neighbour.
+wrong token costs a new connection each time. A connection over the cap pushes out the
+oldest one that has not made an authorised request, never the plugin's once it has. What
+stays possible: a neighbour opening connections fast enough pushes out (or, with the
+kernel's accept queue full, delays) the plugin's new ones, and its calls fail open (they run
+unjudged; the stream still catches the loop); the owner-only Unix socket has no neighbour.
 """
 
 from __future__ import annotations
@@ -138,6 +140,7 @@ def read_or_create_token(path: Path) -> str:
     can read any user's file, so the mode alone does not say it is ours).
     """
     try:
+        # O_NONBLOCK: a FIFO planted in its place must not hang the start.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         token = secrets.token_urlsafe(32)
