@@ -311,3 +311,35 @@ def test_a_token_file_planted_by_another_user_is_refused(folder) -> None:
     os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
     with pytest.raises(ConfigError, match="belongs to another user"):
         decide.read_or_create_token(path)
+
+
+async def test_no_request_breaks_metrics_or_status(folder) -> None:
+    # Issue 25: one request whose directory held a lone surrogate made /metrics answer 500
+    # from then on. Now it is refused, and a directory with control characters is cleaned.
+    from monitor.testing import FakeOpencode
+    from tests.harness import start, stop, wait_for
+
+    fake = FakeOpencode()
+    fake.streams = [fake.live]
+    path = folder / "plugin.sock"
+    server, watch, task = await start(fake, metrics_addr="127.0.0.1:0", plugin_socket=str(path))
+    try:
+        await wait_for(lambda: watch.plugin_server is not None and watch.metrics_server)
+        connector = aiohttp.UnixConnector(str(path))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            for directory, status in (("/p\ud800", 400), ("/p\x1b[31m\nq", 200)):
+                body = json.dumps({**CALL, "tool": "read", "directory": directory})
+                async with http.post("http://localhost/v1/decide", data=body, headers=JSON) as r:
+                    assert r.status == status
+        port = watch.metrics_server.port
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+                assert r.status == 200
+                text = await r.text()
+            async with http.get(f"http://127.0.0.1:{port}/status") as r:
+                assert r.status == 200
+                [entry] = (await r.json())["plugins"]["directories"]
+        assert 'directory="/p [31m q",verdict="allow"' in text
+        assert entry["directory"] == "/p [31m q" and entry["requests"] == 1
+    finally:
+        await stop(server, watch, task)
