@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
-from bench.abuse import NEIGHBOUR, SLOWLORIS, WRONG_TOKEN, decide_call, end, neighbour
+from bench.abuse import FLOOD, NEIGHBOUR, SLOWLORIS, WRONG_TOKEN, decide_call, end, neighbour
 from monitor.shell import decide
 from monitor.testing import FakeOpencode, frames
 from tests import frames_factory as ff
@@ -239,6 +239,41 @@ async def test_another_users_wrong_tokens_make_one_log_line_per_interval(tmp_pat
         assert code == 0
     finally:
         for flood in floods:
+            end(flood)
+        monitor.kill()
+        fake.close()
+        await server.close()
+
+
+async def test_a_flood_with_the_right_token_holds_few_descriptors_and_stops_nothing(
+    tmp_path: Path,
+) -> None:
+    # The monitor's own user, 3 x NOFILE connections of valid requests back to back: the
+    # endpoint holds its cap of them, the rest are reset, and a loop is still stopped.
+    fake = FakeOpencode()
+    fake.streams = [fake.live]
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    port = free_port()
+    monitor = plugin_monitor(tmp_path, str(server.make_url("")).rstrip("/"), port)
+    flood = None
+    try:
+        monitor.start()
+        await monitor.wait_event("stream.resynced")
+        token = (tmp_path / "token").read_text().strip()
+        flood = neighbour(FLOOD, port, IDLE_CONNECTIONS, token, user=None)
+        assert flood.stdout is not None
+        assert await asyncio.to_thread(flood.stdout.readline) == "ready\n"
+        await monitor.wait_for(lambda records: any(r.get("status") == 503 for r in records))
+        descriptors = len(os.listdir(f"/proc/{monitor.process.pid}/fd"))  # type: ignore[union-attr]
+        assert descriptors < decide.MAX_CONNECTIONS + 32, descriptors
+        await fake.push(frames(*(ff.envelope(f, "/w") for f in ff.loop_of("ses_flood", 4))))
+        [outcome] = await monitor.wait_event("intervention.outcome", timeout=20)
+        assert (outcome["session_id"], outcome["outcome"]) == ("ses_flood", "aborted")
+        code, _ = await monitor.stop()
+        assert code == 0
+    finally:
+        if flood is not None:
             end(flood)
         monitor.kill()
         fake.close()

@@ -47,7 +47,7 @@ from monitor.core.plugin_protocol import (
     too_large,
 )
 from monitor.errors import ConfigError
-from monitor.shell.listener import Limits, listen_tcp, listen_unix, trust
+from monitor.shell.listener import Limits, Listening, listen_tcp, listen_unix, trust
 
 log = structlog.get_logger("monitor.shell.decide")
 
@@ -252,7 +252,7 @@ class DecideServer:
         self._on_refused = on_refused
         self._token: str | None = None
         self._runner: web.AppRunner | None = None
-        self._listener: asyncio.Server | None = None
+        self._listening: Listening | None = None
         self.port: int | None = None
 
     async def start(self) -> None:
@@ -268,13 +268,13 @@ class DecideServer:
             if endpoint.socket is not None:
                 private_dir(endpoint.socket.parent)
                 clear_stale_socket(endpoint.socket)
-                self._listener = await listen_unix(runner, limits, endpoint.socket)
+                self._listening = await listen_unix(runner, limits, endpoint.socket)
             else:
                 assert endpoint.token_file is not None and endpoint.host is not None
                 assert endpoint.port is not None
                 self._token = read_or_create_token(endpoint.token_file)
-                self._listener = await listen_tcp(runner, limits, endpoint.host, endpoint.port)
-                self.port = self._listener.sockets[0].getsockname()[1]
+                self._listening = await listen_tcp(runner, limits, endpoint.host, endpoint.port)
+                self.port = self._listening.server.sockets[0].getsockname()[1]
         except OSError as exc:
             await runner.cleanup()
             raise ConfigError(f"plugin endpoint: cannot listen ({exc.strerror})") from None
@@ -288,8 +288,8 @@ class DecideServer:
         runner, self._runner = self._runner, None
         if runner is None:
             return
-        if self._listener is not None:
-            self._listener.close()
+        if self._listening is not None:
+            self._listening.close()
         await runner.cleanup()
         if self.endpoint.socket is not None:
             with contextlib.suppress(FileNotFoundError):

@@ -116,22 +116,42 @@ def trust(request: web.BaseRequest) -> None:
         handler.trust()
 
 
-async def listen_tcp(runner: web.AppRunner, limits: Limits, host: str, port: int) -> asyncio.Server:
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """A listening socket and its connections."""
+
+    server: asyncio.Server
+    listener: Listener
+
+    def close(self) -> None:
+        """Stop accepting and close every connection now: a client that keeps sending
+        requests (a flood) would otherwise hold aiohttp's graceful shutdown for a minute,
+        past the 5 s a SIGTERM has. Then the runner's cleanup finds nothing to wait for."""
+        self.server.close()
+        for handler in list(self.listener.open):
+            handler.force_close()
+
+
+async def listen_tcp(runner: web.AppRunner, limits: Limits, host: str, port: int) -> Listening:
     """Serve `runner`'s application on `host:port` under `limits`; raises OSError."""
     assert runner.server is not None
-    return await asyncio.get_running_loop().create_server(
-        Listener(runner.server, limits), host, port, backlog=BACKLOG, reuse_address=True
+    listener = Listener(runner.server, limits)
+    server = await asyncio.get_running_loop().create_server(
+        listener, host, port, backlog=BACKLOG, reuse_address=True
     )
+    return Listening(server, listener)
 
 
-async def listen_unix(runner: web.AppRunner, limits: Limits, path: Path) -> asyncio.Server:
+async def listen_unix(runner: web.AppRunner, limits: Limits, path: Path) -> Listening:
     """Serve `runner`'s application on a Unix socket only its owner can open; raises OSError."""
     assert runner.server is not None
+    listener = Listener(runner.server, limits)
     # Created 0600 from the start: a chmod after bind leaves a moment open to others.
     old = os.umask(0o177)
     try:
-        return await asyncio.get_running_loop().create_unix_server(
-            Listener(runner.server, limits), str(path), backlog=BACKLOG
+        server = await asyncio.get_running_loop().create_unix_server(
+            listener, str(path), backlog=BACKLOG
         )
     finally:
         os.umask(old)
+    return Listening(server, listener)

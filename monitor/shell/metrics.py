@@ -13,7 +13,6 @@ monitors in one process do not clash.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import platform
 import time
@@ -28,7 +27,7 @@ from monitor import __version__
 from monitor.core.decisions import Outcome
 from monitor.core.events import KNOWN_EVENT_TYPES, MALFORMED, OTHER
 from monitor.core.findings import RULES, clean_tool_name
-from monitor.shell.listener import Limits, listen_tcp
+from monitor.shell.listener import Limits, Listening, listen_tcp
 from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
@@ -371,11 +370,11 @@ class MetricsServer:
     """A running metrics server; `port` is the bound one (useful when asked for port 0)."""
 
     runner: web.AppRunner
-    listener: asyncio.Server
+    listening: Listening
     port: int
 
     async def close(self) -> None:
-        self.listener.close()
+        self.listening.close()
         await self.runner.cleanup()
 
 
@@ -389,8 +388,8 @@ async def start_metrics_server(
         MAX_CONNECTIONS, IDLE_S, MAX_LINE, lambda: metrics.http_refused("connections"), LIFETIME_S
     )
     try:
-        listener = await listen_tcp(runner, limits, host, port)
+        listening = await listen_tcp(runner, limits, host, port)
     except BaseException:
         await runner.cleanup()
         raise
-    return MetricsServer(runner, listener, listener.sockets[0].getsockname()[1])
+    return MetricsServer(runner, listening, listening.server.sockets[0].getsockname()[1])
