@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -139,12 +141,17 @@ async def main():
     await asyncio.gather(*(one() for _ in range(count)))
 asyncio.run(main())
 """
+# A monitor started by hand has 1,024 descriptors (the units give 8,192).
 NOFILE = 1024
-LIMITED = (
-    "import resource, sys; "
-    f"resource.setrlimit(resource.RLIMIT_NOFILE, ({NOFILE}, {NOFILE})); "
-    "from monitor.cli import main; sys.exit(main(sys.argv[1:]))"
-)
+
+
+def limited(nofile: int) -> str:
+    """The monitor's command line as a program that first lowers its file limit."""
+    return (
+        "import resource, sys; "
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({nofile}, {nofile})); "
+        "from monitor.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
 
 
 def free_port() -> int:
@@ -155,25 +162,27 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def aborts(fake: FakeOpencode, count: int, tag: str) -> list[float]:
-    """Milliseconds from pushing each loop's frames to its abort's arrival."""
-    loop = asyncio.get_running_loop()
-    taken = []
-    for n in range(count):
-        session = f"ses_{tag}{n}"
-        pushed = loop.time()
-        await fake.push(frames(*(ff.envelope(f, "/w") for f in ff.loop_of(session, 4))))
-        while not (arrived := [r.at for r in fake.of("abort") if r.session_id == session]):
-            if loop.time() - pushed > 10:
-                raise TimeoutError(f"no abort of {session} within 10 s")
-            await asyncio.sleep(0.001)
-        taken.append((arrived[0] - pushed) * 1000)
-        await asyncio.sleep(0.2)
-    return taken
+@dataclass
+class Guarded:
+    """A monitor process with `nofile` descriptors serving the plugin on `port`, watching
+    `fake`; `token` is what its plugins send."""
+
+    fake: FakeOpencode
+    monitor: MonitorProcess
+    port: int
+    token: str
+
+    def descriptors(self) -> int:
+        assert self.monitor.process is not None
+        return len(os.listdir(f"/proc/{self.monitor.process.pid}/fd"))
+
+    async def loop(self, session: str) -> None:
+        await self.fake.push(frames(*(ff.envelope(f, "/w") for f in ff.loop_of(session, 4))))
 
 
-async def measure(mode: str) -> dict[str, object]:
-    folder = Path(tempfile.mkdtemp(prefix="olm-abuse-"))
+@contextlib.asynccontextmanager
+async def guarded(folder: Path, nofile: int = NOFILE) -> AsyncIterator[Guarded]:
+    """Start the stand-in and the monitor (until it has resynced); stop both at the end."""
     fake = FakeOpencode()
     fake.streams = [fake.live]
     server = TestServer(fake.app(), host="127.0.0.1")
@@ -184,39 +193,66 @@ async def measure(mode: str) -> dict[str, object]:
          f"127.0.0.1:{port}", "--plugin-token-file", str(folder / "token"), "--log-format", "json"],
         folder,
     )  # fmt: skip
-    monitor.args = [sys.executable, "-c", LIMITED, *monitor.args[1:]]
-    flood = None
+    monitor.args = [sys.executable, "-c", limited(nofile), *monitor.args[1:]]
     try:
         monitor.start()
         await monitor.wait_event("stream.resynced")
-        assert monitor.process is not None
-        descriptors = Path(f"/proc/{monitor.process.pid}/fd")
-        token = (folder / "token").read_text().strip()
-        unloaded = await aborts(fake, 10, "calm")
-        if mode == "slowloris":
-            flood = neighbour(SLOWLORIS, port, 1100)
-        else:
-            flood = neighbour(FLOOD, port, 2000, token, user=None)
-        assert flood.stdout is not None
-        assert await asyncio.to_thread(flood.stdout.readline) == "ready\n"
-        await asyncio.sleep(3)
-        held = [len(os.listdir(descriptors))]
-        calls = []
-        for _ in range(10):
-            try:
-                calls.append(await decide_call(port, token))
-            except (aiohttp.ClientError, TimeoutError):
-                calls.append((0, 0.0))  # reset or timed out: the plugin falls open
-            held.append(len(os.listdir(descriptors)))
-        loaded = await aborts(fake, 10, "flood")
-        held.append(len(os.listdir(descriptors)))
-        await monitor.stop()
+        yield Guarded(fake, monitor, port, (folder / "token").read_text().strip())
     finally:
-        if flood is not None:
-            end(flood)
         monitor.kill()
         fake.close()
         await server.close()
+
+
+@contextlib.asynccontextmanager
+async def flooding(script: str, *args: object, user: str | None = NEIGHBOUR) -> AsyncIterator[None]:
+    """`neighbour(script, ...)` from the moment it says it is ready until the end."""
+    flood = neighbour(script, *args, user=user)
+    try:
+        assert flood.stdout is not None
+        assert await asyncio.to_thread(flood.stdout.readline) == "ready\n"
+        yield
+    finally:
+        end(flood)
+
+
+async def aborts(guard: Guarded, count: int, tag: str) -> list[float]:
+    """Milliseconds from pushing each loop's frames to its abort's arrival."""
+    loop = asyncio.get_running_loop()
+    taken = []
+    for n in range(count):
+        session = f"ses_{tag}{n}"
+        pushed = loop.time()
+        await guard.loop(session)
+        while not (arrived := [r.at for r in guard.fake.of("abort") if r.session_id == session]):
+            if loop.time() - pushed > 10:
+                raise TimeoutError(f"no abort of {session} within 10 s")
+            await asyncio.sleep(0.001)
+        taken.append((arrived[0] - pushed) * 1000)
+        await asyncio.sleep(0.2)
+    return taken
+
+
+async def measure(mode: str) -> dict[str, object]:
+    async with guarded(Path(tempfile.mkdtemp(prefix="olm-abuse-"))) as guard:
+        unloaded = await aborts(guard, 10, "calm")
+        if mode == "slowloris":
+            flood = flooding(SLOWLORIS, guard.port, 1100)
+        else:
+            flood = flooding(FLOOD, guard.port, 2000, guard.token, user=None)
+        async with flood:
+            await asyncio.sleep(3)
+            held = [guard.descriptors()]
+            calls = []
+            for _ in range(10):
+                try:
+                    calls.append(await decide_call(guard.port, guard.token))
+                except (aiohttp.ClientError, TimeoutError):
+                    calls.append((0, 0.0))  # reset or timed out: the plugin falls open
+                held.append(guard.descriptors())
+            loaded = await aborts(guard, 10, "flood")
+            held.append(guard.descriptors())
+        await guard.monitor.stop()
     return {
         "mode": mode,
         "abort_ms_unloaded": {"median": statistics.median(unloaded), "max": max(unloaded)},
@@ -225,7 +261,7 @@ async def measure(mode: str) -> dict[str, object]:
         "plugin_calls_answered": sum(status == 200 for status, _ in calls),
         "plugin_call_ms_max": max(took for _, took in calls) * 1000,
         "descriptors_max": max(held),
-        "refused_lines": len(monitor.events("plugin.refused")),
+        "refused_lines": len(guard.monitor.events("plugin.refused")),
     }
 
 
