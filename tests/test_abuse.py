@@ -5,12 +5,29 @@ process is what is abused."""
 from __future__ import annotations
 
 import asyncio
-import socket
+import os
+import pwd
 import sys
 from pathlib import Path
 
+import pytest
 from aiohttp.test_utils import TestServer
 
+from bench.abuse import (
+    FLOOD,
+    NEIGHBOUR,
+    SLOWLORIS,
+    WRONG_TOKEN,
+    decide_call,
+    end,
+    flooding,
+    free_port,
+    guarded,
+    limited,
+    neighbour,
+)
+from monitor.shell import decide
+from monitor.shell.listener import BACKLOG
 from monitor.testing import FakeOpencode, frames
 from tests import frames_factory as ff
 from tests.monitor_process import MonitorProcess
@@ -19,17 +36,10 @@ from tests.monitor_process import MonitorProcess
 # many idle connections: the stand-in for 1,100 connections against systemd's 1,024.
 NOFILE = 256
 IDLE_CONNECTIONS = 3 * NOFILE
-LIMITED = (
-    "import resource, sys; "
-    f"resource.setrlimit(resource.RLIMIT_NOFILE, ({NOFILE}, {NOFILE})); "
-    "from monitor.cli import main; sys.exit(main(sys.argv[1:]))"
-)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+LIMITED = limited(NOFILE)
+# Under a flood of the plugin endpoint: its cap, a batch of accepted connections over it that
+# are closed on the loop's next turn, and what the monitor holds anyway (well under NOFILE).
+HELD_AT_MOST = decide.MAX_CONNECTIONS + BACKLOG + 32
 
 
 async def open_idle(port: int, count: int) -> list[asyncio.StreamWriter]:
@@ -130,3 +140,79 @@ async def test_a_redirected_abort_is_not_followed_and_logged_as_failed() -> None
     assert outcome["error"] == "POST /session/ses_1/abort: redirected (307), not followed"
     assert elsewhere.requests == [] and events(logs, "feedback.sent") == []
     assert len(fake.of("abort")) == 1
+
+
+# Issue 25: another local user against the plugin's TCP endpoint. The neighbour is a child
+# that runs as `nobody` (bench.abuse.neighbour), so it can only do what any user can.
+def neighbour_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root, to run the abuse as a second local user"
+    try:
+        pwd.getpwnam(NEIGHBOUR)
+    except KeyError:
+        return f"no user {NEIGHBOUR} to run the abuse as"
+    return None
+
+
+needs_neighbour = pytest.mark.skipif(
+    neighbour_missing() is not None, reason=neighbour_missing() or ""
+)
+
+
+@needs_neighbour
+async def test_a_slowloris_by_another_user_holds_no_descriptors_and_stops_nothing(
+    tmp_path: Path,
+) -> None:
+    async with guarded(tmp_path, NOFILE) as guard:
+        async with flooding(SLOWLORIS, guard.port, IDLE_CONNECTIONS):
+            # The plugin's calls are answered, each on a new connection, as it opens them:
+            # within milliseconds, or a second when the kernel's accept queue was full as it
+            # connected (its SYN is sent again after 1 s; docs/performance.md).
+            calls = [await decide_call(guard.port, guard.token) for _ in range(3)]
+            assert [status for status, _ in calls] == [200] * 3, calls
+            assert max(took for _, took in calls) < 1.5, calls
+            assert guard.descriptors() < HELD_AT_MOST
+            await guard.loop("ses_slow")
+            [outcome] = await guard.monitor.wait_event("intervention.outcome", timeout=20)
+            assert (outcome["session_id"], outcome["outcome"]) == ("ses_slow", "aborted")
+            code, _ = await guard.monitor.stop()
+            assert code == 0
+
+
+@needs_neighbour
+async def test_another_users_wrong_tokens_make_one_log_line_per_interval(tmp_path: Path) -> None:
+    async with guarded(tmp_path, NOFILE) as guard:
+        floods = [neighbour(WRONG_TOKEN, guard.port, 2) for _ in range(4)]
+        try:
+            answered = 0
+            for flood in floods:
+                out, _ = await asyncio.to_thread(flood.communicate)
+                answered += int(out)
+        finally:
+            for flood in floods:
+                end(flood)
+        assert answered > 200
+        # A loop after the flood is still logged (journald would have dropped it with the rest).
+        await guard.loop("ses_after")
+        await guard.monitor.wait_event("loop.detected")
+        # Well within the 10 s interval: the first refusal's line, with the count so far.
+        [line] = guard.monitor.events("plugin.refused")
+        assert (line["status"], line["count"]) == (401, 1)
+        code, _ = await guard.monitor.stop()
+        assert code == 0
+
+
+async def test_a_flood_with_the_right_token_holds_few_descriptors_and_stops_nothing(
+    tmp_path: Path,
+) -> None:
+    # The monitor's own user, 3 x NOFILE connections of valid requests back to back: the
+    # endpoint holds its cap of them, the rest are reset, and a loop is still stopped.
+    async with guarded(tmp_path, NOFILE) as guard:
+        async with flooding(FLOOD, guard.port, IDLE_CONNECTIONS, guard.token, user=None):
+            await guard.monitor.wait_for(lambda rs: any(r.get("status") == 503 for r in rs))
+            assert guard.descriptors() < HELD_AT_MOST
+            await guard.loop("ses_flood")
+            [outcome] = await guard.monitor.wait_event("intervention.outcome", timeout=20)
+            assert (outcome["session_id"], outcome["outcome"]) == ("ses_flood", "aborted")
+            code, _ = await guard.monitor.stop()
+            assert code == 0

@@ -4,6 +4,7 @@ reaches the judge or the counts."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -15,7 +16,8 @@ import pytest
 
 from monitor.core.plugin_protocol import ALLOW, MAX_BODY, PluginCall, block
 from monitor.errors import ConfigError
-from monitor.shell.decide import DecideServer, PluginEndpoint, Unasked, state_dir
+from monitor.shell import decide
+from monitor.shell.decide import DecideServer, PluginEndpoint, PluginStats, Unasked, state_dir
 
 CALL = {
     "session_id": "ses_dd4d5c831ffemmgMvdYdtbM3cW",
@@ -90,6 +92,14 @@ async def test_unix_socket_is_private_and_answers_a_call(folder):
         ("POST", "/v2/decide", JSON, json.dumps(CALL).encode(), 404,
          "unsupported protocol version in /v2/decide"),
         ("GET", "/v1/decide", {}, b"", 405, "takes POST"),
+        # Deeper than the interpreter's stack: a 500 and a traceback before issue 25.
+        ("POST", "/v1/decide", JSON, b"[" * 100_000 + b"]" * 100_000, 400,
+         "body is nested too deep"),
+        # A label /metrics could never write again (issue 25).
+        ("POST", "/v1/decide", JSON, json.dumps({**CALL, "directory": "/p\ud800"}).encode(),
+         400, "directory is not Unicode text"),
+        ("POST", "/v1/decide", JSON, json.dumps({**CALL, "tool": "\udfff"}).encode(), 400,
+         "tool is not Unicode text"),
     ],
 )  # fmt: skip
 async def test_bad_requests_refused_and_nothing_judged(
@@ -220,3 +230,185 @@ def test_unasked_counts_calls_at_most_once_per_interval():
     for now in (0, 0.2, 0.5, 0.99, 1.0, 1.5):
         unasked.check(calls, False, now)
     assert calls.reads == 2
+def test_a_directory_label_is_cleaned() -> None:
+    stats = PluginStats(clock=lambda: 5.0)
+    call = PluginCall(**{**CALL, "directory": "/p\ud800\nx" + "y" * 300})
+    label = stats.asked(call, ALLOW)
+    assert label == "/p x" + "y" * 251 + "…"
+    assert label.encode("utf-8") and stats.view()[0]["directory"] == label
+
+
+# Raw HTTP on loopback, so a test can send a head in pieces, a body slowly, or nothing.
+def head(token: str, length: int) -> bytes:
+    return (
+        "POST /v1/decide HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def ask(reader, writer, token: str) -> tuple[int, bytes]:
+    """One keep-alive request on an open connection: its status and body."""
+    body = json.dumps(CALL).encode()
+    writer.write(head(token, len(body)) + body)
+    return await answer(reader)
+
+
+async def answer(reader) -> tuple[int, bytes]:
+    status_line = await asyncio.wait_for(reader.readline(), 5)
+    length = 0
+    while (line := await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+    return int(status_line.split()[1]), await reader.readexactly(length)
+
+
+async def closed_within(reader, seconds: float) -> bool:
+    """Whether the server closes the connection (EOF or reset) within `seconds`."""
+    try:
+        async with asyncio.timeout(seconds):
+            while await reader.read(4096):
+                pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+@pytest.fixture
+async def tcp(folder, monkeypatch, request):
+    """A TCP endpoint with short limits: 4 connections, 0.3 s for a body and (unless the
+    test gives another) for a head."""
+    monkeypatch.setattr(decide, "MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(decide, "IDLE_S", getattr(request, "param", 0.3))
+    monkeypatch.setattr(decide, "BODY_S", 0.3)
+    token_file = folder / "token"
+    server, recorder = await serve(PluginEndpoint(None, "127.0.0.1", 0, token_file))
+    try:
+        yield server, recorder, token_file.read_text().strip()
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize("tcp", [30.0], indirect=True)
+async def test_a_flood_of_idle_connections_pushes_out_its_own_not_the_plugins(tcp) -> None:
+    server, recorder, token = tcp
+    plugin = await asyncio.open_connection("127.0.0.1", server.port)
+    assert (await ask(*plugin, token))[0] == 200
+    flood = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(10)]
+    try:
+        # Over the cap of 4, each new one closed the oldest untrusted one: the first seven
+        # are gone, the last three and the plugin's remain.
+        closed = [await closed_within(reader, 0.2) for reader, _ in flood]
+        assert closed == [True] * 7 + [False] * 3
+        assert [refused.status for refused in recorder.refused] == [503] * 7
+        assert (await ask(*plugin, token))[0] == 200
+        assert len(recorder.judged) == 2
+    finally:
+        for _, writer in [plugin, *flood]:
+            writer.close()
+
+
+async def test_a_head_sent_slowly_is_cut_off(tcp) -> None:
+    server, recorder, token = tcp
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(b"POST /v1/decide HTTP/1.1\r\n")
+
+        async def trickle() -> None:
+            for n in range(100):
+                writer.write(f"X-Slow-{n}: 1\r\n".encode())
+                await asyncio.sleep(0.05)
+
+        dripping = asyncio.create_task(trickle())
+        assert await closed_within(reader, 2)  # 0.3 s, not the 75 s of aiohttp's default
+        dripping.cancel()
+        assert recorder.judged == []
+    finally:
+        writer.close()
+
+
+async def test_a_body_sent_slowly_gets_408_and_the_connection_closes(tcp) -> None:
+    server, recorder, token = tcp
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(head(token, 100) + b'{"session_id"')
+        status, body = await answer(reader)
+        assert (status, json.loads(body)) == (
+            408,
+            {"error": "request body not received within 0.3 s"},
+        )
+        assert await closed_within(reader, 1)
+        assert [refused.status for refused in recorder.refused] == [408]
+    finally:
+        writer.close()
+
+
+async def test_a_refused_request_closes_its_connection(tcp) -> None:
+    server, recorder, _ = tcp
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        status, _ = await ask(reader, writer, "wrong")
+        assert status == 401
+        # Closed at once (not after the 0.3 s idle limit: a wrong token is not asked again).
+        assert await closed_within(reader, 0.1)
+    finally:
+        writer.close()
+
+
+def test_a_token_file_is_read_back_and_must_be_ours_closed_and_no_link(folder) -> None:
+    path = folder / "token"
+    token = decide.read_or_create_token(path)
+    assert decide.read_or_create_token(path) == token
+    link = folder / "link"
+    link.symlink_to(path)
+    with pytest.raises(ConfigError, match="link: cannot read"):
+        decide.read_or_create_token(link)  # followed before issue 25
+    path.chmod(0o620)
+    with pytest.raises(ConfigError, match="open to others"):
+        decide.read_or_create_token(path)  # writable by the group: accepted before issue 25
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to plant a file of another user")
+def test_a_token_file_planted_by_another_user_is_refused(folder) -> None:
+    import pwd
+
+    path = folder / "token"
+    path.write_text("known-to-them\n")
+    path.chmod(0o600)
+    os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+    with pytest.raises(ConfigError, match="belongs to another user"):
+        decide.read_or_create_token(path)
+
+
+async def test_no_request_breaks_metrics_or_status(folder) -> None:
+    # Issue 25: one request whose directory held a lone surrogate made /metrics answer 500
+    # from then on. Now it is refused, and a directory with control characters is cleaned.
+    from monitor.testing import FakeOpencode
+    from tests.harness import start, stop, wait_for
+
+    fake = FakeOpencode()
+    fake.streams = [fake.live]
+    path = folder / "plugin.sock"
+    server, watch, task = await start(fake, metrics_addr="127.0.0.1:0", plugin_socket=str(path))
+    try:
+        await wait_for(lambda: watch.plugin_server is not None and watch.metrics_server)
+        connector = aiohttp.UnixConnector(str(path))
+        async with aiohttp.ClientSession(connector=connector) as http:
+            for directory, status in (("/p\ud800", 400), ("/p\x1b[31m\nq", 200)):
+                body = json.dumps({**CALL, "tool": "read", "directory": directory})
+                async with http.post("http://localhost/v1/decide", data=body, headers=JSON) as r:
+                    assert r.status == status
+        port = watch.metrics_server.port
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+                assert r.status == 200
+                text = await r.text()
+            async with http.get(f"http://127.0.0.1:{port}/status") as r:
+                assert r.status == 200
+                [entry] = (await r.json())["plugins"]["directories"]
+        assert 'directory="/p [31m q",verdict="allow"' in text
+        assert entry["directory"] == "/p [31m q" and entry["requests"] == 1
+    finally:
+        await stop(server, watch, task)

@@ -140,16 +140,12 @@ async def test_a_hold_is_read_back_from_the_messages_after_a_restart():
         await wait_for(lambda: gauge(watch) == 1)
         await wait_for(fake.live_connected.is_set)
         status = watch.status()
-        assert status["totals"] == {"sessions": 1, "busy": 0, "held": 1, "interventions": 2}
-        assert status["sessions"] == [
-            {
-                "session_id": "ses_1",
-                "directory": "/w",
-                "state": "held",
-                "run_calls": 0,
-                "interventions": 2,
-            }
-        ]
+        # ses_2 and ses_3 are known again too, idle, for the ladder (issue 25).
+        assert status["totals"] == {"sessions": 3, "busy": 0, "held": 1, "interventions": 4}
+        assert sorted(
+            (s["session_id"], s["state"], s["interventions"]) for s in status["sessions"]
+        ) == [("ses_1", "held", 2), ("ses_2", "idle", 1), ("ses_3", "idle", 1)]
+        assert status["sessions"][0]["directory"] == "/w"
         # Read back where the session lives; the person's message then ends the hold.
         assert any(r.path == "/session/ses_1/message" for r in fake.requests)
         await fake.push(frames(*(envelope(f, "/w") for f in user_frames("ses_1", "m5", "ok"))))
@@ -176,3 +172,42 @@ def test_status_without_an_address_asks_the_documented_default(monkeypatch, caps
 def test_status_on_port_0_is_a_config_error(capsys):
     assert main(["status", "--metrics-addr", "127.0.0.1:0"]) == EX_CONFIG
     assert "(not port 0)" in capsys.readouterr().err
+
+
+async def test_the_ladder_continues_after_a_restart_that_found_the_session_idle():
+    # Two loops stopped by an earlier monitor process, then a restart while ses_1 is idle:
+    # its third loop is its third intervention (the first again before issue 25).
+    prompt, answer = message("user", "go", "m1"), message("assistant", "ok", "m2")
+    resumed = [message("user", RESUME, "m3"), answer, message("user", RESUME, "m4"), answer]
+    fake = FakeOpencode(
+        sessions=[{"id": "ses_1", "directory": "/w", "time": {"updated": 1}}],
+        messages={"ses_1": [prompt, *resumed]},
+    )
+    fake.streams = [fake.live]
+    server, watch, task = await start(fake, metrics_addr="127.0.0.1:0")
+    try:
+        await wait_for(lambda: watch.status()["totals"]["sessions"] == 1)
+        await wait_for(fake.live_connected.is_set)
+        await fake.push(loop_frames("ses_1", 4))
+        await wait_for(lambda: fake.of("abort"))
+        assert watch.status()["sessions"][0]["interventions"] == 3
+    finally:
+        await stop(server, watch, task)
+
+
+async def test_as_many_held_sessions_as_the_table_holds_are_known_after_a_restart():
+    held = [f"ses_{n}" for n in range(80)]
+    prompt, answer = message("user", "go", "m1"), message("assistant", "ok", "m2")
+    fake = FakeOpencode(
+        sessions=[
+            {"id": sid, "directory": "/w", "time": {"updated": n}} for n, sid in enumerate(held)
+        ],
+        messages={sid: [prompt, answer, message("user", HOLD, "m3")] for sid in held},
+    )
+    fake.streams = [fake.live]
+    server, watch, task = await start(fake, metrics_addr="127.0.0.1:0")
+    try:
+        await wait_for(lambda: gauge(watch) == 80)  # 64 before issue 25
+        assert watch.status()["totals"]["held"] == 80
+    finally:
+        await stop(server, watch, task)

@@ -41,8 +41,10 @@ async def test_two_monitors_on_one_loop_post_one_feedback():
         messages={"ses_s1": ff.run_record("ses_s1", 4)},
     )
     with capture_logs() as logs:
-        server, first, first_task = await start(fake, FIRST)
-        second, second_task = watching(server, SECOND)
+        # Neither serves plugins: with the endpoint the first one holds, the second would read
+        # the record again before aborting (see the test after this one).
+        server, first, first_task = await start(fake, FIRST, plugin_socket="off")
+        second, second_task = watching(server, SECOND, plugin_socket="off")
         await wait_for(lambda: events(logs, "feedback.sent") and events(logs, "feedback.deferred"))
         for watch, task in ((first, first_task), (second, second_task)):
             watch.stop()
@@ -58,6 +60,29 @@ async def test_two_monitors_on_one_loop_post_one_feedback():
         "reason": "feedback already in the session",
     }
     assert [e["part_id"] for e in events(logs, "intervention.outcome")] == ["p4", "p4"]
+
+
+async def test_the_second_monitor_of_a_plugin_endpoint_reads_again_before_it_aborts():
+    # The first monitor holds the plugin endpoint of the server; the second one knows, so it
+    # reads the record again before acting, finds the first one's feedback and acts not at all.
+    fake = FakeOpencode(
+        streams=[play(loop_frames("ses_s1", 4)), play(loop_frames("ses_s1", 4))],
+        store_prompts=True,
+        messages={"ses_s1": ff.run_record("ses_s1", 4)},
+    )
+    with capture_logs() as logs:
+        server, first, first_task = await start(fake, FIRST)
+        await wait_for(lambda: first.plugin_server is not None)
+        second, second_task = watching(server, SECOND)
+        await wait_for(lambda: len(events(logs, "intervention.outcome")) == 2)
+        for watch, task in ((first, first_task), (second, second_task)):
+            watch.stop()
+            await task
+        await server.close()
+    assert second.plugin_server is None and events(logs, "plugin.endpoint_taken")
+    assert len(fake.of("abort")) == 1 and len(fake.of("prompt_async")) == 1
+    outcomes = sorted((e["outcome"], e.get("reason")) for e in events(logs, "intervention.outcome"))
+    assert outcomes == [("aborted", None), ("deferred", "feedback already in the session")]
 
 
 async def test_a_monitor_that_comes_second_does_not_act_again():
@@ -325,3 +350,55 @@ async def test_our_own_refusal_of_a_call_held_is_not_taken_for_another_monitors(
     [feedback] = fake.of("prompt_async")
     assert feedback.body["noReply"] is True
     assert events(logs, "feedback.deferred") == []
+
+
+class PluginBlocksLate:
+    """The record of a server whose plugin another monitor answers: the loop's call shows
+    running at the first read, refused by that monitor from the second on (the hook throws a
+    moment after the stream shows the call)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.aborted: list[str] = []
+
+    async def messages(self, session_id: str, directory: str | None, last: int | None = None):
+        self.reads += 1
+        record = refused_record()
+        if self.reads == 1:
+            running = ff.export_part("ses_1", "prt_4", "running", *BASH[1:], tool="bash")
+            record[-1] = ff.assistant_message("ses_1", running)
+        return record
+
+    async def abort(self, session_id: str, directory: str | None) -> None:
+        self.aborted.append(session_id)
+
+
+@pytest.mark.parametrize(("plugin_elsewhere", "outcome"), [(True, "deferred"), (False, "aborted")])
+async def test_a_loop_the_other_monitors_plugin_blocks_is_not_aborted_again(
+    plugin_elsewhere: bool, outcome: str
+) -> None:
+    # Issue 25: the second monitor of a server aborted runs the first one's plugin had
+    # blocked, and gave no feedback. Knowing another monitor answers the plugin, it reads the
+    # record again before acting and finds the refusal.
+    record = PluginBlocksLate()
+
+    async def no_wait(seconds: float) -> None:
+        await asyncio.sleep(0)
+
+    interventions = Interventions(
+        record,  # type: ignore[arg-type]
+        forget=lambda session_id: None,
+        on_fatal=lambda exc: None,
+        sleep=no_wait,
+        stagger=lambda: 3600.0,  # a feedback would wait: the test ends at the outcome
+        plugin_elsewhere=plugin_elsewhere,
+    )
+    with capture_logs() as logs:
+        interventions.submit(_decision("prt_4"))
+        await wait_for(lambda: events(logs, "intervention.outcome"))
+        await interventions.drain(0)
+    [logged] = events(logs, "intervention.outcome")
+    assert logged["outcome"] == outcome
+    assert record.aborted == ([] if plugin_elsewhere else ["ses_s1"])
+    if plugin_elsewhere:
+        assert (logged["reason"], record.reads) == ("call already refused", 2)

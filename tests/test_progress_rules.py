@@ -15,7 +15,9 @@ import pytest
 from monitor.config import load_settings
 from monitor.core.budget import Budget
 from monitor.core.events import MessageUsage, parse_event
-from monitor.core.rules.facts import changes_files
+from monitor.core.plugin_protocol import PluginCall
+from monitor.core.rules.facts import COMMAND_EDGE, changes_files, rule_args
+from monitor.core.rules.waiting import waits_by_command
 from monitor.core.session import outcome_digest
 from monitor.core.tracker import Detection, Tracker
 from tests.frames_factory import call as call_frames
@@ -264,6 +266,31 @@ def test_message_usage_sums_every_kind_of_token() -> None:
     assert parse_event(frame)[1] == MessageUsage("ses_a", "msg_1", 15, 0.0, "/p")
 
 
+@pytest.mark.parametrize(
+    ("tokens", "cost", "expected"),
+    [
+        (10**400, 1e308, (0, 0.0)),  # OverflowError in a counter, +Inf cost, before issue 25
+        (10**9, 1e6, (10**9, 1e6)),  # the largest a step is believed to spend
+        (10**9 + 1, float("inf"), (0, 0.0)),
+        (5, float("nan"), (5, 0.0)),
+        (-5, -1.0, (0, 0.0)),
+        (5, 10**400, (5, 0.0)),
+    ],
+)
+def test_what_a_step_spent_is_bounded_before_it_reaches_a_budget(tokens, cost, expected) -> None:
+    frame = usage("ses_a", "msg_1", 0, cost)
+    frame["payload"]["properties"]["info"]["tokens"]["input"] = tokens
+    usage_of = parse_event(frame)[1]
+    assert isinstance(usage_of, MessageUsage)
+    assert (usage_of.tokens, usage_of.cost) == expected
+    tracker = Tracker(Detection(run_budget=Budget(tokens=10**12, cost=10**7)))
+    spent = []
+    for n in range(2):  # two steps: what the counters and the budget add up stays finite
+        frame["payload"]["properties"]["info"]["id"] = f"msg_{n}"
+        spent.append(tracker.feed(frame).spent)
+    assert spent == [("/p", *expected) if any(expected) else None] * 2
+
+
 def test_a_run_budget_of_steps_stops_the_run_at_the_step_that_reaches_it() -> None:
     tracker = Tracker(Detection(run_budget=Budget(steps=3)))
     fed = [tracker.feed(usage("ses_a", f"msg_{n}", 10)) for n in (1, 1, 2, 3, 4)]
@@ -361,3 +388,47 @@ def test_defaults_fire_on_no_silent_success_and_at_most_2_resolved_runs(corpus: 
     assert rows["no_progress"][2:4] == ["0", "0"]
     assert rows["revisit"][2:4] == ["0", "0"]
     assert rows["text_steps"][2:4] == ["0", "0"]
+
+
+# -- what a judged call keeps (issue 25) -----------------------------------------------------
+
+
+def test_a_judged_call_keeps_no_whole_arguments() -> None:
+    import tracemalloc
+
+    from monitor.core.plugin_protocol import read_body
+
+    tracker = Tracker()
+    bodies = [
+        json.dumps(
+            {
+                "session_id": f"ses_big{n:03d}",
+                "call_id": "call_0",
+                "tool": "write",
+                "args": {"filePath": f"/w/f{n}", "content": f"{n:06d}" * 50_000},
+                "directory": "/w",
+            }
+        ).encode()
+        for n in range(40)
+    ]
+    tracemalloc.start()
+    try:
+        for body in bodies:
+            call = read_body(body)
+            assert isinstance(call, PluginCall)
+            tracker.judge(call)
+            del call
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # 40 calls of 300 KB never finished by the stream: 12 MB kept before issue 25.
+    assert kept < 1_000_000, kept
+
+
+def test_a_long_command_keeps_its_head_and_tail_for_the_rules() -> None:
+    long = "echo start; " + "x" * 100_000 + "; sleep 30"
+    kept = rule_args("bash", {"command": long, "timeout": 5})
+    assert kept is not None and len(kept["command"]) == 2 * COMMAND_EDGE + 1
+    assert waits_by_command("bash", kept) and kept["command"].startswith("echo start")
+    assert rule_args("bash", {"command": "ls"}) == {"command": "ls"}
+    assert rule_args("write", {"content": "x" * 100}) is None

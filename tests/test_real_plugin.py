@@ -308,3 +308,35 @@ async def test_daemon_restarted_mid_run_calls_run_while_down_and_the_loop_is_cau
         assert parts[3]["state"]["error"].startswith(MARK + "this call was refused")
         assert "checked by the plugin's own loop rule" in log
         assert (outcome["outcome"], outcome["call_index"]) in (("blocked", 5), ("aborted", 4))
+
+
+async def test_two_monitors_one_with_the_plugin_block_each_loop_once(
+    plugin_server, start_monitor, http, socket_path
+):
+    # Issue 25: the second monitor (the endpoint taken) aborted 1 to 3 of 6 runs the plugin
+    # had blocked, with no feedback. Knowing the other answers the plugin, it reads the
+    # record again before acting and finds the refusal.
+    args = ("watch", "--url", plugin_server.url, "--log-format", "json", "--plugin-socket")
+    first = start_monitor(*args, str(socket_path))
+    await first.wait_event("plugin.listening")
+    second = start_monitor(*args, str(socket_path))
+    await second.wait_event("plugin.endpoint_taken")
+    for monitor in (first, second):
+        await monitor.wait_event("stream.connected")
+    loops = 4
+    for n in range(loops):
+        (plugin_server.project / "out.txt").unlink(missing_ok=True)
+        session, messages = await run_appends(plugin_server, http, 4)
+        assert lines(plugin_server) == ["x", "x", "x"], n
+        # Blocked, not aborted: the model read the refusal and answered in the same run.
+        assert all(m["info"].get("error") is None for m in messages), n
+        await second.wait_for(
+            lambda records, sid=session["id"]: any(
+                r.get("event") == "intervention.outcome" and r.get("session_id") == sid
+                for r in records
+            )
+        )
+    blocked = [r["outcome"] for r in first.events("intervention.outcome")]
+    deferred = [(r["outcome"], r["reason"]) for r in second.events("intervention.outcome")]
+    assert blocked == ["blocked"] * loops
+    assert deferred == [("deferred", "call already refused")] * loops

@@ -412,12 +412,21 @@ def _count(value: object) -> int:
     return value if type(value) is int and value > 0 else 0
 
 
+# What one step of a model can spend, at most, as the server reports it. A larger number is
+# not a model's (a 400-digit count overflowed the float of a counter and dropped the stream;
+# two costs of 1e308 made the cost counter +Inf): it counts 0, as a mistyped one does, so
+# every sum a counter or a budget keeps stays finite.
+MAX_STEP_TOKENS = 10**9
+MAX_STEP_COST = 1e6
+
+
 def _sum_counts(counts: dict[str, Any], keys: tuple[str, ...]) -> int:
-    """The sum of the counts under `keys`; a missing, mistyped or negative one counts 0."""
+    """The sum of the counts under `keys`; a missing, mistyped, negative or implausibly large
+    one counts 0."""
     total = 0
     for key in keys:
         value = counts.get(key)
-        if type(value) is int and value > 0:
+        if type(value) is int and 0 < value <= MAX_STEP_TOKENS:
             total += value
     return total
 
@@ -450,8 +459,8 @@ def usage_total(info: dict[str, Any]) -> tuple[int, float]:
         if isinstance(cache, dict):
             total += _sum_counts(cache, _CACHE_TOKENS)
     cost = info.get("cost", 0)
-    if type(cost) not in (int, float) or not cost >= 0:
-        cost = 0  # a mistyped or negative cost (or NaN) spends nothing
+    if type(cost) not in (int, float) or not 0 <= cost <= MAX_STEP_COST:
+        cost = 0  # a mistyped, negative or implausible cost (NaN, inf) spends nothing
     return total, float(cost)
 
 

@@ -106,6 +106,9 @@ def read_body(body: bytes) -> PluginCall | RequestRefused:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         return RequestRefused(400, f"body is not JSON: {exc}")
+    except RecursionError:
+        # Arrays nested deeper than the interpreter's stack: no call of a model is.
+        return RequestRefused(400, "body is nested too deep")
     return _call(data)
 
 
@@ -117,6 +120,16 @@ def too_large() -> RequestRefused:
 def _authorized(header: str, token: str) -> bool:
     scheme, _, given = header.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
+
+
+def _unicode(text: str) -> bool:
+    """Whether `text` can be written out as UTF-8: JSON's `\\ud800` escapes make strings
+    that cannot, and a label or a log line with one cannot be written at all."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _call(data: object) -> PluginCall | RequestRefused:
@@ -132,6 +145,8 @@ def _call(data: object) -> PluginCall | RequestRefused:
         value = data.get(name)
         if not isinstance(value, str) or not value or len(value) > MAX_ID:
             return RequestRefused(400, f"{name} must be a string of 1 to {MAX_ID} characters")
+        if not _unicode(value):
+            return RequestRefused(400, f"{name} is not Unicode text (a lone surrogate)")
     args = data.get("args")
     if not isinstance(args, dict):
         return RequestRefused(400, "args must be a JSON object")
@@ -140,6 +155,8 @@ def _call(data: object) -> PluginCall | RequestRefused:
         return RequestRefused(400, "directory must be an absolute path")
     if len(directory) > MAX_DIRECTORY:
         return RequestRefused(400, f"directory longer than {MAX_DIRECTORY} characters")
+    if not _unicode(directory):
+        return RequestRefused(400, "directory is not Unicode text (a lone surrogate)")
     fell_open = data.get("fell_open", 0)
     if (
         not isinstance(fell_open, int)

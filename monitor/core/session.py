@@ -176,8 +176,8 @@ class Call:
         self.digest = digest
         self.status = "running"
         self._outcome: int | None = None
-        # The arguments after the profile, for rules that read them (`wait` reads a command);
-        # dropped with the call when it finishes.
+        # What rules read of the arguments after the profile (`rules.facts.rule_args`: a
+        # bash command, bounded); dropped with the call when it finishes.
         self.args = args
         # The digest the run's history holds for it: `digest`, or with `input+output`
         # matching, `digest` and `outcome` together.

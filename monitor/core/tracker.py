@@ -56,7 +56,7 @@ from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, block
 from monitor.core.profile import Profile, ignored_args, transparent_tools
 from monitor.core.rules import CallRule, TextRule
 from monitor.core.rules.cycle import CycleRule
-from monitor.core.rules.facts import SIGNALS, Signals
+from monitor.core.rules.facts import SIGNALS, Signals, rule_args
 from monitor.core.rules.failure import FailureRule
 from monitor.core.rules.no_progress import NoProgressRule
 from monitor.core.rules.revisit import RevisitRule
@@ -571,7 +571,7 @@ class Tracker:
         dropped = self._ignore_args.get(tool)
         if dropped and isinstance(args, dict):
             args = {key: value for key, value in args.items() if key not in dropped}
-        return Call(part_id, tool, call_digest(tool, args), args, call_id)
+        return Call(part_id, tool, call_digest(tool, args), rule_args(tool, args), call_id)
 
     def _identify_part(self, part: ToolPart) -> Call:
         return self._identify(part.part_id, part.tool, part.input, part.call_id)

@@ -43,8 +43,9 @@ log = structlog.get_logger("monitor.shell.actions")
 # is read again: of two monitors that aborted one loop at once, the one that waited longer
 # finds the other's feedback, unless their waits fall closer than a read-back and a post.
 STAGGER_S = 0.5
-# A 404 on our refusal: the record is read this many times, this far apart, for the call
-# ending refused by another monitor (it ends in `error` a moment after the answer).
+# A 404 on our refusal, or a loop caught while another monitor answers the plugin: the record
+# is read this many times, this far apart, for the call ending refused by another monitor (it
+# ends in `error` a moment after the answer).
 REFUSED_READS = 3
 REFUSED_READ_EVERY_S = 0.1
 # The check before acting reads only the newest messages: the loop's call is in the run's
@@ -80,8 +81,13 @@ class Interventions:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         stagger: Callable[[], float] = random_stagger,
         clock: Callable[[], float] = time.monotonic,
+        plugin_elsewhere: bool = False,
     ) -> None:
         self._api = api
+        # Another monitor of this server answers its plugin: a loop's call we catch on the
+        # stream may be one its plugin blocks a moment later (the hook runs before the
+        # stream shows the call), so the record is read a few times before we act.
+        self._plugin_elsewhere = plugin_elsewhere
         self._forget = forget
         self._on_fatal = on_fatal
         self._on_outcome = on_outcome
@@ -216,7 +222,8 @@ class Interventions:
         not another monitor's."""
         if self._api is not None:
             # Before acting, check: another monitor may have stopped this loop already.
-            other = await self._intervened(decision, aborted=True, ours=ours)
+            reads = REFUSED_READS if self._plugin_elsewhere and not ours else 1
+            other = await self._intervened(decision, aborted=True, reads=reads, ours=ours)
             if other is not None:
                 progress.decided = True
                 self._decided(decision, Outcome.DEFERRED, reason=other, **extra)

@@ -4,10 +4,22 @@
 (mode 0600 in a 0700 folder), or on loopback TCP with a bearer token from a file. Judging
 is a synchronous call of the `judge` callback, so a request never waits on the event stream
 and the stream never waits on a request.
+
+On TCP any local user can connect, token or not, so the server has the limits of
+monitor.shell.listener: at most MAX_CONNECTIONS open (far below the 1,024 descriptors of a
+process started by hand, and the 8,192 the units set), a head within IDLE_S of the
+connection's start or of the previous answer, a body within BODY_S, an idle connection
+closed after IDLE_S; a refused request's connection is closed after the answer, so a
+wrong token costs a new connection each time. A connection over the cap pushes out the
+oldest one that has not made an authorised request, never the plugin's once it has. What
+stays possible: a neighbour opening connections fast enough pushes out (or, with the
+kernel's accept queue full, delays) the plugin's new ones, and its calls fail open (they run
+unjudged; the stream still catches the loop); the owner-only Unix socket has no neighbour.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -23,6 +35,7 @@ import structlog
 from aiohttp import web
 
 from monitor.config import Settings, is_loopback
+from monitor.core.findings import clean_tool_name
 from monitor.core.plugin_protocol import (
     DECIDE_PATH,
     MAX_BODY,
@@ -34,6 +47,7 @@ from monitor.core.plugin_protocol import (
     too_large,
 )
 from monitor.errors import ConfigError
+from monitor.shell.listener import Limits, Listening, listen_tcp, listen_unix, trust
 
 log = structlog.get_logger("monitor.shell.decide")
 
@@ -43,6 +57,14 @@ Judge = Callable[[PluginCall], PluginVerdict]
 MAX_SOCKET_PATH = 107
 # Directories counted apart in status and metrics; more than this many projects share "other".
 MAX_DIRECTORIES = 64
+# How a directory is labelled in status and metrics (cut like everywhere else it leaves us).
+DIRECTORY_MAX = 256
+# The plugin of one server opens a connection per call under way at once (Bun's fetch pool).
+MAX_CONNECTIONS = 128
+IDLE_S = 5.0
+BODY_S = 5.0
+# A request line and each header: the path and a bearer token are short.
+MAX_LINE = 4096
 
 
 class EndpointTaken(ConfigError):
@@ -135,10 +157,20 @@ def socket_name(url: str) -> str:
     return f"plugin-{port}.sock"
 
 
+# A token is a few dozen characters; a larger file is not one we wrote.
+MAX_TOKEN_FILE = 4096
+
+
 def read_or_create_token(path: Path) -> str:
-    """The token in `path`; a new one, written readable by its owner only, if there is none."""
+    """The token in `path`; a new one, written readable by its owner only, if there is none.
+
+    The file must be ours and closed to others, and is opened without following a link: a
+    token someone else can read, write or point us to is one they know (a daemon run as root
+    can read any user's file, so the mode alone does not say it is ours).
+    """
     try:
-        token = path.read_text(encoding="utf-8").strip()
+        # O_NONBLOCK: a FIFO planted in its place must not hang the start.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         token = secrets.token_urlsafe(32)
         try:
@@ -149,11 +181,26 @@ def read_or_create_token(path: Path) -> str:
             file.write(token + "\n")
         return token
     except OSError as exc:
+        # ELOOP: a symbolic link, which O_NOFOLLOW refuses to open.
         raise ConfigError(f"plugin_token_file {path}: cannot read ({exc.strerror})") from None
-    if not token:
-        raise ConfigError(f"plugin_token_file {path}: is empty")
-    if path.stat().st_mode & 0o077:
-        raise ConfigError(f"plugin_token_file {path}: readable by others (chmod 600 it)")
+    with open(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(f"plugin_token_file {path}: not a regular file")
+        if info.st_uid != os.geteuid():
+            raise ConfigError(
+                f"plugin_token_file {path}: belongs to another user (uid {info.st_uid}), who "
+                "knows the token; use a file of this user's"
+            )
+        if info.st_mode & 0o077:
+            raise ConfigError(f"plugin_token_file {path}: open to others (chmod 600 it)")
+        raw = file.read(MAX_TOKEN_FILE + 1)
+    try:
+        token = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        token = ""
+    if not token or len(raw) > MAX_TOKEN_FILE:
+        raise ConfigError(f"plugin_token_file {path}: is empty or not a token")
     return token
 
 
@@ -196,8 +243,10 @@ class PluginStats:
         self.refused = 0
 
     def label(self, directory: str) -> str:
-        if directory in self.by_directory or len(self.by_directory) < MAX_DIRECTORIES:
-            return directory
+        # Cleaned: a label Prometheus cannot encode (a lone surrogate) would break /metrics.
+        label = clean_tool_name(directory, DIRECTORY_MAX)
+        if label in self.by_directory or len(self.by_directory) < MAX_DIRECTORIES:
+            return label
         return "other"
 
     def asked(self, call: PluginCall, verdict: PluginVerdict) -> str:
@@ -290,6 +339,7 @@ class DecideServer:
         self._on_refused = on_refused
         self._token: str | None = None
         self._runner: web.AppRunner | None = None
+        self._listening: Listening | None = None
         self.port: int | None = None
 
     async def start(self) -> None:
@@ -300,15 +350,18 @@ class DecideServer:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
+        limits = Limits(MAX_CONNECTIONS, IDLE_S, MAX_LINE, self._over_the_cap)
         try:
             if endpoint.socket is not None:
-                await self._start_unix(runner, endpoint.socket)
+                private_dir(endpoint.socket.parent)
+                clear_stale_socket(endpoint.socket)
+                self._listening = await listen_unix(runner, limits, endpoint.socket)
             else:
                 assert endpoint.token_file is not None and endpoint.host is not None
+                assert endpoint.port is not None
                 self._token = read_or_create_token(endpoint.token_file)
-                site = web.TCPSite(runner, endpoint.host, endpoint.port, reuse_address=True)
-                await site.start()
-                self.port = runner.addresses[0][1]
+                self._listening = await listen_tcp(runner, limits, endpoint.host, endpoint.port)
+                self.port = self._listening.server.sockets[0].getsockname()[1]
         except OSError as exc:
             await runner.cleanup()
             raise ConfigError(f"plugin endpoint: cannot listen ({exc.strerror})") from None
@@ -318,20 +371,12 @@ class DecideServer:
         self._runner = runner
         log.info("plugin.listening", socket=str(endpoint.socket), port=self.port)
 
-    async def _start_unix(self, runner: web.AppRunner, path: Path) -> None:
-        private_dir(path.parent)
-        clear_stale_socket(path)
-        # Created 0600 from the start: a chmod after bind leaves a moment open to others.
-        old = os.umask(0o177)
-        try:
-            await web.UnixSite(runner, str(path)).start()
-        finally:
-            os.umask(old)
-
     async def close(self) -> None:
         runner, self._runner = self._runner, None
         if runner is None:
             return
+        if self._listening is not None:
+            self._listening.close()
         await runner.cleanup()
         if self.endpoint.socket is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -344,16 +389,27 @@ class DecideServer:
                 refused = too_large()
             else:
                 try:
-                    body = await request.read()
+                    async with asyncio.timeout(BODY_S):
+                        body = await request.read()
                 except web.HTTPRequestEntityTooLarge:
                     refused = too_large()
+                except TimeoutError:
+                    refused = RequestRefused(408, f"request body not received within {BODY_S:g} s")
                 else:
                     parsed = read_body(body)
                     if isinstance(parsed, PluginCall):
+                        trust(request)
                         return self._answer(parsed)
                     refused = parsed
         self._on_refused(refused)
-        return web.json_response(refused.to_json(), status=refused.status)
+        answer = web.json_response(refused.to_json(), status=refused.status)
+        # Closed after the answer: a client that is refused cannot go on asking for free on
+        # a kept-alive connection (another user's flood of wrong tokens, say).
+        answer.force_close()
+        return answer
+
+    def _over_the_cap(self) -> None:
+        self._on_refused(RequestRefused(503, f"over {MAX_CONNECTIONS} connections"))
 
     def _answer(self, call: PluginCall) -> web.Response:
         try:

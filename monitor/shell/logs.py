@@ -110,31 +110,44 @@ def bound_line(render: structlog.typing.Processor) -> structlog.typing.Processor
     return bounded
 
 
+class Throttle:
+    """One log line per kind per interval, for events a client or a fault can repeat at will:
+    `due` counts one and, when a line is due, says how many came since the last line (this
+    one included); None while the interval runs. Kinds must come from a bounded set."""
+
+    def __init__(self, every: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._every = every
+        self._clock = clock
+        # Per kind: when it was last logged, and how many came since.
+        self._seen: dict[str, tuple[float, int]] = {}
+
+    def due(self, kind: str) -> int | None:
+        now = self._clock()
+        logged_at, count = self._seen.get(kind, (float("-inf"), 0))
+        count += 1
+        if now - logged_at < self._every:
+            self._seen[kind] = (logged_at, count)
+            return None
+        self._seen[kind] = (now, 0)
+        return count
+
+
 class LoopErrors:
     """An event loop exception handler that logs each kind of error once per interval."""
 
     def __init__(
         self, every: float = LOOP_ERROR_EVERY_S, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._every = every
-        self._clock = clock
-        # Per kind: when it was last logged, and how many came since.
-        self._seen: dict[str, tuple[float, int]] = {}
+        self._throttle = Throttle(every, clock)
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
         error = type(exc).__name__ if exc is not None else ""
         if isinstance(exc, OSError) and exc.strerror:
             error = exc.strerror
-        kind = f"{context.get('message', '')}: {error}"
-        now = self._clock()
-        logged_at, count = self._seen.get(kind, (float("-inf"), 0))
-        count += 1
-        if now - logged_at < self._every:
-            self._seen[kind] = (logged_at, count)
-            return
-        self._seen[kind] = (now, 0)
-        log.error("loop.error", message=context.get("message"), error=error, count=count)
+        count = self._throttle.due(f"{context.get('message', '')}: {error}")
+        if count is not None:
+            log.error("loop.error", message=context.get("message"), error=error, count=count)
 
 
 def journal_line(render: structlog.typing.Processor) -> structlog.typing.Processor:

@@ -13,7 +13,6 @@ monitors in one process do not clash.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import platform
 import time
@@ -21,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 from prometheus_client.aiohttp import make_aiohttp_handler
 
@@ -29,6 +27,7 @@ from monitor import __version__
 from monitor.core.decisions import Outcome
 from monitor.core.events import KNOWN_EVENT_TYPES, MALFORMED, OTHER
 from monitor.core.findings import RULES, clean_tool_name
+from monitor.shell.listener import Limits, Listening, listen_tcp
 from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
@@ -39,17 +38,14 @@ OUTCOMES = tuple(Outcome)
 INTERVENTION_OUTCOMES = tuple(outcome for outcome in Outcome if outcome != Outcome.DRY_RUN)
 
 
-# This server shares the event loop and the file limit with detection: whoever can reach the
-# port must not be able to take either. At most MAX_CONNECTIONS are open (more are reset at
-# once, so an idle flood costs one descriptor each only for an instant); a connection that
-# sends nothing for IDLE_S is closed, and none lives longer than LIFETIME_S, however slowly it
-# trickles a request in. Requests are GETs: a line, headers and body have small bounds.
+# The limits of monitor.shell.listener: at most MAX_CONNECTIONS open, a connection idle (or
+# sending its head) for IDLE_S closed, none alive longer than LIFETIME_S. Requests are GETs:
+# a line, headers and body have small bounds.
 MAX_CONNECTIONS = 64
 IDLE_S = 5.0
 LIFETIME_S = 15.0
 MAX_LINE = 4096
 MAX_BODY = 1024
-BACKLOG = 64
 REFUSALS = ("connections", "rate")
 # Directories with a label of their own in the spend counters; a directory as long as a path
 # may be (cut like everywhere else a directory leaves the process).
@@ -369,68 +365,16 @@ def metrics_app(metrics: Metrics, status: Callable[[], object] | None = None) ->
     return app
 
 
-class _Handler(RequestHandler):
-    """aiohttp's connection handler, counted by its listener and closed at its deadline."""
-
-    def __init__(self, listener: _Listener) -> None:
-        super().__init__(
-            listener.server,
-            loop=asyncio.get_running_loop(),
-            keepalive_timeout=IDLE_S,
-            max_line_size=MAX_LINE,
-            max_field_size=MAX_LINE,
-            # No access log (a scrape every few seconds would drown the monitor's own lines);
-            # aiohttp takes None here though its hint says Logger.
-            access_log=None,  # type: ignore[arg-type]
-        )
-        self._listener = listener
-        self._deadline: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._deadline = asyncio.get_running_loop().call_later(LIFETIME_S, self.force_close)
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._listener.open -= 1
-        if self._deadline is not None:
-            self._deadline.cancel()
-        super().connection_lost(exc)
-
-
-class _Reset(asyncio.Protocol):
-    """A connection over the cap: reset at once, so it holds no descriptor."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.abort()
-
-
-class _Listener:
-    """The listening socket's protocol factory: aiohttp's handler, up to `MAX_CONNECTIONS`."""
-
-    def __init__(self, server: web.Server, metrics: Metrics) -> None:
-        self.server = server
-        self.open = 0
-        self._metrics = metrics
-
-    def __call__(self) -> asyncio.BaseProtocol:
-        if self.open >= MAX_CONNECTIONS:
-            self._metrics.http_refused("connections")
-            return _Reset()
-        self.open += 1
-        return _Handler(self)
-
-
 @dataclass(frozen=True, slots=True)
 class MetricsServer:
     """A running metrics server; `port` is the bound one (useful when asked for port 0)."""
 
     runner: web.AppRunner
-    listener: asyncio.Server
+    listening: Listening
     port: int
 
     async def close(self) -> None:
-        self.listener.close()
+        self.listening.close()
         await self.runner.cleanup()
 
 
@@ -440,12 +384,12 @@ async def start_metrics_server(
     """Listen on `host:port` (port 0 picks a free one); raises OSError if it cannot bind."""
     runner = web.AppRunner(metrics_app(metrics, status), access_log=None)
     await runner.setup()
+    limits = Limits(
+        MAX_CONNECTIONS, IDLE_S, MAX_LINE, lambda: metrics.http_refused("connections"), LIFETIME_S
+    )
     try:
-        assert runner.server is not None
-        listener = await asyncio.get_running_loop().create_server(
-            _Listener(runner.server, metrics), host, port, backlog=BACKLOG, reuse_address=True
-        )
+        listening = await listen_tcp(runner, limits, host, port)
     except BaseException:
         await runner.cleanup()
         raise
-    return MetricsServer(runner, listener, listener.sockets[0].getsockname()[1])
+    return MetricsServer(runner, listening, listening.server.sockets[0].getsockname()[1])

@@ -55,7 +55,7 @@ from monitor.shell.decide import (
     plugin_endpoint,
 )
 from monitor.shell.diagnosis import directory_known
-from monitor.shell.logs import LoopErrors, configure_logging
+from monitor.shell.logs import LoopErrors, Throttle, configure_logging
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.shell.stream import (
@@ -75,6 +75,7 @@ DRAIN_S = 3.0
 # Then notifications still being posted get this long (within the same 5 s).
 WEBHOOK_DRAIN_S = 1.0
 MALFORMED_LOG_EVERY_S = 10.0
+REFUSED_LOG_EVERY_S = 10.0
 # /status lists at most this many sessions (its totals count them all), so its body stays
 # small and quick to build whatever the server runs.
 STATUS_SESSIONS_MAX = 100
@@ -89,9 +90,10 @@ QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
 # Requests a resync has under way at once: 10,000 directories asked one by one took 4.8 s;
 # all at once would take every connection of the pool from the aborts.
 RESYNC_CONCURRENCY = 16
-# At start, this many of the most recently updated sessions are read back for a hold that an
-# earlier monitor process put them on (held sessions are idle: no other read-back sees them).
-HELD_READ_BACK_MAX = 64
+# An idle session is read back (at start, up to --max-sessions of them) from its newest this
+# many messages: its recent interventions and whether it is held are there, and a whole record
+# can be megabytes.
+RECENT_HISTORY = 200
 
 
 def log_fields(detection: Detection) -> dict[str, object]:
@@ -227,6 +229,8 @@ class Watch:
         self._stop = asyncio.Event()
         self._fatal: BaseException | None = None
         self._malformed_logged_at = float("-inf")
+        self._refusals = Throttle(REFUSED_LOG_EVERY_S, timing.clock)
+        self._plugin_elsewhere = False
         self._ready_sent = False
         self._record: TextIO | None = None
         self._stream: EventStream | None = None
@@ -295,6 +299,7 @@ class Watch:
         except EndpointTaken as exc:
             # A second monitor of the same server: the first answers its plugins.
             log.warning("plugin.endpoint_taken", reason=str(exc))
+            self._plugin_elsewhere = True
             return
         self.plugin_server = server
         after = self.timing.unasked
@@ -323,7 +328,13 @@ class Watch:
         self.plugin_stats.refused += 1
         if self.metrics is not None:
             self.metrics.plugin_refused(refused.status)
-        log.warning("plugin.refused", status=refused.status, reason=refused.message)
+        # Anyone who can connect can be refused as often as they like: one line per status
+        # per interval, or they would fill the journal and push loop.detected out with it.
+        count = self._refusals.due(str(refused.status))
+        if count is not None:
+            log.warning(
+                "plugin.refused", status=refused.status, reason=refused.message, count=count
+            )
 
     async def _run(self) -> int:
         settings = self.settings
@@ -360,6 +371,7 @@ class Watch:
                 sleep=self.timing.sleep,
                 stagger=self.timing.stagger,
                 clock=self.timing.clock,
+                plugin_elsewhere=self._plugin_elsewhere,
             )
             stream = self._stream = EventStream(
                 http,
@@ -744,7 +756,8 @@ class Watch:
     async def _read_back_held(self, busy: dict[str, str | None], first: bool) -> int:
         """Held sessions are idle, so the busy ones' read-back misses them: read back those we
         hold (a person may have written while we were away) and, at start, the most recently
-        updated sessions (held before a restart). How many are held."""
+        updated sessions, as many as the session table holds (held before a restart, or with
+        an earlier process's interventions the ladder must count). How many are held."""
         candidates = {
             session_id: where
             for session_id, where in self.tracker.held().items()
@@ -757,7 +770,7 @@ class Watch:
                 log.warning("session.list_failed", error=str(exc))
                 listed = []
             for session_id, where in recent_sessions(
-                listed, HELD_READ_BACK_MAX, self.settings.directory
+                listed, self.settings.max_sessions, self.settings.directory
             ).items():
                 if session_id not in busy:
                     candidates.setdefault(session_id, where)
@@ -765,18 +778,20 @@ class Watch:
         return self.tracker.held_sessions
 
     async def _read_hold(self, session_id: str, directory: str | None) -> None:
-        """Whether an idle session waits for a person, from its messages."""
+        """Whether an idle session waits for a person, and how often it was intervened in,
+        from its messages: an idle session that a restart found between two loops continues
+        the ladder where it was."""
         try:
-            messages = await self.api.messages(session_id, directory)
+            messages = await self.api.messages(session_id, directory, last=RECENT_HISTORY)
         except SessionGone:
             self.tracker.forget(session_id)
             return
         except ServerError as exc:
             log.warning("session.read_back_failed", session_id=session_id, error=str(exc))
             return
-        held = held_in(messages)
-        if held or session_id in self.tracker.held():
-            self.tracker.seed(session_id, (), directory, feedback_count(messages), held)
+        held, interventions = held_in(messages), feedback_count(messages)
+        if held or interventions or session_id in self.tracker.held():
+            self.tracker.seed(session_id, (), directory, interventions, held)
 
     async def _read_back_permissions(self, directories: Iterable[str | None]) -> int:
         """The stream does not replay permission requests made while we were away: read the

@@ -1,0 +1,157 @@
+"""Connection limits for the daemon's own HTTP servers (metrics and the plugin endpoint).
+
+Both share the event loop and the file limit with detection: whoever can reach them must not
+be able to take either. At most `max_connections` are open at once. A connection over the cap
+closes the oldest one not yet `trusted` (none has had a request answered that the server
+marked so: a plugin's, with the right token), so a flood of connections that never finish a
+request pushes out its own, not the plugin's; with every one trusted, the new one is reset at
+once, so a flood costs one descriptor each only for an instant. aiohttp's keep-alive timer runs
+from a connection's start and from the end of each answer, and a request head arriving in
+pieces does not restart it, so `idle_s` bounds both an idle connection and a head sent slowly;
+with `lifetime_s`, no connection lives longer, however slowly it trickles a request in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+BACKLOG = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What a server lets one client hold; `refused` is called for each connection reset."""
+
+    max_connections: int
+    idle_s: float
+    max_line: int
+    refused: Callable[[], None]
+    lifetime_s: float | None = None
+
+
+class _Handler(RequestHandler):
+    """aiohttp's connection handler, counted by its listener and closed at its deadline."""
+
+    def __init__(self, listener: Listener) -> None:
+        limits = listener.limits
+        super().__init__(
+            listener.server,
+            loop=asyncio.get_running_loop(),
+            keepalive_timeout=limits.idle_s,
+            max_line_size=limits.max_line,
+            max_field_size=limits.max_line,
+            # A request answered before its body was read (refused, or its body too slow) is
+            # closed at once, not read on for aiohttp's 10 s.
+            lingering_time=0,
+            # No access log (a request every few seconds would drown the monitor's own lines);
+            # aiohttp takes None here though its hint says Logger.
+            access_log=None,  # type: ignore[arg-type]
+        )
+        self._listener = listener
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        lifetime = self._listener.limits.lifetime_s
+        if lifetime is not None:
+            self._deadline = asyncio.get_running_loop().call_later(lifetime, self.force_close)
+
+    def trust(self) -> None:
+        self._listener.untrusted.pop(self, None)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._listener.closed(self)
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+
+class _Reset(asyncio.Protocol):
+    """A connection over the cap: reset at once, so it holds no descriptor."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.abort()
+
+
+class Listener:
+    """The listening socket's protocol factory: aiohttp's handler, up to the cap."""
+
+    def __init__(self, server: web.Server, limits: Limits) -> None:
+        self.server = server
+        self.limits = limits
+        # The connections counted against the cap; the untrusted ones, oldest first.
+        self.open: set[_Handler] = set()
+        self.untrusted: dict[_Handler, None] = {}
+
+    def __call__(self) -> asyncio.BaseProtocol:
+        if len(self.open) >= self.limits.max_connections:
+            self.limits.refused()
+            if not self.untrusted:
+                return _Reset()
+            oldest = next(iter(self.untrusted))
+            self.closed(oldest)  # its slot is the new one's now, not after its close completes
+            oldest.force_close()
+        handler = _Handler(self)
+        self.open.add(handler)
+        self.untrusted[handler] = None
+        return handler
+
+    def closed(self, handler: _Handler) -> None:
+        self.open.discard(handler)
+        self.untrusted.pop(handler, None)
+
+
+def trust(request: web.BaseRequest) -> None:
+    """Keep `request`'s connection when the cap is reached: it made a request worth answering."""
+    handler = request.protocol
+    if isinstance(handler, _Handler):
+        handler.trust()
+
+
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """A listening socket and its connections."""
+
+    server: asyncio.Server
+    listener: Listener
+
+    def close(self) -> None:
+        """Stop accepting and close every connection now: a client that keeps sending
+        requests (a flood) would otherwise hold aiohttp's graceful shutdown for a minute,
+        past the 5 s a SIGTERM has. Then the runner's cleanup finds nothing to wait for."""
+        self.server.close()
+        for handler in list(self.listener.open):
+            handler.force_close()
+
+
+async def listen_tcp(runner: web.AppRunner, limits: Limits, host: str, port: int) -> Listening:
+    """Serve `runner`'s application on `host:port` under `limits`; raises OSError."""
+    assert runner.server is not None
+    listener = Listener(runner.server, limits)
+    server = await asyncio.get_running_loop().create_server(
+        listener, host, port, backlog=BACKLOG, reuse_address=True
+    )
+    return Listening(server, listener)
+
+
+async def listen_unix(runner: web.AppRunner, limits: Limits, path: Path) -> Listening:
+    """Serve `runner`'s application on a Unix socket only its owner can open; raises OSError."""
+    assert runner.server is not None
+    listener = Listener(runner.server, limits)
+    # Created 0600 from the start: a chmod after bind leaves a moment open to others.
+    old = os.umask(0o177)
+    try:
+        server = await asyncio.get_running_loop().create_unix_server(
+            listener, str(path), backlog=BACKLOG
+        )
+    finally:
+        os.umask(old)
+    return Listening(server, listener)
