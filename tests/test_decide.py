@@ -230,6 +230,8 @@ def test_unasked_counts_calls_at_most_once_per_interval():
     for now in (0, 0.2, 0.5, 0.99, 1.0, 1.5):
         unasked.check(calls, False, now)
     assert calls.reads == 2
+
+
 def test_a_directory_label_is_cleaned() -> None:
     stats = PluginStats(clock=lambda: 5.0)
     call = PluginCall(**{**CALL, "directory": "/p\ud800\nx" + "y" * 300})
