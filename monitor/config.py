@@ -34,6 +34,7 @@ from monitor.core.budget import Budget
 from monitor.core.limits import HISTORY_FLOOR, DetectionError
 from monitor.core.permissions import PermissionMode
 from monitor.core.profile import Profile
+from monitor.core.rules.circles import WINDOW as CIRCLES_WINDOW
 from monitor.core.rules.revisit import WINDOW as REVISIT_WINDOW
 from monitor.core.tracker import SEED, Detection, FirstAction, MatchMode, OnLoop
 from monitor.errors import ConfigError
@@ -178,13 +179,16 @@ def _count_or_off(low: int) -> Parse:
     return parse
 
 
-def _revisits(raw: object) -> int:
-    value = _as_int(raw)
-    if value is None or not 0 <= value <= REVISIT_WINDOW:
-        raise ValueError(
-            f"expected 0 (off) or an integer from 1 to {REVISIT_WINDOW}, got {_show(raw)}"
-        )
-    return value
+def _of_window(window: int) -> Callable[[object], int]:
+    """How many calls of a rule's window of `window` calls make a loop, or 0 (off)."""
+
+    def parse(raw: object) -> int:
+        value = _as_int(raw)
+        if value is None or not 0 <= value <= window:
+            raise ValueError(f"expected 0 (off) or an integer from 1 to {window}, got {_show(raw)}")
+        return value
+
+    return parse
 
 
 def _budget(raw: object) -> Budget:
@@ -577,9 +581,20 @@ class Settings:
     )
     revisits: int = field(
         metadata=_row(
-            _revisits,
+            _of_window(REVISIT_WINDOW),
             f"calls of the last {REVISIT_WINDOW} that bring back what the run already read, "
             "with no file changed since, that make a loop (0: off)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    circles: int = field(
+        metadata=_row(
+            _of_window(CIRCLES_WINDOW),
+            f"calls of the last {CIRCLES_WINDOW} that are searches finding nothing new (empty, "
+            "failing or already seen), with no file changed, that make a loop (0: off)",
             Group.DETECTION,
             metavar="N",
             core=True,

@@ -44,6 +44,8 @@ shuffled-reread.sse                              loop at 17   revisit at 17     
 table.text-legit.sse                             legit        -                  ok
 test-edit-test-progress.sse                      legit        -                  ok
 tests-after-distinct-edits.sse                   legit        -                  ok
+w-circles-empty-finds.sse                        loop at 11   circles at 11      caught
+w-circles-missing-symbol.sse                     loop at 12   circles at 12      caught
 w-cycle-of-6.sse                                 loop at 18   cycle at 18        caught
 w-cycle-of-8.sse                                 loop at 20   revisit at 20      caught
 w-failure-edit-old-string-not-found.sse          loop at 4    failure at 4       caught
@@ -59,6 +61,7 @@ w-legit-many-reads.sse                           legit        -                 
 w-legit-routine-of-6-over-modules.sse            legit        -                  ok
 w-legit-same-description-different-commands.sse  legit        -                  ok
 w-legit-silent-successes.sse                     legit        -                  ok
+w-legit-six-misses-then-found.sse                legit        -                  ok
 w-legit-status-answered-in-progress.sse          legit        -                  ok
 w-legit-three-failures-then-fix.sse              legit        -                  ok
 w-legit-todo-between-different-reads.sse         legit        -                  ok
@@ -80,14 +83,15 @@ text_repeat       3      0      0             0  29, 72, 33
 text_steps        1      0      0             0  8
 no_progress       3      0      0             0  10, 10, 10
 revisit           4      0      0             0  26, 29, 17, 20
+circles           2      0      0             0  11, 12
 budget            0      0      0             0  -
 doom_loop         0      0      0             0  -
-total: 29 loops, 29 caught at the labelled call, 0 early or late, 0 missed; 23 legit, 0 false alarms
+total: 31 loops, 31 caught at the labelled call, 0 early or late, 0 missed; 24 legit, 0 false alarms
 """
 
 SEED_TOTAL = (
-    "total: 29 loops, 4 caught at the labelled call, 2 early or late, 23 missed; "
-    "23 legit, 5 false alarms"
+    "total: 31 loops, 4 caught at the labelled call, 2 early or late, 25 missed; "
+    "24 legit, 5 false alarms"
 )
 
 
@@ -107,7 +111,7 @@ def test_corpus_has_both_sides_and_recordings():
     traces = sorted(CORPUS.glob("*.sse"))
     labels = [parse_label(path.open().readline()) for path in traces]
     assert len(traces) >= 30
-    assert sum(label.loop_at is None for label in labels) == 23
+    assert sum(label.loop_at is None for label in labels) == 24
     # Recorded from the real server: 10 tool traces, 9 text traces; and 7 progress traces.
     assert sum(not path.name.startswith("w-") for path in traces) == 26
 

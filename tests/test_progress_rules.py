@@ -15,6 +15,7 @@ import pytest
 from monitor.config import load_settings
 from monitor.core.budget import Budget
 from monitor.core.events import MessageUsage, parse_event
+from monitor.core.rules.circles import found_nothing, looks
 from monitor.core.rules.facts import changes_files
 from monitor.core.session import outcome_digest
 from monitor.core.tracker import Detection, Tracker
@@ -208,6 +209,89 @@ def test_revisit_names_its_tools_and_window() -> None:
         "12 of the last 16 calls (read) brought back what was already seen"
     )
     assert "nothing has changed since" in decision.feedback
+
+
+# -- circles ---------------------------------------------------------------------------------
+
+CIRCLES = replace(ONLY, no_progress_runs=0, revisits=0)
+
+
+def grep(pattern: str, output: str = "No files found") -> list[dict]:
+    return tool("grep", {"pattern": pattern}, output)
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        # ten different searches, all empty (silent successes and silent failures)
+        ([bash(f"find . -name '*{i}*' | grep x", "", i % 2) for i in range(12)], ("circles", 10)),
+        # the tools' own "nothing found"
+        ([grep(f"Symbol{i}") for i in range(12)], ("circles", 10)),
+        # a trio that comes back the same, with empty searches between
+        (
+            [
+                s
+                for i in range(6)
+                for s in (grep("Sym"), read("a.py", "A"), read("b.py", "B"), grep(f"S{i}"))
+            ],
+            ("circles", 12),
+        ),
+        # nine misses of twelve: searching, not yet circling
+        ([grep(f"S{i}") if i % 4 else grep(f"T{i}", f"a.py:{i}: T") for i in range(40)], None),
+        # an edit between: what was searched for may be there now
+        ([s for i in range(20) for s in (grep(f"S{i}"), edit(i))], None),
+        # re-reading alone, nothing missed: `revisit`'s, not this rule's
+        ([read(name) for name in SHUFFLED], None),
+        # calls that only run things: not searches
+        ([bash(f"python t{i}.py", "", 0) for i in range(20)], None),
+    ],
+)
+def test_circles(steps: list[list[dict]], expected: tuple[str, int] | None) -> None:
+    assert first(Tracker(CIRCLES), steps) == expected
+
+
+def test_circles_names_its_tools_and_window() -> None:
+    tracker = Tracker(CIRCLES)
+    steps = [grep(f"S{i}") if i % 2 else bash(f"rg S{i}", "", 1) for i in range(12)]
+    [decision] = [d for frames in steps for f in frames for d in tracker.feed(f).decisions]
+    assert decision.finding.describe() == (
+        "10 of the last 10 calls (bash, grep) were searches that found nothing new"
+    )
+    assert "searching in circles" in decision.feedback
+
+
+@pytest.mark.parametrize(
+    ("tool_name", "command", "expected"),
+    [
+        ("grep", None, True),
+        ("find_file", None, True),
+        ("bash", "cd src && grep -rn x .", True),
+        ("bash", "find . -name '*.py' | xargs grep -l x", True),
+        ("bash", "sed -n 1,20p a.py", True),
+        ("bash", "sed -i s/a/b/ a.py", False),
+        ("bash", "python a.py", False),
+        ("edit", None, False),
+    ],
+)
+def test_what_only_looks(tool_name: str, command: str | None, expected: bool) -> None:
+    assert looks(tool_name, {"command": command}) is expected
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("", True),
+        ("  \n", True),
+        ("No files found", True),
+        ('No matches found for "X" in /repo', True),
+        ("ls: cannot access 'x': No such file or directory", True),
+        ("/bin/bash: line 3: find.: command not found", True),
+        ("a.py:3: x", False),
+        ("Found 2 matches", False),
+    ],
+)
+def test_what_found_nothing(output: str, expected: bool) -> None:
+    assert found_nothing(output) is expected
 
 
 # -- text_steps ------------------------------------------------------------------------------

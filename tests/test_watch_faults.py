@@ -503,6 +503,7 @@ async def test_started_log_lists_the_detection_settings():
         "text_steps": 8,
         "no_progress_runs": 5,
         "revisits": 12,
+        "circles": 10,
         "run_budget": "off",
         "tree_budget": "off",
         "permissions": "gate",

@@ -31,6 +31,7 @@ class Rule(enum.StrEnum):
     TEXT_STEPS = "text_steps"
     NO_PROGRESS = "no_progress"
     REVISIT = "revisit"
+    CIRCLES = "circles"
     BUDGET = "budget"
     # The server's own check, seen as its `doom_loop` permission request.
     DOOM_LOOP = "doom_loop"
@@ -195,6 +196,28 @@ class Revisit:
 
 
 @dataclass(frozen=True, slots=True)
+class SearchCircles:
+    """`fruitless` of the last `window` calls were searches (of `tools`) that came back empty,
+    failing or with what the run had already seen, with no file changed."""
+
+    rule: ClassVar[Rule] = Rule.CIRCLES
+    fruitless: int
+    window: int
+    tools: tuple[str, ...]
+
+    def describe(self) -> str:
+        """`10 of the last 12 calls (bash) were searches that found nothing new`."""
+        names = ", ".join(clean_tool_name(tool) for tool in self.tools)
+        return (
+            f"{self.fruitless} of the last {self.window} calls ({names}) were searches that "
+            "found nothing new"
+        )
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return self.window, self.fruitless, self.tools
+
+
+@dataclass(frozen=True, slots=True)
 class BudgetSpent:
     """A budget was reached: the `scope` ("run", or "tree": a session with its subagents)
     spent `spent` of `measure` ("steps", "tokens" or "cost" in USD), its limit `limit`."""
@@ -247,6 +270,7 @@ Finding = (
     | TextSteps
     | NoProgress
     | Revisit
+    | SearchCircles
     | BudgetSpent
     | DoomLoop
 )

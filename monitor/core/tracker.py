@@ -55,6 +55,7 @@ from monitor.core.permissions import DOOM_LOOP_CALLS, PermissionGate, Permission
 from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, block
 from monitor.core.profile import Profile, ignored_args, transparent_tools
 from monitor.core.rules import CallRule, TextRule
+from monitor.core.rules.circles import CirclesRule
 from monitor.core.rules.cycle import CycleRule
 from monitor.core.rules.facts import SIGNALS, Signals
 from monitor.core.rules.failure import FailureRule
@@ -111,6 +112,7 @@ class Detection:
     # Progress rules (monitor/core/rules/no_progress.py, revisit.py); 0 turns one off.
     no_progress_runs: int = 5  # runs of one check with the same result, each after changes
     revisits: int = 12  # of the last 16 calls, revisits that make a loop
+    circles: int = 10  # of the last 12 calls, fruitless searches that make a loop
     # Budgets (monitor/core/budget.py): per run, and per session with its subagents.
     run_budget: Budget = Budget()
     tree_budget: Budget = Budget()
@@ -138,6 +140,7 @@ SEED = Detection(
     text_steps=0,
     no_progress_runs=0,
     revisits=0,
+    circles=0,
 )
 
 
@@ -152,6 +155,8 @@ def rules_of(detection: Detection) -> tuple[list[CallRule], list[TextRule]]:
         call_rules.append(NoProgressRule(detection.no_progress_runs))
     if detection.revisits:
         call_rules.append(RevisitRule(detection.revisits))
+    if detection.circles:
+        call_rules.append(CirclesRule(detection.circles))
     text_rules: list[TextRule] = []
     if detection.text_steps:
         steps = StepsRule(detection.text_steps)

@@ -250,6 +250,50 @@ TRACES: dict[str, tuple[str, list[Call]]] = {
         "legit",
         [edit(f"pkg/m{n}.py", "import os", "import os\nimport sys") for n in range(12)],
     ),
+    # --- searching in circles (rule `circles`) -----------------------------------------------
+    # Ten different searches whose filter drops every hit: `find` succeeds silently, `grep`
+    # fails silently, in turn (never four identical failures in a row, so `failure` misses it).
+    "w-circles-empty-finds": (
+        "loop at 11",
+        [sh("ls src", "api\nweb\nworker")]
+        + [
+            sh(f"find src -name '*{t}*' | grep -i handler")
+            if n % 2
+            else fails(f"grep -rn 'class {t}Handler' src", "", 1)
+            for n, t in enumerate(("Auth", "Login", "Session", "Token", "User", "Jwt", "Oauth"))
+        ]
+        + [sh("find . -path ./node_modules -prune -o -name '*handler*' -print | grep -v test")]
+        + [fails("grep -rln 'HandlerFactory' --include=*.py .", "", 1)] * 1
+        + [sh("find src -type f -newer setup.py | grep handler")],
+    ),
+    # Searches for a symbol that does not exist: the same trio (a grep that finds nothing, a
+    # glob and a read that bring back what they brought before) again and again, other empty
+    # searches between.
+    "w-circles-missing-symbol": (
+        "loop at 12",
+        [
+            c
+            for n in range(6)
+            for c in (
+                ok("grep", {"pattern": "parseConfig", "path": "src"}, "No files found"),
+                ok("glob", {"pattern": "src/**/config*"}, "src/config.ts\nsrc/config.test.ts"),
+                read("src/config.ts"),
+                ok("grep", {"pattern": f"parseConfig{n}|parse_config{n}"}, "No files found"),
+                sh(f"rg -l 'ConfigParser{n}' src"),
+            )
+        ][:26],
+    ),
+    # Looking for the right file: six misses in a row, then hits, reads and the edit.
+    "w-legit-six-misses-then-found": (
+        "legit",
+        [sh(f"grep -rn 'def {name}' src") for name in ("load", "read", "parse", "open")]
+        + [ok("glob", {"pattern": f"**/*{n}*.py"}, "No files found") for n in ("conf", "cfg")]
+        + [ok("grep", {"pattern": "settings"}, "src/app/settings.py:3: settings = {}")]
+        + [read(f"src/app/{m}.py") for m in ("settings", "main", "db", "cli")]
+        + [ok("grep", {"pattern": "DEBUG"}, "No files found")]
+        + [ok("grep", {"pattern": "environ"}, "src/app/main.py:9: os.environ")]
+        + [edit("src/app/settings.py", "settings = {}", "settings = load()")],
+    ),
     # --- waiting -----------------------------------------------------------------------------
     "w-legit-ci-polling": (
         "legit",
