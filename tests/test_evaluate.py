@@ -56,7 +56,9 @@ w-identical-read.sse                             loop at 4    cycle at 4        
 w-legit-batch-edits.sse                          legit        -                  ok
 w-legit-ci-polling.sse                           legit        -                  ok
 w-legit-different-failures.sse                   legit        -                  ok
+w-legit-distinct-edits-same-check.sse            legit        -                  ok
 w-legit-health-and-log-in-turn.sse               legit        -                  ok
+w-legit-interrupt-after-launches.sse             legit        -                  ok
 w-legit-many-reads.sse                           legit        -                  ok
 w-legit-routine-of-6-over-modules.sse            legit        -                  ok
 w-legit-same-description-different-commands.sse  legit        -                  ok
@@ -67,6 +69,7 @@ w-legit-three-failures-then-fix.sse              legit        -                 
 w-legit-todo-between-different-reads.sse         legit        -                  ok
 w-legit-wait-for-server.sse                      legit        -                  ok
 w-no-progress-failures-between-edits.sse         loop at 10   no_progress at 10  caught
+w-no-progress-rewrites-own-change.sse            loop at 10   no_progress at 10  caught
 w-pair-cycle.sse                                 loop at 6    cycle at 6         caught
 w-relabelled-task.sse                            loop at 4    cycle at 4         caught
 w-timeout-raised-each-retry.sse                  loop at 4    cycle at 4         caught
@@ -81,17 +84,17 @@ failure           7      0      0             0  4, 4, 4, 4, 4, 4, 4
 wait              2      0      0             0  20, 20
 text_repeat       3      0      0             0  29, 72, 33
 text_steps        1      0      0             0  8
-no_progress       3      0      0             0  10, 10, 10
+no_progress       4      0      0             0  10, 10, 10, 10
 revisit           4      0      0             0  26, 29, 17, 20
 circles           2      0      0             0  11, 12
 budget            0      0      0             0  -
 doom_loop         0      0      0             0  -
-total: 31 loops, 31 caught at the labelled call, 0 early or late, 0 missed; 24 legit, 0 false alarms
+total: 32 loops, 32 caught at the labelled call, 0 early or late, 0 missed; 26 legit, 0 false alarms
 """
 
 SEED_TOTAL = (
-    "total: 31 loops, 4 caught at the labelled call, 2 early or late, 25 missed; "
-    "24 legit, 5 false alarms"
+    "total: 32 loops, 4 caught at the labelled call, 2 early or late, 26 missed; "
+    "26 legit, 5 false alarms"
 )
 
 
@@ -111,7 +114,7 @@ def test_corpus_has_both_sides_and_recordings():
     traces = sorted(CORPUS.glob("*.sse"))
     labels = [parse_label(path.open().readline()) for path in traces]
     assert len(traces) >= 30
-    assert sum(label.loop_at is None for label in labels) == 24
+    assert sum(label.loop_at is None for label in labels) == 26
     # Recorded from the real server: 10 tool traces, 9 text traces; and 7 progress traces.
     assert sum(not path.name.startswith("w-") for path in traces) == 26
 

@@ -17,7 +17,8 @@ from monitor.core.budget import Budget
 from monitor.core.events import MessageUsage, parse_event
 from monitor.core.rules.circles import found_nothing, looks
 from monitor.core.rules.facts import changes_files
-from monitor.core.session import outcome_digest
+from monitor.core.rules.no_progress import is_keystroke
+from monitor.core.session import Call, outcome_digest
 from monitor.core.tracker import Detection, Tracker
 from tests.frames_factory import call as call_frames
 from tests.frames_factory import envelope, idle
@@ -96,6 +97,98 @@ def first(tracker: Tracker, steps: list[list[dict]]) -> tuple[str, int] | None:
 )
 def test_no_progress(steps: list[list[dict]], expected: tuple[str, int] | None) -> None:
     assert first(Tracker(replace(ONLY, revisits=0)), steps) == expected
+
+
+def change(path: str, old: str, new: str) -> list[dict]:
+    return tool("edit", {"filePath": path, "oldString": old, "newString": new}, "ok")
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        # one TODO after another, an unrelated check printing the same: progress
+        (
+            [
+                s
+                for i in range(10)
+                for s in (
+                    change(f"m{i % 3}.py", f"# TODO {i}", f"f{i}()"),
+                    bash("lint", "2 warnings", 0),
+                )
+            ],
+            None,
+        ),
+        # flipping between two versions of one line: the same result each time
+        (
+            [
+                s
+                for i in range(10)
+                for s in (
+                    change("a.py", *(("x = 1", "x = 2") if i % 2 else ("x = 2", "x = 1"))),
+                    bash("pytest"),
+                )
+            ],
+            ("no_progress", 10),
+        ),
+        # a whole file written again and again
+        (
+            [
+                s
+                for i in range(8)
+                for s in (
+                    tool("write", {"filePath": "a.py", "content": f"v{i}"}, "ok"),
+                    bash("pytest"),
+                )
+            ],
+            ("no_progress", 10),
+        ),
+        # rewriting its own change, with one step somewhere new in the middle: counted again
+        # from that step
+        (
+            [s for i in range(4) for s in (edit(i), bash("pytest"))]
+            + [change("b.py", "# TODO", "done()"), bash("pytest")]
+            + [s for i in range(4, 12) for s in (edit(i), bash("pytest"))],
+            ("no_progress", 18),
+        ),
+        # an interrupt after different launches, changes between: no check
+        (
+            [
+                s
+                for i in range(8)
+                for s in (
+                    bash(f"sed -i s/p/{i}/ cfg.py", "", 0),
+                    bash(f"python serve.py -p {i}", f"up {i}", 0),
+                    bash("C-c", "^C", 0),
+                )
+            ],
+            None,
+        ),
+    ],
+)
+def test_no_progress_tells_rewriting_from_progressing(
+    steps: list[list[dict]], expected: tuple[str, int] | None
+) -> None:
+    assert first(Tracker(replace(ONLY, revisits=0, circles=0)), steps) == expected
+
+
+@pytest.mark.parametrize(
+    ("command", "output", "expected"),
+    [
+        ("C-c", "^C", True),
+        ("C-c C-c Enter", "", True),
+        ("  ", "", True),
+        ("", "", True),
+        ("python serve.py", "^C", False),
+        ("C-3po --help", "usage", False),
+        ("pytest", "1 failed", False),
+    ],
+)
+def test_a_keystroke_or_an_empty_command_is_no_check(
+    command: str, output: str, expected: bool
+) -> None:
+    finished = Call("prt_1", "bash", 1, {"command": command})
+    finished.output = output
+    assert is_keystroke(finished) is expected
 
 
 def fix(n: int) -> list[dict]:

@@ -163,6 +163,51 @@ TRACES: dict[str, tuple[str, list[Call]]] = {
             )
         ],
     ),
+    # One TODO after another, each edit in a new place, while an unrelated lint check keeps
+    # printing the same two warnings: progress, not a loop (`no_progress` fired here before it
+    # told a step somewhere new from a rewrite of the run's own change).
+    "w-legit-distinct-edits-same-check": (
+        "legit",
+        [
+            c
+            for n in range(8)
+            for c in (
+                edit(f"src/m{n % 3}.py", f"# TODO {n}: validate", f"check_{n}(value)"),
+                sh("npm run lint", "2 warnings (unused import in legacy/old.py)"),
+            )
+        ],
+    ),
+    # The agent rewrites its own unverified change again and again (each edit's old text is
+    # what the previous one added) and the test fails the same way each time.
+    "w-no-progress-rewrites-own-change": (
+        "loop at 10",
+        [
+            c
+            for n in range(6)
+            for c in (
+                edit(
+                    "src/parse.py",
+                    "    return int(text)" if n == 0 else f"    return parse_v{n}(text)",
+                    f"    return parse_v{n + 1}(text)",
+                ),
+                fails("pytest -q tests/test_parse.py", PYTEST_FAIL.format(3, 20 + n)),
+            )
+        ],
+    ),
+    # Different launches, each interrupted with a keystroke (`C-c`, answered `^C`), with
+    # changes between: the interrupt checks nothing, so it is no repeated check.
+    "w-legit-interrupt-after-launches": (
+        "legit",
+        [
+            c
+            for n in range(7)
+            for c in (
+                sh(f"sed -i 's/PORT = .*/PORT = {8000 + n}/' settings.py"),
+                sh(f"python serve.py --workers {n + 1}", f"serving with {n + 1} workers"),
+                sh("C-c", "^C"),
+            )
+        ],
+    ),
     "w-legit-silent-successes": (
         "legit",
         [sh(f"mkdir -p build/{d}") for d in "abcdefgh"] + [sh("true")] * 3,
