@@ -36,6 +36,7 @@ from monitor.core.permissions import PermissionMode
 from monitor.core.profile import Profile
 from monitor.core.rules.circles import WINDOW as CIRCLES_WINDOW
 from monitor.core.rules.revisit import WINDOW as REVISIT_WINDOW
+from monitor.core.rules.runaway import LINES as RUNAWAY_LINES
 from monitor.core.tracker import SEED, Detection, FirstAction, MatchMode, OnLoop
 from monitor.errors import ConfigError
 
@@ -595,6 +596,17 @@ class Settings:
             _of_window(CIRCLES_WINDOW),
             f"calls of the last {CIRCLES_WINDOW} that are searches finding nothing new (empty, "
             "failing or already seen), with no file changed, that make a loop (0: off)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    runaway_updates: int = field(
+        metadata=_row(
+            _count_or_off(2),
+            "re-sent updates in a row of one running call whose streamed output ends in the "
+            f"same line {RUNAWAY_LINES} times over, that make a runaway call (0: off)",
             Group.DETECTION,
             metavar="N",
             core=True,

@@ -75,6 +75,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "no_progress_runs": 5,
         "revisits": 12,
         "circles": 10,
+        "runaway_updates": 20,
         "run_budget": {"steps": None, "tokens": None, "cost": None},
         "tree_budget": {"steps": None, "tokens": None, "cost": None},
         "max_sessions": 10_000,

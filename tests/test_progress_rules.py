@@ -18,6 +18,7 @@ from monitor.core.events import MessageUsage, parse_event
 from monitor.core.rules.circles import found_nothing, looks
 from monitor.core.rules.facts import changes_files
 from monitor.core.rules.no_progress import is_keystroke
+from monitor.core.rules.runaway import repeats
 from monitor.core.session import Call, outcome_digest
 from monitor.core.tracker import Detection, Tracker
 from tests.frames_factory import call as call_frames
@@ -538,3 +539,81 @@ def test_defaults_fire_on_no_silent_success_and_at_most_2_resolved_runs(corpus: 
     assert rows["no_progress"][2:4] == ["0", "0"]
     assert rows["revisit"][2:4] == ["0", "0"]
     assert rows["text_steps"][2:4] == ["0", "0"]
+
+
+# -- runaway ---------------------------------------------------------------------------------
+
+RUNAWAY = replace(ONLY, no_progress_runs=0, revisits=0, circles=0)
+
+
+def streaming(part: str, outputs: list[str]) -> list[dict]:
+    """A bash call recorded at `running`, then re-sent with each output so far."""
+    command = {"command": "bash -c 'while true; do echo y; done'"}
+    frames = call_frames(SES, part, "bash", command)[:2]
+    for output in outputs:
+        frame = json.loads(json.dumps(frames[1]))
+        frame["properties"]["part"]["state"]["metadata"] = {"output": output}
+        frames.append(frame)
+    return frames
+
+
+def decisions_of(tracker: Tracker, frames: list[dict]) -> list[tuple[str, str, int]]:
+    return [
+        (d.rule, d.part_id, n)
+        for n, frame in enumerate(frames)
+        for d in tracker.feed(frame).decisions
+    ]
+
+
+def test_a_call_streaming_the_same_line_runs_away_at_its_20th_repeating_update() -> None:
+    # 2 lines more at each update: the 11th has 22 lines (20 complete and equal ones after
+    # the first, which the slice may cut), so the 30th update is the 20th that repeats
+    outputs = ["yes\n" * (2 * n) for n in range(1, 60)]
+    frames = streaming("prt_run", outputs)
+    [(rule, part, at)] = decisions_of(Tracker(RUNAWAY), frames)
+    assert (rule, part, at) == ("runaway", "prt_run", 2 + 30 - 1)
+
+
+def test_a_stream_that_moves_on_starts_the_count_over() -> None:
+    block = ["same\n" * 40 + f"step {n}\n" for n in range(10)]
+    outputs = [text for one in block for text in [one[: -len("step 0\n")]] * 15 + [one]]
+    assert decisions_of(Tracker(RUNAWAY), streaming("prt_moves", outputs)) == []
+
+
+def test_a_long_build_streaming_new_lines_is_no_runaway() -> None:
+    outputs = ["".join(f"CC m{k}.o\n" for k in range(n)) for n in range(1, 300)]
+    assert decisions_of(Tracker(RUNAWAY), streaming("prt_build", outputs)) == []
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("y\n" * 21, True),
+        ("y\n" * 21 + "partial", True),
+        ("y\n" * 19, False),
+        ("\n" * 40, False),
+        ("x\n" + "y\n" * 19 + "z\n", False),
+        (None, False),
+        ("x" * 5000 + "\n" + "y\n" * 21, True),
+    ],
+)
+def test_what_repeats(output: str | None, expected: bool) -> None:
+    assert repeats(output) is expected
+
+
+def test_the_real_models_while_true_is_stopped_on_the_stream(corpus: Path) -> None:
+    # ../shared/realmodel with the 10,451 re-sent updates trimmed: put 30 of them back
+    recording = SHARED.parent.parent / "realmodel" / "tests-watch-trimmed.event.sse"
+    blocks = recording.read_text().split("\n\n")
+    runaway = [n for n, b in enumerate(blocks) if "while true" in b and '"running"' in b][-1]
+    blocks[runaway:runaway] = [blocks[runaway]] * 30
+    tracker = Tracker(Detection())
+    found = [
+        (d.rule, d.part_id)
+        for block in blocks
+        if block.startswith("data: ")
+        for d in tracker.feed_data(block[len("data: ") :]).decisions
+    ]
+    # the 4-call cycle and the model's repeats of it first, then the runaway, once
+    assert [rule for rule, _ in found] == ["cycle"] * (len(found) - 1) + ["runaway"]
+    assert found[-1] == ("runaway", "prt_231db9058001xDS0dhqxSniZdg")

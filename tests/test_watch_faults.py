@@ -504,6 +504,7 @@ async def test_started_log_lists_the_detection_settings():
         "no_progress_runs": 5,
         "revisits": 12,
         "circles": 10,
+        "runaway_updates": 20,
         "run_budget": "off",
         "tree_budget": "off",
         "permissions": "gate",

@@ -32,6 +32,7 @@ class Rule(enum.StrEnum):
     NO_PROGRESS = "no_progress"
     REVISIT = "revisit"
     CIRCLES = "circles"
+    RUNAWAY = "runaway"
     BUDGET = "budget"
     # The server's own check, seen as its `doom_loop` permission request.
     DOOM_LOOP = "doom_loop"
@@ -218,6 +219,27 @@ class SearchCircles:
 
 
 @dataclass(frozen=True, slots=True)
+class RunawayCall:
+    """One call of `tool`, still running, streamed output ending in the same line `lines`
+    times over at `updates` of its updates in a row."""
+
+    rule: ClassVar[Rule] = Rule.RUNAWAY
+    tool: str
+    updates: int
+    lines: int
+
+    def describe(self) -> str:
+        """`one bash call kept printing the same line (20 times at 20 updates in a row)`."""
+        return (
+            f"one {clean_tool_name(self.tool)} call kept printing the same line without end "
+            f"({self.lines} times at {self.updates} updates in a row)"
+        )
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return 1, self.updates, (self.tool,)
+
+
+@dataclass(frozen=True, slots=True)
 class BudgetSpent:
     """A budget was reached: the `scope` ("run", or "tree": a session with its subagents)
     spent `spent` of `measure` ("steps", "tokens" or "cost" in USD), its limit `limit`."""
@@ -271,6 +293,7 @@ Finding = (
     | NoProgress
     | Revisit
     | SearchCircles
+    | RunawayCall
     | BudgetSpent
     | DoomLoop
 )

@@ -61,6 +61,7 @@ from monitor.core.rules.facts import SIGNALS, Signals
 from monitor.core.rules.failure import FailureRule
 from monitor.core.rules.no_progress import NoProgressRule
 from monitor.core.rules.revisit import RevisitRule
+from monitor.core.rules.runaway import RunawayRule
 from monitor.core.rules.text import TextStream
 from monitor.core.rules.text_steps import StepsRule
 from monitor.core.session import Call, RecentMap, SessionRecord, call_digest
@@ -113,6 +114,9 @@ class Detection:
     no_progress_runs: int = 5  # runs of one check with the same result, each after changes
     revisits: int = 12  # of the last 16 calls, revisits that make a loop
     circles: int = 10  # of the last 12 calls, fruitless searches that make a loop
+    # A call that runs away (monitor/core/rules/runaway.py): re-sent `running` updates in a
+    # row whose streamed output ends in the same line over and over; 0 turns it off.
+    runaway_updates: int = 20
     # Budgets (monitor/core/budget.py): per run, and per session with its subagents.
     run_budget: Budget = Budget()
     tree_budget: Budget = Budget()
@@ -141,6 +145,7 @@ SEED = Detection(
     no_progress_runs=0,
     revisits=0,
     circles=0,
+    runaway_updates=0,
 )
 
 
@@ -157,6 +162,8 @@ def rules_of(detection: Detection) -> tuple[list[CallRule], list[TextRule]]:
         call_rules.append(RevisitRule(detection.revisits))
     if detection.circles:
         call_rules.append(CirclesRule(detection.circles))
+    if detection.runaway_updates:
+        call_rules.append(RunawayRule(detection.runaway_updates))
     text_rules: list[TextRule] = []
     if detection.text_steps:
         steps = StepsRule(detection.text_steps)
@@ -243,7 +250,9 @@ class Tracker:
             (recorded, finished): [
                 rule
                 for rule in call_rules
-                if (recorded and rule.reads_recorded) or (finished and rule.reads_finished)
+                if (recorded and rule.reads_recorded)
+                or (finished and rule.reads_finished)
+                or (not (recorded or finished) and rule.reads_running)
             ]
             for recorded in (False, True)
             for finished in (False, True)
@@ -634,7 +643,12 @@ class Tracker:
             record, outcome = False, not call.taken
         elif part.status == "running" and self._record_at_running:
             if call is not None and call.held:
-                return None  # bash re-sends `running` while it streams output
+                # bash re-sends `running` while it streams output: only `runaway` reads those
+                if not self._call_rules[False, False]:
+                    return None
+                call.metadata = part.metadata
+                live = seeding is None
+                return self._rules(session, call, False, False, part.session_id, part.part_id, live)
             record, outcome = True, False
         else:
             # `completed` or `error` of a part whose `running` we never saw (or, in

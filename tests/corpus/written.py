@@ -44,6 +44,15 @@ def edit(path: str, old: str, new: str) -> Call:
     return ok("edit", {"filePath": path, "oldString": old, "newString": new}, "Edit applied.")
 
 
+def streams(command: str, lines: list[str], per_update: int, code: int = 0) -> Call:
+    """A bash call streaming `lines`, `per_update` more at each re-sent `running` update."""
+    outputs = [
+        "".join(line + "\n" for line in lines[:end])
+        for end in range(per_update, len(lines) + 1, per_update)
+    ]
+    return ("bash", {"command": command}, "streams", (outputs, (outputs[-1], code)))
+
+
 def todo(n: int) -> Call:
     return ok("todowrite", {"todos": [{"content": f"step {n}", "status": "in_progress"}]}, "[]")
 
@@ -58,6 +67,12 @@ def frames(session: str, calls: list[Call]) -> list[dict[str, Any]]:
             {"status": "pending", "input": {}},
             {"status": "running", "input": args},
         ]
+        if status == "streams":  # bash re-sends `running` with its output so far, then ends
+            streamed, result = result
+            states += [
+                {"status": "running", "input": args, "metadata": {"output": text}}
+                for text in streamed
+            ]
         if status == "error":
             states.append({"status": "error", "input": args, "error": result})
         else:
@@ -338,6 +353,38 @@ TRACES: dict[str, tuple[str, list[Call]]] = {
         + [ok("grep", {"pattern": "DEBUG"}, "No files found")]
         + [ok("grep", {"pattern": "environ"}, "src/app/main.py:9: os.environ")]
         + [edit("src/app/settings.py", "settings = {}", "settings = load()")],
+    ),
+    # --- a call that runs away (rule `runaway`) -------------------------------------------------
+    # The real local model's answer to the feedback (../shared/realmodel): one bash call
+    # printing the same line for ever, its `running` update re-sent with each few lines. The
+    # trace ends where bash's timeout would (2 minutes in); the rule stops it at its 20th
+    # update whose last 20 lines are that line.
+    "w-runaway-while-true": (
+        "loop at 2",
+        [
+            sh("ls", "README.md\nsrc"),
+            streams(
+                "bash -c 'while true; do echo \"Loop guard: stop\"; sleep 0.01; done'",
+                ["Loop guard: stop"] * 80,
+                2,
+                143,
+            ),
+        ],
+    ),
+    # A long build streaming a new line at each update, and a test run that prints a block
+    # of 30 equal dots lines once, then its summary: they end, or move on.
+    "w-legit-long-streams": (
+        "legit",
+        [
+            streams("make -j2", [f"CC src/module_{n}.o" for n in range(150)], 3),
+            streams(
+                "pytest -q",
+                [f"tests/test_{n}.py ...." for n in range(20)]
+                + ["...................."] * 30
+                + ["150 passed in 9.1s"],
+                1,
+            ),
+        ],
     ),
     # --- waiting -----------------------------------------------------------------------------
     "w-legit-ci-polling": (

@@ -121,6 +121,7 @@ class CirclesRule:
 
     reads_recorded = False
     reads_finished = True  # outcomes only
+    reads_running = False
 
     def __init__(self, fruitless: int, memory: int = MEMORY) -> None:
         if not 0 < fruitless <= WINDOW:

@@ -163,6 +163,7 @@ class NoProgressRule:
 
     reads_recorded = False
     reads_finished = True  # outcomes only
+    reads_running = False
 
     def __init__(self, repeats: int, max_checks: int = MAX_CHECKS) -> None:
         self.repeats = repeats

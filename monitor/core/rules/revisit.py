@@ -65,6 +65,7 @@ class RevisitRule:
 
     reads_recorded = False
     reads_finished = True  # outcomes only
+    reads_running = False
 
     def __init__(self, revisits: int, memory: int = MEMORY) -> None:
         if not 0 < revisits <= WINDOW:
