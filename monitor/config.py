@@ -192,6 +192,16 @@ def _of_window(window: int) -> Callable[[object], int]:
     return parse
 
 
+def _call_seconds(raw: object) -> int:
+    """Seconds of at least 0, or `off` (-1, the core's "no time bound")."""
+    if isinstance(raw, str) and raw.strip().lower() == "off":
+        return -1
+    value = _as_int(raw)
+    if value is None or value < 0:
+        raise ValueError(f"expected off or an integer >= 0, got {_show(raw)}")
+    return value
+
+
 def _budget(raw: object) -> Budget:
     """`steps=N,tokens=N,cost=USD` (any of them, comma separated; `off`: no limit), or a TOML
     table with those keys."""
@@ -609,6 +619,18 @@ class Settings:
             f"same line {RUNAWAY_LINES} times over, that make a runaway call (0: off)",
             Group.DETECTION,
             metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    call_seconds: int = field(
+        metadata=_row(
+            _call_seconds,
+            "seconds a call may run before it is a runaway (0: what the server allows a bash "
+            "call, its timeout or 2 minutes, plus 30 s, other tools unbounded; off: none)",
+            Group.DETECTION,
+            default=0,  # a TOML integer; the core's is the float 0.0
+            metavar="SECONDS",
             core=True,
             seed_fixed=True,
         )

@@ -76,6 +76,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "revisits": 12,
         "circles": 10,
         "runaway_updates": 20,
+        "call_seconds": 0,
         "run_budget": {"steps": None, "tokens": None, "cost": None},
         "tree_budget": {"steps": None, "tokens": None, "cost": None},
         "max_sessions": 10_000,

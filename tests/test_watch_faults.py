@@ -505,6 +505,7 @@ async def test_started_log_lists_the_detection_settings():
         "revisits": 12,
         "circles": 10,
         "runaway_updates": 20,
+        "call_seconds": 0,
         "run_budget": "off",
         "tree_budget": "off",
         "permissions": "gate",

@@ -220,18 +220,24 @@ class SearchCircles:
 
 @dataclass(frozen=True, slots=True)
 class RunawayCall:
-    """One call of `tool`, still running, streamed output ending in the same line `lines`
-    times over at `updates` of its updates in a row."""
+    """One call of `tool` that does not end: still running `seconds` after it started, or
+    (`seconds` 0) its streamed output ending in the same line `lines` times over at `updates`
+    of its updates in a row."""
 
     rule: ClassVar[Rule] = Rule.RUNAWAY
     tool: str
-    updates: int
-    lines: int
+    updates: int = 0
+    lines: int = 0
+    seconds: float = 0.0
 
     def describe(self) -> str:
-        """`one bash call kept printing the same line (20 times at 20 updates in a row)`."""
+        """`one bash call kept printing the same line without end (20 times at 20 updates in
+        a row)`; `one bash call was still running after 150 s`."""
+        tool = clean_tool_name(self.tool)
+        if self.seconds:
+            return f"one {tool} call was still running after {self.seconds:g} s"
         return (
-            f"one {clean_tool_name(self.tool)} call kept printing the same line without end "
+            f"one {tool} call kept printing the same line without end "
             f"({self.lines} times at {self.updates} updates in a row)"
         )
 

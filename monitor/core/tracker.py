@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from monitor.core.budget import Budget, BudgetBook
-from monitor.core.decisions import Action, Intervene, Outcome, Reply
+from monitor.core.decisions import Action, Deadline, Intervene, Outcome, Reply
 from monitor.core.events import (
     KNOWN_EVENT_TYPES,
     MALFORMED,
@@ -46,6 +46,7 @@ from monitor.core.findings import (
     EndlessWait,
     FailureRun,
     Finding,
+    RunawayCall,
     TextPassage,
 )
 from monitor.core.frames import FrameError, decode_frame
@@ -61,7 +62,7 @@ from monitor.core.rules.facts import SIGNALS, Signals
 from monitor.core.rules.failure import FailureRule
 from monitor.core.rules.no_progress import NoProgressRule
 from monitor.core.rules.revisit import RevisitRule
-from monitor.core.rules.runaway import RunawayRule
+from monitor.core.rules.runaway import RunawayRule, call_bound
 from monitor.core.rules.text import TextStream
 from monitor.core.rules.text_steps import StepsRule
 from monitor.core.session import Call, RecentMap, SessionRecord, call_digest
@@ -117,6 +118,9 @@ class Detection:
     # A call that runs away (monitor/core/rules/runaway.py): re-sent `running` updates in a
     # row whose streamed output ends in the same line over and over; 0 turns it off.
     runaway_updates: int = 20
+    # Its time bound: a call still running this long after it started (0: derived from the
+    # server's own limit, for bash only; below 0: none; `call_bound`).
+    call_seconds: float = 0.0
     # Budgets (monitor/core/budget.py): per run, and per session with its subagents.
     run_budget: Budget = Budget()
     tree_budget: Budget = Budget()
@@ -146,6 +150,7 @@ SEED = Detection(
     revisits=0,
     circles=0,
     runaway_updates=0,
+    call_seconds=-1.0,
 )
 
 
@@ -188,6 +193,7 @@ class Fed:
     deleted: str | None = None
     replies: tuple[Reply, ...] = ()
     spent: tuple[str | None, int, float] | None = None
+    deadlines: tuple[Deadline, ...] = ()  # calls that started running: their time bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +313,17 @@ class Tracker:
         if not self._gate.pending(session, reply.request_id):
             return None
         return dataclasses.replace(reply, wait=0.0)
+
+    def overdue(self, deadline: Deadline) -> Intervene | None:
+        """The time bound of a call (`Deadline.wait`) has passed: the time as an event. A call
+        still running ran away (rule `runaway`); one that ended, or that an intervention is
+        stopping already, is nothing."""
+        session = self._sessions.get(deadline.session_id)
+        call = None if session is None else session.call(deadline.part_id)
+        if session is None or call is None or call.status != "running" or call.taken:
+            return None
+        finding = RunawayCall(call.tool, seconds=deadline.wait)
+        return self._decide(session, deadline.session_id, finding, deadline.part_id)
 
     def judge(self, asked: PluginCall) -> Judged:
         """The plugin asks whether a call may run (its `tool.execute.before` hook).
@@ -590,6 +607,7 @@ class Tracker:
             return _QUIET[label]
         session = self._seen(part.session_id, part.directory)
         call = session.call(part.part_id)
+        starts = part.status == "running" and seeding is None and (call is None or not call.held)
         finished = part.status in _FINISHED
         late = None
         claimable = part.call_id is not None and part.status != "pending"
@@ -627,10 +645,17 @@ class Tracker:
             held = session.call(part.part_id)
             if held is not None and not held.held and held.key is None:
                 session.finish(part.part_id)
+        bound = call_bound(part.tool, part.input, self.detection.call_seconds)
+        deadlines: tuple[Deadline, ...] = ()
+        if starts and bound is not None and call is not None and not transparent:
+            deadlines = (Deadline(part.session_id, part.part_id, bound),)
         if isinstance(now, Reply):
-            return Fed(tuple(d for d in (late, nudge) if d is not None), label, replies=(now,))
+            done = tuple(d for d in (late, nudge) if d is not None)
+            return Fed(done, label, replies=(now,), deadlines=deadlines)
         decisions = tuple(d for d in (late, nudge, now) if d is not None)
-        return Fed(decisions, label) if decisions else _QUIET[label]
+        if decisions or deadlines:
+            return Fed(decisions, label, deadlines=deadlines)
+        return _QUIET[label]
 
     def _call(
         self, session: SessionRecord, call: Call | None, part: ToolPart, seeding: _Seeding | None

@@ -33,7 +33,7 @@ from typing import Any
 
 from monitor.core.findings import Finding, SearchCircles
 from monitor.core.patterns import TextPattern
-from monitor.core.rules.facts import changes_files, server_changed
+from monitor.core.rules.facts import forgetting_state, server_changed, tool_is
 from monitor.core.rules.failure import failed
 from monitor.core.session import Call, SessionRecord
 
@@ -63,7 +63,7 @@ SEARCH_TOOLS = frozenset(
 # A bash command that looks: its program (after any `cd DIR &&`) is one that reads or
 # searches. What follows in a pipe does not matter: `find . | grep x` still only looks.
 _LOOKS = re.compile(
-    r"\s*(?:cd\s+\S+\s*(?:&&|;)\s*)*"
+    r"^\s*(?:cd\s+\S+\s*(?:&&|;)\s*)*"
     r"(?:find|grep|egrep|fgrep|rg|ag|ack|ls|cat|head|tail|nl|wc|tree|which|locate|file|stat"
     r"|git\s+(?:grep|log|show|ls-files|status|diff)|sed\s+-n|awk)\b"
 )
@@ -80,12 +80,7 @@ _HEAD = 512
 
 def looks(tool: str, args: Any) -> bool:
     """The call only looks (a read or a search), by what it is."""
-    if tool in SEARCH_TOOLS:
-        return True
-    if tool != "bash" or not isinstance(args, dict):
-        return False
-    command = args.get("command")
-    return isinstance(command, str) and _LOOKS.match(command) is not None
+    return tool_is(tool, args, SEARCH_TOOLS, _LOOKS)
 
 
 def found_nothing(output: Any) -> bool:
@@ -132,14 +127,10 @@ class CirclesRule:
     def call(
         self, session: SessionRecord, call: Call, recorded: bool, finished: bool
     ) -> Finding | None:
-        if not finished or call.outcome is None:
+        judged = forgetting_state(session, NAME, Searches, call, finished)
+        if judged is None:
             return None
-        changes = changes_files(call.tool, call.args)
-        state: Searches | None = session.peek(NAME)
-        if state is None:
-            if changes:
-                return None  # nothing to clear: no state needed yet
-            state = session.state(NAME, Searches)
+        state, changes = judged
         if server_changed(session, state) or changes:
             state.clear()
             if changes:
@@ -147,13 +138,13 @@ class CirclesRule:
         fruitless = missed = False
         if looks(call.tool, call.args):
             output = call.error if call.status == "error" else call.output
-            seen = state.seen
+            seen, outcome = state.seen, call.outcome or 0  # judged calls all have one
             missed = failed(call) or found_nothing(output)
-            fruitless = missed or call.outcome in seen
-            if call.outcome not in seen:
+            fruitless = missed or outcome in seen
+            if outcome not in seen:
                 if len(seen) >= self.memory:
                     del seen[next(iter(seen))]
-                seen[call.outcome] = None
+                seen[outcome] = None
         state.bits = ((state.bits << 1) | fruitless) & ((1 << WINDOW) - 1)
         state.misses = ((state.misses << 1) | missed) & ((1 << WINDOW) - 1)
         state.calls = min(state.calls + 1, WINDOW)

@@ -20,9 +20,10 @@ digest for every rule). What they add is here:
 from __future__ import annotations
 
 import re
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
-from monitor.core.session import SessionRecord
+from monitor.core.session import Call, SessionRecord
 
 SIGNALS = "signals"
 
@@ -42,14 +43,19 @@ _WRITES = re.compile(
 )
 
 
-def changes_files(tool: str, args: Any) -> bool:
-    """Whether the call changes files: an edit tool, or a bash command that writes."""
-    if tool in EDIT_TOOLS:
+def tool_is(tool: str, args: Any, tools: frozenset[str], command: re.Pattern[str]) -> bool:
+    """Whether a call is of a kind: one of `tools`, or a bash command that `command` finds."""
+    if tool in tools:
         return True
     if tool != "bash" or not isinstance(args, dict):
         return False
-    command = args.get("command")
-    return isinstance(command, str) and _WRITES.search(command) is not None
+    text = args.get("command")
+    return isinstance(text, str) and command.search(text) is not None
+
+
+def changes_files(tool: str, args: Any) -> bool:
+    """Whether the call changes files: an edit tool, or a bash command that writes."""
+    return tool_is(tool, args, EDIT_TOOLS, _WRITES)
 
 
 class Signals:
@@ -87,3 +93,24 @@ def server_changed(session: SessionRecord, state: SeesSignals) -> bool:
         return False
     state.signals = signals
     return True
+
+
+S = TypeVar("S")
+
+
+def forgetting_state(
+    session: SessionRecord, name: str, make: Callable[[], S], call: Call, finished: bool
+) -> tuple[S, bool] | None:
+    """For a rule over outcomes that forgets what it saw when files change (`revisit`,
+    `circles`): its state in the run and whether `call` changes files; None when there is
+    nothing to judge (no outcome yet), or nothing to forget yet (a change before the rule's
+    first call: no state is made for it)."""
+    if not finished or call.outcome is None:
+        return None
+    changes = changes_files(call.tool, call.args)
+    state: S | None = session.peek(name)
+    if state is None:
+        if changes:
+            return None
+        state = session.state(name, make)
+    return state, changes

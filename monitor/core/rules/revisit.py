@@ -27,7 +27,7 @@ from __future__ import annotations
 from array import array
 
 from monitor.core.findings import Finding, Revisit
-from monitor.core.rules.facts import changes_files, server_changed
+from monitor.core.rules.facts import forgetting_state, server_changed
 from monitor.core.rules.waiting import answers_in_progress, waits_by_command
 from monitor.core.session import Call, SessionRecord
 
@@ -76,14 +76,10 @@ class RevisitRule:
     def call(
         self, session: SessionRecord, call: Call, recorded: bool, finished: bool
     ) -> Finding | None:
-        if not finished or call.outcome is None:
+        judged = forgetting_state(session, NAME, Seen, call, finished)
+        if judged is None:
             return None
-        changes = changes_files(call.tool, call.args)
-        state: Seen | None = session.peek(NAME)
-        if state is None:
-            if changes:
-                return None  # nothing remembered yet, nothing to clear: no state needed
-            state = session.state(NAME, Seen)
+        state, changes = judged
         if server_changed(session, state):
             state.clear()
         revisit = False

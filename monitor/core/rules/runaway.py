@@ -1,4 +1,5 @@
-"""Rule `runaway`: one call that streams the same output over and over and does not end.
+"""Rule `runaway`: one call that does not end: it streams the same output over and over, or
+runs past its time bound.
 
 A local model answered the monitor's feedback with `bash -c 'while true; do echo ...; sleep
 0.01; done'` (../shared/realmodel): one call, never finished, its output the same line again
@@ -18,6 +19,14 @@ The cost is bounded whatever the output: only its last `TAIL` characters are loo
 slice, one split and one count in C), and the state is one small int per call that repeats,
 dropped with the run. Calls read back after a reconnect and calls of a loop just stopped
 (`Call.taken`) are not judged: the abort ends them.
+
+The time bound (`call_bound`): the core has no clock, so when a call starts running the
+tracker hands the shell a `Deadline` (its part and its bound); the shell feeds it back
+(`Tracker.overdue`) once the bound has passed, and a call still running then is a runaway.
+The bound is `--call-seconds` for every call when set, else what the server allows a bash
+call (its `timeout` argument, or OpenCode's 2 minutes) plus `GRACE_S`: a backstop for a call
+the server did not end; other tools have none. Calls read back after a reconnect get no
+deadline (when they started is not known).
 """
 
 from __future__ import annotations
@@ -85,3 +94,27 @@ class RunawayRule:
             return None
         del counts[call.part_id]
         return RunawayCall(call.tool, count, LINES)
+
+
+# OpenCode's limit for a bash call without a `timeout` argument (1.18.33: the server's
+# OPENCODE_EXPERIMENTAL_BASH_DEFAULT_TIMEOUT_MS, else 2 minutes), and how long after the
+# server should have ended a call it counts as still running: the server's own end (its error
+# update) takes a moment to arrive.
+SERVER_BASH_S = 120.0
+GRACE_S = 30.0
+
+
+def call_bound(tool: str, args: Any, seconds: float) -> float | None:
+    """How long a call may run before it is a runaway, or None for no bound: `seconds` for
+    every call when above 0, none below; else (0) what the server allows a bash call, its
+    `timeout` argument (milliseconds) or the server's default, plus `GRACE_S`: a bash call
+    still running then was not ended by the server. Other tools (a subagent's `task` can run
+    for an hour) have no bound unless one is set."""
+    if seconds > 0:
+        return seconds
+    if seconds < 0 or tool != "bash":
+        return None
+    timeout = args.get("timeout") if isinstance(args, dict) else None
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0:
+        return timeout / 1000 + GRACE_S
+    return SERVER_BASH_S + GRACE_S
