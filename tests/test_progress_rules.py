@@ -377,6 +377,7 @@ def test_what_only_looks(tool_name: str, command: str | None, expected: bool) ->
         ("", True),
         ("  \n", True),
         ("No files found", True),
+        ("(no output)", True),  # OpenCode's bash, for an empty output
         ('No matches found for "X" in /repo', True),
         ("ls: cannot access 'x': No such file or directory", True),
         ("/bin/bash: line 3: find.: command not found", True),

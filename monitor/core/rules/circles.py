@@ -67,10 +67,10 @@ _LOOKS = re.compile(
     r"(?:find|grep|egrep|fgrep|rg|ag|ack|ls|cat|head|tail|nl|wc|tree|which|locate|file|stat"
     r"|git\s+(?:grep|log|show|ls-files|status|diff)|sed\s+-n|awk)\b"
 )
-# An answer that says nothing was found, on its first line (the tools' own words, and the
-# shell's for a missing file or program).
+# An answer that says nothing was found, on its first line (the tools' own words, OpenCode's
+# bash for an empty output, and the shell's for a missing file or program).
 _NOTHING = TextPattern(
-    r"\s*(?:No (?:matches|files|results) found|Did not find|Found 0 )"
+    r"\s*(?:No (?:matches|files|results) found|Did not find|Found 0 |\(no output\))"
     r"|[^\n]*(?:No such file or directory|command not found)",
     re.IGNORECASE,
 )

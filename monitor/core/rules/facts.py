@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from monitor.core.events import NO_DIFF
 from monitor.core.session import Call, SessionRecord
 
 SIGNALS = "signals"
@@ -65,7 +66,9 @@ class Signals:
 
     def __init__(self) -> None:
         self.count = 0
-        self.diff: int | None = None
+        # A run starts with no file changed: a first diff that lists none (the real server
+        # sends one at each step's end) is no change.
+        self.diff = NO_DIFF
 
     def diffed(self, digest: int) -> None:
         """A `session.diff`: a change when its files differ from the previous diff's."""
