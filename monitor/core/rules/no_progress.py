@@ -48,8 +48,8 @@ from monitor.core.session import Call, SessionRecord, outcome_digest
 
 NAME = "no_progress"
 MAX_CHECKS = 12
-MAX_FILES = 16
-MAX_LINES = 256
+MAX_FILES = 8
+MAX_LINES = 64
 MAX_EDIT_LINES = 512
 # A keystroke sent to a running program (tmux's names: `C-c`, `M-x`, `Enter`; or `^C`).
 _KEYSTROKE = re.compile(r"(?:(?:[CM]-\S|\^[A-Z@\\\]^_]|Enter|Escape|Tab)\s*)+")
@@ -76,8 +76,8 @@ class Checks:
         self.changes = 0  # changing calls and server change signals seen so far
         self.signals = 0  # `server_changes` at the previous call
         self.checks = array("q")
-        # By file, the hashes of the lines the run's edits added, oldest first.
-        self.added: dict[str, dict[int, None]] = {}
+        # By file, the 32-bit hashes of the lines the run's edits added, oldest first.
+        self.added: dict[str, array[int]] = {}
 
     def rewrites(self, tool: str, args: Any) -> bool:
         """Whether a change rewrites the run's own earlier change (or its place is unknown);
@@ -89,16 +89,14 @@ class Checks:
         for path, old, new in pieces:
             added = self.added.pop(path, None)  # back in last: the least recently edited go first
             if added is None:
-                added = {}
+                added = array("I")
                 if len(self.added) >= MAX_FILES:
                     del self.added[next(iter(self.added))]
             old_lines = _lines(old)
             # A whole file written again rewrites what the run wrote or edited there before.
-            rewrite |= bool(added) and (old is None or not added.keys().isdisjoint(old_lines))
-            for line in _lines(new) - old_lines:
-                added[line] = None
-                if len(added) > MAX_LINES:
-                    del added[next(iter(added))]
+            rewrite |= bool(added) and (old is None or not old_lines.isdisjoint(added))
+            added.extend(_lines(new) - old_lines)
+            del added[: max(0, len(added) - MAX_LINES)]  # the oldest go first
             self.added[path] = added
         return rewrite
 
