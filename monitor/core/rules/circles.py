@@ -20,20 +20,23 @@ files, or the server's change signals (`session.diff`, `file.edited`), empty the
 the memory of answers: what was searched for may be there now.
 
 Signals read: each finished call's tool, arguments (the bash command), status, exit status,
-output and `outcome`. Memory per run: at most `MEMORY` outcome digests (a dict used as an
-ordered set) and the window as one int bitmask, made at the run's first call that changes
-nothing; cost per finished call: one or two anchored regular expressions over the command and
-the answer's first line, a dict lookup and a popcount.
+output and `outcome`. Memory per run: at most `MEMORY` 32-bit outcome digests in an array
+(256 bytes at 64) and the window as two int bitmasks, made at the run's first search that
+finds nothing (none before: a run that always finds something costs nothing); cost per
+finished call: one or two anchored regular expressions over the
+command and the answer's first line, a search of `MEMORY` machine words (in C) and a
+popcount.
 """
 
 from __future__ import annotations
 
 import re
+from array import array
 from typing import Any
 
 from monitor.core.findings import Finding, SearchCircles
 from monitor.core.patterns import TextPattern
-from monitor.core.rules.facts import forgetting_state, server_changed, tool_is
+from monitor.core.rules.facts import changes_files, remember, server_changed, tool_is
 from monitor.core.rules.failure import failed
 from monitor.core.session import Call, SessionRecord
 
@@ -94,20 +97,21 @@ def found_nothing(output: Any) -> bool:
 class Searches:
     """One run's fruitless-search window and the answers seen since the last change."""
 
-    __slots__ = ("bits", "misses", "calls", "seen", "signals", "tools")
+    __slots__ = ("bits", "misses", "calls", "seen", "oldest", "signals", "tools")
 
     def __init__(self) -> None:
         self.bits = 0  # bit i: the i-th newest call was a fruitless search
         self.misses = 0  # bit i: ... and it found nothing or failed
         self.calls = 0  # calls in the window so far (at most WINDOW count)
-        self.seen: dict[int, None] = {}  # outcome digests, oldest first
+        self.seen = array("I")  # a ring of at most MEMORY outcome digests, 32 bits each
+        self.oldest = 0
         self.signals = 0  # `server_changes` at the previous call
-        self.tools: list[str] = []  # tools of the fruitless searches, for the finding
+        self.tools: list[str] | None = None  # tools of the fruitless searches, for the finding
 
     def clear(self) -> None:
-        self.bits = self.misses = self.calls = 0
-        self.seen.clear()
-        self.tools.clear()
+        self.bits = self.misses = self.calls = self.oldest = 0
+        del self.seen[:]
+        self.tools = None
 
 
 class CirclesRule:
@@ -127,34 +131,40 @@ class CirclesRule:
     def call(
         self, session: SessionRecord, call: Call, recorded: bool, finished: bool
     ) -> Finding | None:
-        judged = forgetting_state(session, NAME, Searches, call, finished)
-        if judged is None:
+        if not finished or call.outcome is None:
             return None
-        state, changes = judged
+        changes = changes_files(call.tool, call.args)
+        search = not changes and looks(call.tool, call.args)
+        output = call.error if call.status == "error" else call.output
+        missed = search and (failed(call) or found_nothing(output))
+        state: Searches | None = session.peek(NAME)
+        if state is None:
+            if not missed:
+                return None  # no window holds a loop before a search finds nothing
+            state = session.state(NAME, Searches)
         if server_changed(session, state) or changes:
             state.clear()
             if changes:
                 return None
-        fruitless = missed = False
-        if looks(call.tool, call.args):
-            output = call.error if call.status == "error" else call.output
-            seen, outcome = state.seen, call.outcome or 0  # judged calls all have one
-            missed = failed(call) or found_nothing(output)
+        fruitless = missed
+        if search:
+            seen, outcome = state.seen, call.outcome & 0xFFFFFFFF
             fruitless = missed or outcome in seen
             if outcome not in seen:
-                if len(seen) >= self.memory:
-                    del seen[next(iter(seen))]
-                seen[outcome] = None
+                state.oldest = remember(seen, state.oldest, outcome, self.memory)
         state.bits = ((state.bits << 1) | fruitless) & ((1 << WINDOW) - 1)
         state.misses = ((state.misses << 1) | missed) & ((1 << WINDOW) - 1)
         state.calls = min(state.calls + 1, WINDOW)
         if not fruitless:
             return None
-        if call.tool not in state.tools and len(state.tools) < MAX_TOOLS:
-            state.tools.append(call.tool)
+        tools = state.tools
+        if tools is None:
+            tools = state.tools = []
+        if call.tool not in tools and len(tools) < MAX_TOOLS:
+            tools.append(call.tool)
         count = state.bits.bit_count()
         if count < self.fruitless or not state.misses:
             return None
-        found = SearchCircles(count, state.calls, tuple(state.tools))
+        found = SearchCircles(count, state.calls, tuple(tools))
         state.clear()
         return found

@@ -20,11 +20,11 @@ digest for every rule). What they add is here:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from array import array
+from typing import Any, Protocol
 
 from monitor.core.events import NO_DIFF
-from monitor.core.session import Call, SessionRecord
+from monitor.core.session import SessionRecord
 
 SIGNALS = "signals"
 
@@ -98,22 +98,11 @@ def server_changed(session: SessionRecord, state: SeesSignals) -> bool:
     return True
 
 
-S = TypeVar("S")
-
-
-def forgetting_state(
-    session: SessionRecord, name: str, make: Callable[[], S], call: Call, finished: bool
-) -> tuple[S, bool] | None:
-    """For a rule over outcomes that forgets what it saw when files change (`revisit`,
-    `circles`): its state in the run and whether `call` changes files; None when there is
-    nothing to judge (no outcome yet), or nothing to forget yet (a change before the rule's
-    first call: no state is made for it)."""
-    if not finished or call.outcome is None:
-        return None
-    changes = changes_files(call.tool, call.args)
-    state: S | None = session.peek(name)
-    if state is None:
-        if changes:
-            return None
-        state = session.state(name, make)
-    return state, changes
+def remember(seen: array[int], oldest: int, digest: int, size: int) -> int:
+    """Keep `digest` in the ring `seen` of at most `size` (32-bit digests: 4 bytes each),
+    over its oldest (at `oldest`) once full; returns where the oldest is now."""
+    if len(seen) < size:
+        seen.append(digest)
+        return oldest
+    seen[oldest] = digest
+    return (oldest + 1) % size

@@ -31,7 +31,8 @@ directory: `server_changes`), each counted as a change.
 `todo.updated` is not progress. Memory: at most `MAX_CHECKS` checks per run, the least
 recently run forgotten first, packed in one array (24 bytes a check, 288 bytes when full),
 made at the first check or change of the run; the lines the run's edits added, as 32-bit
-hashes, at most `MAX_LINES` for each of `MAX_FILES` files; cost per finished call: a search of
+digests of (file, line), at most `MAX_ADDED` in a ring (320 bytes full); cost per finished
+call: a search of
 at most 36 machine words (in C), and for an edit one hash per line of its old and new text
 (at most `MAX_EDIT_LINES` each).
 """
@@ -43,13 +44,12 @@ from array import array
 from typing import Any
 
 from monitor.core.findings import Finding, NoProgress
-from monitor.core.rules.facts import changes_files, server_changed
+from monitor.core.rules.facts import changes_files, remember, server_changed
 from monitor.core.session import Call, SessionRecord, outcome_digest
 
 NAME = "no_progress"
 MAX_CHECKS = 12
-MAX_FILES = 8
-MAX_LINES = 64
+MAX_ADDED = 64
 MAX_EDIT_LINES = 512
 # A keystroke sent to a running program (tmux's names: `C-c`, `M-x`, `Enter`; or `^C`).
 _KEYSTROKE = re.compile(r"(?:(?:[CM]-\S|\^[A-Z@\\\]^_]|Enter|Escape|Tab)\s*)+")
@@ -70,43 +70,51 @@ class Checks:
     """One run's checks, packed in one array, three words a check: its digest, its outcome
     and its counters."""
 
-    __slots__ = ("changes", "signals", "checks", "added")
+    __slots__ = ("changes", "signals", "checks", "added", "oldest")
 
     def __init__(self) -> None:
         self.changes = 0  # changing calls and server change signals seen so far
         self.signals = 0  # `server_changes` at the previous call
         self.checks = array("q")
-        # By file, the 32-bit hashes of the lines the run's edits added, oldest first.
-        self.added: dict[str, array[int]] = {}
+        # What the run's edits of known place added: a ring of 32-bit digests of (file, line),
+        # and of (file, None) for each file edited (made at the first such edit).
+        self.added: array[int] | None = None
+        self.oldest = 0
 
     def rewrites(self, tool: str, args: Any) -> bool:
         """Whether a change rewrites the run's own earlier change (or its place is unknown);
-        notes the lines it adds."""
+        notes what it adds."""
         pieces = _pieces(tool, args)
         if pieces is None:
             return True
+        added = self.added
+        if added is None:
+            added = self.added = array("I")
         rewrite = False
         for path, old, new in pieces:
-            added = self.added.pop(path, None)  # back in last: the least recently edited go first
-            if added is None:
-                added = array("I")
-                if len(self.added) >= MAX_FILES:
-                    del self.added[next(iter(self.added))]
-            old_lines = _lines(old)
-            # A whole file written again rewrites what the run wrote or edited there before.
-            rewrite |= bool(added) and (old is None or not old_lines.isdisjoint(added))
-            added.extend(_lines(new) - old_lines)
-            del added[: max(0, len(added) - MAX_LINES)]  # the oldest go first
-            self.added[path] = added
+            edited = _digest(path, None)
+            old_lines = _lines(path, old)
+            if old is None:  # a whole file written again rewrites what the run did there
+                rewrite |= edited in added
+            else:
+                rewrite |= any(line in added for line in old_lines)
+            for digest in (_lines(path, new) - old_lines) | {edited}:
+                if digest not in added:
+                    self.oldest = remember(added, self.oldest, digest, MAX_ADDED)
         return rewrite
 
 
-def _lines(text: str | None) -> set[int]:
-    """The hashes of a text's lines that say something (a letter or digit), spaces aside."""
+def _digest(path: str, line: str | None) -> int:
+    return hash((path, line)) & 0xFFFFFFFF
+
+
+def _lines(path: str, text: str | None) -> set[int]:
+    """The digests of a text's lines in file `path` that say something (a letter or digit),
+    spaces aside."""
     if not text:
         return set()
     lines = text.splitlines()[:MAX_EDIT_LINES]
-    return {hash(line.strip()) & 0xFFFFFFFF for line in lines if any(c.isalnum() for c in line)}
+    return {_digest(path, line.strip()) for line in lines if any(c.isalnum() for c in line)}
 
 
 def _pieces(tool: str, args: Any) -> list[tuple[str, str | None, str]] | None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from array import array
 
 from monitor.core.findings import Finding, Revisit
-from monitor.core.rules.facts import forgetting_state, server_changed
+from monitor.core.rules.facts import changes_files, remember, server_changed
 from monitor.core.rules.waiting import answers_in_progress, waits_by_command
 from monitor.core.session import Call, SessionRecord
 
@@ -76,10 +76,14 @@ class RevisitRule:
     def call(
         self, session: SessionRecord, call: Call, recorded: bool, finished: bool
     ) -> Finding | None:
-        judged = forgetting_state(session, NAME, Seen, call, finished)
-        if judged is None:
+        if not finished or call.outcome is None:
             return None
-        state, changes = judged
+        changes = changes_files(call.tool, call.args)
+        state: Seen | None = session.peek(NAME)
+        if state is None:
+            if changes:
+                return None  # nothing remembered yet, nothing to clear: no state needed
+            state = session.state(NAME, Seen)
         if server_changed(session, state):
             state.clear()
         revisit = False
@@ -91,11 +95,7 @@ class RevisitRule:
             # A wait (a poll answered "in progress") is `wait`'s, with its larger allowance.
             revisit = pair in seen and not _waits(call)
             if not revisit and pair not in seen:
-                if len(seen) < self.memory:
-                    seen.append(pair)
-                else:
-                    seen[state.next] = pair
-                    state.next = (state.next + 1) % self.memory
+                state.next = remember(seen, state.next, pair, self.memory)
         state.bits = ((state.bits << 1) | revisit) & ((1 << WINDOW) - 1)
         state.calls += 1
         if not revisit:
