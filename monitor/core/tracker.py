@@ -645,10 +645,11 @@ class Tracker:
             held = session.call(part.part_id)
             if held is not None and not held.held and held.key is None:
                 session.finish(part.part_id)
-        bound = call_bound(part.tool, part.input, self.detection.call_seconds)
         deadlines: tuple[Deadline, ...] = ()
-        if starts and bound is not None and call is not None and not transparent:
-            deadlines = (Deadline(part.session_id, part.part_id, bound),)
+        if starts and call is not None and not transparent:
+            bound = call_bound(part.tool, part.input, self.detection.call_seconds)
+            if bound is not None:
+                deadlines = (Deadline(part.session_id, part.part_id, bound),)
         if isinstance(now, Reply):
             done = tuple(d for d in (late, nudge) if d is not None)
             return Fed(done, label, replies=(now,), deadlines=deadlines)
