@@ -34,7 +34,9 @@ from monitor.core.budget import Budget
 from monitor.core.limits import HISTORY_FLOOR, DetectionError
 from monitor.core.permissions import PermissionMode
 from monitor.core.profile import Profile
+from monitor.core.rules.circles import WINDOW as CIRCLES_WINDOW
 from monitor.core.rules.revisit import WINDOW as REVISIT_WINDOW
+from monitor.core.rules.runaway import LINES as RUNAWAY_LINES
 from monitor.core.tracker import SEED, Detection, FirstAction, MatchMode, OnLoop
 from monitor.errors import ConfigError
 
@@ -181,12 +183,25 @@ def _count_or_off(low: int) -> Parse:
     return parse
 
 
-def _revisits(raw: object) -> int:
+def _of_window(window: int) -> Callable[[object], int]:
+    """How many calls of a rule's window of `window` calls make a loop, or 0 (off)."""
+
+    def parse(raw: object) -> int:
+        value = _as_int(raw)
+        if value is None or not 0 <= value <= window:
+            raise ValueError(f"expected 0 (off) or an integer from 1 to {window}, got {_show(raw)}")
+        return value
+
+    return parse
+
+
+def _call_seconds(raw: object) -> int:
+    """Seconds of at least 0, or `off` (-1, the core's "no time bound")."""
+    if isinstance(raw, str) and raw.strip().lower() == "off":
+        return -1
     value = _as_int(raw)
-    if value is None or not 0 <= value <= REVISIT_WINDOW:
-        raise ValueError(
-            f"expected 0 (off) or an integer from 1 to {REVISIT_WINDOW}, got {_show(raw)}"
-        )
+    if value is None or value < 0:
+        raise ValueError(f"expected off or an integer >= 0, got {_show(raw)}")
     return value
 
 
@@ -592,11 +607,45 @@ class Settings:
     )
     revisits: int = field(
         metadata=_row(
-            _revisits,
+            _of_window(REVISIT_WINDOW),
             f"calls of the last {REVISIT_WINDOW} that bring back what the run already read, "
             "with no file changed since, that make a loop (0: off)",
             Group.DETECTION,
             metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    circles: int = field(
+        metadata=_row(
+            _of_window(CIRCLES_WINDOW),
+            f"calls of the last {CIRCLES_WINDOW} that are searches finding nothing new (empty, "
+            "failing or already seen), with no file changed, that make a loop (0: off)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    runaway_updates: int = field(
+        metadata=_row(
+            _count_or_off(2),
+            "re-sent updates in a row of one running call whose streamed output ends in the "
+            f"same line {RUNAWAY_LINES} times over, that make a runaway call (0: off)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    call_seconds: int = field(
+        metadata=_row(
+            _call_seconds,
+            "seconds a call may run before it is a runaway (0: what the server allows a bash "
+            "call, its timeout or 2 minutes, plus 30 s, other tools unbounded; off: none)",
+            Group.DETECTION,
+            default=0,  # a TOML integer; the core's is the float 0.0
+            metavar="SECONDS",
             core=True,
             seed_fixed=True,
         )

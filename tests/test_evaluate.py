@@ -44,6 +44,8 @@ shuffled-reread.sse                              loop at 17   revisit at 17     
 table.text-legit.sse                             legit        -                  ok
 test-edit-test-progress.sse                      legit        -                  ok
 tests-after-distinct-edits.sse                   legit        -                  ok
+w-circles-empty-finds.sse                        loop at 11   circles at 11      caught
+w-circles-missing-symbol.sse                     loop at 12   circles at 12      caught
 w-cycle-of-6.sse                                 loop at 18   cycle at 18        caught
 w-cycle-of-8.sse                                 loop at 20   revisit at 20      caught
 w-failure-edit-old-string-not-found.sse          loop at 4    failure at 4       caught
@@ -54,18 +56,24 @@ w-identical-read.sse                             loop at 4    cycle at 4        
 w-legit-batch-edits.sse                          legit        -                  ok
 w-legit-ci-polling.sse                           legit        -                  ok
 w-legit-different-failures.sse                   legit        -                  ok
+w-legit-distinct-edits-same-check.sse            legit        -                  ok
 w-legit-health-and-log-in-turn.sse               legit        -                  ok
+w-legit-interrupt-after-launches.sse             legit        -                  ok
+w-legit-long-streams.sse                         legit        -                  ok
 w-legit-many-reads.sse                           legit        -                  ok
 w-legit-routine-of-6-over-modules.sse            legit        -                  ok
 w-legit-same-description-different-commands.sse  legit        -                  ok
 w-legit-silent-successes.sse                     legit        -                  ok
+w-legit-six-misses-then-found.sse                legit        -                  ok
 w-legit-status-answered-in-progress.sse          legit        -                  ok
 w-legit-three-failures-then-fix.sse              legit        -                  ok
 w-legit-todo-between-different-reads.sse         legit        -                  ok
 w-legit-wait-for-server.sse                      legit        -                  ok
 w-no-progress-failures-between-edits.sse         loop at 10   no_progress at 10  caught
+w-no-progress-rewrites-own-change.sse            loop at 10   no_progress at 10  caught
 w-pair-cycle.sse                                 loop at 6    cycle at 6         caught
 w-relabelled-task.sse                            loop at 4    cycle at 4         caught
+w-runaway-while-true.sse                         loop at 2    runaway at 2       caught
 w-timeout-raised-each-retry.sse                  loop at 4    cycle at 4         caught
 w-todo-between-identical-reads.sse               loop at 4    cycle at 4         caught
 w-wait-never-ends.sse                            loop at 20   wait at 20         caught
@@ -78,16 +86,18 @@ failure           7      0      0             0  4, 4, 4, 4, 4, 4, 4
 wait              2      0      0             0  20, 20
 text_repeat       3      0      0             0  29, 72, 33
 text_steps        1      0      0             0  8
-no_progress       3      0      0             0  10, 10, 10
+no_progress       4      0      0             0  10, 10, 10, 10
 revisit           4      0      0             0  26, 29, 17, 20
+circles           2      0      0             0  11, 12
+runaway           1      0      0             0  2
 budget            0      0      0             0  -
 doom_loop         0      0      0             0  -
-total: 29 loops, 29 caught at the labelled call, 0 early or late, 0 missed; 23 legit, 0 false alarms
+total: 33 loops, 33 caught at the labelled call, 0 early or late, 0 missed; 27 legit, 0 false alarms
 """
 
 SEED_TOTAL = (
-    "total: 29 loops, 4 caught at the labelled call, 2 early or late, 23 missed; "
-    "23 legit, 5 false alarms"
+    "total: 33 loops, 4 caught at the labelled call, 2 early or late, 27 missed; "
+    "27 legit, 5 false alarms"
 )
 
 
@@ -107,7 +117,7 @@ def test_corpus_has_both_sides_and_recordings():
     traces = sorted(CORPUS.glob("*.sse"))
     labels = [parse_label(path.open().readline()) for path in traces]
     assert len(traces) >= 30
-    assert sum(label.loop_at is None for label in labels) == 23
+    assert sum(label.loop_at is None for label in labels) == 27
     # Recorded from the real server: 10 tool traces, 9 text traces; and 7 progress traces.
     assert sum(not path.name.startswith("w-") for path in traces) == 26
 

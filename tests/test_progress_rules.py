@@ -16,9 +16,12 @@ from monitor.config import load_settings
 from monitor.core.budget import Budget
 from monitor.core.events import MessageUsage, parse_event
 from monitor.core.plugin_protocol import PluginCall
-from monitor.core.rules.facts import COMMAND_EDGE, changes_files, rule_args
+from monitor.core.rules.circles import found_nothing, looks
+from monitor.core.rules.facts import COMMAND_EDGE, TEXT_EDGE, changes_files, rule_args
+from monitor.core.rules.no_progress import is_keystroke
+from monitor.core.rules.runaway import repeats
 from monitor.core.rules.waiting import waits_by_command
-from monitor.core.session import outcome_digest
+from monitor.core.session import Call, outcome_digest
 from monitor.core.tracker import Detection, Tracker
 from tests.frames_factory import call as call_frames
 from tests.frames_factory import envelope, idle
@@ -97,6 +100,98 @@ def first(tracker: Tracker, steps: list[list[dict]]) -> tuple[str, int] | None:
 )
 def test_no_progress(steps: list[list[dict]], expected: tuple[str, int] | None) -> None:
     assert first(Tracker(replace(ONLY, revisits=0)), steps) == expected
+
+
+def change(path: str, old: str, new: str) -> list[dict]:
+    return tool("edit", {"filePath": path, "oldString": old, "newString": new}, "ok")
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        # one TODO after another, an unrelated check printing the same: progress
+        (
+            [
+                s
+                for i in range(10)
+                for s in (
+                    change(f"m{i % 3}.py", f"# TODO {i}", f"f{i}()"),
+                    bash("lint", "2 warnings", 0),
+                )
+            ],
+            None,
+        ),
+        # flipping between two versions of one line: the same result each time
+        (
+            [
+                s
+                for i in range(10)
+                for s in (
+                    change("a.py", *(("x = 1", "x = 2") if i % 2 else ("x = 2", "x = 1"))),
+                    bash("pytest"),
+                )
+            ],
+            ("no_progress", 10),
+        ),
+        # a whole file written again and again
+        (
+            [
+                s
+                for i in range(8)
+                for s in (
+                    tool("write", {"filePath": "a.py", "content": f"v{i}"}, "ok"),
+                    bash("pytest"),
+                )
+            ],
+            ("no_progress", 10),
+        ),
+        # rewriting its own change, with one step somewhere new in the middle: counted again
+        # from that step
+        (
+            [s for i in range(4) for s in (edit(i), bash("pytest"))]
+            + [change("b.py", "# TODO", "done()"), bash("pytest")]
+            + [s for i in range(4, 12) for s in (edit(i), bash("pytest"))],
+            ("no_progress", 18),
+        ),
+        # an interrupt after different launches, changes between: no check
+        (
+            [
+                s
+                for i in range(8)
+                for s in (
+                    bash(f"sed -i s/p/{i}/ cfg.py", "", 0),
+                    bash(f"python serve.py -p {i}", f"up {i}", 0),
+                    bash("C-c", "^C", 0),
+                )
+            ],
+            None,
+        ),
+    ],
+)
+def test_no_progress_tells_rewriting_from_progressing(
+    steps: list[list[dict]], expected: tuple[str, int] | None
+) -> None:
+    assert first(Tracker(replace(ONLY, revisits=0, circles=0)), steps) == expected
+
+
+@pytest.mark.parametrize(
+    ("command", "output", "expected"),
+    [
+        ("C-c", "^C", True),
+        ("C-c C-c Enter", "", True),
+        ("  ", "", True),
+        ("", "", True),
+        ("python serve.py", "^C", False),
+        ("C-3po --help", "usage", False),
+        ("pytest", "1 failed", False),
+    ],
+)
+def test_a_keystroke_or_an_empty_command_is_no_check(
+    command: str, output: str, expected: bool
+) -> None:
+    finished = Call("prt_1", "bash", 1, {"command": command})
+    finished.output = output
+    assert is_keystroke(finished) is expected
 
 
 def fix(n: int) -> list[dict]:
@@ -210,6 +305,90 @@ def test_revisit_names_its_tools_and_window() -> None:
         "12 of the last 16 calls (read) brought back what was already seen"
     )
     assert "nothing has changed since" in decision.feedback
+
+
+# -- circles ---------------------------------------------------------------------------------
+
+CIRCLES = replace(ONLY, no_progress_runs=0, revisits=0)
+
+
+def grep(pattern: str, output: str = "No files found") -> list[dict]:
+    return tool("grep", {"pattern": pattern}, output)
+
+
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        # ten different searches, all empty (silent successes and silent failures)
+        ([bash(f"find . -name '*{i}*' | grep x", "", i % 2) for i in range(12)], ("circles", 10)),
+        # the tools' own "nothing found"
+        ([grep(f"Symbol{i}") for i in range(12)], ("circles", 10)),
+        # a trio that comes back the same, with empty searches between
+        (
+            [
+                s
+                for i in range(6)
+                for s in (grep("Sym"), read("a.py", "A"), read("b.py", "B"), grep(f"S{i}"))
+            ],
+            ("circles", 12),
+        ),
+        # nine misses of twelve: searching, not yet circling
+        ([grep(f"S{i}") if i % 4 else grep(f"T{i}", f"a.py:{i}: T") for i in range(40)], None),
+        # an edit between: what was searched for may be there now
+        ([s for i in range(20) for s in (grep(f"S{i}"), edit(i))], None),
+        # re-reading alone, nothing missed: `revisit`'s, not this rule's
+        ([read(name) for name in SHUFFLED], None),
+        # calls that only run things: not searches
+        ([bash(f"python t{i}.py", "", 0) for i in range(20)], None),
+    ],
+)
+def test_circles(steps: list[list[dict]], expected: tuple[str, int] | None) -> None:
+    assert first(Tracker(CIRCLES), steps) == expected
+
+
+def test_circles_names_its_tools_and_window() -> None:
+    tracker = Tracker(CIRCLES)
+    steps = [grep(f"S{i}") if i % 2 else bash(f"rg S{i}", "", 1) for i in range(12)]
+    [decision] = [d for frames in steps for f in frames for d in tracker.feed(f).decisions]
+    assert decision.finding.describe() == (
+        "10 of the last 10 calls (bash, grep) were searches that found nothing new"
+    )
+    assert "searching in circles" in decision.feedback
+
+
+@pytest.mark.parametrize(
+    ("tool_name", "command", "expected"),
+    [
+        ("grep", None, True),
+        ("find_file", None, True),
+        ("bash", "cd src && grep -rn x .", True),
+        ("bash", "find . -name '*.py' | xargs grep -l x", True),
+        ("bash", "sed -n 1,20p a.py", True),
+        ("bash", "sed -i s/a/b/ a.py", False),
+        ("bash", "python a.py", False),
+        ("edit", None, False),
+    ],
+)
+def test_what_only_looks(tool_name: str, command: str | None, expected: bool) -> None:
+    assert looks(tool_name, {"command": command}) is expected
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("", True),
+        ("  \n", True),
+        ("No files found", True),
+        ("(no output)", True),  # OpenCode's bash, for an empty output
+        ('No matches found for "X" in /repo', True),
+        ("ls: cannot access 'x': No such file or directory", True),
+        ("/bin/bash: line 3: find.: command not found", True),
+        ("a.py:3: x", False),
+        ("Found 2 matches", False),
+    ],
+)
+def test_what_found_nothing(output: str, expected: bool) -> None:
+    assert found_nothing(output) is expected
 
 
 # -- text_steps ------------------------------------------------------------------------------
@@ -431,4 +610,86 @@ def test_a_long_command_keeps_its_head_and_tail_for_the_rules() -> None:
     assert kept is not None and len(kept["command"]) == 2 * COMMAND_EDGE + 1
     assert waits_by_command("bash", kept) and kept["command"].startswith("echo start")
     assert rule_args("bash", {"command": "ls"}) == {"command": "ls"}
-    assert rule_args("write", {"content": "x" * 100}) is None
+    assert rule_args("write", {"filePath": "/f", "content": "x" * 100_000}) == {
+        "filePath": "/f",
+        "content": "x" * TEXT_EDGE,
+    }
+    assert rule_args("glob", {"pattern": "*"}) is None
+
+
+# -- runaway ---------------------------------------------------------------------------------
+
+RUNAWAY = replace(ONLY, no_progress_runs=0, revisits=0, circles=0)
+
+
+def streaming(part: str, outputs: list[str]) -> list[dict]:
+    """A bash call recorded at `running`, then re-sent with each output so far."""
+    command = {"command": "bash -c 'while true; do echo y; done'"}
+    frames = call_frames(SES, part, "bash", command)[:2]
+    for output in outputs:
+        frame = json.loads(json.dumps(frames[1]))
+        frame["properties"]["part"]["state"]["metadata"] = {"output": output}
+        frames.append(frame)
+    return frames
+
+
+def decisions_of(tracker: Tracker, frames: list[dict]) -> list[tuple[str, str, int]]:
+    return [
+        (d.rule, d.part_id, n)
+        for n, frame in enumerate(frames)
+        for d in tracker.feed(frame).decisions
+    ]
+
+
+def test_a_call_streaming_the_same_line_runs_away_at_its_20th_repeating_update() -> None:
+    # 2 lines more at each update: the 11th has 22 lines (20 complete and equal ones after
+    # the first, which the slice may cut), so the 30th update is the 20th that repeats
+    outputs = ["yes\n" * (2 * n) for n in range(1, 60)]
+    frames = streaming("prt_run", outputs)
+    [(rule, part, at)] = decisions_of(Tracker(RUNAWAY), frames)
+    assert (rule, part, at) == ("runaway", "prt_run", 2 + 30 - 1)
+
+
+def test_a_stream_that_moves_on_starts_the_count_over() -> None:
+    block = ["same\n" * 40 + f"step {n}\n" for n in range(10)]
+    outputs = [text for one in block for text in [one[: -len("step 0\n")]] * 15 + [one]]
+    assert decisions_of(Tracker(RUNAWAY), streaming("prt_moves", outputs)) == []
+
+
+def test_a_long_build_streaming_new_lines_is_no_runaway() -> None:
+    outputs = ["".join(f"CC m{k}.o\n" for k in range(n)) for n in range(1, 300)]
+    assert decisions_of(Tracker(RUNAWAY), streaming("prt_build", outputs)) == []
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("y\n" * 21, True),
+        ("y\n" * 21 + "partial", True),
+        ("y\n" * 19, False),
+        ("\n" * 40, False),
+        ("x\n" + "y\n" * 19 + "z\n", False),
+        (None, False),
+        ("x" * 5000 + "\n" + "y\n" * 21, True),
+    ],
+)
+def test_what_repeats(output: str | None, expected: bool) -> None:
+    assert repeats(output) is expected
+
+
+def test_the_real_models_while_true_is_stopped_on_the_stream(corpus: Path) -> None:
+    # ../shared/realmodel with the 10,451 re-sent updates trimmed: put 30 of them back
+    recording = SHARED.parent.parent / "realmodel" / "tests-watch-trimmed.event.sse"
+    blocks = recording.read_text().split("\n\n")
+    runaway = [n for n, b in enumerate(blocks) if "while true" in b and '"running"' in b][-1]
+    blocks[runaway:runaway] = [blocks[runaway]] * 30
+    tracker = Tracker(Detection())
+    found = [
+        (d.rule, d.part_id)
+        for block in blocks
+        if block.startswith("data: ")
+        for d in tracker.feed_data(block[len("data: ") :]).decisions
+    ]
+    # the 4-call cycle and the model's repeats of it first, then the runaway, once
+    assert [rule for rule, _ in found] == ["cycle"] * (len(found) - 1) + ["runaway"]
+    assert found[-1] == ("runaway", "prt_231db9058001xDS0dhqxSniZdg")

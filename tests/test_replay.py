@@ -400,7 +400,16 @@ def test_fail_on_detect_sets_the_exit_status(capsys: pytest.CaptureFixture[str])
 
 
 def test_detection_flags_change_what_is_found(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["--max-period", "1", "--revisits", "0", "--fail-on-detect", str(TWO_CYCLE)]
+    args = [
+        "--max-period",
+        "1",
+        "--revisits",
+        "0",
+        "--circles",
+        "0",
+        "--fail-on-detect",
+        str(TWO_CYCLE),
+    ]
     assert main(["replay", *args]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert lines == [summary(files=1, frames=599, malformed=0, sessions=1, detections=0)]

@@ -124,3 +124,15 @@ class Reply:
     message: str | None = None
     loop: Intervene | None = None
     wait: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """A call's time bound: the call `part_id` of `session_id` started running; after `wait`
+    seconds feed `Tracker.overdue(deadline)`, which says whether it is still running (a
+    runaway, stopped like any loop) or has ended (nothing to do). Time enters the core only so:
+    the shell keeps the clock."""
+
+    session_id: str
+    part_id: str
+    wait: float

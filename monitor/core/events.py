@@ -488,6 +488,10 @@ def _session_diff(props: dict[str, Any], directory: str | None) -> SessionDiff:
     return SessionDiff(_text(props, "sessionID"), hash(tuple(summary)), directory)
 
 
+# The digest of a `session.diff` that lists no file: what a run starts from.
+NO_DIFF = hash((0,))
+
+
 def _file_edited(props: dict[str, Any], directory: str | None) -> FileEdited:
     _text(props, "file")
     return FileEdited(directory)

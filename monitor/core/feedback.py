@@ -18,6 +18,8 @@ from monitor.core.findings import (
     Finding,
     NoProgress,
     Revisit,
+    RunawayCall,
+    SearchCircles,
     TextPassage,
     TextSteps,
     clean_tool_name,
@@ -70,6 +72,17 @@ _REVISIT_ADVICE = (
     "new (a different file, a search, an edit, a test), or explain briefly why you are "
     "blocked and what information you need."
 )
+_CIRCLES_ADVICE = (
+    "What you are searching for is probably not there in the form you expect: another "
+    "rewording of the search will not find it. State once what the searches established "
+    "(what is absent), then check your assumption another way (list the directory, read "
+    "the file that should use it, run the code), or explain briefly why you are blocked."
+)
+_RUNAWAY_ADVICE = (
+    "That call would not have ended by itself. Do not start it again: run a command that "
+    "ends (a bounded count, a timeout, `head`), and if you meant to wait for something, "
+    "check it once and say what you are waiting for."
+)
 _BUDGET_ADVICE = (
     "Do not start new work. Write a short summary of what is done, what is left and what "
     "blocks it, so that a person can decide whether to give this task more."
@@ -93,6 +106,14 @@ def _found(finding: Finding) -> tuple[str, str]:
         return (
             f"your run was stopped because it is going over the same ground: {finding.describe()}."
         ), _REVISIT_ADVICE
+    if isinstance(finding, SearchCircles):
+        return (
+            f"your run was stopped because it is searching in circles: {finding.describe()}."
+        ), _CIRCLES_ADVICE
+    if isinstance(finding, RunawayCall):
+        return (
+            f"your run was stopped because a call ran away: {finding.describe()}."
+        ), _RUNAWAY_ADVICE
     if isinstance(finding, BudgetSpent):
         return f"your run was stopped because {finding.describe()}.", _BUDGET_ADVICE
     if isinstance(finding, FailureRun):

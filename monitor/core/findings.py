@@ -31,6 +31,8 @@ class Rule(enum.StrEnum):
     TEXT_STEPS = "text_steps"
     NO_PROGRESS = "no_progress"
     REVISIT = "revisit"
+    CIRCLES = "circles"
+    RUNAWAY = "runaway"
     BUDGET = "budget"
     # The server's own check, seen as its `doom_loop` permission request.
     DOOM_LOOP = "doom_loop"
@@ -195,6 +197,55 @@ class Revisit:
 
 
 @dataclass(frozen=True, slots=True)
+class SearchCircles:
+    """`fruitless` of the last `window` calls were searches (of `tools`) that came back empty,
+    failing or with what the run had already seen, with no file changed."""
+
+    rule: ClassVar[Rule] = Rule.CIRCLES
+    fruitless: int
+    window: int
+    tools: tuple[str, ...]
+
+    def describe(self) -> str:
+        """`10 of the last 12 calls (bash) were searches that found nothing new`."""
+        names = ", ".join(clean_tool_name(tool) for tool in self.tools)
+        return (
+            f"{self.fruitless} of the last {self.window} calls ({names}) were searches that "
+            "found nothing new"
+        )
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return self.window, self.fruitless, self.tools
+
+
+@dataclass(frozen=True, slots=True)
+class RunawayCall:
+    """One call of `tool` that does not end: still running `seconds` after it started, or
+    (`seconds` 0) its streamed output ending in the same line `lines` times over at `updates`
+    of its updates in a row."""
+
+    rule: ClassVar[Rule] = Rule.RUNAWAY
+    tool: str
+    updates: int = 0
+    lines: int = 0
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        """`one bash call kept printing the same line without end (20 times at 20 updates in
+        a row)`; `one bash call was still running after 150 s`."""
+        tool = clean_tool_name(self.tool)
+        if self.seconds:
+            return f"one {tool} call was still running after {self.seconds:g} s"
+        return (
+            f"one {tool} call kept printing the same line without end "
+            f"({self.lines} times at {self.updates} updates in a row)"
+        )
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return 1, self.updates, (self.tool,)
+
+
+@dataclass(frozen=True, slots=True)
 class BudgetSpent:
     """A budget was reached: the `scope` ("run", or "tree": a session with its subagents)
     spent `spent` of `measure` ("steps", "tokens" or "cost" in USD), its limit `limit`."""
@@ -247,6 +298,8 @@ Finding = (
     | TextSteps
     | NoProgress
     | Revisit
+    | SearchCircles
+    | RunawayCall
     | BudgetSpent
     | DoomLoop
 )

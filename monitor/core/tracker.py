@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from monitor.core.budget import Budget, BudgetBook
-from monitor.core.decisions import Action, Intervene, Outcome, Reply
+from monitor.core.decisions import Action, Deadline, Intervene, Outcome, Reply
 from monitor.core.events import (
     KNOWN_EVENT_TYPES,
     MALFORMED,
@@ -46,6 +46,7 @@ from monitor.core.findings import (
     EndlessWait,
     FailureRun,
     Finding,
+    RunawayCall,
     TextPassage,
 )
 from monitor.core.frames import FrameError, decode_frame
@@ -55,11 +56,13 @@ from monitor.core.permissions import DOOM_LOOP_CALLS, PermissionGate, Permission
 from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, block
 from monitor.core.profile import Profile, ignored_args, transparent_tools
 from monitor.core.rules import CallRule, TextRule
+from monitor.core.rules.circles import CirclesRule
 from monitor.core.rules.cycle import CycleRule
 from monitor.core.rules.facts import SIGNALS, Signals, rule_args
 from monitor.core.rules.failure import FailureRule
 from monitor.core.rules.no_progress import NoProgressRule
 from monitor.core.rules.revisit import RevisitRule
+from monitor.core.rules.runaway import RunawayRule, call_bound
 from monitor.core.rules.text import TextStream
 from monitor.core.rules.text_steps import StepsRule
 from monitor.core.session import Call, RecentMap, SessionRecord, call_digest
@@ -111,6 +114,13 @@ class Detection:
     # Progress rules (monitor/core/rules/no_progress.py, revisit.py); 0 turns one off.
     no_progress_runs: int = 5  # runs of one check with the same result, each after changes
     revisits: int = 12  # of the last 16 calls, revisits that make a loop
+    circles: int = 10  # of the last 12 calls, fruitless searches that make a loop
+    # A call that runs away (monitor/core/rules/runaway.py): re-sent `running` updates in a
+    # row whose streamed output ends in the same line over and over; 0 turns it off.
+    runaway_updates: int = 20
+    # Its time bound: a call still running this long after it started (0: derived from the
+    # server's own limit, for bash only; below 0: none; `call_bound`).
+    call_seconds: float = 0.0
     # Budgets (monitor/core/budget.py): per run, and per session with its subagents.
     run_budget: Budget = Budget()
     tree_budget: Budget = Budget()
@@ -138,6 +148,9 @@ SEED = Detection(
     text_steps=0,
     no_progress_runs=0,
     revisits=0,
+    circles=0,
+    runaway_updates=0,
+    call_seconds=-1.0,
 )
 
 
@@ -152,6 +165,10 @@ def rules_of(detection: Detection) -> tuple[list[CallRule], list[TextRule]]:
         call_rules.append(NoProgressRule(detection.no_progress_runs))
     if detection.revisits:
         call_rules.append(RevisitRule(detection.revisits))
+    if detection.circles:
+        call_rules.append(CirclesRule(detection.circles))
+    if detection.runaway_updates:
+        call_rules.append(RunawayRule(detection.runaway_updates))
     text_rules: list[TextRule] = []
     if detection.text_steps:
         steps = StepsRule(detection.text_steps)
@@ -176,6 +193,7 @@ class Fed:
     deleted: str | None = None
     replies: tuple[Reply, ...] = ()
     spent: tuple[str | None, int, float] | None = None
+    deadlines: tuple[Deadline, ...] = ()  # calls that started running: their time bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +256,9 @@ class Tracker:
             (recorded, finished): [
                 rule
                 for rule in call_rules
-                if (recorded and rule.reads_recorded) or (finished and rule.reads_finished)
+                if (recorded and rule.reads_recorded)
+                or (finished and rule.reads_finished)
+                or (not (recorded or finished) and rule.reads_running)
             ]
             for recorded in (False, True)
             for finished in (False, True)
@@ -296,6 +316,17 @@ class Tracker:
         if not self._gate.pending(session, reply.request_id):
             return None
         return dataclasses.replace(reply, wait=0.0)
+
+    def overdue(self, deadline: Deadline) -> Intervene | None:
+        """The time bound of a call (`Deadline.wait`) has passed: the time as an event. A call
+        still running ran away (rule `runaway`); one that ended, or that an intervention is
+        stopping already, is nothing."""
+        session = self._sessions.get(deadline.session_id)
+        call = None if session is None else session.call(deadline.part_id)
+        if session is None or call is None or call.status != "running" or call.taken:
+            return None
+        finding = RunawayCall(call.tool, seconds=deadline.wait)
+        return self._decide(session, deadline.session_id, finding, deadline.part_id)
 
     def judge(self, asked: PluginCall) -> Judged:
         """The plugin asks whether a call may run (its `tool.execute.before` hook).
@@ -583,6 +614,7 @@ class Tracker:
             return _QUIET[label]
         session = self._seen(part.session_id, part.directory)
         call = session.call(part.part_id)
+        starts = part.status == "running" and seeding is None and (call is None or not call.held)
         finished = part.status in _FINISHED
         late = None
         claimable = part.call_id is not None and part.status != "pending"
@@ -620,10 +652,18 @@ class Tracker:
             held = session.call(part.part_id)
             if held is not None and not held.held and held.key is None:
                 session.finish(part.part_id)
+        deadlines: tuple[Deadline, ...] = ()
+        if starts and call is not None and not transparent:
+            bound = call_bound(part.tool, part.input, self.detection.call_seconds)
+            if bound is not None:
+                deadlines = (Deadline(part.session_id, part.part_id, bound),)
         if isinstance(now, Reply):
-            return Fed(tuple(d for d in (late, nudge) if d is not None), label, replies=(now,))
+            done = tuple(d for d in (late, nudge) if d is not None)
+            return Fed(done, label, replies=(now,), deadlines=deadlines)
         decisions = tuple(d for d in (late, nudge, now) if d is not None)
-        return Fed(decisions, label) if decisions else _QUIET[label]
+        if decisions or deadlines:
+            return Fed(decisions, label, deadlines=deadlines)
+        return _QUIET[label]
 
     def _call(
         self, session: SessionRecord, call: Call | None, part: ToolPart, seeding: _Seeding | None
@@ -636,7 +676,12 @@ class Tracker:
             record, outcome = False, not call.taken
         elif part.status == "running" and self._record_at_running:
             if call is not None and call.held:
-                return None  # bash re-sends `running` while it streams output
+                # bash re-sends `running` while it streams output: only `runaway` reads those
+                if not self._call_rules[False, False]:
+                    return None
+                call.metadata = part.metadata
+                live = seeding is None
+                return self._rules(session, call, False, False, part.session_id, part.part_id, live)
             record, outcome = True, False
         else:
             # `completed` or `error` of a part whose `running` we never saw (or, in

@@ -26,7 +26,7 @@ import structlog
 from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
 from monitor.core.budget import Budget
-from monitor.core.decisions import Intervene, Outcome
+from monitor.core.decisions import Deadline, Intervene, Outcome
 from monitor.core.export import current_run, export_frames, feedback_count, held_in
 from monitor.core.feedback import clean_tool_name
 from monitor.core.frames import encode_sse
@@ -227,6 +227,8 @@ class Watch:
             check_ids=True,
         )
         self._stop = asyncio.Event()
+        # Calls' time bounds being waited for (`_deadline`), cancelled when watching stops.
+        self._deadlines: set[asyncio.Task[None]] = set()
         self._fatal: BaseException | None = None
         self._malformed_logged_at = float("-inf")
         self._refusals = Throttle(REFUSED_LOG_EVERY_S, timing.clock)
@@ -386,6 +388,8 @@ class Watch:
                 locate=self._locate,
             )
             await self._until_stopped(stream)
+            for task in self._deadlines:
+                task.cancel()
             self.notifier.stopping()
             await self.interventions.drain(self.timing.drain)
             await self.toasts.close()
@@ -428,6 +432,8 @@ class Watch:
         """Carry out and count what one frame fed to the tracker did."""
         if fed.decisions or fed.replies:  # most frames decide nothing
             self._carry_out(fed)
+        for deadline in fed.deadlines:
+            self._deadline(deadline)
         if fed.event_type not in QUIET_EVENTS:
             self._last_event_at = self.timing.clock()
         metrics = self.metrics
@@ -462,6 +468,19 @@ class Watch:
                 "plugin where the server looks (`opencode-loop-monitor plugin install`, then "
                 "restart OpenCode) with this monitor's --url; `plugin status` checks it",
             )
+
+    def _deadline(self, deadline: Deadline) -> None:
+        """Wait out a call's time bound, then ask the tracker whether the call still runs
+        (`Tracker.overdue`): the core keeps no clock, the time comes from here."""
+        task = asyncio.get_running_loop().create_task(self._overdue(deadline))
+        self._deadlines.add(task)
+        task.add_done_callback(self._deadlines.discard)
+
+    async def _overdue(self, deadline: Deadline) -> None:
+        await self.timing.sleep(deadline.wait)
+        decision = self.tracker.overdue(deadline)
+        if decision is not None:
+            self._carry_out(Fed((decision,)))
 
     def _carry_out(self, fed: Fed) -> None:
         """Hand the decisions and permission answers of one frame, or of one session read

@@ -44,6 +44,15 @@ def edit(path: str, old: str, new: str) -> Call:
     return ok("edit", {"filePath": path, "oldString": old, "newString": new}, "Edit applied.")
 
 
+def streams(command: str, lines: list[str], per_update: int, code: int = 0) -> Call:
+    """A bash call streaming `lines`, `per_update` more at each re-sent `running` update."""
+    outputs = [
+        "".join(line + "\n" for line in lines[:end])
+        for end in range(per_update, len(lines) + 1, per_update)
+    ]
+    return ("bash", {"command": command}, "streams", (outputs, (outputs[-1], code)))
+
+
 def todo(n: int) -> Call:
     return ok("todowrite", {"todos": [{"content": f"step {n}", "status": "in_progress"}]}, "[]")
 
@@ -58,6 +67,12 @@ def frames(session: str, calls: list[Call]) -> list[dict[str, Any]]:
             {"status": "pending", "input": {}},
             {"status": "running", "input": args},
         ]
+        if status == "streams":  # bash re-sends `running` with its output so far, then ends
+            streamed, result = result
+            states += [
+                {"status": "running", "input": args, "metadata": {"output": text}}
+                for text in streamed
+            ]
         if status == "error":
             states.append({"status": "error", "input": args, "error": result})
         else:
@@ -163,6 +178,51 @@ TRACES: dict[str, tuple[str, list[Call]]] = {
             )
         ],
     ),
+    # One TODO after another, each edit in a new place, while an unrelated lint check keeps
+    # printing the same two warnings: progress, not a loop (`no_progress` fired here before it
+    # told a step somewhere new from a rewrite of the run's own change).
+    "w-legit-distinct-edits-same-check": (
+        "legit",
+        [
+            c
+            for n in range(8)
+            for c in (
+                edit(f"src/m{n % 3}.py", f"# TODO {n}: validate", f"check_{n}(value)"),
+                sh("npm run lint", "2 warnings (unused import in legacy/old.py)"),
+            )
+        ],
+    ),
+    # The agent rewrites its own unverified change again and again (each edit's old text is
+    # what the previous one added) and the test fails the same way each time.
+    "w-no-progress-rewrites-own-change": (
+        "loop at 10",
+        [
+            c
+            for n in range(6)
+            for c in (
+                edit(
+                    "src/parse.py",
+                    "    return int(text)" if n == 0 else f"    return parse_v{n}(text)",
+                    f"    return parse_v{n + 1}(text)",
+                ),
+                fails("pytest -q tests/test_parse.py", PYTEST_FAIL.format(3, 20 + n)),
+            )
+        ],
+    ),
+    # Different launches, each interrupted with a keystroke (`C-c`, answered `^C`), with
+    # changes between: the interrupt checks nothing, so it is no repeated check.
+    "w-legit-interrupt-after-launches": (
+        "legit",
+        [
+            c
+            for n in range(7)
+            for c in (
+                sh(f"sed -i 's/PORT = .*/PORT = {8000 + n}/' settings.py"),
+                sh(f"python serve.py --workers {n + 1}", f"serving with {n + 1} workers"),
+                sh("C-c", "^C"),
+            )
+        ],
+    ),
     "w-legit-silent-successes": (
         "legit",
         [sh(f"mkdir -p build/{d}") for d in "abcdefgh"] + [sh("true")] * 3,
@@ -249,6 +309,82 @@ TRACES: dict[str, tuple[str, list[Call]]] = {
     "w-legit-batch-edits": (
         "legit",
         [edit(f"pkg/m{n}.py", "import os", "import os\nimport sys") for n in range(12)],
+    ),
+    # --- searching in circles (rule `circles`) -----------------------------------------------
+    # Ten different searches whose filter drops every hit: `find` succeeds silently, `grep`
+    # fails silently, in turn (never four identical failures in a row, so `failure` misses it).
+    "w-circles-empty-finds": (
+        "loop at 11",
+        [sh("ls src", "api\nweb\nworker")]
+        + [
+            sh(f"find src -name '*{t}*' | grep -i handler")
+            if n % 2
+            else fails(f"grep -rn 'class {t}Handler' src", "", 1)
+            for n, t in enumerate(("Auth", "Login", "Session", "Token", "User", "Jwt", "Oauth"))
+        ]
+        + [sh("find . -path ./node_modules -prune -o -name '*handler*' -print | grep -v test")]
+        + [fails("grep -rln 'HandlerFactory' --include=*.py .", "", 1)] * 1
+        + [sh("find src -type f -newer setup.py | grep handler")],
+    ),
+    # Searches for a symbol that does not exist: the same trio (a grep that finds nothing, a
+    # glob and a read that bring back what they brought before) again and again, other empty
+    # searches between.
+    "w-circles-missing-symbol": (
+        "loop at 12",
+        [
+            c
+            for n in range(6)
+            for c in (
+                ok("grep", {"pattern": "parseConfig", "path": "src"}, "No files found"),
+                ok("glob", {"pattern": "src/**/config*"}, "src/config.ts\nsrc/config.test.ts"),
+                read("src/config.ts"),
+                ok("grep", {"pattern": f"parseConfig{n}|parse_config{n}"}, "No files found"),
+                sh(f"rg -l 'ConfigParser{n}' src"),
+            )
+        ][:26],
+    ),
+    # Looking for the right file: six misses in a row, then hits, reads and the edit.
+    "w-legit-six-misses-then-found": (
+        "legit",
+        [sh(f"grep -rn 'def {name}' src") for name in ("load", "read", "parse", "open")]
+        + [ok("glob", {"pattern": f"**/*{n}*.py"}, "No files found") for n in ("conf", "cfg")]
+        + [ok("grep", {"pattern": "settings"}, "src/app/settings.py:3: settings = {}")]
+        + [read(f"src/app/{m}.py") for m in ("settings", "main", "db", "cli")]
+        + [ok("grep", {"pattern": "DEBUG"}, "No files found")]
+        + [ok("grep", {"pattern": "environ"}, "src/app/main.py:9: os.environ")]
+        + [edit("src/app/settings.py", "settings = {}", "settings = load()")],
+    ),
+    # --- a call that runs away (rule `runaway`) -------------------------------------------------
+    # The real local model's answer to the feedback (../shared/realmodel): one bash call
+    # printing the same line for ever, its `running` update re-sent with each few lines. The
+    # trace ends where bash's timeout would (2 minutes in); the rule stops it at its 20th
+    # update whose last 20 lines are that line.
+    "w-runaway-while-true": (
+        "loop at 2",
+        [
+            sh("ls", "README.md\nsrc"),
+            streams(
+                "bash -c 'while true; do echo \"Loop guard: stop\"; sleep 0.01; done'",
+                ["Loop guard: stop"] * 80,
+                2,
+                143,
+            ),
+        ],
+    ),
+    # A long build streaming a new line at each update, and a test run that prints a block
+    # of 30 equal dots lines once, then its summary: they end, or move on.
+    "w-legit-long-streams": (
+        "legit",
+        [
+            streams("make -j2", [f"CC src/module_{n}.o" for n in range(150)], 3),
+            streams(
+                "pytest -q",
+                [f"tests/test_{n}.py ...." for n in range(20)]
+                + ["...................."] * 30
+                + ["150 passed in 9.1s"],
+                1,
+            ),
+        ],
     ),
     # --- waiting -----------------------------------------------------------------------------
     "w-legit-ci-polling": (

@@ -19,10 +19,13 @@ What a rule sees:
   output, error and exit status);
 - `recorded`: this update is the call's first that counts (at `running`, or at its final
   update in `input+output` mode, or when its `running` was missed); `finished`: this update
-  brings its outcome (taken once per call). Both can be true at once.
+  brings its outcome (taken once per call). Both can be true at once. Neither: a `running`
+  update re-sent for a call already recorded (bash re-sends one each time its output grows,
+  in `input` mode), its `state.metadata` in `call.metadata`.
 
-A rule says which updates it reads (`reads_recorded`, `reads_finished`); the tracker asks it
-only about those, so a `running` update costs nothing in the rules that wait for outcomes.
+A rule says which updates it reads (`reads_recorded`, `reads_finished`, `reads_running`); the
+tracker asks it only about those, so a `running` update costs nothing in the rules that wait
+for outcomes, and a re-sent one nothing in the rules that do not read them.
 
 A next rule is one module here with a class that follows `CallRule` or `TextRule`, made from
 its own settings; one field of `Detection`, one finding class (monitor/core/findings.py), and
@@ -44,6 +47,7 @@ class CallRule(Protocol):
 
     reads_recorded: bool  # asked about an update that records its call
     reads_finished: bool  # asked about an update that brings its call's outcome
+    reads_running: bool  # asked about a `running` update re-sent for a recorded call
 
     def call(
         self, session: SessionRecord, call: Call, recorded: bool, finished: bool

@@ -94,6 +94,7 @@ class CycleRule:
         self.min_calls = min_calls
         self.reads_recorded = True
         self.reads_finished = wait_calls > 0  # an outcome "in progress" marks a wait
+        self.reads_running = False
 
     def call(
         self, session: SessionRecord, call: Call, recorded: bool, finished: bool

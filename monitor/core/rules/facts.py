@@ -20,8 +20,10 @@ digest for every rule). What they add is here:
 from __future__ import annotations
 
 import re
+from array import array
 from typing import Any, Protocol
 
+from monitor.core.events import NO_DIFF
 from monitor.core.session import SessionRecord
 
 SIGNALS = "signals"
@@ -43,29 +45,62 @@ _WRITES = re.compile(
 
 
 # A call keeps of its arguments only what a rule reads once its digest is made: a bash
-# command, its first and last COMMAND_EDGE characters when it is longer. A `write` carries a
-# whole file; kept whole, 3,000 calls the stream never finished held 940 MB (issue 25).
+# command (its first and last COMMAND_EDGE characters when it is longer), its timeout
+# (`runaway`), the keys a keystroke is sent by (`no_progress`), and an edit's place and
+# texts (`no_progress` tells a rewrite of the run's own change), each text cut to its first
+# TEXT_EDGE characters. A `write` carries a whole file; kept whole, 3,000 calls the stream
+# never finished held 940 MB (issue 25).
 COMMAND_EDGE = 4096
+TEXT_EDGE = 8192
+_TEXTS = ("filePath", "oldString", "newString", "content", "keystrokes", "keys")
 
 
-def rule_args(tool: str, args: Any) -> dict[str, str] | None:
-    """What `changes_files` and `waits_by_command` read of a call's arguments, bounded."""
-    command = args.get("command") if tool == "bash" and isinstance(args, dict) else None
-    if not isinstance(command, str):
+def _cut(text: str) -> str:
+    return text if len(text) <= TEXT_EDGE else text[:TEXT_EDGE]
+
+
+def rule_args(tool: str, args: Any) -> dict[str, Any] | None:
+    """What the rules read of a call's arguments (`changes_files`, `waits_by_command`,
+    `call_bound`, `is_keystroke`, no_progress's edits), bounded; None when nothing."""
+    if not isinstance(args, dict):
         return None
-    if len(command) > 2 * COMMAND_EDGE:
-        command = command[:COMMAND_EDGE] + "\n" + command[-COMMAND_EDGE:]
-    return {"command": command}
+    kept: dict[str, Any] = {}
+    command = args.get("command")
+    if isinstance(command, str):
+        if len(command) > 2 * COMMAND_EDGE:
+            command = command[:COMMAND_EDGE] + "\n" + command[-COMMAND_EDGE:]
+        kept["command"] = command
+    timeout = args.get("timeout")
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        kept["timeout"] = timeout
+    for key in _TEXTS:
+        text = args.get(key)
+        if isinstance(text, str):
+            kept[key] = _cut(text)
+    edits = args.get("edits")
+    if isinstance(edits, list):
+        kept["edits"] = [
+            {k: _cut(v) for k, v in edit.items() if k in _TEXTS and isinstance(v, str)}
+            if isinstance(edit, dict)
+            else None
+            for edit in edits[:64]
+        ]
+    return kept or None
+
+
+def tool_is(tool: str, args: Any, tools: frozenset[str], command: re.Pattern[str]) -> bool:
+    """Whether a call is of a kind: one of `tools`, or a bash command that `command` finds."""
+    if tool in tools:
+        return True
+    if tool != "bash" or not isinstance(args, dict):
+        return False
+    text = args.get("command")
+    return isinstance(text, str) and command.search(text) is not None
 
 
 def changes_files(tool: str, args: Any) -> bool:
     """Whether the call changes files: an edit tool, or a bash command that writes."""
-    if tool in EDIT_TOOLS:
-        return True
-    if tool != "bash" or not isinstance(args, dict):
-        return False
-    command = args.get("command")
-    return isinstance(command, str) and _WRITES.search(command) is not None
+    return tool_is(tool, args, EDIT_TOOLS, _WRITES)
 
 
 class Signals:
@@ -75,7 +110,9 @@ class Signals:
 
     def __init__(self) -> None:
         self.count = 0
-        self.diff: int | None = None
+        # A run starts with no file changed: a first diff that lists none (the real server
+        # sends one at each step's end) is no change.
+        self.diff = NO_DIFF
 
     def diffed(self, digest: int) -> None:
         """A `session.diff`: a change when its files differ from the previous diff's."""
@@ -103,3 +140,13 @@ def server_changed(session: SessionRecord, state: SeesSignals) -> bool:
         return False
     state.signals = signals
     return True
+
+
+def remember(seen: array[int], oldest: int, digest: int, size: int) -> int:
+    """Keep `digest` in the ring `seen` of at most `size` (32-bit digests: 4 bytes each),
+    over its oldest (at `oldest`) once full; returns where the oldest is now."""
+    if len(seen) < size:
+        seen.append(digest)
+        return oldest
+    seen[oldest] = digest
+    return (oldest + 1) % size

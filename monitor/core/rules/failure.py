@@ -107,6 +107,7 @@ class FailureRule:
 
     reads_recorded = False
     reads_finished = True  # outcomes only
+    reads_running = False
 
     def __init__(self, repeats: int) -> None:
         self.repeats = repeats

@@ -12,27 +12,47 @@ something).
 
 A check that prints nothing and succeeds is never counted: silence says nothing about
 whether an edit mattered (`sed -i` and `grep -q` in turn are normal), and runs of silent
-successes are legitimate work (the real corpus's `silent_success` set).
+successes are legitimate work (the real corpus's `silent_success` set). Nor is a keystroke
+sent to a running program (`C-c`, answered `^C`) or an empty command: it checks nothing.
+
+Which changes count: in the real loops the agent rewrites its own earlier, unverified change
+(an edit whose `oldString` holds lines an earlier edit of the same file added, or a file it
+wrote written again) or flips between two versions (the same thing: the flip's old text is
+what the previous edit added). An edit whose place is known and holds none of the run's own
+added lines is a step somewhere new: progress, so every check's count starts over (one TODO
+after another while an unrelated check keeps printing the same). A change whose place is
+unknown (a bash command that writes, SWE-agent's line-range `edit`, a patch, the server's
+signals) counts as before.
 
 Signals read: each finished call's `digest`, `outcome`, tool and arguments (for
-`changes_files`), and the server's change signals (`session.diff` with new files, a
-`file.edited` in the session's directory: `server_changes`), each counted as a change.
+`changes_files`; an edit's `filePath`, `oldString`, `newString`, a write's `content`), and
+the server's change signals (`session.diff` with new files, a `file.edited` in the session's
+directory: `server_changes`), each counted as a change.
 `todo.updated` is not progress. Memory: at most `MAX_CHECKS` checks per run, the least
 recently run forgotten first, packed in one array (24 bytes a check, 288 bytes when full),
-made at the first check of the run; cost per finished call: a search of at most 36 machine
-words (in C).
+made at the first check or change of the run; the lines the run's edits added, as 32-bit
+digests of (file, line), at most `MAX_ADDED` in a ring (320 bytes full); cost per finished
+call: a search of
+at most 36 machine words (in C), and for an edit one hash per line of its old and new text
+(at most `MAX_EDIT_LINES` each).
 """
 
 from __future__ import annotations
 
+import re
 from array import array
+from typing import Any
 
 from monitor.core.findings import Finding, NoProgress
-from monitor.core.rules.facts import changes_files, server_changed
+from monitor.core.rules.facts import changes_files, remember, server_changed
 from monitor.core.session import Call, SessionRecord, outcome_digest
 
 NAME = "no_progress"
 MAX_CHECKS = 12
+MAX_ADDED = 64
+MAX_EDIT_LINES = 512
+# A keystroke sent to a running program (tmux's names: `C-c`, `M-x`, `Enter`; or `^C`).
+_KEYSTROKE = re.compile(r"(?:(?:[CM]-\S|\^[A-Z@\\\]^_]|Enter|Escape|Tab)\s*)+")
 # Silent successes, with and without an exit status (bash has one, read does not).
 SILENT = frozenset(
     {
@@ -50,12 +70,85 @@ class Checks:
     """One run's checks, packed in one array, three words a check: its digest, its outcome
     and its counters."""
 
-    __slots__ = ("changes", "signals", "checks")
+    __slots__ = ("changes", "signals", "checks", "added", "oldest")
 
     def __init__(self) -> None:
         self.changes = 0  # changing calls and server change signals seen so far
         self.signals = 0  # `server_changes` at the previous call
         self.checks = array("q")
+        # What the run's edits of known place added: a ring of 32-bit digests of (file, line),
+        # and of (file, None) for each file edited (made at the first such edit).
+        self.added: array[int] | None = None
+        self.oldest = 0
+
+    def rewrites(self, tool: str, args: Any) -> bool:
+        """Whether a change rewrites the run's own earlier change (or its place is unknown);
+        notes what it adds."""
+        pieces = _pieces(tool, args)
+        if pieces is None:
+            return True
+        added = self.added
+        if added is None:
+            added = self.added = array("I")
+        rewrite = False
+        for path, old, new in pieces:
+            edited = _digest(path, None)
+            old_lines = _lines(path, old)
+            if old is None:  # a whole file written again rewrites what the run did there
+                rewrite |= edited in added
+            else:
+                rewrite |= any(line in added for line in old_lines)
+            for digest in (_lines(path, new) - old_lines) | {edited}:
+                if digest not in added:
+                    self.oldest = remember(added, self.oldest, digest, MAX_ADDED)
+        return rewrite
+
+
+def _digest(path: str, line: str | None) -> int:
+    return hash((path, line)) & 0xFFFFFFFF
+
+
+def _lines(path: str, text: str | None) -> set[int]:
+    """The digests of a text's lines in file `path` that say something (a letter or digit),
+    spaces aside."""
+    if not text:
+        return set()
+    lines = text.splitlines()[:MAX_EDIT_LINES]
+    return {_digest(path, line.strip()) for line in lines if any(c.isalnum() for c in line)}
+
+
+def _pieces(tool: str, args: Any) -> list[tuple[str, str | None, str]] | None:
+    """What an edit of known place does, as (file, old text or None for a whole file, new
+    text); None when its place is not known."""
+    if not isinstance(args, dict) or not isinstance(args.get("filePath"), str):
+        return None
+    path = args["filePath"]
+    if tool == "write" and isinstance(args.get("content"), str):
+        return [(path, None, args["content"])]
+    edits = args.get("edits") if tool == "multiedit" else [args] if tool == "edit" else None
+    if not isinstance(edits, list):
+        return None
+    pieces: list[tuple[str, str | None, str]] = []
+    for edit in edits:
+        if not isinstance(edit, dict):
+            return None
+        old, new = edit.get("oldString"), edit.get("newString")
+        if not isinstance(old, str) or not isinstance(new, str):
+            return None
+        pieces.append((path, old, new))
+    return pieces
+
+
+def is_keystroke(call: Call) -> bool:
+    """A keystroke sent to a running program, or an empty command: it checks nothing."""
+    args = call.args
+    if isinstance(args, dict):
+        for key in ("command", "keystrokes", "keys"):
+            text = args.get(key)
+            if isinstance(text, str):
+                return not text.strip() or _KEYSTROKE.fullmatch(text.strip()) is not None
+    output = call.output
+    return isinstance(output, str) and output.strip() == "^C"
 
 
 def _find(checks: array[int], digest: int) -> int:
@@ -76,6 +169,7 @@ class NoProgressRule:
 
     reads_recorded = False
     reads_finished = True  # outcomes only
+    reads_running = False
 
     def __init__(self, repeats: int, max_checks: int = MAX_CHECKS) -> None:
         self.repeats = repeats
@@ -89,15 +183,18 @@ class NoProgressRule:
         changes = changes_files(call.tool, call.args)
         state: Checks | None = session.peek(NAME)
         if state is None:
-            if changes or call.outcome in SILENT:
-                return None  # a change before any check changes nothing that is counted
+            if not changes and (call.outcome in SILENT or is_keystroke(call)):
+                return None
             state = session.state(NAME, Checks)
         if server_changed(session, state):
             state.changes += 1
         if changes:
-            state.changes += 1
+            if state.rewrites(call.tool, call.args):
+                state.changes += 1
+            else:
+                del state.checks[:]  # a step somewhere new: every check starts over
             return None
-        if call.outcome in SILENT:
+        if call.outcome in SILENT or is_keystroke(call):
             return None
         now = state.changes & _MASK
         checks = state.checks

@@ -27,7 +27,7 @@ from __future__ import annotations
 from array import array
 
 from monitor.core.findings import Finding, Revisit
-from monitor.core.rules.facts import changes_files, server_changed
+from monitor.core.rules.facts import changes_files, remember, server_changed
 from monitor.core.rules.waiting import answers_in_progress, waits_by_command
 from monitor.core.session import Call, SessionRecord
 
@@ -65,6 +65,7 @@ class RevisitRule:
 
     reads_recorded = False
     reads_finished = True  # outcomes only
+    reads_running = False
 
     def __init__(self, revisits: int, memory: int = MEMORY) -> None:
         if not 0 < revisits <= WINDOW:
@@ -94,11 +95,7 @@ class RevisitRule:
             # A wait (a poll answered "in progress") is `wait`'s, with its larger allowance.
             revisit = pair in seen and not _waits(call)
             if not revisit and pair not in seen:
-                if len(seen) < self.memory:
-                    seen.append(pair)
-                else:
-                    seen[state.next] = pair
-                    state.next = (state.next + 1) % self.memory
+                state.next = remember(seen, state.next, pair, self.memory)
         state.bits = ((state.bits << 1) | revisit) & ((1 << WINDOW) - 1)
         state.calls += 1
         if not revisit:

@@ -47,6 +47,7 @@ class StepsRule:
 
     reads_recorded = False
     reads_finished = True  # outcomes only
+    reads_running = False
 
     def __init__(self, steps: int) -> None:
         self.steps = steps

@@ -1,0 +1,95 @@
+"""Rule `runaway`'s time bound: a call still running past its bound is stopped. The core keeps
+no clock: a call that starts running gives the shell a `Deadline`, which the shell feeds back
+(`Tracker.overdue`) once it passed (the streamed-output half of the rule is in
+tests/test_progress_rules.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from monitor.core.decisions import Deadline
+from monitor.core.rules.runaway import GRACE_S, SERVER_BASH_S, call_bound
+from monitor.core.tracker import SEED, Detection, Fed, Tracker
+from monitor.testing import FakeOpencode, frames, play
+from tests.frames_factory import call, envelope
+from tests.harness import FAST, events, start, stop, wait_for
+
+SES = "ses_runaway"
+SLEEP = {"command": "sleep infinity"}
+
+
+def fed(tracker: Tracker, updates: list[dict]) -> list[Fed]:
+    return [tracker.feed(update) for update in updates]
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "seconds", "expected"),
+    [
+        ("bash", SLEEP, 0, SERVER_BASH_S + GRACE_S),  # the server's 2 minutes, then 30 s
+        ("bash", {**SLEEP, "timeout": 600_000}, 0, 600 + GRACE_S),  # the call's own timeout
+        ("bash", {**SLEEP, "timeout": "x"}, 0, SERVER_BASH_S + GRACE_S),
+        ("task", {"prompt": "p"}, 0, None),  # a subagent may work for an hour
+        ("task", {"prompt": "p"}, 90, 90),  # unless a bound is set
+        ("bash", SLEEP, 90, 90),
+        ("bash", SLEEP, -1, None),  # off
+    ],
+)
+def test_call_bound(tool: str, args: Any, seconds: float, expected: float | None) -> None:
+    assert call_bound(tool, args, seconds) == expected
+
+
+def test_a_call_that_starts_running_gets_one_deadline() -> None:
+    tracker = Tracker(Detection())
+    pending, running, completed = call(SES, "prt_1", "bash", SLEEP)
+    again = {**running, "id": "evt_again"}  # bash re-sends `running` as its output grows
+    deadlines = [f.deadlines for f in fed(tracker, [pending, running, again, completed])]
+    assert deadlines == [(), (Deadline(SES, "prt_1", SERVER_BASH_S + GRACE_S),), (), ()]
+
+
+def test_no_deadline_without_a_bound() -> None:
+    assert [f.deadlines for f in fed(Tracker(SEED), call(SES, "prt_1", "bash", SLEEP))] == [()] * 3
+    reads = fed(Tracker(Detection()), call(SES, "prt_1", "read", {"filePath": "a"}))
+    assert [f.deadlines for f in reads] == [()] * 3
+
+
+def test_a_call_still_running_at_its_deadline_ran_away() -> None:
+    tracker = Tracker(replace(Detection(), call_seconds=60))
+    [deadline] = [
+        d for f in fed(tracker, call(SES, "prt_1", "bash", SLEEP)[:2]) for d in f.deadlines
+    ]
+    decision = tracker.overdue(deadline)
+    assert decision is not None
+    assert (decision.rule, decision.part_id, decision.session_id) == ("runaway", "prt_1", SES)
+    assert decision.finding.describe() == "one bash call was still running after 60 s"
+    assert "a call ran away" in decision.feedback
+    # the intervention stops it: the same deadline again is nothing
+    assert tracker.overdue(deadline) is None
+
+
+def test_a_call_that_ended_before_its_deadline_is_nothing() -> None:
+    tracker = Tracker(replace(Detection(), call_seconds=60))
+    [deadline] = [d for f in fed(tracker, call(SES, "prt_1", "bash", SLEEP)) for d in f.deadlines]
+    assert tracker.overdue(deadline) is None
+    assert tracker.overdue(Deadline("ses_unknown", "prt_9", 60)) is None
+
+
+async def test_the_shell_stops_a_call_still_running_past_its_bound() -> None:
+    # A bash call that starts and never ends, on a stream that stays open.
+    running = [envelope(f, "/w") for f in call("ses_r1", "p1", "bash", SLEEP)[:2]]
+    fake = FakeOpencode(streams=[play(frames(*running))], store_prompts=True)
+    with capture_logs() as logs:
+        server, watch, task = await start(fake, FAST, call_seconds=1)
+        try:
+            await wait_for(lambda: events(logs, "intervention.outcome"))
+        finally:
+            await stop(server, watch, task)
+    [outcome] = events(logs, "intervention.outcome")
+    assert (outcome["rule"], outcome["part_id"], outcome["outcome"]) == ("runaway", "p1", "aborted")
+    assert [r.path for r in fake.of("abort")] == ["/session/ses_r1/abort"]
+    [prompt] = fake.of("prompt_async")
+    text = prompt.body["parts"][0]["text"]  # type: ignore[index]
+    assert "one bash call was still running after 1 s" in text
