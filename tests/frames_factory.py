@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import os
+from pathlib import Path
 from typing import Any
 
 _ids = itertools.count(1)
@@ -214,3 +216,26 @@ def user_frames(session: str, message: str, text: str) -> list[dict]:
             },
         },
     ]
+
+
+def usage(session: str, message: str, tokens: int, cost: float = 0.0) -> dict:
+    info = {
+        "id": message,
+        "sessionID": session,
+        "role": "assistant",
+        "finish": "tool-calls",
+        "cost": cost,
+        "tokens": {"input": tokens, "output": 0, "reasoning": 0, "cache": {"read": 0, "write": 0}},
+    }
+    return envelope({"type": "message.updated", "properties": {"info": info}}, "/p")
+
+
+# ../shared beside the repository (as the developers' guide places it), beside the worktrees'
+# folder, $OLM_SHARED_DIR, or this workplace's /work/shared (a clone made elsewhere, in /tmp).
+_REPO = Path(__file__).resolve().parents[1]
+SHARED_PLACES = [
+    *([Path(os.environ["OLM_SHARED_DIR"])] if os.environ.get("OLM_SHARED_DIR") else []),
+    _REPO.parent / "shared",
+    _REPO.parent.parent / "shared",
+    Path("/work/shared"),
+]

@@ -159,7 +159,10 @@ def test_idle_clears_history_but_keeps_interventions_and_the_armed_loop_one_run(
     [decision] = feed_all(tracker, loop_of("s", 1, prefix="r"))
     assert (decision.call_index, decision.prior_interventions) == (7, 1)
     # Two runs later without a repetition, the loop is disarmed: a whole budget again.
+    # The server says idle twice at every run end: the pair ends one run.
     tracker.feed(end)
+    tracker.feed(end)
+    tracker.feed(status("s", "busy"))
     tracker.feed(end)
     assert [d.call_index for d in feed_all(tracker, loop_of("s", 4, prefix="t"))] == [11]
 
@@ -411,14 +414,15 @@ def test_sessions_seen_counts_each_session_once():
 
 def test_sessions_view_shows_runs_calls_and_interventions():
     tracker = Tracker(Detection())
-    feed_all(tracker, [envelope(f, "/w") for f in loop_of("s1", 4)])  # caught on call 4
+    # s1 is caught on call 4 and its run is still under way (busy) until the server says idle.
+    feed_all(tracker, [envelope(f, "/w") for f in loop_of("s1", 4)])
     feed_all(tracker, [envelope(f, "/v") for f in loop_of("s2", 2, tool="grep")])
     feed_all(tracker, [envelope(idle("s2"), "/v")])
     feed_all(tracker, [envelope(f, "/v") for f in call("s2", "q1", "glob", READ)])
     assert [
         (v.session_id, v.directory, v.busy, v.run_calls, v.calls, v.interventions)
         for v in tracker.sessions_view()
-    ] == [("s1", "/w", False, 4, 4, 1), ("s2", "/v", True, 1, 3, 0)]
+    ] == [("s1", "/w", True, 4, 4, 1), ("s2", "/v", True, 1, 3, 0)]
     # The intervention dropped s1's history; its run ends when the server says so.
     tracker.end_run("s1")
     [s1, _] = tracker.sessions_view()

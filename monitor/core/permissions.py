@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+from monitor.core.calls import CallEvent, CallState, advance
 from monitor.core.decisions import Intervene, Reply
 from monitor.core.events import PermissionAsked, PermissionReplied, ToolPart
 from monitor.core.feedback import rejection_text
@@ -117,7 +118,7 @@ class PermissionGate:
         if call.asked or asks is None or asks.get(call.digest) is None:
             # Its request was answered already by someone else, or its like ran without
             # asking (or we never saw one finish): abort as before.
-            call.stopped = True
+            advance(call, CallEvent.ABORT)
             return decision
         call.loop = decision
         return None
@@ -164,7 +165,7 @@ class PermissionGate:
             decision, call.loop, call.request = call.loop, None, None
             return self._refuse(event.request_id, decision, 0.0)
         call.request = None
-        if call.stopped or self.mode != "approve":
+        if call.state is CallState.STOPPED or self.mode != "approve":
             return None
         return Reply(event.request_id, event.session_id, directory, "once")
 

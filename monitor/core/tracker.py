@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from monitor.core.budget import Budget, BudgetBook
+from monitor.core.calls import CallEvent, CallState, Step, advance
 from monitor.core.decisions import Action, Intervene, Outcome, Reply
 from monitor.core.events import (
     KNOWN_EVENT_TYPES,
@@ -62,7 +63,8 @@ from monitor.core.rules.no_progress import NoProgressRule
 from monitor.core.rules.revisit import RevisitRule
 from monitor.core.rules.text import TextStream
 from monitor.core.rules.text_steps import StepsRule
-from monitor.core.session import Call, RecentMap, SessionRecord, call_digest
+from monitor.core.runs import RunEvent, run_advance
+from monitor.core.session import PLUGIN_PART, Call, RecentMap, SessionRecord, call_digest
 
 __all__ = ["RULES", "SEED", "Detection", "Fed", "Intervene", "Judged", "SessionView", "Tracker"]
 
@@ -266,6 +268,9 @@ class Tracker:
         self.chunks_after_detection = 0
         # Part ids of ours for the calls the plugin asks about before the stream carries them.
         self._plugin_parts = itertools.count(1)
+        # Updates the call table placed nowhere: `late` (after their run ended) and
+        # `unexpected`, by step.
+        self.stray: Counter[Step] = Counter()
 
     def feed_data(self, data: str) -> Fed:
         """Take the data of one SSE event, as read from the stream or a recording."""
@@ -308,19 +313,20 @@ class Tracker:
         session.plugin = True
         if asked.tool in self._transparent:
             return Judged()
-        seen = session.unjudged(asked.call_id, asked.tool)
+        seen = session.unasked(asked.call_id, asked.tool)
         if seen is not None:
-            seen.judged = True
+            seen.call_id = None  # the plugin asks once per call
+            advance(seen, CallEvent.ASK)
             decision, seen.loop = seen.loop, None
             return _judged(decision)
-        part_id = f"plugin-{next(self._plugin_parts)}"
+        part_id = f"{PLUGIN_PART}{next(self._plugin_parts)}"
         call = self._identify(part_id, asked.tool, asked.args, asked.call_id)
-        call.on_stream, call.judged = False, True
+        advance(call, CallEvent.ASK)
         session.start(call)
         if not self._record_at_running:
             return Judged()  # recorded at its outcome, from the stream
-        call.held, call.taken = True, False
         session.calls += 1
+        self._begin(session)
         session.record(call.recorded_as, call.tool, self.detection.history)
         return _judged(self._rules(session, call, True, False, asked.session_id, part_id, True))
 
@@ -349,7 +355,11 @@ class Tracker:
         session = self._seen(session_id, directory)
         session.interventions = max(session.interventions, interventions)
         session.held = "" if held else None
-        session.end_run()
+        # The record replaces what we knew of the run: its history and its calls (their
+        # later updates are matched to the calls read back, or are late). Not a run end: the
+        # run read back is the one under way.
+        session.restart()
+        session.end_calls()
         session.calls = session.run_start
         seeding = _Seeding()
         decisions: list[Intervene] = []
@@ -422,12 +432,26 @@ class Tracker:
         return 0 if session is None else session.interventions
 
     def end_run(self, session_id: str) -> None:
-        """The session's run is over: its history goes, its intervention count stays."""
+        """The session's run is over, whoever says so (`session.status` idle, `session.idle`,
+        a resync that found it idle): everything a run owns starts over, its history, the
+        rules' state, its calls (late from now on) and its budget; its intervention count
+        stays. Said twice for one run end (the server does), it counts once: the armed
+        countdown and the run's first call number move only when a run was under way."""
         session = self._sessions.get(session_id)
-        if session is not None:
-            session.end_run()
+        if session is None:
+            return
+        session.run, ended = run_advance(session.run, RunEvent.END)
+        session.restart()
+        self._budgets.end_run(session_id)  # idempotent: a spent budget reset twice is reset
+        if ended:
+            session.end_calls()
             session.run_start = session.calls
             session.run_ended()
+
+    @staticmethod
+    def _begin(session: SessionRecord) -> None:
+        """A run is under way: the server said busy, or a call of it is recorded."""
+        session.run = run_advance(session.run, RunEvent.BEGIN)[0]
 
     def sessions_view(self) -> list[SessionView]:
         """A read-only copy of what is known about every session held, oldest first."""
@@ -474,7 +498,9 @@ class Tracker:
         if isinstance(event, ToolPart):
             return self._tool_part(event, seeding, label)
         if isinstance(event, SessionSeen):
-            self._seen(event.session_id, event.directory)
+            seen = self._seen(event.session_id, event.directory)
+            if event.busy:
+                self._begin(seen)
             self._budgets.session(event.session_id, event.parent_id)
             return _QUIET[label]
         if isinstance(event, MessageUsage):
@@ -496,7 +522,6 @@ class Tracker:
         if isinstance(event, SessionIdle):
             self._seen(event.session_id, event.directory)
             self.end_run(event.session_id)
-            self._budgets.end_run(event.session_id)
             return _QUIET[label]
         if isinstance(event, PermissionAsked):
             if self._gate.mode == "off":
@@ -594,13 +619,20 @@ class Tracker:
             late = self._gate.finished(session, call, live=seeding is None)
         elif call is not None and call.loop is not None and finished:
             late = call.loop  # the plugin never asked (it fell open): stop the run after all
+        if call is not None and call.state is CallState.LATE:
+            late = None  # its run is over: nothing of it is stopped any more
         decision = None if transparent else self._call(session, call, part, seeding)
         nudge = None
         call = call or session.call(part.part_id)  # `_call` made it, if it was new
         if decision is not None and part.status == "running" and call is not None:
             if decision.action == Action.NUDGE:
                 nudge, decision = decision, None  # the call runs: nothing to refuse
-            elif seeding is None and session.plugin and not call.judged and call.request is None:
+            elif (
+                seeding is None
+                and session.plugin
+                and call.call_id is not None
+                and call.request is None
+            ):
                 # The plugin's request for this call is on its way: it blocks the call.
                 call.loop, decision = decision, None
         if part.status == "running" and follows:
@@ -609,10 +641,8 @@ class Tracker:
             )
         else:
             now = decision
-        if finished:
-            held = session.call(part.part_id)
-            if held is not None and not held.held and held.key is None:
-                session.finish(part.part_id)
+        if finished and seeding is None:
+            session.finish(part.part_id)  # done with: a read-back keeps it for its duplicates
         if isinstance(now, Reply):
             return Fed(tuple(d for d in (late, nudge) if d is not None), label, replies=(now,))
         decisions = tuple(d for d in (late, nudge, now) if d is not None)
@@ -621,40 +651,37 @@ class Tracker:
     def _call(
         self, session: SessionRecord, call: Call | None, part: ToolPart, seeding: _Seeding | None
     ) -> Intervene | None:
-        """Take a tool call's update: record it, take its outcome, ask the rules."""
+        """Take a tool call's update: move it through its life (monitor/core/calls.py) and do
+        what that says: record it, take its outcome, ask the rules."""
         finished = part.status in _FINISHED
-        # Each part is recorded once and its outcome taken once.
-        if finished and call is not None and call.held:
-            call.held = False
-            record, outcome = False, not call.taken
-        elif part.status == "running" and self._record_at_running:
-            if call is not None and call.held:
-                return None  # bash re-sends `running` while it streams output
-            record, outcome = True, False
+        if not finished and part.status != "running":
+            return None  # `pending`: no input yet; its `running` update will come
+        if seeding is None:
+            event = CallEvent.FINISH if finished else CallEvent.RUN
         else:
-            # `completed` or `error` of a part whose `running` we never saw (or, in
-            # input+output mode, never record at): this is its one full update.
-            record = outcome = finished
-        if not (record or outcome):
-            return None
+            # The shell connects the stream before it reads the messages back, so nothing
+            # that happens in between is lost; an update made in that gap then reaches us
+            # twice, in the messages and on the stream, and must count once: every part read
+            # back stays in flight, also a finished one, and its later updates are repeats.
+            event = CallEvent.READ_FINISH if finished else CallEvent.READ_RUN
         if call is None:
             call = self._identify_part(part)
             session.start(call)
-        if record and part.status == "running":
-            call.held, call.taken = True, False
+        step = advance(call, event)
+        record = step in _RECORDS
+        outcome = step in _TAKES
+        if not self._record_at_running:
+            record = outcome  # under input+output a call is recorded with its outcome
+        if not (record or outcome):
+            if step in (Step.LATE, Step.UNEXPECTED):
+                self.stray[step] += 1
+            return None
         if outcome:
             call.finished(part.status, part.output, part.error, part.metadata)
         if record:
             session.calls += 1
+            self._begin(session)
             if seeding is not None:
-                # The shell connects the stream before it reads the messages back, so nothing
-                # that happens in between is lost; an update made in that gap then reaches us
-                # twice, in the messages and on the stream, and must count once. So every part
-                # read back is held in flight, also a finished one: its later updates on the
-                # stream are dropped as live. A part still `pending` (no input yet) is not
-                # recorded here: its `running` on the stream will be.
-                if not call.held or part.status != "running":
-                    call.held, call.taken = True, outcome
                 if seeding.decided:
                     # A run that looped several times before we came is stopped once, at the
                     # first call where `watch` would have stopped it; later calls are counted
@@ -663,8 +690,7 @@ class Tracker:
                 if part.part_id == session.intervened_part:
                     # The run read back is the one we just stopped, its feedback not stored
                     # yet: the same loop must not be acted on twice.
-                    session.digests = session.tools = None
-                    session.rule_state = None
+                    session.restart()
                     seeding.decided = True
                     return None
             if not self._record_at_running:
@@ -768,12 +794,12 @@ class Tracker:
                 session.armed_runs = runs  # armed again for this run and the next
         # Later updates of the parts already recorded must not fire again, so the history
         # and the rules' state start over; the calls in flight stay to keep recognising those
-        # parts, and their outcomes (the abort ends them in error) are not taken.
-        session.digests = session.tools = None
-        session.rule_state = None
-        for call in (session.in_flight or {}).values():
-            if call.held:
-                call.taken = True
+        # parts, and their outcomes (the abort ends them in error) are not taken. Under
+        # input+output no call is recorded before its outcome: none is cut.
+        session.restart()
+        if self._record_at_running:
+            for call in (session.in_flight or {}).values():
+                advance(call, CallEvent.CUT)
         session.intervened_part = part_id
         prior = session.interventions
         session.interventions += 1
@@ -800,6 +826,8 @@ class Tracker:
 
 
 _FINISHED = ("completed", "error")
+_RECORDS = (Step.RECORD, Step.RECORD_TAKE)
+_TAKES = (Step.TAKE, Step.RECORD_TAKE)
 
 
 def _action(first: FirstAction, prior: int, hold: bool) -> Action:
