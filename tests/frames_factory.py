@@ -47,11 +47,13 @@ def tool_part(
 
 
 def call(session: str, part: str, tool: str, input: Any, output: str = "ok") -> list[dict]:
-    """The updates of one call as the server sends them: pending, running, completed."""
+    """The updates of one call as the server sends them: pending, running, completed; each
+    call a model step of its own (its own assistant message)."""
+    step = f"msg_{part}"
     return [
-        tool_part(session, part, tool, "pending"),
-        tool_part(session, part, tool, "running", input),
-        tool_part(session, part, tool, "completed", input, output=output),
+        tool_part(session, part, tool, "pending", message_id=step),
+        tool_part(session, part, tool, "running", input, message_id=step),
+        tool_part(session, part, tool, "completed", input, output=output, message_id=step),
     ]
 
 

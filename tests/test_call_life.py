@@ -10,10 +10,27 @@ import pytest
 
 from monitor.core.budget import Budget
 from monitor.core.calls import TABLE, CallEvent, CallState, Step, advance
+from monitor.core.decisions import Plan
+from monitor.core.due import Due, next_step
+from monitor.core.due import Step as DueStep
+from monitor.core.feedback import MARK
 from monitor.core.frames import iter_sse_data
+from monitor.core.plugin_protocol import PluginCall
 from monitor.core.runs import RUN_TABLE, RunEvent, RunState, run_advance
 from monitor.core.tracker import Detection, Tracker
-from tests.frames_factory import READ, SHARED_PLACES, call, idle, loop_of, status, usage
+from tests.frames_factory import (
+    READ,
+    SHARED_PLACES,
+    assistant_message,
+    call,
+    export_part,
+    idle,
+    loop_of,
+    status,
+    tool_part,
+    usage,
+    user_message,
+)
 
 # What every (state, event) pair must do, written out apart from the table: state/step, or
 # "-" where the table must not allow the event. Columns in CallEvent order.
@@ -171,3 +188,81 @@ def test_every_detection_on_a_real_models_stream_is_within_its_real_calls(name: 
         # The 4-call cycle the monitor aborted at the 13th call; the aborted run's parts that
         # came after `session.idle` are late, not a "bash repeated 4 times" at the 18th.
         assert found == [("cycle", 13, 13)]
+
+
+# -- one loop, one intervention ---------------------------------------------------------------
+
+OTHER = {"filePath": "other.py"}
+
+
+def burst(session: str, count: int, step: str) -> list[dict]:
+    """`count` identical reads the model asked for in one step (one assistant message)."""
+    return [
+        tool_part(session, f"b{n}", "read", status, READ, call_id=f"call_b{n}", message_id=step)
+        for n in range(count)
+        for status in ("pending", "running", "completed")
+    ]
+
+
+def test_a_burst_in_one_step_is_one_intervention_and_the_next_loop_is_refused_not_held() -> None:
+    tracker = Tracker()  # block first, held after 2 interventions
+    decisions = feed_all(tracker, burst("s", 5, "msg_a"))
+    assert [(d.call_index, d.plan, d.prior_interventions) for d in decisions] == [
+        (4, Plan.REFUSE, 0),
+        (5, Plan.DEFER, 0),  # the same loop, the same step: the same intervention
+    ]
+    assert tracker.interventions("s") == 1
+    [other] = feed_all(tracker, loop_of("s", 4, "read", OTHER, prefix="o"))
+    assert (other.call_index, other.plan, other.prior_interventions) == (9, Plan.REFUSE, 1)
+    assert not other.hold
+
+
+def test_a_burst_the_plugin_asks_about_is_one_intervention() -> None:
+    tracker = Tracker()
+    pending = [
+        tool_part("ses_1", f"b{n}", "read", "pending", call_id=f"call_b{n}", message_id="msg_a")
+        for n in range(5)
+    ]
+    feed_all(tracker, pending)
+    judged = [
+        tracker.judge(PluginCall("ses_1", f"call_b{n}", "read", READ, "/p")) for n in range(5)
+    ]
+    assert [j.verdict.verdict for j in judged] == ["allow"] * 3 + ["block"] * 2
+    assert [j.decision.plan for j in judged[3:] if j.decision] == [Plan.REFUSE, Plan.DEFER]
+    assert judged[4].verdict == judged[3].verdict  # the same refusal text
+    assert tracker.interventions("ses_1") == 1
+
+
+def test_a_loop_found_after_its_run_ended_is_known_as_over() -> None:
+    """A monitor that stalled reads a loop's calls after they ran: by the time the shell acts
+    the run has ended by itself, which the core says (the shell then aborts nothing)."""
+    tracker = Tracker()
+    tracker.feed(status("s", "busy"))
+    decisions = feed_all(tracker, loop_of("s", 8))
+    assert [d.plan for d in decisions] == [Plan.REFUSE, Plan.REFUSE, Plan.HOLD] + [Plan.DEFER] * 2
+    assert not tracker.run_over(decisions[0])
+    feed_all(tracker, [status("s", "idle"), idle("s")])
+    assert all(tracker.run_over(d) for d in decisions)
+
+
+# -- our own refusal is never another monitor's --------------------------------------------------
+
+
+def test_due_work_after_a_restart_takes_our_own_refusal_for_ours() -> None:
+    """The server restarted at a hold's abort: the record read back after the reconnect
+    shows the loop's call refused with our text. Ours, so the hold's feedback is still due;
+    the same record left by another monitor means that monitor acts."""
+    calls = [export_part("s", f"p{n}", "completed") for n in (1, 2, 3)]
+    refused = export_part("s", "p4", "error")
+    refused["state"]["error"] = f"{MARK}this call was refused and did not run"
+    record = [user_message("s"), *(assistant_message("s", c) for c in calls)]
+    record.append(assistant_message("s", refused))
+    held = feed_all(Tracker(Detection(on_loop="hold")), loop_of("s", 4))[0]
+    assert next_step(Due(held, DueStep.ABORT, 0.0, ours=True), False, record) == (
+        DueStep.FEEDBACK,
+        None,
+    )
+    assert next_step(Due(held, DueStep.ABORT, 0.0), False, record) == (
+        None,
+        "call already refused",
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor.core.decisions import Action
+from monitor.core.decisions import Action, Plan
 from monitor.core.plugin_protocol import ALLOW, PluginCall
 from monitor.core.tracker import Detection, Tracker
 from tests.frames_factory import tool_part
@@ -19,9 +19,10 @@ def asked(call_id: str = "call_0", args: dict[str, Any] = APPEND, tool: str = "b
 
 
 def updates(part: str, call_id: str = "call_0", status: str = "completed", **extra: Any):
+    step = f"msg_{part}"  # each call a model step of its own
     return [
-        tool_part(S, part, "bash", "running", APPEND, call_id=call_id),
-        tool_part(S, part, "bash", status, APPEND, call_id=call_id, **extra),
+        tool_part(S, part, "bash", "running", APPEND, call_id=call_id, message_id=step),
+        tool_part(S, part, "bash", status, APPEND, call_id=call_id, message_id=step, **extra),
     ]
 
 
@@ -117,7 +118,9 @@ def test_blocked_call_repeated_is_blocked_at_once_and_escalates_to_a_hold():
         if judged.decision is not None:
             last = judged.decision
     assert verdicts == ["allow"] * 3 + ["block"] * 4  # no fresh budget of 3 after a block
-    assert (last.prior_interventions, last.hold, last.action) == (6 - 3, True, Action.STOP)
+    # The 6th call is held (the third intervention); the 7th, while the hold stops the run,
+    # is that intervention again: refused, not counted.
+    assert (last.prior_interventions, last.hold, last.plan) == (2, True, Plan.DEFER)
 
 
 def test_first_action_nudge_lets_the_call_run_then_blocks_the_next_repetition():

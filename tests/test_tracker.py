@@ -2,6 +2,8 @@ from dataclasses import replace
 
 import pytest
 
+from monitor.core.decisions import Plan
+from monitor.core.feedback import MARK
 from monitor.core.findings import CallCycle
 from monitor.core.rules.cycle import Cycle
 from monitor.core.tracker import SEED, Detection, Fed, Intervene, Tracker
@@ -43,7 +45,10 @@ def test_one_tool_recording_intervenes_at_the_4th_and_every_repetition_after():
     parts = tool_part_ids("one-tool-8-calls-no-guard.event.sse")
     assert parts[3:8] == [d.part_id for d in decisions]
     assert {d.session_id for d in decisions} == {"ses_dd6889fa4ffeDlmaT86ONwYfWm"}
-    assert [d.prior_interventions for d in decisions] == [0, 1, 2, 3, 4]
+    # One step per call: each repetition after a refusal climbs the ladder, up to the hold;
+    # the repetitions while the hold stops the run are that intervention again.
+    assert [d.prior_interventions for d in decisions] == [0, 1, 2, 2, 2]
+    assert [str(d.plan) for d in decisions] == ["refuse", "refuse", "hold", "defer", "defer"]
 
 
 def test_two_cycle_recording_intervenes_at_6_then_at_every_call_of_the_cycle():
@@ -358,8 +363,11 @@ def test_decision_fields_and_feedback_text():
         hold=False,
         escalated=False,
         feedback=decision.feedback,
+        plan=Plan.REFUSE,
+        refusal=decision.refusal,
     )
     assert decision.rule == "cycle"
+    assert decision.refusal.startswith(MARK) and "did not run" in decision.refusal
     text = decision.feedback
     assert "3 calls (read, edit, bash) repeated 3 times" in text
     assert "repeated tool-call cycle was detected" in text

@@ -36,7 +36,6 @@ from typing import Literal
 from monitor.core.calls import CallEvent, CallState, advance
 from monitor.core.decisions import Intervene, Reply
 from monitor.core.events import PermissionAsked, PermissionReplied, ToolPart
-from monitor.core.feedback import rejection_text
 from monitor.core.findings import Rule
 from monitor.core.session import (
     MAX_ASKS,
@@ -200,13 +199,12 @@ class PermissionGate:
 
     @staticmethod
     def _refuse(request_id: str, decision: Intervene, wait: float) -> Reply:
-        message = rejection_text(decision.finding, decision.hold, decision.prior_interventions + 1)
         return Reply(
             request_id,
             decision.session_id,
             decision.directory,
             "reject",
-            message=message,
+            message=decision.refusal,
             loop=decision,
             wait=wait,
         )

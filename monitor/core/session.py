@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from monitor.core.calls import CallEvent, CallState, advance
-from monitor.core.decisions import Intervene
+from monitor.core.decisions import Intervene, Plan
 from monitor.core.findings import Finding
 from monitor.core.patterns import TextPattern
 from monitor.core.runs import RunState
@@ -224,6 +224,27 @@ _ASKABLE = (CallState.RUNNING, CallState.CANCELLED, CallState.STOPPED)
 _CLAIMABLE = (CallState.ASKED, CallState.CANCELLED)
 
 
+class Acted:
+    """An intervention of the current run and the loop it acted on (its calls' digests)."""
+
+    __slots__ = ("decision", "loop", "step")
+
+    def __init__(self, decision: Intervene, loop: frozenset[int], step: str | None) -> None:
+        self.decision = decision
+        self.loop = loop
+        self.step = step  # the model step it was decided in
+
+    def same(self, loop: frozenset[int], step: str | None) -> bool:
+        """Whether a loop of these calls, found now, is this intervention again: the same
+        calls, while the run is being stopped (a stop or hold stands for the rest of the run)
+        or within the same model step (a burst). A nudge lets the run go on: its loop found
+        again climbs the ladder."""
+        if not loop <= self.loop:
+            return False
+        plan = self.decision.plan
+        return plan in (Plan.STOP, Plan.HOLD) or (plan == Plan.REFUSE and step == self.step)
+
+
 class Request:
     """A permission request the gate saw, until it falls out of the session's table."""
 
@@ -253,6 +274,9 @@ class SessionRecord:
         "early",
         "plugin",
         "run",
+        "runs",
+        "step",
+        "acted",
         "armed",
         "armed_runs",
         "armed_finding",
@@ -288,6 +312,12 @@ class SessionRecord:
         self.plugin = False
         # Whether a run is under way (monitor/core/runs.py); only `Tracker` moves it.
         self.run = RunState.IDLE
+        # Runs ended so far, as a decision's `run` names its own.
+        self.runs = 0
+        # The latest model step the stream showed a call of (its assistant message id).
+        self.step: str | None = None
+        # The intervention that stands for its loop in this run, if any.
+        self.acted: Acted | None = None
         # The calls of the last loop stopped (their digests) and what was found then: a call
         # among them is that loop again, at once, until `armed_runs` more runs have ended
         # (the one stopped and the next).

@@ -20,7 +20,7 @@ from typing import Literal
 
 from monitor.core.budget import Budget, BudgetBook
 from monitor.core.calls import CallEvent, CallState, Step, advance
-from monitor.core.decisions import Action, Intervene, Outcome, Reply
+from monitor.core.decisions import Intervene, Outcome, Plan, Reply
 from monitor.core.events import (
     KNOWN_EVENT_TYPES,
     MALFORMED,
@@ -51,6 +51,7 @@ from monitor.core.findings import (
 )
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.ids import is_permission_id, is_session_id
+from monitor.core.ladder import FirstAction, OnLoop, rung
 from monitor.core.limits import check_history, derived_history
 from monitor.core.permissions import DOOM_LOOP_CALLS, PermissionGate, PermissionMode
 from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, block
@@ -64,13 +65,29 @@ from monitor.core.rules.revisit import RevisitRule
 from monitor.core.rules.text import TextStream
 from monitor.core.rules.text_steps import StepsRule
 from monitor.core.runs import RunEvent, run_advance
-from monitor.core.session import PLUGIN_PART, Call, RecentMap, SessionRecord, call_digest
+from monitor.core.session import (
+    PLUGIN_PART,
+    Acted,
+    Call,
+    RecentMap,
+    SessionRecord,
+    call_digest,
+)
 
-__all__ = ["RULES", "SEED", "Detection", "Fed", "Intervene", "Judged", "SessionView", "Tracker"]
+__all__ = [
+    "RULES",
+    "SEED",
+    "Detection",
+    "Fed",
+    "FirstAction",
+    "Intervene",
+    "Judged",
+    "OnLoop",
+    "SessionView",
+    "Tracker",
+]
 
 MatchMode = Literal["input", "input+output"]
-OnLoop = Literal["resume", "hold"]
-FirstAction = Literal["nudge", "block", "stop"]
 
 # Text and reasoning parts streaming at once, over all sessions; the oldest is dropped first.
 # Each holds at most about 3 KB (docs/performance.md), so all of them stay under 12 MB.
@@ -446,7 +463,14 @@ class Tracker:
         if ended:
             session.end_calls()
             session.run_start = session.calls
+            session.runs += 1
+            session.acted = None  # an intervention stands for its run only
             session.run_ended()
+
+    def run_over(self, decision: Intervene) -> bool:
+        """Whether the run `decision` was made in has ended since (or the session is gone)."""
+        session = self._sessions.get(decision.session_id)
+        return session is None or session.runs != decision.run
 
     @staticmethod
     def _begin(session: SessionRecord) -> None:
@@ -600,6 +624,10 @@ class Tracker:
         if transparent and not follows:
             return _QUIET[label]
         session = self._seen(part.session_id, part.directory)
+        if part.message_id is not None:
+            # The model step the call is of (one assistant message): the plugin's question
+            # names none, and is taken to be of the latest step the stream showed.
+            session.step = part.message_id
         call = session.call(part.part_id)
         finished = part.status in _FINISHED
         late = None
@@ -625,7 +653,7 @@ class Tracker:
         nudge = None
         call = call or session.call(part.part_id)  # `_call` made it, if it was new
         if decision is not None and part.status == "running" and call is not None:
-            if decision.action == Action.NUDGE:
+            if decision.plan == Plan.NUDGE:
                 nudge, decision = decision, None  # the call runs: nothing to refuse
             elif (
                 seeding is None
@@ -783,15 +811,21 @@ class Tracker:
         part_id: str,
         rearm: bool = True,
     ) -> Intervene:
-        """The one way a finding becomes a decision, whichever rule found it."""
-        # Armed only for loops of repeated calls: their next repetition is known by its
-        # digest. Text, progress and budget findings name no call to refuse again.
-        if isinstance(finding, CallCycle | EndlessWait | FailureRun | DoomLoop):
-            runs = self.detection.armed_runs
-            if rearm:
-                session.arm(session.block(finding.shape()[0]), finding, runs)
-            else:
-                session.armed_runs = runs  # armed again for this run and the next
+        """The one way a finding becomes a decision, whichever rule found it.
+
+        One loop, one intervention: a finding of the same calls as the intervention that
+        stands in this run, while it is being stopped or within the same model step (a burst
+        of identical calls in one step is one loop), is that intervention again (`DEFER`):
+        its call is refused where it asks, and the ladder does not climb. A new loop, or the
+        same one in a later step after a refusal or a nudge, climbs.
+        """
+        # Only loops of repeated calls name their calls (by digest): text, progress and
+        # budget findings name none to refuse again, and are never the same loop.
+        repeats = isinstance(finding, CallCycle | EndlessWait | FailureRun | DoomLoop)
+        if repeats:
+            loop = session.armed if not rearm else frozenset(session.block(finding.shape()[0]))
+        else:
+            loop = None
         # Later updates of the parts already recorded must not fire again, so the history
         # and the rules' state start over; the calls in flight stay to keep recognising those
         # parts, and their outcomes (the abort ends them in error) are not taken. Under
@@ -800,29 +834,45 @@ class Tracker:
         if self._record_at_running:
             for call in (session.in_flight or {}).values():
                 advance(call, CallEvent.CUT)
+        acted = session.acted
+        if loop and acted is not None and acted.same(loop, session.step):
+            return dataclasses.replace(
+                acted.decision, part_id=part_id, call_index=session.calls, plan=Plan.DEFER
+            )
+        if repeats:
+            runs = self.detection.armed_runs
+            if rearm:
+                session.arm(tuple(loop or ()), finding, runs)
+            else:
+                session.armed_runs = runs  # armed again for this run and the next
         session.intervened_part = part_id
         prior = session.interventions
         session.interventions += 1
         detection = self.detection
-        escalated = detection.on_loop == "resume" and prior >= detection.max_interventions
-        hold = escalated or detection.on_loop == "hold"
-        action = _action(detection.first_action, prior, hold)
-        if action == Action.NUDGE:
+        step = rung(detection.on_loop, detection.max_interventions, detection.first_action, prior)
+        if step.plan == Plan.NUDGE:
             feedback = nudge_text(finding, prior + 1)
         else:
-            feedback = feedback_text(finding, hold, prior + 1)
-        return Intervene(
+            feedback = feedback_text(finding, step.hold, prior + 1)
+        refusal = rejection_text(finding, step.hold, prior + 1)
+        decision = Intervene(
             session_id=session_id,
             directory=session.directory or self._default_directory,
             finding=finding,
             part_id=part_id,
             call_index=session.calls,
             prior_interventions=prior,
-            hold=hold,
-            escalated=escalated,
+            hold=step.hold,
+            escalated=step.escalated,
             feedback=feedback,
-            action=action,
+            action=step.action,
+            plan=step.plan,
+            refusal=refusal,
+            run=session.runs,
         )
+        if loop:
+            session.acted = Acted(decision, loop, session.step)
+        return decision
 
 
 _FINISHED = ("completed", "error")
@@ -830,21 +880,10 @@ _RECORDS = (Step.RECORD, Step.RECORD_TAKE)
 _TAKES = (Step.TAKE, Step.RECORD_TAKE)
 
 
-def _action(first: FirstAction, prior: int, hold: bool) -> Action:
-    """The rung of the ladder for an intervention after `prior` others: the first takes
-    `first`, later ones block (or stop, when the first stops); a hold stops the run."""
-    if hold:
-        return Action.STOP
-    if prior == 0:
-        return Action(first)
-    return Action.STOP if first == "stop" else Action.BLOCK
-
-
 def _judged(decision: Intervene | None) -> Judged:
     """The plugin's answer for a call that completes `decision`'s loop (None: no loop)."""
     if decision is None:
         return Judged()
-    if decision.action == Action.NUDGE:
+    if decision.plan == Plan.NUDGE:
         return Judged(ALLOW, decision)
-    message = rejection_text(decision.finding, decision.hold, decision.prior_interventions + 1)
-    return Judged(block(message), decision)
+    return Judged(block(decision.refusal), decision)

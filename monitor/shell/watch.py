@@ -26,7 +26,7 @@ import structlog
 from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
 from monitor.core.budget import Budget
-from monitor.core.decisions import Intervene, Outcome
+from monitor.core.decisions import Intervene, Outcome, Plan
 from monitor.core.export import current_run, export_frames, feedback_count, held_in
 from monitor.core.feedback import clean_tool_name
 from monitor.core.frames import encode_sse
@@ -290,7 +290,7 @@ class Watch:
         decision = judged.decision
         if decision is None:
             return judged.verdict
-        if self.metrics is not None:
+        if self.metrics is not None and decision.plan != Plan.DEFER:
             self.metrics.loop(decision.finding.shape()[0], decision.rule)
         if judged.verdict == ALLOW or self.settings.dry_run:
             self.interventions.submit(decision)  # a nudge, or what a dry run logs
@@ -334,6 +334,7 @@ class Watch:
                 on_fatal=self._fail,
                 on_outcome=self._on_outcome,
                 expire=self.tracker.expire,
+                run_over=self.tracker.run_over,
                 sleep=self.timing.sleep,
                 stagger=self.timing.stagger,
                 clock=self.timing.clock,
@@ -417,7 +418,8 @@ class Watch:
             self.interventions.answer(reply)
         if self.metrics is not None:
             for loop in (*fed.decisions, *(r.loop for r in fed.replies if r.loop is not None)):
-                self.metrics.loop(loop.finding.shape()[0], loop.rule)
+                if loop.plan != Plan.DEFER:  # counted once, as the loop it is again
+                    self.metrics.loop(loop.finding.shape()[0], loop.rule)
 
     def _write_record(self, record: TextIO, data: str) -> None:
         try:
