@@ -275,7 +275,9 @@ class Watch:
         endpoint = plugin_endpoint(self.settings, os.environ)
         if endpoint is None or self.scope.only_session is not None:
             return  # `attach` follows one session; plugins ask the daemon
-        server = DecideServer(endpoint, self.judge, self._on_plugin_asked, self._on_refused)
+        server = DecideServer(
+            endpoint, self.judge, self._on_plugin_asked, self._on_refused, self._on_plugin_late
+        )
         try:
             await server.start()
         except EndpointTaken as exc:
@@ -298,10 +300,18 @@ class Watch:
         self.interventions.blocked(decision, call.call_id)
         return judged.verdict
 
-    def _on_plugin_asked(self, call: PluginCall, verdict: PluginVerdict) -> None:
-        label = self.plugin_stats.asked(call, verdict)
+    def _on_plugin_asked(
+        self, call: PluginCall, verdict: PluginVerdict, answered: bool = True
+    ) -> None:
+        label, fell_open = self.plugin_stats.asked(call, verdict, answered)
         if self.metrics is not None:
-            self.metrics.plugin_asked(label, verdict.verdict, call.fell_open)
+            self.metrics.plugin_asked(label, verdict.verdict, fell_open)
+
+    def _on_plugin_late(self, call: PluginCall) -> None:
+        """A request the plugin gave up on before we read it: the call ran unasked (the
+        plugin counts it, and reports it with its next request); not judged."""
+        log.info("plugin.late", session_id=call.session_id, tool=call.tool)
+        self._on_plugin_asked(call, ALLOW, answered=False)
 
     def _on_refused(self, refused: RequestRefused) -> None:
         self.plugin_stats.refused += 1
