@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from monitor.core.decisions import Outcome
+
 _ids = itertools.count(1)
 
 
@@ -98,10 +100,13 @@ def loop_of(session: str, count: int, tool: str = "read", input: Any = READ, pre
 
 
 def feed_all(tracker, frames) -> list:
-    """Every decision the tracker returns for `frames`, in order."""
+    """Every decision the tracker returns for `frames`, in order; each is reported carried
+    out at once, as the shell does (an intervention under way stands for its loop)."""
     decisions = []
     for frame in frames:
-        decisions += tracker.feed(frame).decisions
+        for decision in tracker.feed(frame).decisions:
+            tracker.outcome(decision, Outcome.DRY_RUN)
+            decisions.append(decision)
     return decisions
 
 

@@ -24,6 +24,7 @@ from tests.frames_factory import (
     assistant_message,
     call,
     export_part,
+    feed_all,
     idle,
     loop_of,
     status,
@@ -92,10 +93,6 @@ def test_every_pair_of_a_runs_life(state: RunState, event: RunEvent) -> None:
 
 
 # -- each source of a call event, on the tracker ------------------------------------------------
-
-
-def feed_all(tracker: Tracker, frames: list[dict]) -> list:
-    return [d for frame in frames for d in tracker.feed(frame).decisions]
 
 
 def test_an_update_after_its_run_ended_is_late_never_a_new_call() -> None:
@@ -233,16 +230,18 @@ def test_a_burst_the_plugin_asks_about_is_one_intervention() -> None:
     assert tracker.interventions("ses_1") == 1
 
 
-def test_a_loop_found_after_its_run_ended_is_known_as_over() -> None:
-    """A monitor that stalled reads a loop's calls after they ran: by the time the shell acts
-    the run has ended by itself, which the core says (the shell then aborts nothing)."""
+def test_a_stalled_monitor_finds_one_loop_once_and_knows_its_run_is_over() -> None:
+    """A monitor that stalled reads a loop's calls after they ran, all before it acts on the
+    first finding (no outcome has come back): one intervention, the rest the same one; by the
+    time the shell acts the run has ended by itself, which the core says (nothing aborted)."""
     tracker = Tracker()
     tracker.feed(status("s", "busy"))
-    decisions = feed_all(tracker, loop_of("s", 8))
-    assert [d.plan for d in decisions] == [Plan.REFUSE, Plan.REFUSE, Plan.HOLD] + [Plan.DEFER] * 2
+    decisions = [d for f in loop_of("s", 8) for d in tracker.feed(f).decisions]
+    assert [d.plan for d in decisions] == [Plan.REFUSE] + [Plan.DEFER] * 4
+    assert tracker.interventions("s") == 1
     assert not tracker.run_over(decisions[0])
     feed_all(tracker, [status("s", "idle"), idle("s")])
-    assert all(tracker.run_over(d) for d in decisions)
+    assert tracker.run_over(decisions[0])
 
 
 # -- our own refusal is never another monitor's --------------------------------------------------

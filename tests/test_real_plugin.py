@@ -236,3 +236,57 @@ async def test_daemon_restarted_mid_run_calls_run_while_down_and_the_loop_is_cau
         "opencode-loop-monitor: no answer from the monitor at" in plugin_server.log_path.read_text()
     )
     assert all(p["state"]["status"] == "completed" for p in tool_parts(messages)[:ran])
+
+
+async def test_a_loop_blocked_in_one_run_is_blocked_at_its_first_repetition_in_the_next(
+    plugin_server, start_monitor, http, socket_path
+):
+    """The server ends every run with two idle events: they end one run, so the loop stays
+    armed for the next, whose first identical append is refused at once (not after three)."""
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path),
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    client = plugin_server.client(http)
+    session = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], 4, delay=0.1, after_feedback="loop"))
+    await client.wait_idle(session["id"], 60)
+    assert lines(plugin_server) == ["x", "x", "x"]
+    await client.prompt_async(session["id"], "Please go on.")  # the same loop, a new run
+    await monitor.wait_event("intervention.outcome", count=2, timeout=60)
+    first, again = monitor.events("intervention.outcome")[:2]
+    assert (first["outcome"], first["call_index"]) == ("blocked", 4)
+    assert (again["outcome"], again["call_index"]) == ("blocked", 5)  # run 2's first call
+    messages = await client.wait_idle(session["id"], 60, user_messages=2)
+    assert lines(plugin_server) == ["x", "x", "x"]  # none of run 2's appends ran
+    assert tool_parts(messages)[4]["state"]["status"] == "error"
+
+
+async def test_a_burst_in_one_step_is_one_intervention_and_the_next_loop_is_refused_in_band(
+    plugin_server, start_monitor, http, socket_path
+):
+    """One model step asks for 5 identical appends, the next for 4 other identical ones: the
+    burst is one loop (its 4th and 5th refused, one intervention), so the second loop is the
+    second intervention, refused in band too; nothing is held or aborted."""
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path),
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    other = ("bash", {"command": "echo y >> other.txt", "description": "append another"})
+    client = plugin_server.client(http)
+    session = await client.create_session("burst")
+    await client.prompt_async(
+        session["id"], script([APPEND] * 5 + [other] * 4, 9, delay=0.1, parallel=5)
+    )
+    messages = await client.wait_idle(session["id"], 60)
+    assert lines(plugin_server) == ["x", "x", "x"]
+    assert (plugin_server.project / "other.txt").read_text().splitlines() == ["y"] * 3
+    outcomes = [(o["outcome"], o["action"]) for o in monitor.events("intervention.outcome")]
+    assert outcomes == [("blocked", "block"), ("blocked", "block")]
+    [again] = monitor.events("loop.again")
+    assert again["session_id"] == session["id"] and again["via"] == "plugin"
+    assert [o["interventions"] for o in monitor.events("intervention.outcome")] == [1, 2]
+    assert all(m["info"].get("error") is None for m in messages)  # nothing aborted
+    assert [p["text"] for p in messages[-1]["parts"] if p["type"] == "text"] == [DEFAULT_ANSWER]

@@ -45,10 +45,10 @@ def test_one_tool_recording_intervenes_at_the_4th_and_every_repetition_after():
     parts = tool_part_ids("one-tool-8-calls-no-guard.event.sse")
     assert parts[3:8] == [d.part_id for d in decisions]
     assert {d.session_id for d in decisions} == {"ses_dd6889fa4ffeDlmaT86ONwYfWm"}
-    # One step per call: each repetition after a refusal climbs the ladder, up to the hold;
-    # the repetitions while the hold stops the run are that intervention again.
-    assert [d.prior_interventions for d in decisions] == [0, 1, 2, 2, 2]
-    assert [str(d.plan) for d in decisions] == ["refuse", "refuse", "hold", "defer", "defer"]
+    # One step per call, each intervention carried out before the next step: each
+    # repetition climbs the ladder, held from the third on.
+    assert [d.prior_interventions for d in decisions] == [0, 1, 2, 3, 4]
+    assert [str(d.plan) for d in decisions] == ["refuse", "refuse", "hold", "hold", "hold"]
 
 
 def test_two_cycle_recording_intervenes_at_6_then_at_every_call_of_the_cycle():

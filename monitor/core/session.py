@@ -227,22 +227,26 @@ _CLAIMABLE = (CallState.ASKED, CallState.CANCELLED)
 class Acted:
     """An intervention of the current run and the loop it acted on (its calls' digests)."""
 
-    __slots__ = ("decision", "loop", "step")
+    __slots__ = ("decision", "loop", "step", "done")
 
     def __init__(self, decision: Intervene, loop: frozenset[int], step: str | None) -> None:
         self.decision = decision
         self.loop = loop
         self.step = step  # the model step it was decided in
+        # The shell reported how it ended (`Tracker.outcome`): until then it is under way.
+        self.done = False
 
     def same(self, loop: frozenset[int], step: str | None) -> bool:
         """Whether a loop of these calls, found now, is this intervention again: the same
-        calls, while the run is being stopped (a stop or hold stands for the rest of the run)
-        or within the same model step (a burst). A nudge lets the run go on: its loop found
-        again climbs the ladder."""
+        calls, while it is being acted on (a monitor that stalled finds one loop many times
+        before acting on the first; an abort is under way), or within the same model step (a
+        burst; not after a nudge, which lets the step's calls run). Once carried out, the
+        run went on regardless: its loop in a later step climbs."""
         if not loop <= self.loop:
             return False
-        plan = self.decision.plan
-        return plan in (Plan.STOP, Plan.HOLD) or (plan == Plan.REFUSE and step == self.step)
+        if not self.done:
+            return True
+        return self.decision.plan != Plan.NUDGE and step == self.step
 
 
 class Request:

@@ -437,8 +437,12 @@ class Tracker:
         """How the shell's intervention ended, as an event: a `held` one puts the session on
         hold until a person writes to it (a user message that is not our feedback)."""
         session = self._sessions.get(decision.session_id)
-        if outcome == Outcome.HELD and session is not None:
+        if session is None:
+            return
+        if outcome == Outcome.HELD:
             session.held = ""
+        if session.acted is not None and session.acted.decision is decision:
+            session.acted.done = True  # acted on: no longer under way (`Acted.same`)
 
     @property
     def malformed_total(self) -> int:

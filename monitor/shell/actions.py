@@ -27,12 +27,13 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
 from monitor.core.decisions import Intervene, Outcome, Plan, Reply
 from monitor.core.due import Due, DueWork, Step, next_step
-from monitor.core.export import intervened
+from monitor.core.export import answered, intervened
 from monitor.core.findings import Rule
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.api import OpencodeAPI, ServerAway
@@ -228,9 +229,11 @@ class Interventions:
         """Stop the run (or nudge it), then give the feedback. `ours`: we refused the loop's
         call already (the plugin threw our feedback), so that refusal in the record is ours,
         not another monitor's."""
+        recent = None
         if self._api is not None:
             # Before acting, check: another monitor may have stopped this loop already.
-            other = await self._intervened(decision, aborted=True, ours=ours)
+            recent = await self._recent(decision)
+            other = None if recent is None else intervened(recent, decision.part_id, True, not ours)
             if other is not None:
                 progress.decided = True
                 self._decided(decision, Outcome.DEFERRED, reason=other, **extra)
@@ -242,7 +245,9 @@ class Interventions:
             progress.feedback_due = True
             await self._give_feedback(decision, stagger=True, ours=ours)
             return
-        if self._api is not None and self._run_over(decision):
+        if self._api is not None and (
+            self._run_over(decision) or (recent is not None and answered(recent))
+        ):
             # Found late (a monitor that stalled reads a run's calls after they ran): the
             # run ended by itself meanwhile. Stopping it stops nothing, or the next run; the
             # model is told once, for the next time it is asked.
@@ -301,20 +306,26 @@ class Interventions:
         None when nothing (or the record cannot be read: better act twice than never).
         `aborted`: whether an aborted run counts as its doing; `ours`: the loop's call was
         refused by us, so its refusal does not."""
-        assert self._api is not None
         for read in range(reads):
             if read:
                 await self._sleep(REFUSED_READ_EVERY_S)
-            try:
-                messages = await self._api.messages(
-                    decision.session_id, decision.directory, last=RECENT_MESSAGES
-                )
-            except ServerError:
+            messages = await self._recent(decision)
+            if messages is None:
                 return None
             other = intervened(messages, decision.part_id, aborted, refused=not ours)
             if other is not None:
                 return other
         return None
+
+    async def _recent(self, decision: Intervene) -> list[Any] | None:
+        """The session's newest messages, or None when they cannot be read."""
+        assert self._api is not None
+        try:
+            return await self._api.messages(
+                decision.session_id, decision.directory, last=RECENT_MESSAGES
+            )
+        except ServerError:
+            return None
 
     async def _refuse(self, reply: Reply, decision: Intervene, progress: _Progress) -> None:
         """Refuse the request of a loop's call; the model reads `reply.message` as its result.
