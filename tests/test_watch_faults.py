@@ -577,10 +577,15 @@ async def test_resync_of_many_directories_asks_concurrently_within_the_bound():
         streams=[play(frames(*first), then="end"), play(loop_frames("ses_x", 4, "/d0"))],
         busy={f"ses_d{n}": {"type": "busy"} for n in range(200)},
     )
+    # Nothing here is about time: on a loaded machine 201 requests take seconds, and the
+    # FAST timings' 0.5 s read timeout would fail them (then the test), not the bound.
+    patient = dataclasses.replace(
+        FAST, read_timeout=60, retry=dataclasses.replace(FAST.retry, timeout=60)
+    )
     with capture_logs() as logs:
-        server, watch, task = await start(fake)
+        server, watch, task = await start(fake, patient)
         try:
-            await wait_for(lambda: fake.of("abort"), timeout=10)
+            await wait_for(lambda: fake.of("abort"), timeout=60)
         finally:
             await stop(server, watch, task)
     asked = [r for r in fake.of("status") if r.at > fake.requests[0].at]
