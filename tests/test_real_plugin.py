@@ -8,6 +8,7 @@ exactly its 3 lines (asserted where the daemon was up: 0 ran)."""
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -290,3 +291,43 @@ async def test_a_burst_in_one_step_is_one_intervention_and_the_next_loop_is_refu
     assert [o["interventions"] for o in monitor.events("intervention.outcome")] == [1, 2]
     assert all(m["info"].get("error") is None for m in messages)  # nothing aborted
     assert [p["text"] for p in messages[-1]["parts"] if p["type"] == "text"] == [DEFAULT_ANSWER]
+
+
+async def test_a_monitor_stopped_during_a_loop_and_resumed_after_its_run_aborts_nothing(
+    plugin_server, start_monitor, http, socket_path
+):
+    """SIGSTOP while an 8-call loop runs: every call falls open and runs, the run ends with
+    the model's answer. Resumed, the monitor reads what it missed: the plugin's requests are
+    late (not judged), and the loop it finds in the stream gets one feedback, no abort."""
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path),
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    client = plugin_server.client(http)
+    session = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], 8, delay=0.3))
+    out = plugin_server.project / "out.txt"
+
+    async def written() -> bool:
+        return out.exists() and len(out.read_text().splitlines()) >= 1
+
+    await until(written, 30, interval=0.02, what="the first append")
+    assert monitor.process is not None
+    monitor.process.send_signal(signal.SIGSTOP)
+    try:
+        await client.wait_idle(session["id"], 90)
+    finally:
+        monitor.process.send_signal(signal.SIGCONT)
+    assert lines(plugin_server) == ["x"] * 8  # every call ran while the monitor was stopped
+    # The positive sign that it read what it missed: the loop's one outcome, its feedback.
+    [outcome] = await monitor.wait_event("intervention.outcome", timeout=60)
+    assert (outcome["outcome"], outcome["late"]) == ("nudged", "run ended before the abort")
+    await monitor.wait_event("feedback.sent", timeout=30)
+    assert monitor.events("plugin.late")  # the requests the plugin gave up on
+    messages = await client.messages(session["id"])
+    assert all(m["info"].get("error") is None for m in messages)  # nothing aborted
+    users = [m for m in messages if m["info"]["role"] == "user"]
+    assert len(users) == 2  # the prompt and one feedback, stored without an answer
+    assert messages[-1]["info"]["role"] == "user"
+    assert len(monitor.events("loop.detected")) == 1
