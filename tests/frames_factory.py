@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import os
+from pathlib import Path
 from typing import Any
+
+from monitor.core.decisions import Outcome
 
 _ids = itertools.count(1)
 
@@ -45,11 +49,13 @@ def tool_part(
 
 
 def call(session: str, part: str, tool: str, input: Any, output: str = "ok") -> list[dict]:
-    """The updates of one call as the server sends them: pending, running, completed."""
+    """The updates of one call as the server sends them: pending, running, completed; each
+    call a model step of its own (its own assistant message)."""
+    step = f"msg_{part}"
     return [
-        tool_part(session, part, tool, "pending"),
-        tool_part(session, part, tool, "running", input),
-        tool_part(session, part, tool, "completed", input, output=output),
+        tool_part(session, part, tool, "pending", message_id=step),
+        tool_part(session, part, tool, "running", input, message_id=step),
+        tool_part(session, part, tool, "completed", input, output=output, message_id=step),
     ]
 
 
@@ -94,10 +100,13 @@ def loop_of(session: str, count: int, tool: str = "read", input: Any = READ, pre
 
 
 def feed_all(tracker, frames) -> list:
-    """Every decision the tracker returns for `frames`, in order."""
+    """Every decision the tracker returns for `frames`, in order; each is reported carried
+    out at once, as the shell does (an intervention under way stands for its loop)."""
     decisions = []
     for frame in frames:
-        decisions += tracker.feed(frame).decisions
+        for decision in tracker.feed(frame).decisions:
+            tracker.outcome(decision, Outcome.DRY_RUN)
+            decisions.append(decision)
     return decisions
 
 
@@ -214,3 +223,26 @@ def user_frames(session: str, message: str, text: str) -> list[dict]:
             },
         },
     ]
+
+
+def usage(session: str, message: str, tokens: int, cost: float = 0.0) -> dict:
+    info = {
+        "id": message,
+        "sessionID": session,
+        "role": "assistant",
+        "finish": "tool-calls",
+        "cost": cost,
+        "tokens": {"input": tokens, "output": 0, "reasoning": 0, "cache": {"read": 0, "write": 0}},
+    }
+    return envelope({"type": "message.updated", "properties": {"info": info}}, "/p")
+
+
+# ../shared beside the repository (as the developers' guide places it), beside the worktrees'
+# folder, $OLM_SHARED_DIR, or this workplace's /work/shared (a clone made elsewhere, in /tmp).
+_REPO = Path(__file__).resolve().parents[1]
+SHARED_PLACES = [
+    *([Path(os.environ["OLM_SHARED_DIR"])] if os.environ.get("OLM_SHARED_DIR") else []),
+    _REPO.parent / "shared",
+    _REPO.parent.parent / "shared",
+    Path("/work/shared"),
+]

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp.test_utils import TestServer
 
 from monitor.config import load_settings
@@ -171,6 +172,24 @@ async def start_watching(
     monitor = start_monitor(*watch_args(server, *flags))
     await monitor.wait_event("stream.connected")
     return monitor
+
+
+async def seen_idle(
+    http: aiohttp.ClientSession, address: str, session_id: str, timeout: float = 30.0
+) -> None:
+    """Wait until the monitor's `/status` (`--metrics-addr address`) shows the session idle:
+    it has read the run's last frame (the server's idle comes after every update of the
+    run), the positive sign a test needs before asserting that nothing was detected."""
+
+    async def idle() -> bool:
+        async with http.get(f"http://{address}/status") as response:
+            body = await response.json()
+        return any(
+            entry["session_id"] == session_id and entry["state"] == "idle"
+            for entry in body["sessions"]
+        )
+
+    await until(idle, timeout, 0.05, what=f"the monitor to see session {session_id} idle")
 
 
 async def opencode_run(

@@ -7,6 +7,7 @@ test_real_attach.py.
 
 import pytest
 
+from monitor.core.decisions import Outcome
 from monitor.core.export import current_run, export_frames
 from monitor.core.rules.cycle import Cycle
 from monitor.core.tracker import Detection, Tracker
@@ -37,6 +38,8 @@ def reads(count, prefix="p", status="completed"):
 def seeded(messages, **detection):
     tracker = Tracker(Detection(**detection), directory="/project", only_session=S)
     decisions = tracker.seed(S, export_frames(current_run(messages)))
+    for decision in decisions:  # carried out, as the shell reports
+        tracker.outcome(decision, Outcome.DRY_RUN)
     return tracker, decisions
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import stat
 import tempfile
 from pathlib import Path
@@ -14,10 +15,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from monitor.core.plugin_protocol import ALLOW, MAX_BODY, PluginCall, block
+from monitor.core.plugin_protocol import ALLOW, MAX_BODY, FellOpen, PluginCall, block
 from monitor.errors import ConfigError
 from monitor.shell import decide
 from monitor.shell.decide import DecideServer, PluginEndpoint, PluginStats, Unasked, state_dir
+from tests.harness import wait_for
 
 CALL = {
     "session_id": "ses_dd4d5c831ffemmgMvdYdtbM3cW",
@@ -414,3 +416,51 @@ async def test_no_request_breaks_metrics_or_status(folder) -> None:
         assert entry["directory"] == "/p [31m q" and entry["requests"] == 1
     finally:
         await stop(server, watch, task)
+
+
+async def test_a_request_the_plugin_gave_up_on_is_not_judged(folder):
+    # A daemon that was stalled (SIGSTOP) reads requests whose plugin stopped waiting: the
+    # call ran. Judging it now would act on calls that already ran.
+    path = folder / "plugin.sock"
+    recorder = Recorder()
+    late: list[PluginCall] = []
+    server = DecideServer(
+        PluginEndpoint(path),
+        recorder.judge,
+        lambda c, v: recorder.asked.append(v),
+        recorder.refused.append,
+        late.append,
+    )
+    await server.start()
+    try:
+        body = json.dumps({**CALL, "fell_open": 3}).encode()
+        head = (
+            f"POST /v1/decide HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        # Sent and dropped while the loop is not running, as by a plugin whose wait ended
+        # while the daemon was stopped.
+        gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        gone.connect(str(path))
+        gone.sendall(head + body)
+        gone.close()
+        await wait_for(lambda: late)
+        # A live request after it is judged as ever: the endpoint still answers.
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(path))) as http:
+            async with http.post("http://localhost/v1/decide", json=CALL) as r:
+                assert r.status == 200
+    finally:
+        await server.close()
+    assert late == [PluginCall(**{**CALL, "fell_open": 3})]
+    assert recorder.judged == [PluginCall(**CALL)]
+
+
+def test_fell_open_counts_each_call_once_across_resends():
+    # Stalled: 48 requests, each answered too late, each reporting the running total (the
+    # calls let through before it); then one answered in time reports all 48.
+    counted = FellOpen()
+    total = sum(counted.count("/p", n, answered=False) for n in range(48))
+    total += counted.count("/p", 48, answered=True)
+    assert total == 48
+    # Answered in time, the plugin starts from nothing: 2 new ones are 2.
+    assert counted.count("/p", 2, answered=True) == 2

@@ -190,15 +190,20 @@ async def test_shutdown_during_hanging_feedback_logs_every_feedback_as_failed():
 
 
 async def test_actions_queued_behind_a_hanging_one_are_cancelled_too():
-    # Three loops in one session: the second and third wait for the first.
-    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 6))], delays={"abort": 30.0})
+    # Two loops in one session: the second waits for the first. The first loop's later
+    # repetitions, while its abort hangs, are that intervention again (`loop.again`).
+    grep = ("grep", {"pattern": "x"})
+    other = [envelope(f, "/w") for n in range(4) for f in call("ses_s1", f"q{n + 1}", *grep)]
+    stream = loop_frames("ses_s1", 6) + frames(*other)
+    fake = FakeOpencode(streams=[play(stream)], delays={"abort": 30.0})
     timing = dataclasses.replace(FAST, retry=dataclasses.replace(FAST.retry, timeout=60), drain=0.2)
     with capture_logs() as logs:
         running = await start(fake, timing)
-        await wait_for(lambda: len(events(logs, "loop.detected")) == 3 and fake.of("abort"))
+        await wait_for(lambda: len(events(logs, "loop.detected")) == 2 and fake.of("abort"))
         await stop(*running)
+    assert [e["part_id"] for e in events(logs, "loop.again")] == ["p5", "p6"]
     outcomes = [o["part_id"] for o in events(logs, "intervention.outcome")]
-    assert sorted(outcomes) == ["p4", "p5", "p6"]
+    assert sorted(outcomes) == ["p4", "q4"]
     assert len(fake.of("abort")) == 1
 
 

@@ -17,7 +17,7 @@ from monitor.core.tracker import Detection, Tracker
 from monitor.exits import EX_CONFIG
 from monitor.shell import status as status_module
 from monitor.testing import FakeOpencode, frames
-from tests.frames_factory import READ, call, deleted, envelope, user_frames
+from tests.frames_factory import READ, call, deleted, envelope, idle, user_frames
 from tests.harness import loop_frames, start, stop, wait_for
 
 HOLD = feedback_text(CallCycle(("read",), 4), hold=True, interventions=1)
@@ -106,6 +106,8 @@ async def test_the_held_gauge_goes_to_0_when_a_person_writes():
         await wait_for(lambda: fake.of("prompt_async"))
         await wait_for(lambda: gauge(watch) == 1)
         assert watch.status()["totals"]["held"] == 1
+        # The abort ends the run, as the real server says.
+        await fake.push(frames(envelope(idle("ses_1"), "/w")))
         # The feedback the monitor stored comes back on the stream; then a person writes.
         body = fake.of("prompt_async")[0].body
         assert isinstance(body, dict) and body["noReply"] is True

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor.core.decisions import Action, Outcome
+from monitor.core.decisions import Action, Outcome, Plan
 from monitor.core.plugin_protocol import ALLOW, PluginCall
-from monitor.core.tracker import Detection, Tracker
+from monitor.core.tracker import Detection, Judged, Tracker
 from tests.frames_factory import tool_part
 
 S = "ses_1"
@@ -19,10 +19,20 @@ def asked(call_id: str = "call_0", args: dict[str, Any] = APPEND, tool: str = "b
 
 
 def updates(part: str, call_id: str = "call_0", status: str = "completed", **extra: Any):
+    step = f"msg_{part}"  # each call a model step of its own
     return [
-        tool_part(S, part, "bash", "running", APPEND, call_id=call_id),
-        tool_part(S, part, "bash", status, APPEND, call_id=call_id, **extra),
+        tool_part(S, part, "bash", "running", APPEND, call_id=call_id, message_id=step),
+        tool_part(S, part, "bash", status, APPEND, call_id=call_id, message_id=step, **extra),
     ]
+
+
+def judge(tracker: Tracker, call: PluginCall) -> Judged:
+    """The plugin's question, and its decision reported carried out, as the shell does."""
+    judged = tracker.judge(call)
+    if judged.decision is not None:
+        blocked = judged.verdict.verdict == "block"
+        tracker.outcome(judged.decision, Outcome.BLOCKED if blocked else Outcome.NUDGED)
+    return judged
 
 
 def feed(tracker: Tracker, frames: list[dict]) -> list:
@@ -110,27 +120,27 @@ def test_blocked_call_repeated_is_blocked_at_once_and_escalates_to_a_hold():
     tracker = Tracker(Detection(max_interventions=2))
     verdicts = []
     for n in range(1, 8):
-        judged = tracker.judge(asked())
+        judged = judge(tracker, asked())
         verdicts.append(judged.verdict.verdict)
         status = "completed" if judged.verdict == ALLOW else "error"
         feed(tracker, updates(f"prt_{n}", status=status))
         if judged.decision is not None:
             last = judged.decision
     assert verdicts == ["allow"] * 3 + ["block"] * 4  # no fresh budget of 3 after a block
-    assert (last.prior_interventions, last.hold, last.action) == (6 - 3, True, Action.STOP)
+    assert (last.prior_interventions, last.hold, last.plan) == (6 - 3, True, Plan.HOLD)
 
 
 def test_first_action_nudge_lets_the_call_run_then_blocks_the_next_repetition():
     tracker = Tracker(Detection(first_action="nudge"))
     for n in range(1, 4):
-        tracker.judge(asked())
+        judge(tracker, asked())
         feed(tracker, updates(f"prt_{n}"))
-    nudged = tracker.judge(asked())
+    nudged = judge(tracker, asked())
     assert nudged.verdict == ALLOW and nudged.decision is not None
     assert nudged.decision.action == Action.NUDGE
     assert "Your run goes on" in nudged.decision.feedback
     feed(tracker, updates("prt_4"))
-    blocked = tracker.judge(asked())
+    blocked = judge(tracker, asked())
     assert blocked.verdict.verdict == "block" and blocked.decision is not None
     assert (blocked.decision.action, blocked.decision.prior_interventions) == (Action.BLOCK, 1)
 

@@ -16,7 +16,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
-from monitor.core.decisions import Intervene, Reply
+from monitor.core.decisions import Action, Intervene, Plan, Reply
 from monitor.core.due import DueWork, Step
 from monitor.core.export import intervened
 from monitor.core.feedback import MARK
@@ -313,6 +313,8 @@ def held_decision() -> Intervene:
         hold=True,
         escalated=True,
         feedback=MARK + "held",
+        action=Action.STOP,
+        plan=Plan.HOLD,
     )
 
 

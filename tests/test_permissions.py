@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from monitor.core.decisions import Outcome
 from monitor.core.events import (
     Malformed,
     PermissionAsked,
@@ -40,6 +41,13 @@ class Run:
         fed = self.tracker.feed(frame)
         self.decisions += fed.decisions
         self.replies += fed.replies
+        # Carried out at once, as the shell reports it (an intervention under way stands
+        # for its loop until then).
+        for decision in fed.decisions:
+            self.tracker.outcome(decision, Outcome.DRY_RUN)
+        for reply in fed.replies:
+            if reply.loop is not None:
+                self.tracker.outcome(reply.loop, Outcome.REJECTED)
 
     def running(self, n: int, call: tuple[str, dict]) -> None:
         self.feed(part(n, "running", *call))

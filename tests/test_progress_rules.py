@@ -4,7 +4,6 @@ tracker as the stream feeds it; and their measured false alarms on the shared re
 from __future__ import annotations
 
 import json
-import os
 import tarfile
 from dataclasses import replace
 from pathlib import Path
@@ -23,8 +22,9 @@ from monitor.core.rules.runaway import repeats
 from monitor.core.rules.waiting import waits_by_command
 from monitor.core.session import Call, outcome_digest
 from monitor.core.tracker import Detection, Tracker
+from tests.frames_factory import SHARED_PLACES as _PLACES
 from tests.frames_factory import call as call_frames
-from tests.frames_factory import envelope, idle
+from tests.frames_factory import envelope, idle, usage
 
 SES = "ses_progress"
 # Only the rule under test: `cycle` and `failure` stay on (they cannot be off), out of reach.
@@ -417,18 +417,6 @@ def test_text_only_steps_repeat() -> None:
 # -- budgets ---------------------------------------------------------------------------------
 
 
-def usage(session: str, message: str, tokens: int, cost: float = 0.0) -> dict:
-    info = {
-        "id": message,
-        "sessionID": session,
-        "role": "assistant",
-        "finish": "tool-calls",
-        "cost": cost,
-        "tokens": {"input": tokens, "output": 0, "reasoning": 0, "cache": {"read": 0, "write": 0}},
-    }
-    return envelope({"type": "message.updated", "properties": {"info": info}}, "/p")
-
-
 def session_info(session: str, parent: str) -> dict:
     info = {"id": session, "parentID": parent, "directory": "/p"}
     return envelope({"type": "session.created", "properties": {"info": info}}, "/p")
@@ -525,15 +513,6 @@ def test_a_bad_budget_is_refused_with_the_form_it_takes(raw: str) -> None:
 
 # -- the shared real corpus ------------------------------------------------------------------
 
-# ../shared beside the repository (as the developers' guide places it), beside the worktrees'
-# folder, $OLM_SHARED_DIR, or this workplace's /work/shared (a clone made elsewhere, in /tmp).
-_ROOT = Path(__file__).resolve().parents[1]
-_PLACES = [
-    *([Path(os.environ["OLM_SHARED_DIR"])] if os.environ.get("OLM_SHARED_DIR") else []),
-    _ROOT.parent / "shared",
-    _ROOT.parent.parent / "shared",
-    Path("/work/shared"),
-]
 SHARED = (
     next((p for p in _PLACES if (p / "realtraj" / "corpus.tar.xz").is_file()), _PLACES[0])
     / "realtraj"

@@ -12,6 +12,7 @@ from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer, tool_parts
 from monitor.kit.scripted_model import script
 from tests.harness import MODEL_DELAY, start_watching, user_texts
+from tests.monitor_process import MonitorProcess
 
 pytestmark = pytest.mark.real_server
 
@@ -33,7 +34,17 @@ async def test_two_monitors_stop_a_loop_once_and_give_one_feedback(
     session = await client.create_session("loop, two monitors")
     await client.prompt_async(session["id"], script([READ], 12, delay=MODEL_DELAY))
     messages = await client.wait_idle(session["id"], 60, user_messages=2)
-    await asyncio.sleep(1.0)  # the later monitor's stagger, and anything it might still post
+
+    def settled(monitor: MonitorProcess) -> bool:
+        """It posted the feedback, or left it to the other monitor (before or after the
+        abort): its part of the intervention is over."""
+        outcomes = monitor.events("intervention.outcome")
+        deferred = any(o["outcome"] == "deferred" for o in outcomes)
+        return bool(
+            deferred or monitor.events("feedback.sent") or monitor.events("feedback.deferred")
+        )
+
+    await until(lambda: all(settled(m) for m in monitors), 30, 0.05)
     messages = await client.messages(session["id"])
 
     users = user_texts(messages)

@@ -8,6 +8,7 @@ exactly its 3 lines (asserted where the daemon was up: 0 ran)."""
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -340,3 +341,97 @@ async def test_two_monitors_one_with_the_plugin_block_each_loop_once(
     deferred = [(r["outcome"], r["reason"]) for r in second.events("intervention.outcome")]
     assert blocked == ["blocked"] * loops
     assert deferred == [("deferred", "call already refused")] * loops
+
+
+async def test_a_loop_blocked_in_one_run_is_blocked_at_its_first_repetition_in_the_next(
+    plugin_server, start_monitor, http, socket_path
+):
+    """The server ends every run with two idle events: they end one run, so the loop stays
+    armed for the next, whose first identical append is refused at once (not after three)."""
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path),
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    client = plugin_server.client(http)
+    session = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], 4, delay=0.1, after_feedback="loop"))
+    await client.wait_idle(session["id"], 60)
+    assert lines(plugin_server) == ["x", "x", "x"]
+    await client.prompt_async(session["id"], "Please go on.")  # the same loop, a new run
+    await monitor.wait_event("intervention.outcome", count=2, timeout=60)
+    first, again = monitor.events("intervention.outcome")[:2]
+    assert (first["outcome"], first["call_index"]) == ("blocked", 4)
+    assert (again["outcome"], again["call_index"]) == ("blocked", 5)  # run 2's first call
+    messages = await client.wait_idle(session["id"], 60, user_messages=2)
+    assert lines(plugin_server) == ["x", "x", "x"]  # none of run 2's appends ran
+    assert tool_parts(messages)[4]["state"]["status"] == "error"
+
+
+async def test_a_burst_in_one_step_is_one_intervention_and_the_next_loop_is_refused_in_band(
+    plugin_server, start_monitor, http, socket_path
+):
+    """One model step asks for 5 identical appends, the next for 4 other identical ones: the
+    burst is one loop (its 4th and 5th refused, one intervention), so the second loop is the
+    second intervention, refused in band too; nothing is held or aborted."""
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path),
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    other = ("bash", {"command": "echo y >> other.txt", "description": "append another"})
+    client = plugin_server.client(http)
+    session = await client.create_session("burst")
+    await client.prompt_async(
+        session["id"], script([APPEND] * 5 + [other] * 4, 9, delay=0.1, parallel=5)
+    )
+    messages = await client.wait_idle(session["id"], 60)
+    assert lines(plugin_server) == ["x", "x", "x"]
+    assert (plugin_server.project / "other.txt").read_text().splitlines() == ["y"] * 3
+    outcomes = [(o["outcome"], o["action"]) for o in monitor.events("intervention.outcome")]
+    assert outcomes == [("blocked", "block"), ("blocked", "block")]
+    [again] = monitor.events("loop.again")
+    assert again["session_id"] == session["id"] and again["via"] == "plugin"
+    assert [o["interventions"] for o in monitor.events("intervention.outcome")] == [1, 2]
+    assert all(m["info"].get("error") is None for m in messages)  # nothing aborted
+    assert [p["text"] for p in messages[-1]["parts"] if p["type"] == "text"] == [DEFAULT_ANSWER]
+
+
+async def test_a_monitor_stopped_during_a_loop_and_resumed_after_its_run_aborts_nothing(
+    plugin_server, start_monitor, http, socket_path
+):
+    """SIGSTOP while an 8-call loop runs: every call falls open and runs, the run ends with
+    the model's answer. Resumed, the monitor reads what it missed: the plugin's requests are
+    late (not judged), and the loop it finds in the stream gets one feedback, no abort."""
+    monitor = start_monitor(
+        "watch", "--url", plugin_server.url, "--log-format", "json",
+        "--plugin-socket", str(socket_path),
+    )  # fmt: skip
+    await monitor.wait_event("stream.connected")
+    client = plugin_server.client(http)
+    session = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], 8, delay=0.3))
+    out = plugin_server.project / "out.txt"
+
+    async def written() -> bool:
+        return out.exists() and len(out.read_text().splitlines()) >= 1
+
+    await until(written, 30, interval=0.02, what="the first append")
+    assert monitor.process is not None
+    monitor.process.send_signal(signal.SIGSTOP)
+    try:
+        await client.wait_idle(session["id"], 90)
+    finally:
+        monitor.process.send_signal(signal.SIGCONT)
+    assert lines(plugin_server) == ["x"] * 8  # every call ran while the monitor was stopped
+    # The positive sign that it read what it missed: the loop's one outcome, its feedback.
+    [outcome] = await monitor.wait_event("intervention.outcome", timeout=60)
+    assert (outcome["outcome"], outcome["late"]) == ("nudged", "run ended before the abort")
+    await monitor.wait_event("feedback.sent", timeout=30)
+    assert monitor.events("plugin.late")  # the requests the plugin gave up on
+    messages = await client.messages(session["id"])
+    assert all(m["info"].get("error") is None for m in messages)  # nothing aborted
+    users = [m for m in messages if m["info"]["role"] == "user"]
+    assert len(users) == 2  # the prompt and one feedback, stored without an answer
+    assert messages[-1]["info"]["role"] == "user"
+    assert len(monitor.events("loop.detected")) == 1

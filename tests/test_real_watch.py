@@ -12,9 +12,16 @@ import asyncio
 import pytest
 
 from monitor.kit.poll import until
-from monitor.kit.sandbox import tool_parts
+from monitor.kit.sandbox import free_loopback_port, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
-from tests.harness import MODEL_DELAY, assistant_texts, start_watching, user_texts, watch_args
+from tests.harness import (
+    MODEL_DELAY,
+    assistant_texts,
+    seen_idle,
+    start_watching,
+    user_texts,
+    watch_args,
+)
 
 pytestmark = pytest.mark.real_server
 
@@ -57,7 +64,8 @@ async def test_two_call_cycle_aborted_on_its_sixth_call(
 
 
 async def test_varied_calls_run_to_the_end(opencode_server, start_monitor, http):
-    monitor = await start_watching(start_monitor, opencode_server)
+    address = f"127.0.0.1:{free_loopback_port()}"
+    monitor = await start_watching(start_monitor, opencode_server, "--metrics-addr", address)
     client = opencode_server.client(http)
     session = await client.create_session("varied")
     pattern = [("read", {"filePath": f"file-{n}.md"}) for n in range(10)]
@@ -65,7 +73,7 @@ async def test_varied_calls_run_to_the_end(opencode_server, start_monitor, http)
     messages = await client.wait_idle(session["id"], 60)
     assert len(tool_parts(messages)) == 10
     assert len(user_texts(messages)) == 1
-    await asyncio.sleep(0.3)
+    await seen_idle(http, address, session["id"])  # it read the whole run
     assert monitor.events("loop.detected") == []
 
 
@@ -132,7 +140,9 @@ async def test_third_intervention_holds(opencode_server, start_monitor, http, me
     messages = await client.messages(session["id"])
     outcomes = [(d["outcome"], d["escalated"]) for d in monitor.events("intervention.outcome")]
     assert outcomes == [("aborted", False), ("aborted", False), ("held", True)]
-    assert len(tool_parts(messages)) == 12
+    # 4 calls, then the first call of each run the feedback started: the loop stays armed
+    # across the server's pair of idle events (they end one run), no fresh budget of 4.
+    assert len(tool_parts(messages)) == 6
     parts = [d["part_id"] for d in monitor.events("loop.detected")]
     assert measure_overshoot(messages, parts) == 0
     users = user_texts(messages)

@@ -15,8 +15,8 @@ from monitor.config import load_settings
 from monitor.exits import EX_UNAVAILABLE
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Watch
-from monitor.testing import FakeOpencode, frames, play
-from tests.frames_factory import call, envelope
+from monitor.testing import FakeOpencode, frames
+from tests.frames_factory import READ, call, envelope
 from tests.harness import FAST, events, loop_frames, wait_for
 
 
@@ -28,8 +28,11 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
     # s1 loops twice: aborted at call 4, held at 5 (armed; max_interventions 1); s2 made 2 calls.
+    # The 5th call comes once the first intervention was carried out: a new one, not the
+    # same one still under way.
     s2 = [envelope(f, "/v") for n in (1, 2) for f in call("ses_2", f"g{n}", "grep", {"n": n})]
-    fake = FakeOpencode(streams=[play(loop_frames("ses_1", 5), frames(*s2))])
+    fake = FakeOpencode()
+    fake.streams = [fake.live]
     server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
     url = f"http://127.0.0.1:{server.port}"
@@ -46,6 +49,11 @@ async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
     task = asyncio.create_task(watch.run())
     try:
         with capture_logs() as logs:
+            await wait_for(fake.live_connected.is_set)
+            await fake.push(loop_frames("ses_1", 4))
+            await wait_for(lambda: len(events(logs, "feedback.sent")) == 1)
+            fifth = [envelope(f, "/w") for f in call("ses_1", "p5", "read", READ)]
+            await fake.push(frames(*fifth, *s2))
             await wait_for(lambda: len(events(logs, "feedback.sent")) == 2)
         assert watch.metrics_server is not None
         address = f"127.0.0.1:{watch.metrics_server.port}"

@@ -2,6 +2,8 @@ from dataclasses import replace
 
 import pytest
 
+from monitor.core.decisions import Plan
+from monitor.core.feedback import MARK
 from monitor.core.findings import CallCycle
 from monitor.core.rules.cycle import Cycle
 from monitor.core.tracker import SEED, Detection, Fed, Intervene, Tracker
@@ -43,7 +45,10 @@ def test_one_tool_recording_intervenes_at_the_4th_and_every_repetition_after():
     parts = tool_part_ids("one-tool-8-calls-no-guard.event.sse")
     assert parts[3:8] == [d.part_id for d in decisions]
     assert {d.session_id for d in decisions} == {"ses_dd6889fa4ffeDlmaT86ONwYfWm"}
+    # One step per call, each intervention carried out before the next step: each
+    # repetition climbs the ladder, held from the third on.
     assert [d.prior_interventions for d in decisions] == [0, 1, 2, 3, 4]
+    assert [str(d.plan) for d in decisions] == ["refuse", "refuse", "hold", "hold", "hold"]
 
 
 def test_two_cycle_recording_intervenes_at_6_then_at_every_call_of_the_cycle():
@@ -159,7 +164,10 @@ def test_idle_clears_history_but_keeps_interventions_and_the_armed_loop_one_run(
     [decision] = feed_all(tracker, loop_of("s", 1, prefix="r"))
     assert (decision.call_index, decision.prior_interventions) == (7, 1)
     # Two runs later without a repetition, the loop is disarmed: a whole budget again.
+    # The server says idle twice at every run end: the pair ends one run.
     tracker.feed(end)
+    tracker.feed(end)
+    tracker.feed(status("s", "busy"))
     tracker.feed(end)
     assert [d.call_index for d in feed_all(tracker, loop_of("s", 4, prefix="t"))] == [11]
 
@@ -355,8 +363,11 @@ def test_decision_fields_and_feedback_text():
         hold=False,
         escalated=False,
         feedback=decision.feedback,
+        plan=Plan.REFUSE,
+        refusal=decision.refusal,
     )
     assert decision.rule == "cycle"
+    assert decision.refusal.startswith(MARK) and "did not run" in decision.refusal
     text = decision.feedback
     assert "3 calls (read, edit, bash) repeated 3 times" in text
     assert "repeated tool-call cycle was detected" in text
@@ -411,14 +422,15 @@ def test_sessions_seen_counts_each_session_once():
 
 def test_sessions_view_shows_runs_calls_and_interventions():
     tracker = Tracker(Detection())
-    feed_all(tracker, [envelope(f, "/w") for f in loop_of("s1", 4)])  # caught on call 4
+    # s1 is caught on call 4 and its run is still under way (busy) until the server says idle.
+    feed_all(tracker, [envelope(f, "/w") for f in loop_of("s1", 4)])
     feed_all(tracker, [envelope(f, "/v") for f in loop_of("s2", 2, tool="grep")])
     feed_all(tracker, [envelope(idle("s2"), "/v")])
     feed_all(tracker, [envelope(f, "/v") for f in call("s2", "q1", "glob", READ)])
     assert [
         (v.session_id, v.directory, v.busy, v.run_calls, v.calls, v.interventions)
         for v in tracker.sessions_view()
-    ] == [("s1", "/w", False, 4, 4, 1), ("s2", "/v", True, 1, 3, 0)]
+    ] == [("s1", "/w", True, 4, 4, 1), ("s2", "/v", True, 1, 3, 0)]
     # The intervention dropped s1's history; its run ends when the server says so.
     tracker.end_run("s1")
     [s1, _] = tracker.sessions_view()

@@ -16,7 +16,7 @@ from monitor.shell.notify import Notifier
 from monitor.shell.watch import Timing, Watch
 from monitor.testing import FakeOpencode, frames, no_headers, play
 from tests import frames_factory as ff
-from tests.frames_factory import call, envelope
+from tests.frames_factory import call, envelope, idle
 from tests.harness import FAST, events, loop_frames, start, stop, wait_for
 
 
@@ -359,9 +359,18 @@ async def test_dry_run_calls_no_api():
 
 
 async def test_escalation_third_intervention_holds():
-    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 6))])  # armed: 4, 5, 6
+    # The model repeats the stopped loop in each run the feedback starts (armed: 4, then the
+    # first call of each next run); each is a new intervention, the one before carried out.
+    fake = FakeOpencode()
+    fake.streams = [fake.live]
     with capture_logs() as logs:
         running = await start(fake, max_interventions=2)
+        await wait_for(fake.live_connected.is_set)
+        await fake.push(loop_frames("ses_s1", 4))
+        for run in (1, 2):
+            await wait_for(lambda run=run: len(fake.of("prompt_async")) == run)
+            ended = frames(envelope(idle("ses_s1"), "/w"))
+            await fake.push(ended + loop_frames("ses_s1", 1, prefix=f"r{run}-"))
         await wait_for(lambda: len(fake.of("prompt_async")) == 3)
         await stop(*running)
     bodies = [r.body for r in fake.of("prompt_async")]
@@ -618,10 +627,15 @@ async def test_resync_of_many_directories_asks_concurrently_within_the_bound():
         streams=[play(frames(*first), then="end"), play(loop_frames("ses_x", 4, "/d0"))],
         busy={f"ses_d{n}": {"type": "busy"} for n in range(200)},
     )
+    # Nothing here is about time: on a loaded machine 201 requests take seconds, and the
+    # FAST timings' 0.5 s read timeout would fail them (then the test), not the bound.
+    patient = dataclasses.replace(
+        FAST, read_timeout=60, retry=dataclasses.replace(FAST.retry, timeout=60)
+    )
     with capture_logs() as logs:
-        server, watch, task = await start(fake)
+        server, watch, task = await start(fake, patient)
         try:
-            await wait_for(lambda: fake.of("abort"), timeout=10)
+            await wait_for(lambda: fake.of("abort"), timeout=60)
         finally:
             await stop(server, watch, task)
     asked = [r for r in fake.of("status") if r.at > fake.requests[0].at]

@@ -19,7 +19,8 @@ from monitor.shell.backoff import Backoff
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Watch
 from monitor.shell.webhook import Delivery, notification
-from monitor.testing import FakeOpencode, play
+from monitor.testing import FakeOpencode, frames, play
+from tests.frames_factory import READ, call, envelope
 from tests.harness import FAST, events, loop_frames, wait_for
 
 QUICK = Delivery(attempts=3, timeout=0.5, backoff=Backoff(initial=0.01, cap=0.02))
@@ -83,10 +84,21 @@ def watch_for(opencode: str, hook: str, delivery: Delivery = QUICK) -> Watch:
 
 
 async def test_every_intervention_and_hold_is_posted(serve):
-    fake = FakeOpencode(streams=[play(loop_frames("ses_1", 5))])
+    # The 5th call comes once the first intervention was carried out (else it is the same).
+    fake = FakeOpencode()
+    fake.streams = [fake.live]
     hook = Hook()
     watch = watch_for(await serve(fake.app()), await serve(hook_app(hook)))
+
+    async def repeated() -> None:
+        await wait_for(fake.live_connected.is_set)
+        await fake.push(loop_frames("ses_1", 4))
+        await wait_for(lambda: len(hook.bodies) == 1)
+        await fake.push(frames(*(envelope(f, "/w") for f in call("ses_1", "p5", "read", READ))))
+
+    pushing = asyncio.create_task(repeated())
     await run_until(watch, lambda: len(hook.bodies) == 2)
+    await pushing
     first, second = sorted(hook.bodies, key=lambda body: body["interventions"])
     ids = first.pop("id"), second.pop("id")
     assert len(set(ids)) == 2 and all(len(i) == 32 for i in ids)

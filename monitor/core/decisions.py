@@ -46,6 +46,26 @@ class Action(enum.StrEnum):
     STOP = "stop"
 
 
+class Plan(enum.StrEnum):
+    """What the shell does about a decision, made in the core (`Tracker._decide`): the shell
+    carries it out by the channel it has and never works it out again.
+
+    Where the loop's call asks first (the plugin, a permission request) it is refused with
+    the rejection text; what follows depends on the plan.
+    """
+
+    NUDGE = "nudge"  # the call runs; the feedback is posted as a message, the run goes on
+    # The call is refused and the run goes on; where it cannot be refused (it asked nobody),
+    # the run is aborted, then the feedback posted.
+    REFUSE = "refuse"
+    STOP = "stop"  # refused where it asks; the run is aborted, then the feedback posted
+    HOLD = "hold"  # as `stop`, and the feedback waits for a person
+    # The same loop as an intervention of this run that stands for it (a burst in one step,
+    # or a repetition while the run is being stopped): the call is refused where it asks,
+    # and nothing else is done; it does not count on the ladder.
+    DEFER = "defer"
+
+
 @dataclass(frozen=True, slots=True)
 class Intervene:
     """Stop this session's run and give the model `feedback`, for what `finding` says.
@@ -64,6 +84,11 @@ class Intervene:
     escalated: bool
     feedback: str
     action: Action = Action.BLOCK
+    plan: Plan = Plan.REFUSE
+    # What the model reads as the refused call's result, where the call is refused.
+    refusal: str = ""
+    # The session's run it was decided in (`Tracker.run_over` says whether it has ended).
+    run: int = 0
     # How the session's earlier interventions ended, as far as this monitor saw: a hold's
     # feedback counts them by name.
     prior_outcomes: tuple[Outcome, ...] = ()
@@ -104,6 +129,7 @@ class Intervene:
             interventions=self.prior_interventions + 1,
             escalated=self.escalated,
             action=str(self.action),
+            plan=str(self.plan),
         )
 
 

@@ -33,6 +33,9 @@ class Due:
     decision: Intervene
     step: Step
     since: float
+    # The loop's call was refused by us (the plugin threw our text, or we rejected its
+    # request): that refusal in the record is ours, never another monitor's.
+    ours: bool = False
 
 
 class DueWork:
@@ -49,14 +52,14 @@ class DueWork:
     def __len__(self) -> int:
         return len(self._work)
 
-    def add(self, decision: Intervene, step: Step, now: float) -> list[Due]:
+    def add(self, decision: Intervene, step: Step, now: float, ours: bool = False) -> list[Due]:
         """Keep `step` of `decision` for later; the work given up to make room."""
         key = (decision.session_id, decision.part_id)
         since = self._first.setdefault(key, now)
         while len(self._first) > 2 * self._limit:
             self._first.popitem(last=False)
         self._work.pop(key, None)
-        self._work[key] = Due(decision, step, since)
+        self._work[key] = Due(decision, step, since, ours)
         dropped = []
         while len(self._work) > self._limit:
             dropped.append(self._work.popitem(last=False)[1])
@@ -83,7 +86,7 @@ def next_step(due: Due, busy: bool, messages: list[Any]) -> tuple[Step | None, s
         return Step.ABORT, None
     if feedback_delivered(messages, decision.feedback, decision.part_id):
         return None, "feedback found in the session"
-    other = intervened(messages, decision.part_id, aborted=False)
+    other = intervened(messages, decision.part_id, aborted=False, refused=not due.ours)
     if other is not None:
         return None, other
     return Step.FEEDBACK, None

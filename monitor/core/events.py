@@ -106,6 +106,8 @@ class SessionSeen:
     session_id: str
     directory: str | None
     parent_id: str | None = None
+    # `session.status` busy (or retry): a run is under way.
+    busy: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,7 +503,7 @@ def _session_status(props: dict[str, Any], directory: str | None) -> SessionSeen
     session_id = _text(props, "sessionID")
     if _text(_object(props, "status"), "type") == "idle":
         return SessionIdle(session_id, directory)
-    return SessionSeen(session_id, directory)
+    return SessionSeen(session_id, directory, busy=True)
 
 
 def _session_idle(props: dict[str, Any], directory: str | None) -> SessionIdle:

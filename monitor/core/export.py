@@ -63,6 +63,17 @@ def feedback_count(messages: list[Any]) -> int:
     return sum(_says(message, lambda text: text.startswith(MARKS)) for message in messages)
 
 
+def answered(messages: list[Any]) -> bool:
+    """Whether the session's run ended by itself: its newest message is the model's final
+    answer (an assistant message completed without asking for tools, and without an error)."""
+    info = _info(messages[-1]) if messages else None
+    if info is None or info.get("role") != "assistant" or info.get("error") is not None:
+        return False
+    time = info.get("time")
+    completed = isinstance(time, dict) and bool(time.get("completed"))
+    return completed and info.get("finish") not in (None, "tool-calls")
+
+
 def held_in(messages: list[Any]) -> bool:
     """Whether the session is still on hold: its last user message is the monitor's feedback
     of a hold (stored with noReply), so no person has written since."""

@@ -33,9 +33,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+from monitor.core.calls import CallEvent, CallState, advance
 from monitor.core.decisions import Intervene, Reply
 from monitor.core.events import PermissionAsked, PermissionReplied, ToolPart
-from monitor.core.feedback import rejection_text
 from monitor.core.findings import Rule
 from monitor.core.session import (
     MAX_ASKS,
@@ -117,7 +117,7 @@ class PermissionGate:
         if call.asked or asks is None or asks.get(call.digest) is None:
             # Its request was answered already by someone else, or its like ran without
             # asking (or we never saw one finish): abort as before.
-            call.stopped = True
+            advance(call, CallEvent.ABORT)
             return decision
         call.loop = decision
         return None
@@ -164,7 +164,7 @@ class PermissionGate:
             decision, call.loop, call.request = call.loop, None, None
             return self._refuse(event.request_id, decision, 0.0)
         call.request = None
-        if call.stopped or self.mode != "approve":
+        if call.state is CallState.STOPPED or self.mode != "approve":
             return None
         return Reply(event.request_id, event.session_id, directory, "once")
 
@@ -199,18 +199,12 @@ class PermissionGate:
 
     @staticmethod
     def _refuse(request_id: str, decision: Intervene, wait: float) -> Reply:
-        message = rejection_text(
-            decision.finding,
-            decision.hold,
-            decision.prior_interventions + 1,
-            decision.prior_outcomes,
-        )
         return Reply(
             request_id,
             decision.session_id,
             decision.directory,
             "reject",
-            message=message,
+            message=decision.refusal,
             loop=decision,
             wait=wait,
         )

@@ -172,3 +172,30 @@ def _call(data: object) -> PluginCall | RequestRefused:
         directory=directory,
         fell_open=fell_open,
     )
+
+
+class FellOpen:
+    """Calls that fell open, counted once each although the plugin reports a running total.
+
+    The plugin sends `fell_open`, the calls it let run unasked since its last answered
+    request, with every request, and subtracts what it reported only when the answer reaches
+    it. A request answered too late (the plugin gave up waiting) leaves its total with the
+    plugin, to be reported again, one more, with the next: counted as sent, a stalled daemon
+    read 900 for at most 48 calls. Per plugin (one per server directory), this keeps what
+    was counted already and the plugin still holds.
+    """
+
+    def __init__(self, max_plugins: int = 1024) -> None:
+        self._held: dict[str, int] = {}
+        self._max = max_plugins
+
+    def count(self, directory: str, reported: int, answered: bool) -> int:
+        """New calls fallen open in `reported`; `answered`: the answer reaches the plugin
+        (it then subtracts `reported`, and starts from nothing)."""
+        held = self._held.pop(directory, 0)
+        new = max(0, reported - held)
+        if not answered:
+            if len(self._held) >= self._max:
+                del self._held[next(iter(self._held))]
+            self._held[directory] = reported
+        return new

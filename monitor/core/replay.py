@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from monitor.core.decisions import Intervene
+from monitor.core.decisions import Intervene, Outcome, Plan
 from monitor.core.export import export_frames
 from monitor.core.findings import fields
 from monitor.core.frames import MAX_LINE_BYTES, iter_sse_data
@@ -117,8 +117,13 @@ class FileReplay:
         return self._records(self.tracker.feed(frame).decisions)
 
     def _records(self, decisions: Sequence[Intervene]) -> list[dict[str, Any]]:
-        self.detections += len(decisions)
-        return [detection_record(self.file, decision) for decision in decisions]
+        # As `watch --dry-run` does: each intervention is carried out at once (nothing is
+        # done), and a loop's calls that one stands for are not detections of their own.
+        made = [decision for decision in decisions if decision.plan != Plan.DEFER]
+        for decision in made:
+            self.tracker.outcome(decision, Outcome.DRY_RUN)
+        self.detections += len(made)
+        return [detection_record(self.file, decision) for decision in made]
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,11 @@ from array import array
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from monitor.core.decisions import Intervene, Outcome
+from monitor.core.calls import CallEvent, CallState, advance
+from monitor.core.decisions import Intervene, Outcome, Plan
 from monitor.core.findings import Finding
 from monitor.core.patterns import TextPattern
+from monitor.core.runs import RunState
 from monitor.core.signature import canonical_signature, signature_digest
 
 K = TypeVar("K")
@@ -156,16 +158,12 @@ class Call:
         "output",
         "error",
         "metadata",
-        "held",
-        "taken",
+        "state",
         "key",
         "asked",
         "request",
         "loop",
-        "stopped",
         "call_id",
-        "on_stream",
-        "judged",
     )
 
     def __init__(
@@ -186,28 +184,20 @@ class Call:
         self.output: Any = None
         self.error: Any = None
         self.metadata: Any = None
-        # Recorded by the tracker, its final update not come yet: later updates are not
-        # recorded again. `taken`: its outcome is known already (read back finished, or the
-        # loop it completed was stopped, so its error is the abort's).
-        self.held = False
-        self.taken = False
-        # The permission gate's view: the call's (message id, call id), by which requests
+        # Where it is in its life (monitor/core/calls.py); only `advance` changes it.
+        self.state = CallState.NEW
+        # The permission gate's data: the call's (message id, call id), by which requests
         # name it; whether it asked; its request while nobody has been told to answer it;
-        # the loop it completes, waiting for that request; and whether an abort stops that
-        # loop (then its request must never be approved).
+        # the loop it completes, waiting for that request (or for the plugin's).
         self.key: tuple[str, str] | None = None
         self.asked = False
         self.request: str | None = None
         self.loop: Intervene | None = None
-        self.stopped = False
-        # The model's call id, which the plugin names the call by (not unique: local models
-        # send `call_0` at every step); whether the stream carried the call yet (a call the
-        # plugin asked about first is recorded under a part id of ours until then); whether
-        # the plugin asked about it. A loop the call completes, seen on the stream before the
-        # plugin asked, waits in `loop` for the plugin's request, as for a permission request.
+        # The model's call id, by which the plugin names the call (not unique: local models
+        # send `call_0` at every step); None once the plugin asked about it, which it does
+        # once per call. A call the plugin asked about first is recorded under a part id of
+        # ours until the stream carries it (`SessionRecord.claim`).
         self.call_id = call_id
-        self.on_stream = True
-        self.judged = False
 
     def finished(self, status: str, output: Any, error: Any, metadata: Any) -> None:
         """Its final update came: keep what it brought (its outcome is digested from it)."""
@@ -222,6 +212,41 @@ class Call:
         if self._outcome is None and self.status != "running":
             self._outcome = outcome_digest(self.status, self.output, self.error, self.metadata)
         return self._outcome
+
+
+# A call the plugin asks about before the stream carries it is recorded under a part id of
+# ours, this and a number, until the stream's first update of it (OpenCode's are `prt_...`).
+PLUGIN_PART = "plugin-"
+# The states of a call on the stream that the plugin's question may still be about, and of
+# one the plugin asked about that the stream may still carry (its loop may be acted on
+# meanwhile).
+_ASKABLE = (CallState.RUNNING, CallState.CANCELLED, CallState.STOPPED)
+_CLAIMABLE = (CallState.ASKED, CallState.CANCELLED)
+
+
+class Acted:
+    """An intervention of the current run and the loop it acted on (its calls' digests)."""
+
+    __slots__ = ("decision", "loop", "step", "done")
+
+    def __init__(self, decision: Intervene, loop: frozenset[int], step: str | None) -> None:
+        self.decision = decision
+        self.loop = loop
+        self.step = step  # the model step it was decided in
+        # The shell reported how it ended (`Tracker.outcome`): until then it is under way.
+        self.done = False
+
+    def same(self, loop: frozenset[int], step: str | None) -> bool:
+        """Whether a loop of these calls, found now, is this intervention again: the same
+        calls, while it is being acted on (a monitor that stalled finds one loop many times
+        before acting on the first; an abort is under way), or within the same model step (a
+        burst; not after a nudge, which lets the step's calls run). Once carried out, the
+        run went on regardless: its loop in a later step climbs."""
+        if not loop <= self.loop:
+            return False
+        if not self.done:
+            return True
+        return self.decision.plan != Plan.NUDGE and step == self.step
 
 
 class Request:
@@ -253,6 +278,10 @@ class SessionRecord:
         "asks",
         "early",
         "plugin",
+        "run",
+        "runs",
+        "step",
+        "acted",
         "armed",
         "armed_runs",
         "armed_finding",
@@ -288,6 +317,14 @@ class SessionRecord:
         # A plugin asks before this session's calls run: a loop seen on the stream first
         # waits for its request (the plugin blocks it) instead of being aborted.
         self.plugin = False
+        # Whether a run is under way (monitor/core/runs.py); only `Tracker` moves it.
+        self.run = RunState.IDLE
+        # Runs ended so far, as a decision's `run` names its own.
+        self.runs = 0
+        # The latest model step the stream showed a call of (its assistant message id).
+        self.step: str | None = None
+        # The intervention that stands for its loop in this run, if any.
+        self.acted: Acted | None = None
         # The calls of the last loop stopped (their digests) and what was found then: a call
         # among them is that loop again, at once, until `armed_runs` more runs have ended
         # (the one stopped and the next).
@@ -322,27 +359,30 @@ class SessionRecord:
 
     @property
     def running(self) -> bool:
-        """A run is under way: it has a history."""
-        return self.digests is not None
+        """A run is under way (the server said busy and has not said idle since)."""
+        return self.run is RunState.BUSY
 
     def history_length(self) -> int:
         return 0 if self.digests is None else len(self.digests)
 
-    def end_run(self) -> None:
-        """The run is over, or stopped: its history and the rules' state start over; its
-        calls are no longer the tracker's (the gate's view of them stays)."""
+    def restart(self) -> None:
+        """The run's history and the rules' state start over (a loop was acted on, or the
+        run is read back); its calls are left as they are."""
         self.digests = self.tools = None
         self.rule_state = None
-        self.release_calls()
 
-    def release_calls(self) -> None:
+    def end_calls(self) -> None:
+        """The run is over: its calls still in flight are late from now on, and those late
+        since the run before are dropped (they had a whole run to come)."""
         in_flight = self.in_flight
         if in_flight is None:
             return
         for part_id, call in list(in_flight.items()):
-            call.held = False
-            if call.key is None:
+            if call.state is CallState.LATE:
                 del in_flight[part_id]
+            else:
+                advance(call, CallEvent.END)
+                call.args = call.output = call.metadata = call.error = None
         if not in_flight:
             self.in_flight = None
 
@@ -371,25 +411,30 @@ class SessionRecord:
         this call id and tool: from now on it is part `part_id`."""
         in_flight = self.in_flight
         for old_id, call in (in_flight or {}).items():
-            if not call.on_stream and call.call_id == call_id and call.tool == tool:
+            if (
+                call.part_id.startswith(PLUGIN_PART)
+                and call.state in _CLAIMABLE
+                and call.call_id == call_id
+                and call.tool == tool
+            ):
                 assert in_flight is not None
                 del in_flight[old_id]
-                call.part_id, call.on_stream = part_id, True
+                call.part_id, call.call_id = part_id, None
                 in_flight[part_id] = call
                 return call
         return None
 
-    def unjudged(self, call_id: str, tool: str) -> Call | None:
+    def unasked(self, call_id: str, tool: str) -> Call | None:
         """The oldest call the stream carried with this call id and tool that the plugin has
         not asked about yet and that has not finished (a finished one, read back after a
-        reconnect, is an earlier step's: the plugin asks before a call runs)."""
+        reconnect, is an earlier step's: the plugin asks before a call runs; a late one's run
+        is over)."""
         for call in (self.in_flight or {}).values():
             if (
-                call.on_stream
-                and not call.judged
-                and call.outcome is None
-                and call.call_id == call_id
+                call.call_id == call_id
                 and call.tool == tool
+                and call.state in _ASKABLE
+                and not call.part_id.startswith(PLUGIN_PART)
             ):
                 return call
         return None

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from monitor.core.budget import Budget, BudgetBook
-from monitor.core.decisions import Action, Deadline, Intervene, Outcome, Reply
+from monitor.core.calls import CallEvent, CallState, Step, advance
+from monitor.core.decisions import Deadline, Intervene, Outcome, Plan, Reply
 from monitor.core.events import (
     KNOWN_EVENT_TYPES,
     MALFORMED,
@@ -51,6 +52,7 @@ from monitor.core.findings import (
 )
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.ids import is_permission_id, is_session_id
+from monitor.core.ladder import FirstAction, OnLoop, rung
 from monitor.core.limits import check_history, derived_history
 from monitor.core.permissions import DOOM_LOOP_CALLS, PermissionGate, PermissionMode
 from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, block
@@ -65,13 +67,30 @@ from monitor.core.rules.revisit import RevisitRule
 from monitor.core.rules.runaway import RunawayRule, call_bound
 from monitor.core.rules.text import TextStream
 from monitor.core.rules.text_steps import StepsRule
-from monitor.core.session import Call, RecentMap, SessionRecord, call_digest
+from monitor.core.runs import RunEvent, run_advance
+from monitor.core.session import (
+    PLUGIN_PART,
+    Acted,
+    Call,
+    RecentMap,
+    SessionRecord,
+    call_digest,
+)
 
-__all__ = ["RULES", "SEED", "Detection", "Fed", "Intervene", "Judged", "SessionView", "Tracker"]
+__all__ = [
+    "RULES",
+    "SEED",
+    "Detection",
+    "Fed",
+    "FirstAction",
+    "Intervene",
+    "Judged",
+    "OnLoop",
+    "SessionView",
+    "Tracker",
+]
 
 MatchMode = Literal["input", "input+output"]
-OnLoop = Literal["resume", "hold"]
-FirstAction = Literal["nudge", "block", "stop"]
 
 # Text and reasoning parts streaming at once, over all sessions; the oldest is dropped first.
 # Each holds at most about 3 KB (docs/performance.md), so all of them stay under 12 MB.
@@ -289,6 +308,9 @@ class Tracker:
         # Frames of either server generation become the same events (monitor/core/events_v2.py);
         # the shell asks it which sessions speak 2.x and where their replays resume.
         self.adapter = Adapter(detection.max_sessions)
+        # Updates the call table placed nowhere: `late` (after their run ended) and
+        # `unexpected`, by step.
+        self.stray: Counter[Step] = Counter()
 
     def feed_data(self, data: str) -> Fed:
         """Take the data of one SSE event, as read from the stream or a recording."""
@@ -323,7 +345,7 @@ class Tracker:
         stopping already, is nothing."""
         session = self._sessions.get(deadline.session_id)
         call = None if session is None else session.call(deadline.part_id)
-        if session is None or call is None or call.status != "running" or call.taken:
+        if session is None or call is None or call.state is not CallState.RUNNING:
             return None
         finding = RunawayCall(call.tool, seconds=deadline.wait)
         return self._decide(session, deadline.session_id, finding, deadline.part_id)
@@ -342,19 +364,20 @@ class Tracker:
         session.plugin = True
         if asked.tool in self._transparent:
             return Judged()
-        seen = session.unjudged(asked.call_id, asked.tool)
+        seen = session.unasked(asked.call_id, asked.tool)
         if seen is not None:
-            seen.judged = True
+            seen.call_id = None  # the plugin asks once per call
+            advance(seen, CallEvent.ASK)
             decision, seen.loop = seen.loop, None
             return _judged(decision)
-        part_id = f"plugin-{next(self._plugin_parts)}"
+        part_id = f"{PLUGIN_PART}{next(self._plugin_parts)}"
         call = self._identify(part_id, asked.tool, asked.args, asked.call_id)
-        call.on_stream, call.judged = False, True
+        advance(call, CallEvent.ASK)
         session.start(call)
         if not self._record_at_running:
             return Judged()  # recorded at its outcome, from the stream
-        call.held, call.taken = True, False
         session.calls += 1
+        self._begin(session)
         session.record(call.recorded_as, call.tool, self.detection.history)
         return _judged(self._rules(session, call, True, False, asked.session_id, part_id, True))
 
@@ -383,7 +406,11 @@ class Tracker:
         session = self._seen(session_id, directory)
         session.interventions = max(session.interventions, interventions)
         session.held = "" if held else None
-        session.end_run()
+        # The record replaces what we knew of the run: its history and its calls (their
+        # later updates are matched to the calls read back, or are late). Not a run end: the
+        # run read back is the one under way.
+        session.restart()
+        session.end_calls()
         session.calls = session.run_start
         seeding = _Seeding()
         decisions: list[Intervene] = []
@@ -449,6 +476,8 @@ class Tracker:
         session.outcomes += (outcome,)
         if outcome == Outcome.HELD:
             session.held = ""
+        if session.acted is not None and session.acted.decision is decision:
+            session.acted.done = True  # acted on: no longer under way (`Acted.same`)
 
     @property
     def malformed_total(self) -> int:
@@ -459,12 +488,33 @@ class Tracker:
         return 0 if session is None else session.interventions
 
     def end_run(self, session_id: str) -> None:
-        """The session's run is over: its history goes, its intervention count stays."""
+        """The session's run is over, whoever says so (`session.status` idle, `session.idle`,
+        a resync that found it idle): everything a run owns starts over, its history, the
+        rules' state, its calls (late from now on) and its budget; its intervention count
+        stays. Said twice for one run end (the server does), it counts once: the armed
+        countdown and the run's first call number move only when a run was under way."""
         session = self._sessions.get(session_id)
-        if session is not None:
-            session.end_run()
+        if session is None:
+            return
+        session.run, ended = run_advance(session.run, RunEvent.END)
+        session.restart()
+        self._budgets.end_run(session_id)  # idempotent: a spent budget reset twice is reset
+        if ended:
+            session.end_calls()
             session.run_start = session.calls
+            session.runs += 1
+            session.acted = None  # an intervention stands for its run only
             session.run_ended()
+
+    def run_over(self, decision: Intervene) -> bool:
+        """Whether the run `decision` was made in has ended since (or the session is gone)."""
+        session = self._sessions.get(decision.session_id)
+        return session is None or session.runs != decision.run
+
+    @staticmethod
+    def _begin(session: SessionRecord) -> None:
+        """A run is under way: the server said busy, or a call of it is recorded."""
+        session.run = run_advance(session.run, RunEvent.BEGIN)[0]
 
     def sessions_view(self) -> list[SessionView]:
         """A read-only copy of what is known about every session held, oldest first."""
@@ -512,7 +562,9 @@ class Tracker:
         if isinstance(event, ToolPart):
             return self._tool_part(event, seeding, label)
         if isinstance(event, SessionSeen):
-            self._seen(event.session_id, event.directory)
+            seen = self._seen(event.session_id, event.directory)
+            if event.busy:
+                self._begin(seen)
             self._budgets.session(event.session_id, event.parent_id)
             return _QUIET[label]
         if isinstance(event, MessageUsage):
@@ -534,7 +586,6 @@ class Tracker:
         if isinstance(event, SessionIdle):
             self._seen(event.session_id, event.directory)
             self.end_run(event.session_id)
-            self._budgets.end_run(event.session_id)
             return _QUIET[label]
         if isinstance(event, PermissionAsked):
             if self._gate.mode == "off":
@@ -613,8 +664,11 @@ class Tracker:
         if transparent and not follows:
             return _QUIET[label]
         session = self._seen(part.session_id, part.directory)
+        if part.message_id is not None:
+            # The model step the call is of (one assistant message): the plugin's question
+            # names none, and is taken to be of the latest step the stream showed.
+            session.step = part.message_id
         call = session.call(part.part_id)
-        starts = part.status == "running" and seeding is None and (call is None or not call.held)
         finished = part.status in _FINISHED
         late = None
         claimable = part.call_id is not None and part.status != "pending"
@@ -633,13 +687,26 @@ class Tracker:
             late = self._gate.finished(session, call, live=seeding is None)
         elif call is not None and call.loop is not None and finished:
             late = call.loop  # the plugin never asked (it fell open): stop the run after all
+        if call is not None and call.state is CallState.LATE:
+            late = None  # its run is over: nothing of it is stopped any more
+        # Its first `running` update on the stream: from now its time bound runs (`runaway`).
+        starts = (
+            part.status == "running"
+            and seeding is None
+            and (call is None or call.state in (CallState.NEW, CallState.ASKED))
+        )
         decision = None if transparent else self._call(session, call, part, seeding)
         nudge = None
         call = call or session.call(part.part_id)  # `_call` made it, if it was new
         if decision is not None and part.status == "running" and call is not None:
-            if decision.action == Action.NUDGE:
+            if decision.plan == Plan.NUDGE:
                 nudge, decision = decision, None  # the call runs: nothing to refuse
-            elif seeding is None and session.plugin and not call.judged and call.request is None:
+            elif (
+                seeding is None
+                and session.plugin
+                and call.call_id is not None
+                and call.request is None
+            ):
                 # The plugin's request for this call is on its way: it blocks the call.
                 call.loop, decision = decision, None
         if part.status == "running" and follows:
@@ -648,10 +715,8 @@ class Tracker:
             )
         else:
             now = decision
-        if finished:
-            held = session.call(part.part_id)
-            if held is not None and not held.held and held.key is None:
-                session.finish(part.part_id)
+        if finished and seeding is None:
+            session.finish(part.part_id)  # done with: a read-back keeps it for its duplicates
         deadlines: tuple[Deadline, ...] = ()
         if starts and call is not None and not transparent:
             bound = call_bound(part.tool, part.input, self.detection.call_seconds)
@@ -668,45 +733,43 @@ class Tracker:
     def _call(
         self, session: SessionRecord, call: Call | None, part: ToolPart, seeding: _Seeding | None
     ) -> Intervene | None:
-        """Take a tool call's update: record it, take its outcome, ask the rules."""
+        """Take a tool call's update: move it through its life (monitor/core/calls.py) and do
+        what that says: record it, take its outcome, ask the rules."""
         finished = part.status in _FINISHED
-        # Each part is recorded once and its outcome taken once.
-        if finished and call is not None and call.held:
-            call.held = False
-            record, outcome = False, not call.taken
-        elif part.status == "running" and self._record_at_running:
-            if call is not None and call.held:
-                # bash re-sends `running` while it streams output: only `runaway` reads those
-                if not self._call_rules[False, False]:
-                    return None
-                call.metadata = part.metadata
-                live = seeding is None
-                return self._rules(session, call, False, False, part.session_id, part.part_id, live)
-            record, outcome = True, False
+        if not finished and part.status != "running":
+            return None  # `pending`: no input yet; its `running` update will come
+        if seeding is None:
+            event = CallEvent.FINISH if finished else CallEvent.RUN
         else:
-            # `completed` or `error` of a part whose `running` we never saw (or, in
-            # input+output mode, never record at): this is its one full update.
-            record = outcome = finished
-        if not (record or outcome):
-            return None
+            # The shell connects the stream before it reads the messages back, so nothing
+            # that happens in between is lost; an update made in that gap then reaches us
+            # twice, in the messages and on the stream, and must count once: every part read
+            # back stays in flight, also a finished one, and its later updates are repeats.
+            event = CallEvent.READ_FINISH if finished else CallEvent.READ_RUN
         if call is None:
             call = self._identify_part(part)
             session.start(call)
-        if record and part.status == "running":
-            call.held, call.taken = True, False
+        step = advance(call, event)
+        if step is Step.AGAIN and event is CallEvent.RUN and call.state is CallState.RUNNING:
+            # bash re-sends `running` while it streams output: only `runaway` reads those
+            if not self._call_rules[False, False]:
+                return None
+            call.metadata = part.metadata
+            return self._rules(session, call, False, False, part.session_id, part.part_id, True)
+        record = step in _RECORDS
+        outcome = step in _TAKES
+        if not self._record_at_running:
+            record = outcome  # under input+output a call is recorded with its outcome
+        if not (record or outcome):
+            if step in (Step.LATE, Step.UNEXPECTED):
+                self.stray[step] += 1
+            return None
         if outcome:
             call.finished(part.status, part.output, part.error, part.metadata)
         if record:
             session.calls += 1
+            self._begin(session)
             if seeding is not None:
-                # The shell connects the stream before it reads the messages back, so nothing
-                # that happens in between is lost; an update made in that gap then reaches us
-                # twice, in the messages and on the stream, and must count once. So every part
-                # read back is held in flight, also a finished one: its later updates on the
-                # stream are dropped as live. A part still `pending` (no input yet) is not
-                # recorded here: its `running` on the stream will be.
-                if not call.held or part.status != "running":
-                    call.held, call.taken = True, outcome
                 if seeding.decided:
                     # A run that looped several times before we came is stopped once, at the
                     # first call where `watch` would have stopped it; later calls are counted
@@ -715,8 +778,7 @@ class Tracker:
                 if part.part_id == session.intervened_part:
                     # The run read back is the one we just stopped, its feedback not stored
                     # yet: the same loop must not be acted on twice.
-                    session.digests = session.tools = None
-                    session.rule_state = None
+                    session.restart()
                     seeding.decided = True
                     return None
             if not self._record_at_running:
@@ -809,69 +871,80 @@ class Tracker:
         part_id: str,
         rearm: bool = True,
     ) -> Intervene:
-        """The one way a finding becomes a decision, whichever rule found it."""
-        # Armed only for loops of repeated calls: their next repetition is known by its
-        # digest. Text, progress and budget findings name no call to refuse again.
-        if isinstance(finding, CallCycle | EndlessWait | FailureRun | DoomLoop):
-            runs = self.detection.armed_runs
-            if rearm:
-                session.arm(session.block(finding.shape()[0]), finding, runs)
-            else:
-                session.armed_runs = runs  # armed again for this run and the next
+        """The one way a finding becomes a decision, whichever rule found it.
+
+        One loop, one intervention: a finding of the same calls as the intervention that
+        stands in this run, while it is being stopped or within the same model step (a burst
+        of identical calls in one step is one loop), is that intervention again (`DEFER`):
+        its call is refused where it asks, and the ladder does not climb. A new loop, or the
+        same one in a later step after a refusal or a nudge, climbs.
+        """
+        # Only loops of repeated calls name their calls (by digest): text, progress and
+        # budget findings name none to refuse again, and are never the same loop.
+        repeats = isinstance(finding, CallCycle | EndlessWait | FailureRun | DoomLoop)
+        if repeats:
+            loop = session.armed if not rearm else frozenset(session.block(finding.shape()[0]))
+        else:
+            loop = None
         # Later updates of the parts already recorded must not fire again, so the history
         # and the rules' state start over; the calls in flight stay to keep recognising those
-        # parts, and their outcomes (the abort ends them in error) are not taken.
-        session.digests = session.tools = None
-        session.rule_state = None
-        for call in (session.in_flight or {}).values():
-            if call.held:
-                call.taken = True
+        # parts, and their outcomes (the abort ends them in error) are not taken. Under
+        # input+output no call is recorded before its outcome: none is cut.
+        session.restart()
+        if self._record_at_running:
+            for call in (session.in_flight or {}).values():
+                advance(call, CallEvent.CUT)
+        acted = session.acted
+        if loop and acted is not None and acted.same(loop, session.step):
+            return dataclasses.replace(
+                acted.decision, part_id=part_id, call_index=session.calls, plan=Plan.DEFER
+            )
+        if repeats:
+            runs = self.detection.armed_runs
+            if rearm:
+                session.arm(tuple(loop or ()), finding, runs)
+            else:
+                session.armed_runs = runs  # armed again for this run and the next
         session.intervened_part = part_id
         prior = session.interventions
         session.interventions += 1
         detection = self.detection
-        escalated = detection.on_loop == "resume" and prior >= detection.max_interventions
-        hold = escalated or detection.on_loop == "hold"
-        action = _action(detection.first_action, prior, hold)
-        if action == Action.NUDGE:
+        step = rung(detection.on_loop, detection.max_interventions, detection.first_action, prior)
+        if step.plan == Plan.NUDGE:
             feedback = nudge_text(finding, prior + 1)
         else:
-            feedback = feedback_text(finding, hold, prior + 1, session.outcomes)
-        return Intervene(
+            feedback = feedback_text(finding, step.hold, prior + 1, session.outcomes)
+        refusal = rejection_text(finding, step.hold, prior + 1, session.outcomes)
+        decision = Intervene(
             session_id=session_id,
             directory=session.directory or self._default_directory,
             finding=finding,
             part_id=part_id,
             call_index=session.calls,
             prior_interventions=prior,
-            hold=hold,
-            escalated=escalated,
+            hold=step.hold,
+            escalated=step.escalated,
             feedback=feedback,
-            action=action,
+            action=step.action,
+            plan=step.plan,
+            refusal=refusal,
+            run=session.runs,
             prior_outcomes=session.outcomes,
         )
+        if loop:
+            session.acted = Acted(decision, loop, session.step)
+        return decision
 
 
 _FINISHED = ("completed", "error")
-
-
-def _action(first: FirstAction, prior: int, hold: bool) -> Action:
-    """The rung of the ladder for an intervention after `prior` others: the first takes
-    `first`, later ones block (or stop, when the first stops); a hold stops the run."""
-    if hold:
-        return Action.STOP
-    if prior == 0:
-        return Action(first)
-    return Action.STOP if first == "stop" else Action.BLOCK
+_RECORDS = (Step.RECORD, Step.RECORD_TAKE)
+_TAKES = (Step.TAKE, Step.RECORD_TAKE)
 
 
 def _judged(decision: Intervene | None) -> Judged:
     """The plugin's answer for a call that completes `decision`'s loop (None: no loop)."""
     if decision is None:
         return Judged()
-    if decision.action == Action.NUDGE:
+    if decision.plan == Plan.NUDGE:
         return Judged(ALLOW, decision)
-    message = rejection_text(
-        decision.finding, decision.hold, decision.prior_interventions + 1, decision.prior_outcomes
-    )
-    return Judged(block(message), decision)
+    return Judged(block(decision.refusal), decision)

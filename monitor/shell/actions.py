@@ -27,12 +27,13 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
-from monitor.core.decisions import Action, Intervene, Outcome, Reply
+from monitor.core.decisions import Intervene, Outcome, Plan, Reply
 from monitor.core.due import Due, DueWork, Step, next_step
-from monitor.core.export import intervened
+from monitor.core.export import answered, intervened
 from monitor.core.findings import Rule
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.api import OpencodeAPI, ServerAway
@@ -78,6 +79,7 @@ class Interventions:
         on_fatal: Callable[[BaseException], None],
         on_outcome: Callable[[Intervene, Outcome], None] = lambda decision, outcome: None,
         expire: Callable[[Reply], Reply | None] = lambda reply: reply,
+        run_over: Callable[[Intervene], bool] = lambda decision: False,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         stagger: Callable[[], float] = random_stagger,
         clock: Callable[[], float] = time.monotonic,
@@ -94,6 +96,8 @@ class Interventions:
         # A reply's deadline passed: the core says what to send now (None: nothing, somebody
         # answered meanwhile). The shell only runs the timer.
         self._expire = expire
+        # Whether the run a decision was made in has ended since (the core knows).
+        self._run_over = run_over
         self._sleep = sleep
         self._stagger = stagger
         self._clock = clock
@@ -104,14 +108,20 @@ class Interventions:
         self._running: set[asyncio.Task[None]] = set()
 
     def submit(self, decision: Intervene) -> None:
+        if decision.plan == Plan.DEFER:
+            _again(decision)  # the intervention that stands for this loop does it all
+            return
         log.warning("loop.detected", **decision.fields())
         self._queue(decision, lambda progress: self._act(decision, progress))
 
     def blocked(self, decision: Intervene, call_id: str) -> None:
         """The plugin was told to throw: the loop's call does not run. A `stop` (or a hold)
         also stops the run, then gives the feedback; a block lets the run go on."""
+        if decision.plan == Plan.DEFER:
+            _again(decision, via="plugin", call_id=call_id)
+            return
         log.warning("loop.detected", via="plugin", call_id=call_id, **decision.fields())
-        if decision.hold or decision.action == Action.STOP:
+        if decision.plan in _STOPS:
             self._queue(
                 decision,
                 lambda progress: self._act(decision, progress, ours=True, via="plugin"),
@@ -123,6 +133,11 @@ class Interventions:
         """Answer a permission request: a refusal is an intervention, queued like one; an
         approval goes at once, behind nothing (the call waits for it)."""
         decision = reply.loop
+        if decision is not None and decision.plan == Plan.DEFER:
+            # Refused, as the loop's other calls were; nothing else to do.
+            _again(decision, request_id=reply.request_id)
+            self._track(asyncio.create_task(self._approve(reply)))
+            return
         if decision is not None:
             log.warning("loop.detected", request_id=reply.request_id, **decision.fields())
             self._queue(decision, lambda progress: self._refuse(reply, decision, progress))
@@ -220,25 +235,37 @@ class Interventions:
         """Stop the run (or nudge it), then give the feedback. `ours`: we refused the loop's
         call already (the plugin threw our feedback), so that refusal in the record is ours,
         not another monitor's."""
+        recent: list[Any] | None = None
         if self._api is not None:
             # Before acting, check: another monitor may have stopped this loop already.
             reads = REFUSED_READS if self._plugin_elsewhere and not ours else 1
-            other = await self._intervened(decision, aborted=True, reads=reads, ours=ours)
+            other, recent = await self._intervened(decision, aborted=True, reads=reads, ours=ours)
             if other is not None:
                 progress.decided = True
                 self._decided(decision, Outcome.DEFERRED, reason=other, **extra)
                 return
-        if decision.action == Action.NUDGE and self._api is not None:
+        if decision.plan == Plan.NUDGE and self._api is not None:
             # The run goes on: the feedback is read at its next step.
             progress.decided = True
             self._decided(decision, Outcome.NUDGED, **extra)
             progress.feedback_due = True
             await self._give_feedback(decision, stagger=True, ours=ours)
             return
+        if self._api is not None and (
+            self._run_over(decision) or (recent is not None and answered(recent))
+        ):
+            # Found late (a monitor that stalled reads a run's calls after they ran): the
+            # run ended by itself meanwhile. Stopping it stops nothing, or the next run; the
+            # model is told once, for the next time it is asked.
+            progress.decided = True
+            self._decided(decision, Outcome.NUDGED, late="run ended before the abort", **extra)
+            progress.feedback_due = True
+            await self._give_feedback(decision, stagger=True, ours=ours, no_reply=True)
+            return
         started = time.monotonic()
         outcome, error = await self._abort(decision)
         if outcome is None:
-            self._keep(decision, Step.ABORT, error)
+            self._keep(decision, Step.ABORT, error, ours)
             return
         abort_ms = round((time.monotonic() - started) * 1000, 1)
         progress.decided = True
@@ -258,47 +285,54 @@ class Interventions:
             )
             messages = await self._api.messages(decision.session_id, decision.directory)
         except ServerAway as exc:
-            self._keep(decision, due.step, str(exc))
+            self._keep(decision, due.step, str(exc), due.ours)
             return
         except ServerError as exc:
             self._give_up(due, str(exc))
             return
         step, found = next_step(due, busy, messages)
         if step == Step.ABORT:
-            await self._act(decision, progress)
+            await self._act(decision, progress, ours=due.ours)
             return
         if due.step == Step.ABORT:
             # The run stopped: the abort arrived, or the server's restart ended the run.
             progress.decided = True
-            outcome = Outcome.HELD if decision.hold else Outcome.ABORTED
+            outcome = Outcome.HELD if decision.plan == Plan.HOLD else Outcome.ABORTED
             self._decided(decision, outcome, confirmed="run stopped, read back after reconnect")
         progress.feedback_due = True
         if step is None:
             _feedback_found(decision, found)
             return
-        await self._give_feedback(decision, stagger=False, checked=True)
+        await self._give_feedback(decision, stagger=False, checked=True, ours=due.ours)
 
     async def _intervened(
         self, decision: Intervene, aborted: bool, reads: int = 1, ours: bool = False
-    ) -> str | None:
-        """What another monitor did about this loop, read back from the session's record;
-        None when nothing (or the record cannot be read: better act twice than never).
-        `aborted`: whether an aborted run counts as its doing; `ours`: the loop's call was
-        refused by us, so its refusal does not."""
-        assert self._api is not None
+    ) -> tuple[str | None, list[Any] | None]:
+        """What another monitor did about this loop, read back from the session's record
+        (None when nothing, or the record cannot be read: better act twice than never), and
+        the newest messages read. `aborted`: whether an aborted run counts as its doing;
+        `ours`: the loop's call was refused by us, so its refusal does not."""
+        messages = None
         for read in range(reads):
             if read:
                 await self._sleep(REFUSED_READ_EVERY_S)
-            try:
-                messages = await self._api.messages(
-                    decision.session_id, decision.directory, last=RECENT_MESSAGES
-                )
-            except ServerError:
-                return None
+            messages = await self._recent(decision)
+            if messages is None:
+                return None, None
             other = intervened(messages, decision.part_id, aborted, refused=not ours)
             if other is not None:
-                return other
-        return None
+                return other, messages
+        return None, messages
+
+    async def _recent(self, decision: Intervene) -> list[Any] | None:
+        """The session's newest messages, or None when they cannot be read."""
+        assert self._api is not None
+        try:
+            return await self._api.messages(
+                decision.session_id, decision.directory, last=RECENT_MESSAGES
+            )
+        except ServerError:
+            return None
 
     async def _refuse(self, reply: Reply, decision: Intervene, progress: _Progress) -> None:
         """Refuse the request of a loop's call; the model reads `reply.message` as its result.
@@ -330,7 +364,7 @@ class Interventions:
             # Answered first: by another monitor, whose refusal the call's record shows a
             # moment later, or by someone else (`opencode run` answers at once), and the
             # call may be running: stop it as without the gate.
-            other = await self._intervened(decision, aborted=True, reads=REFUSED_READS)
+            other, _ = await self._intervened(decision, aborted=True, reads=REFUSED_READS)
             if other is not None:
                 progress.decided = True
                 self._decided(decision, Outcome.DEFERRED, request_id=request_id, reason=other)
@@ -340,11 +374,16 @@ class Interventions:
         reply_ms = round((time.monotonic() - started) * 1000, 1)
         outcome: Outcome = Outcome.REJECTED
         error = None
-        stop = decision.hold or decision.action == Action.STOP  # or a ladder of `stop`
+        stop = decision.plan in _STOPS
         if stop or decision.rule == Rule.DOOM_LOOP:
             # The run must end before the feedback starts a new one; a refused doom_loop
             # request ends it only seconds later, and a message posted meanwhile is lost.
             stopped, error = await self._abort(decision)
+            if stopped is None and stop:
+                # The server went away (a restart at the abort): the rest waits for the
+                # next connect, and the refusal in the record is ours.
+                self._keep(decision, Step.ABORT, error, ours=True)
+                return
             if stop or error is not None:
                 outcome = Outcome.ABORT_FAILED if stopped is None else stopped
         progress.decided = True
@@ -356,11 +395,17 @@ class Interventions:
             await self._give_feedback(decision, stagger=False, ours=True)
 
     async def _approve(self, reply: Reply) -> None:
+        """Send an answer that is no intervention of its own: an approval, or the refusal of
+        a call of a loop another intervention stands for (its message goes with it)."""
         assert self._api is not None
         started = time.monotonic()
         try:
             answered = await self._api.reply_permission(
-                reply.request_id, reply.directory, reply.reply, session_id=reply.session_id
+                reply.request_id,
+                reply.directory,
+                reply.reply,
+                reply.message,
+                session_id=reply.session_id,
             )
         except ConfigError as exc:
             self._on_fatal(exc)
@@ -369,7 +414,7 @@ class Interventions:
             log.error("permission.reply_failed", request_id=reply.request_id, error=str(exc))
             return
         log.debug(
-            "permission.approved",
+            "permission.approved" if reply.loop is None else "permission.refused_again",
             session_id=reply.session_id,
             request_id=reply.request_id,
             answered_first=answered,
@@ -392,19 +437,24 @@ class Interventions:
             return None, str(exc)
         except ServerError as exc:
             return Outcome.ABORT_FAILED, str(exc)
-        return (Outcome.HELD if decision.hold else Outcome.ABORTED), None
+        return (Outcome.HELD if decision.plan == Plan.HOLD else Outcome.ABORTED), None
 
     async def _give_feedback(
-        self, decision: Intervene, stagger: bool, checked: bool = False, ours: bool = False
+        self,
+        decision: Intervene,
+        stagger: bool,
+        checked: bool = False,
+        ours: bool = False,
+        no_reply: bool = False,
     ) -> None:
         """Post the feedback, unless another monitor's is in the session by then (`stagger`:
         after a random wait, see STAGGER_S; `checked`: the record was just read; `ours`: the
-        loop's call was refused by us)."""
+        loop's call was refused by us; `no_reply`: the model reads it at its next run)."""
         assert self._api is not None
         if stagger:
             await self._sleep(self._stagger())
         if not checked:
-            other = await self._intervened(decision, aborted=False, ours=ours)
+            other, _ = await self._intervened(decision, aborted=False, ours=ours)
             if other is not None:
                 _feedback_found(decision, other)
                 return
@@ -413,7 +463,7 @@ class Interventions:
                 decision.session_id,
                 decision.directory,
                 decision.feedback,
-                no_reply=decision.hold or decision.action == Action.NUDGE,
+                no_reply=no_reply or decision.plan in (Plan.HOLD, Plan.NUDGE),
                 after_part=decision.part_id,
             )
         except ConfigError as exc:
@@ -421,17 +471,18 @@ class Interventions:
             self._on_fatal(exc)
             return
         except ServerAway as exc:
-            self._keep(decision, Step.FEEDBACK, str(exc))
+            self._keep(decision, Step.FEEDBACK, str(exc), ours)
             return
         except ServerError as exc:
             _feedback_failed(decision, str(exc))
             return
         log.info("feedback.sent", session_id=decision.session_id, hold=decision.hold)
 
-    def _keep(self, decision: Intervene, step: Step, error: str | None) -> None:
-        """The server is away: `step` waits for the next connect."""
+    def _keep(self, decision: Intervene, step: Step, error: str | None, ours: bool = False) -> None:
+        """The server is away: `step` waits for the next connect (`ours`: the loop's call
+        was refused by us)."""
         log.warning("intervention.due", session_id=decision.session_id, step=str(step), error=error)
-        for dropped in self._due.add(decision, step, self._clock()):
+        for dropped in self._due.add(decision, step, self._clock(), ours):
             self._give_up(dropped, "too much work waiting for the server")
 
     def _give_up(self, due: Due, error: str) -> None:
@@ -439,6 +490,22 @@ class Interventions:
             self._decided(due.decision, Outcome.ABORT_FAILED, error=error)
         else:
             _feedback_failed(due.decision, error)
+
+
+# The plans that stop the run after the call is refused.
+_STOPS = (Plan.STOP, Plan.HOLD)
+
+
+def _again(decision: Intervene, **fields: object) -> None:
+    """A loop's call refused again within the intervention that stands for it (`DEFER`)."""
+    log.info(
+        "loop.again",
+        session_id=decision.session_id,
+        part_id=decision.part_id,
+        rule=str(decision.rule),
+        call_index=decision.position,
+        **fields,
+    )
 
 
 def _feedback_failed(decision: Intervene, error: str) -> None:

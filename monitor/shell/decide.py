@@ -37,8 +37,10 @@ from aiohttp import web
 from monitor.config import Settings, is_loopback
 from monitor.core.findings import clean_tool_name
 from monitor.core.plugin_protocol import (
+    ALLOW,
     DECIDE_PATH,
     MAX_BODY,
+    FellOpen,
     PluginCall,
     PluginVerdict,
     RequestRefused,
@@ -241,6 +243,7 @@ class PluginStats:
         self._clock = clock
         self.by_directory: dict[str, dict[str, float]] = {}
         self.refused = 0
+        self._fell_open = FellOpen(MAX_DIRECTORIES)
 
     def label(self, directory: str) -> str:
         # Cleaned: a label Prometheus cannot encode (a lone surrogate) would break /metrics.
@@ -249,17 +252,21 @@ class PluginStats:
             return label
         return "other"
 
-    def asked(self, call: PluginCall, verdict: PluginVerdict) -> str:
-        """Count one answered request; the directory label it was counted under."""
+    def asked(
+        self, call: PluginCall, verdict: PluginVerdict, answered: bool = True
+    ) -> tuple[str, int]:
+        """Count one request (`answered`: the plugin still waits for the answer); the
+        directory label it was counted under, and the calls newly fallen open it reported."""
         label = self.label(call.directory)
+        fell_open = self._fell_open.count(label, call.fell_open, answered)
         entry = self.by_directory.setdefault(
             label, {"requests": 0, "blocked": 0, "fell_open": 0, "last_request_unix": 0.0}
         )
         entry["requests"] += 1
         entry["blocked"] += verdict.verdict == "block"
-        entry["fell_open"] += call.fell_open
+        entry["fell_open"] += fell_open
         entry["last_request_unix"] = self._clock()
-        return label
+        return label, fell_open
 
     def view(self) -> list[dict[str, object]]:
         return [{"directory": name, **entry} for name, entry in self.by_directory.items()]
@@ -332,11 +339,13 @@ class DecideServer:
         judge: Judge,
         on_asked: Callable[[PluginCall, PluginVerdict], None],
         on_refused: Callable[[RequestRefused], None],
+        on_late: Callable[[PluginCall], None] = lambda call: None,
     ) -> None:
         self.endpoint = endpoint
         self._judge = judge
         self._on_asked = on_asked
         self._on_refused = on_refused
+        self._on_late = on_late
         self._token: str | None = None
         self._runner: web.AppRunner | None = None
         self._listening: Listening | None = None
@@ -397,6 +406,11 @@ class DecideServer:
                     refused = RequestRefused(408, f"request body not received within {BODY_S:g} s")
                 else:
                     parsed = read_body(body)
+                    if isinstance(parsed, PluginCall) and _gone(request):
+                        # The plugin gave up waiting (we were stalled): the call ran, and
+                        # judging it now would act on a run that went on without us.
+                        self._on_late(parsed)
+                        return web.json_response(ALLOW.to_json())
                     if isinstance(parsed, PluginCall):
                         trust(request)
                         return self._answer(parsed)
@@ -421,3 +435,10 @@ class DecideServer:
             return web.json_response(refused.to_json(), status=500)
         self._on_asked(call, verdict)
         return web.json_response(verdict.to_json())
+
+
+def _gone(request: web.Request) -> bool:
+    """Whether the client closed its connection before we answered: the plugin waits at
+    most its WAIT_MS, then lets the call run and drops the request."""
+    transport = request.transport
+    return transport is None or transport.is_closing()

@@ -26,7 +26,7 @@ import structlog
 from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
 from monitor.core.budget import Budget
-from monitor.core.decisions import Deadline, Intervene, Outcome
+from monitor.core.decisions import Deadline, Intervene, Outcome, Plan
 from monitor.core.export import current_run, export_frames, feedback_count, held_in
 from monitor.core.feedback import clean_tool_name
 from monitor.core.frames import encode_sse
@@ -295,7 +295,9 @@ class Watch:
         endpoint = plugin_endpoint(self.settings, os.environ)
         if endpoint is None or self.scope.only_session is not None:
             return  # `attach` follows one session; plugins ask the daemon
-        server = DecideServer(endpoint, self.judge, self._on_plugin_asked, self._on_refused)
+        server = DecideServer(
+            endpoint, self.judge, self._on_plugin_asked, self._on_refused, self._on_plugin_late
+        )
         try:
             await server.start()
         except EndpointTaken as exc:
@@ -313,7 +315,7 @@ class Watch:
         decision = judged.decision
         if decision is None:
             return judged.verdict
-        if self.metrics is not None:
+        if self.metrics is not None and decision.plan != Plan.DEFER:
             self.metrics.loop(decision.finding.shape()[0], decision.rule)
         if judged.verdict == ALLOW or self.settings.dry_run:
             self.interventions.submit(decision)  # a nudge, or what a dry run logs
@@ -321,10 +323,18 @@ class Watch:
         self.interventions.blocked(decision, call.call_id)
         return judged.verdict
 
-    def _on_plugin_asked(self, call: PluginCall, verdict: PluginVerdict) -> None:
-        label = self.plugin_stats.asked(call, verdict)
+    def _on_plugin_asked(
+        self, call: PluginCall, verdict: PluginVerdict, answered: bool = True
+    ) -> None:
+        label, fell_open = self.plugin_stats.asked(call, verdict, answered)
         if self.metrics is not None:
-            self.metrics.plugin_asked(label, verdict.verdict, call.fell_open)
+            self.metrics.plugin_asked(label, verdict.verdict, fell_open)
+
+    def _on_plugin_late(self, call: PluginCall) -> None:
+        """A request the plugin gave up on before we read it: the call ran unasked (the
+        plugin counts it, and reports it with its next request); not judged."""
+        log.info("plugin.late", session_id=call.session_id, tool=call.tool)
+        self._on_plugin_asked(call, ALLOW, answered=False)
 
     def _on_refused(self, refused: RequestRefused) -> None:
         self.plugin_stats.refused += 1
@@ -370,6 +380,7 @@ class Watch:
                 on_fatal=self._fail,
                 on_outcome=self._on_outcome,
                 expire=self.tracker.expire,
+                run_over=self.tracker.run_over,
                 sleep=self.timing.sleep,
                 stagger=self.timing.stagger,
                 clock=self.timing.clock,
@@ -492,7 +503,8 @@ class Watch:
             self.interventions.answer(reply)
         if self.metrics is not None:
             for loop in (*fed.decisions, *(r.loop for r in fed.replies if r.loop is not None)):
-                self.metrics.loop(loop.finding.shape()[0], loop.rule)
+                if loop.plan != Plan.DEFER:  # counted once, as the loop it is again
+                    self.metrics.loop(loop.finding.shape()[0], loop.rule)
 
     def _write_record(self, record: TextIO, data: str) -> None:
         try:

@@ -18,7 +18,7 @@ lines, and a command that printed a block of equal lines once moves on.
 The cost is bounded whatever the output: only its last `TAIL` characters are looked at (one
 slice, one split and one count in C), and the state is one small int per call that repeats,
 dropped with the run. Calls read back after a reconnect and calls of a loop just stopped
-(`Call.taken`) are not judged: the abort ends them.
+(no longer `running` in their life, monitor/core/calls.py) are not judged: the abort ends them.
 
 The time bound (`call_bound`): the core has no clock, so when a call starts running the
 tracker hands the shell a `Deadline` (its part and its bound); the shell feeds it back
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from monitor.core.calls import CallState
 from monitor.core.findings import Finding, RunawayCall
 from monitor.core.session import Call, SessionRecord
 
@@ -78,7 +79,7 @@ class RunawayRule:
     def call(
         self, session: SessionRecord, call: Call, recorded: bool, finished: bool
     ) -> Finding | None:
-        if recorded or finished or call.taken:
+        if recorded or finished or call.state is not CallState.RUNNING:
             return None
         metadata = call.metadata
         output = metadata.get("output") if isinstance(metadata, dict) else None
