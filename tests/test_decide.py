@@ -237,7 +237,7 @@ def test_unasked_counts_calls_at_most_once_per_interval():
 def test_a_directory_label_is_cleaned() -> None:
     stats = PluginStats(clock=lambda: 5.0)
     call = PluginCall(**{**CALL, "directory": "/p\ud800\nx" + "y" * 300})
-    label = stats.asked(call, ALLOW)
+    label, _ = stats.asked(call, ALLOW)
     assert label == "/p x" + "y" * 251 + "…"
     assert label.encode("utf-8") and stats.view()[0]["directory"] == label
 

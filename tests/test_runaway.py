@@ -82,7 +82,10 @@ async def test_the_shell_stops_a_call_still_running_past_its_bound() -> None:
     running = [envelope(f, "/w") for f in call("ses_r1", "p1", "bash", SLEEP)[:2]]
     fake = FakeOpencode(streams=[play(frames(*running))], store_prompts=True)
     with capture_logs() as logs:
-        server, watch, task = await start(fake, FAST, call_seconds=1)
+        # No read timeout meanwhile: a reconnect's resync would find the run over (the
+        # stand-in says no session is busy), and a call of a run over runs away from nobody.
+        timing = replace(FAST, read_timeout=60)
+        server, watch, task = await start(fake, timing, call_seconds=1)
         try:
             await wait_for(lambda: events(logs, "intervention.outcome"))
         finally:
