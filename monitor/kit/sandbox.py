@@ -38,7 +38,9 @@ BUN_VERSION = "1.3.14"
 MODEL_ID = "fake/looper"
 
 START_TIMEOUT = 60.0
-READY_TRY_TIMEOUT = 0.5
+# A loaded machine (2 cores, a plugin loading) can take seconds to answer the first request
+# even once it answers at all: at 0.5 s a try, no try ever succeeded there.
+READY_TRY_TIMEOUT = 5.0
 # After a session has run, opencode 1.18.33 often outlives SIGTERM by seconds; its data is
 # thrown away with the sandbox, so it gets little time before SIGKILL.
 STOP_GRACE = 1.5
