@@ -400,9 +400,10 @@ async def test_a_burst_in_one_step_is_one_intervention_and_the_next_loop_is_refu
 async def test_a_monitor_stopped_during_a_loop_and_resumed_after_its_run_aborts_nothing(
     plugin_server, start_monitor, http, socket_path
 ):
-    """SIGSTOP while an 8-call loop runs: every call falls open and runs, the run ends with
-    the model's answer. Resumed, the monitor reads what it missed: the plugin's requests are
-    late (not judged), and the loop it finds in the stream gets one feedback, no abort."""
+    """SIGSTOP while an 8-call loop runs: no answer comes, so the plugin's own rule refuses
+    the loop's 4th call and every repetition after it, the run ends with the model's answer.
+    Resumed, the monitor reads what it missed: the plugin's requests are late (not judged),
+    and the loop it finds in the stream gets at most one feedback, no abort."""
     monitor = start_monitor(
         "watch", "--url", plugin_server.url, "--log-format", "json",
         "--plugin-socket", str(socket_path),
@@ -423,15 +424,17 @@ async def test_a_monitor_stopped_during_a_loop_and_resumed_after_its_run_aborts_
         await client.wait_idle(session["id"], 90)
     finally:
         monitor.process.send_signal(signal.SIGCONT)
-    assert lines(plugin_server) == ["x"] * 8  # every call ran while the monitor was stopped
-    # The positive sign that it read what it missed: the loop's one outcome, its feedback.
+    assert lines(plugin_server) == ["x"] * 3  # the plugin's own rule refused the 4th on
+    # The positive sign that it read what it missed: the loop's one outcome.
     [outcome] = await monitor.wait_event("intervention.outcome", timeout=60)
-    assert (outcome["outcome"], outcome["late"]) == ("nudged", "run ended before the abort")
-    await monitor.wait_event("feedback.sent", timeout=30)
+    # The plugin refused the loop's call in band already, with the guard's text: that is the
+    # loop's intervention, nothing more to do (no abort, no second message).
+    assert (outcome["outcome"], outcome["reason"]) == ("deferred", "call already refused")
+    assert monitor.events("feedback.sent") == []
     assert monitor.events("plugin.late")  # the requests the plugin gave up on
     messages = await client.messages(session["id"])
     assert all(m["info"].get("error") is None for m in messages)  # nothing aborted
     users = [m for m in messages if m["info"]["role"] == "user"]
-    assert len(users) == 2  # the prompt and one feedback, stored without an answer
-    assert messages[-1]["info"]["role"] == "user"
+    assert len(users) == 1  # the prompt only: the refusal was the call's result
+    assert messages[-1]["info"]["role"] == "assistant"
     assert len(monitor.events("loop.detected")) == 1

@@ -63,12 +63,19 @@ async def test_two_call_cycle_aborted_on_its_sixth_call(
     assert monitor.events("monitor.stopped")
 
 
+def write_files(server, count: int) -> None:
+    """The files a varied run reads, each with its own text."""
+    for n in range(count):
+        (server.project / f"file-{n}.md").write_text(f"file {n}\n")
+
+
 async def test_varied_calls_run_to_the_end(opencode_server, start_monitor, http):
     address = f"127.0.0.1:{free_loopback_port()}"
     monitor = await start_watching(start_monitor, opencode_server, "--metrics-addr", address)
     client = opencode_server.client(http)
     session = await client.create_session("varied")
     pattern = [("read", {"filePath": f"file-{n}.md"}) for n in range(10)]
+    write_files(opencode_server, 10)  # found, each new: reads of missing files search in circles
     await client.prompt_async(session["id"], script(pattern, 10))
     messages = await client.wait_idle(session["id"], 60)
     assert len(tool_parts(messages)) == 10
@@ -85,6 +92,7 @@ async def test_two_sessions_only_the_looping_one_is_aborted(
     looping = await client.create_session("looping")
     varied = await client.create_session("varied")
     pattern = [("read", {"filePath": f"file-{n}.md"}) for n in range(12)]
+    write_files(opencode_server, 12)
     await asyncio.gather(
         client.prompt_async(looping["id"], script([READ], 20, delay=MODEL_DELAY)),
         client.prompt_async(varied["id"], script(pattern, 12, delay=MODEL_DELAY)),

@@ -37,7 +37,7 @@ from monitor.config import ApiChoice
 from monitor.core.export import feedback_delivered
 from monitor.core.export_v2 import classic_messages
 from monitor.core.ids import is_permission_id
-from monitor.errors import ServerError, SessionGone
+from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.api import (
     MalformedId,
     OpencodeAPI,
@@ -46,6 +46,7 @@ from monitor.shell.api import (
     path_segment,
     session_path,
 )
+from monitor.shell.diagnosis import refused_credentials
 
 # Pages of a session's missed events read after a reconnect, at most, and their size (the
 # server's maximum): a session that ran longer than this while we were away is read back up
@@ -105,7 +106,15 @@ class EngineAPI(OpencodeAPI):
 
     async def detect(self) -> ServerKind:
         """Ask the server which generation it is (at every connect: it may have been upgraded
-        in place); `--api 1|2` decides without asking."""
+        in place); `--api 1|2` decides without asking. Refused credentials are said as the
+        stream says them: this is the first request of every connect."""
+        try:
+            return await self._detect()
+        except ConfigError:
+            sent = aiohttp.hdrs.AUTHORIZATION in self._http.headers
+            raise ConfigError(refused_credentials(401, sent)) from None
+
+    async def _detect(self) -> ServerKind:
         if self.choice == "1":
             self.server = ServerKind(classic=True, engine=False, version=await self._version())
         elif self.choice == "2":
