@@ -404,3 +404,65 @@ async def test_a_loop_the_other_monitors_plugin_blocks_is_not_aborted_again(
     assert record.aborted == ([] if plugin_elsewhere else ["ses_s1"])
     if plugin_elsewhere:
         assert (logged["reason"], record.reads) == ("call already refused", 2)
+
+
+class AbortedMeanwhile:
+    """The record of a run another monitor aborts between our check and our abort: the
+    loop's call running at the first read, the run aborted (its last message carrying the
+    abort) from the second on."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.aborted: list[str] = []
+        self.prompts: list[tuple[str, bool]] = []
+
+    async def messages(self, session_id: str, directory: str | None, last: int | None = None):
+        self.reads += 1
+        record = ff.run_record("ses_s1", 4)
+        if self.reads > 1:
+            record[-1]["info"]["error"] = {"name": "MessageAbortedError", "data": {}}
+        return record
+
+    async def abort(self, session_id: str, directory: str | None) -> None:
+        self.aborted.append(session_id)
+
+    async def prompt(
+        self, session_id: str, directory: str | None, text: str, no_reply: bool, after_part: str
+    ) -> None:
+        self.prompts.append((session_id, no_reply))
+
+
+@pytest.mark.parametrize("aborted_by_another", [True, False])
+async def test_a_run_another_monitor_aborted_meanwhile_is_left_to_it(aborted_by_another: bool):
+    # Found on the real server (two `watch`): the first check read the record before the
+    # other monitor's abort landed, then our stream showed the run over. Taking that for a run
+    # that ended by itself, we posted the late feedback (no reply) and the other monitor,
+    # finding it, posted none: the model was never asked to go on. The record of an ended run
+    # is read again; an abort there is the other monitor's intervention.
+    record = AbortedMeanwhile()
+    if not aborted_by_another:
+        record.reads = -100  # every read shows the run going: it ended by itself
+
+    async def no_wait(seconds: float) -> None:
+        await asyncio.sleep(0)
+
+    interventions = Interventions(
+        record,  # type: ignore[arg-type]
+        forget=lambda session_id: None,
+        on_fatal=lambda exc: None,
+        run_over=lambda decision: True,
+        sleep=no_wait,
+        stagger=lambda: 0.0,
+    )
+    with capture_logs() as logs:
+        interventions.submit(_decision("p4"))
+        await wait_for(lambda: events(logs, "intervention.outcome"))
+        await interventions.drain(5)
+    [logged] = events(logs, "intervention.outcome")
+    assert record.aborted == []
+    if aborted_by_another:
+        assert (logged["outcome"], logged["reason"]) == ("deferred", "run already aborted")
+        assert record.prompts == [] and record.reads == 2
+    else:
+        assert (logged["outcome"], logged["late"]) == ("nudged", "run ended before the abort")
+        assert record.prompts == [("ses_s1", True)]

@@ -240,9 +240,7 @@ class Interventions:
             # Before acting, check: another monitor may have stopped this loop already.
             reads = REFUSED_READS if self._plugin_elsewhere and not ours else 1
             other, recent = await self._intervened(decision, aborted=True, reads=reads, ours=ours)
-            if other is not None:
-                progress.decided = True
-                self._decided(decision, Outcome.DEFERRED, reason=other, **extra)
+            if self._deferred(decision, progress, other, extra):
                 return
         if decision.plan == Plan.NUDGE and self._api is not None:
             # The run goes on: the feedback is read at its next step.
@@ -254,6 +252,12 @@ class Interventions:
         if self._api is not None and (
             self._run_over(decision) or (recent is not None and answered(recent))
         ):
+            # The run is over. Aborted by another monitor between our read and its end (the
+            # read came too early to show it; the record of an ended run is final): that
+            # monitor's feedback starts the next turn.
+            other, _ = await self._intervened(decision, aborted=True, ours=ours)
+            if self._deferred(decision, progress, other, extra):
+                return
             # Found late (a monitor that stalled reads a run's calls after they ran): the
             # run ended by itself meanwhile. Stopping it stops nothing, or the next run; the
             # model is told once, for the next time it is asked.
@@ -273,6 +277,21 @@ class Interventions:
         if outcome in (Outcome.ABORTED, Outcome.HELD):
             progress.feedback_due = True
             await self._give_feedback(decision, stagger=True, ours=ours)
+
+    def _deferred(
+        self,
+        decision: Intervene,
+        progress: _Progress,
+        other: str | None,
+        extra: dict[str, object],
+    ) -> bool:
+        """Leave the loop to the monitor that intervened on it already (`other`: what it
+        did), if one did."""
+        if other is None:
+            return False
+        progress.decided = True
+        self._decided(decision, Outcome.DEFERRED, reason=other, **extra)
+        return True
 
     async def _finish(self, due: Due, progress: _Progress) -> None:
         """Due work after a connect: what the session's record shows is done is logged as
@@ -365,9 +384,7 @@ class Interventions:
             # moment later, or by someone else (`opencode run` answers at once), and the
             # call may be running: stop it as without the gate.
             other, _ = await self._intervened(decision, aborted=True, reads=REFUSED_READS)
-            if other is not None:
-                progress.decided = True
-                self._decided(decision, Outcome.DEFERRED, request_id=request_id, reason=other)
+            if self._deferred(decision, progress, other, {"request_id": request_id}):
                 return
             await self._act(decision, progress, request_id=request_id, fallback="answered first")
             return
