@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 
 from monitor.kit.sandbox import OpencodeServer, default_cache_dir, find_or_install_opencode
 from monitor.kit.scripted_model import ScriptedModel
+from monitor.shell.decide import PluginEndpoint
 from tests.harness import REPO
 from tests.monitor_process import MonitorProcess
 from tests.overshoot import overshoot
@@ -34,6 +37,27 @@ async def opencode_server(
     opencode_bin: Path, scripted_model: ScriptedModel
 ) -> AsyncIterator[OpencodeServer]:
     async with OpencodeServer(opencode_bin, scripted_model.url) as server:
+        yield server
+
+
+@pytest.fixture
+def socket_path() -> Iterator[Path]:
+    """A plugin socket path of its own (the monitor's `--plugin-socket`)."""
+    # Short: a Unix socket path holds at most 107 bytes, pytest's tmp_path can be longer.
+    folder = Path(tempfile.mkdtemp(prefix="olm-"))
+    try:
+        yield folder / "plugin.sock"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+async def plugin_server(
+    opencode_bin: Path, scripted_model: ScriptedModel, socket_path: Path
+) -> AsyncIterator[OpencodeServer]:
+    """A real server with the monitor's plugin installed, asking at `socket_path`."""
+    endpoint = PluginEndpoint(socket_path)
+    async with OpencodeServer(opencode_bin, scripted_model.url, plugin=endpoint) as server:
         yield server
 
 

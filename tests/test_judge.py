@@ -112,8 +112,10 @@ def test_repeated_call_ids_match_the_oldest_unmatched_call_of_that_tool():
         tool_part(S, "prt_3", "bash", "running", {"command": "false", "x": 1}),
         tool_part(S, "prt_3", "bash", "error", {"command": "false", "x": 1}, error="exit 1"),
     ]
-    [decision] = feed(tracker, frames)
-    assert decision.rule == "failure" and decision.call_index == 4
+    # Found after the call ran, in a session whose plugin asks: its next call is refused.
+    assert feed(tracker, frames) == []
+    decision = tracker.judge(asked("call_0", {"command": "ls"})).decision
+    assert decision is not None and decision.rule == "failure" and decision.call_index == 4
 
 
 def test_blocked_call_repeated_is_blocked_at_once_and_escalates_to_a_hold():

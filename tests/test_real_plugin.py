@@ -11,7 +11,6 @@ import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,23 +26,6 @@ pytestmark = pytest.mark.real_server
 
 APPEND = ("bash", {"command": "echo x >> out.txt", "description": "append a line"})
 FELL_OPEN = "opencode-loop-monitor: no answer from the monitor at"
-
-
-@pytest.fixture
-def socket_path() -> Iterator[Path]:
-    # Short: a Unix socket path holds at most 107 bytes, pytest's tmp_path can be longer.
-    folder = Path(tempfile.mkdtemp(prefix="olm-"))
-    try:
-        yield folder / "plugin.sock"
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
-async def plugin_server(opencode_bin, scripted_model, socket_path) -> AsyncIterator[OpencodeServer]:
-    endpoint = PluginEndpoint(socket_path)
-    async with OpencodeServer(opencode_bin, scripted_model.url, plugin=endpoint) as server:
-        yield server
 
 
 async def run_appends(server, http, calls):
@@ -255,28 +237,45 @@ async def test_opencode_run_attach_on_the_loop_exits_0_with_the_models_answer(
     assert output.rstrip().endswith(DEFAULT_ANSWER)
 
 
-async def test_a_failure_loop_is_stopped_and_a_session_that_never_loops_runs_every_call(
+async def test_a_failure_loop_is_refused_at_its_next_call_and_a_calm_session_runs_every_call(
     plugin_server, start_monitor, http, socket_path
 ):
     """Two sessions at once. One fails the same way with new arguments each time: the
-    `failure` rule finds it on the 4th failure's outcome, after that call ran, so it cannot
-    be blocked and the run is stopped. The other never loops: every call runs, unjudged."""
+    `failure` rule finds it on the 4th failure's outcome, after that call ran; the plugin
+    asks before the 5th, which is refused with the feedback, and the run goes on (issue 26:
+    no abort, the model answers in the same run). The other never loops: every call runs."""
     monitor = start_monitor(
         "watch", "--url", plugin_server.url, "--log-format", "json",
         "--plugin-socket", str(socket_path),
     )  # fmt: skip
     await monitor.wait_event("stream.connected")
     client = plugin_server.client(http)
-    failing = [("bash", {"command": f"ls missing-{n}", "description": "look"}) for n in range(8)]
+    # Four failures, then the call the refusal waits for; the model answers after it.
+    failing = [("bash", {"command": f"ls missing-{n}", "description": "look"}) for n in range(5)]
     fine = [("bash", {"command": f"echo {n} >> ok.txt", "description": "note"}) for n in range(6)]
     loop = await client.create_session("failures")
     calm = await client.create_session("calm")
-    await client.prompt_async(loop["id"], script(failing, 8, delay=0.3))
+    await client.prompt_async(loop["id"], script(failing, 5, delay=0.3))
     await client.prompt_async(calm["id"], script(fine, 6, delay=0.1))
     calm_messages = await client.wait_idle(calm["id"], 60)
+    loop_messages = await client.wait_idle(loop["id"], 60)
     [outcome] = await monitor.wait_event("intervention.outcome")
     assert (outcome["session_id"], outcome["rule"]) == (loop["id"], "failure")
-    assert (outcome["outcome"], outcome["call_index"]) == ("aborted", 4)
+    assert (outcome["outcome"], outcome["via"], outcome["call_index"]) == ("blocked", "plugin", 4)
+    parts = tool_parts(loop_messages)
+    assert [p["state"]["status"] for p in parts] == ["completed"] * 4 + ["error"]
+    assert [p["state"]["metadata"]["exit"] for p in parts[:4]] == [2] * 4
+    assert parts[4]["state"]["input"]["command"] == "ls missing-4"  # refused, never ran
+    assert parts[4]["state"]["error"].startswith(
+        MARK + "this call was refused and did not run, because of what your last calls did: "
+        "the same error 4 times in a row (bash)"
+    )
+    # No abort, no feedback message: the model read the refusal and answered in this run.
+    assert [m["info"]["role"] for m in loop_messages].count("user") == 1
+    assert all(m["info"].get("error") is None for m in loop_messages)
+    last = loop_messages[-1]["parts"]
+    assert [p["text"] for p in last if p["type"] == "text"] == [DEFAULT_ANSWER]
+    assert monitor.events("feedback.sent") == []
     statuses = [p["state"]["status"] for p in tool_parts(calm_messages)]
     assert statuses == ["completed"] * 6
     ok = (plugin_server.project / "ok.txt").read_text().split()

@@ -221,6 +221,22 @@ def rejection_text(
     )
 
 
+def refusal_after_text(
+    finding: Finding, interventions: int, earlier: Sequence[Outcome] = ()
+) -> str:
+    """The message of a call refused for what the calls before it did (a finding made after
+    its own call ran: the same failure again, no progress, a spent budget): the model reads
+    it as this call's result; its run goes on. As `rejection_text` otherwise."""
+    return _message(
+        "this call was refused and did not run, because of what your last calls did: "
+        f"{finding.describe()}.",
+        _found(finding)[1],
+        False,
+        interventions,
+        earlier,
+    )
+
+
 def nudge_text(finding: Finding, interventions: int) -> str:
     """The message of a nudge: posted while the run goes on (the call that completed the loop
     ran), read at the run's next step. `interventions` counts this one."""

@@ -285,6 +285,7 @@ class SessionRecord:
         "armed",
         "armed_runs",
         "armed_finding",
+        "pending",
     )
 
     def __init__(self) -> None:
@@ -331,6 +332,10 @@ class SessionRecord:
         self.armed: frozenset[int] | None = None
         self.armed_runs = 0
         self.armed_finding: Finding | None = None
+        # A refusal decided after its call ran (a failure loop, no progress, a budget), in a
+        # session whose plugin asks: the session's next call is refused with it, in band,
+        # instead of the run being aborted (`Tracker.withhold`).
+        self.pending: Intervene | None = None
 
     # -- the run's history ------------------------------------------------------------------
 

@@ -39,7 +39,13 @@ from monitor.core.events import (
     UserMessage,
 )
 from monitor.core.events_v2 import Adapter
-from monitor.core.feedback import MARKS, feedback_text, nudge_text, rejection_text
+from monitor.core.feedback import (
+    MARKS,
+    feedback_text,
+    nudge_text,
+    refusal_after_text,
+    rejection_text,
+)
 from monitor.core.findings import (
     RULES,
     CallCycle,
@@ -61,7 +67,7 @@ from monitor.core.rules import CallRule, TextRule
 from monitor.core.rules.circles import CirclesRule
 from monitor.core.rules.cycle import CycleRule
 from monitor.core.rules.facts import SIGNALS, Signals, rule_args
-from monitor.core.rules.failure import FailureRule
+from monitor.core.rules.failure import FailureRule, failure_digest
 from monitor.core.rules.no_progress import NoProgressRule
 from monitor.core.rules.revisit import RevisitRule
 from monitor.core.rules.runaway import RunawayRule, call_bound
@@ -374,6 +380,12 @@ class Tracker:
         call = self._identify(part_id, asked.tool, asked.args, asked.call_id)
         advance(call, CallEvent.ASK)
         session.start(call)
+        pending, session.pending = session.pending, None
+        if pending is not None:
+            # The call a refusal waited for: refused, never recorded (its history started
+            # over with that decision), its updates feed no rule.
+            advance(call, CallEvent.CUT)
+            return _judged(pending)
         if not self._record_at_running:
             return Judged()  # recorded at its outcome, from the stream
         session.calls += 1
@@ -440,9 +452,10 @@ class Tracker:
         """Every session held, with the directory the stream told us (None if it did not)."""
         return {session_id: session.directory for session_id, session in self._sessions.items()}
 
-    def end_runs(self, session_ids: Iterable[str]) -> None:
-        for session_id in session_ids:
-            self.end_run(session_id)
+    def end_runs(self, session_ids: Iterable[str]) -> list[Intervene]:
+        """`end_run` of each; the refusals released."""
+        released = (self.end_run(session_id) for session_id in session_ids)
+        return [decision for decision in released if decision is not None]
 
     def history_length(self, session_id: str) -> int:
         """Calls of the session's current run that the rules remember."""
@@ -487,15 +500,20 @@ class Tracker:
         session = self._sessions.get(session_id)
         return 0 if session is None else session.interventions
 
-    def end_run(self, session_id: str) -> None:
+    def end_run(self, session_id: str) -> Intervene | None:
         """The session's run is over, whoever says so (`session.status` idle, `session.idle`,
         a resync that found it idle): everything a run owns starts over, its history, the
         rules' state, its calls (late from now on) and its budget; its intervention count
         stays. Said twice for one run end (the server does), it counts once: the armed
-        countdown and the run's first call number move only when a run was under way."""
+        countdown and the run's first call number move only when a run was under way.
+
+        A refusal that waited for a next call that never came (the model answered instead)
+        is released: the shell finds its run over and posts the feedback for the next time
+        (outcome `nudged`, late)."""
         session = self._sessions.get(session_id)
         if session is None:
-            return
+            return None
+        released, session.pending = session.pending, None
         session.run, ended = run_advance(session.run, RunEvent.END)
         session.restart()
         self._budgets.end_run(session_id)  # idempotent: a spent budget reset twice is reset
@@ -505,6 +523,7 @@ class Tracker:
             session.runs += 1
             session.acted = None  # an intervention stands for its run only
             session.run_ended()
+        return released
 
     def run_over(self, decision: Intervene) -> bool:
         """Whether the run `decision` was made in has ended since (or the session is gone)."""
@@ -585,8 +604,8 @@ class Tracker:
             return _QUIET[label] if decision is None else Fed((decision,), label)
         if isinstance(event, SessionIdle):
             self._seen(event.session_id, event.directory)
-            self.end_run(event.session_id)
-            return _QUIET[label]
+            released = self.end_run(event.session_id)
+            return _QUIET[label] if released is None else Fed((released,), label)
         if isinstance(event, PermissionAsked):
             if self._gate.mode == "off":
                 return _QUIET[label]
@@ -631,9 +650,11 @@ class Tracker:
             where = usage.directory or self.directory_of(session_id)
             return Fed(event_type=label, spent=(where, tokens, cost))
         session = self._seen(session_id, usage.directory)
-        decision = self._decide(session, session_id, reached, usage.message_id)
+        decision = self._withhold(
+            session, self._decide(session, session_id, reached, usage.message_id)
+        )
         where = session.directory or self._default_directory
-        return Fed((decision,), label, spent=(where, tokens, cost))
+        return Fed(() if decision is None else (decision,), label, spent=(where, tokens, cost))
 
     def _files_edited(self, directory: str | None) -> None:
         """`file.edited`: a change for every run under way in that directory."""
@@ -678,6 +699,15 @@ class Tracker:
             call = session.claim(part.part_id, part.call_id, part.tool)
             if call is not None and follows and part.status == "running":
                 self._gate.started(session, call, part)
+        if (
+            call is None
+            and seeding is None
+            and session.pending is not None
+            and part.status == "running"
+            and part.call_id is not None
+            and not transparent
+        ):
+            return self._awaits_refusal(session, part, label)
         if call is None and part.status == "running" and follows:
             call = self._identify_part(part)
             session.start(call)
@@ -696,6 +726,8 @@ class Tracker:
             and (call is None or call.state in (CallState.NEW, CallState.ASKED))
         )
         decision = None if transparent else self._call(session, call, part, seeding)
+        if decision is not None and finished and seeding is None:
+            decision = self._withhold(session, decision)
         nudge = None
         call = call or session.call(part.part_id)  # `_call` made it, if it was new
         if decision is not None and part.status == "running" and call is not None:
@@ -728,6 +760,36 @@ class Tracker:
         decisions = tuple(d for d in (late, nudge, now) if d is not None)
         if decisions or deadlines:
             return Fed(decisions, label, deadlines=deadlines)
+        return _QUIET[label]
+
+    @staticmethod
+    def _withhold(session: SessionRecord, decision: Intervene) -> Intervene | None:
+        """A refusal decided after its call ran (the failure it repeats came back, the check
+        that shows no progress, the step that spent the budget), in a session whose plugin
+        asks before every call: nothing is left to refuse, but the session's next call is, in
+        band, with this feedback, and the run goes on (`judge`, `_awaits_refusal`). Kept
+        for that call (None to carry out now); the run ending first releases it
+        (`end_run`). A stop or a hold still stops the run; one pending refusal at a time."""
+        if decision.plan is not Plan.REFUSE or not session.plugin or session.pending is not None:
+            return decision
+        refusal = refusal_after_text(
+            decision.finding, decision.prior_interventions + 1, decision.prior_outcomes
+        )
+        pending = session.pending = dataclasses.replace(decision, refusal=refusal)
+        if session.acted is not None and session.acted.decision is decision:
+            session.acted.decision = pending  # its outcome is reported for this one
+        return None
+
+    def _awaits_refusal(self, session: SessionRecord, part: ToolPart, label: str) -> Fed:
+        """The stream carries the session's next call before the plugin asks about it (they
+        race), while a refusal waits for it: not recorded; the plugin's question, when it
+        comes, is refused with it (`judge` finds it unasked, `Call.loop`), and should the
+        call end unasked (the plugin fell open), the run is stopped then, as for any loop."""
+        call = self._identify_part(part)
+        session.start(call)
+        advance(call, CallEvent.RUN)
+        advance(call, CallEvent.CUT)
+        call.loop, session.pending = session.pending, None
         return _QUIET[label]
 
     def _call(
@@ -805,8 +867,12 @@ class Tracker:
         read back (`live` False): those were seen, and judged, before.
         """
         armed, finding = session.armed, session.armed_finding
-        if record and live and armed is not None and finding is not None and call.digest in armed:
-            return self._decide(session, session_id, finding, part_id, rearm=False)
+        if live and armed is not None and finding is not None:
+            if (record and call.digest in armed) or (
+                # A stopped failure loop repeats as its failure, whatever the arguments.
+                outcome and isinstance(finding, FailureRun) and _failure(call) in armed
+            ):
+                return self._decide(session, session_id, finding, part_id, rearm=False)
         for rule in self._call_rules[record, outcome]:
             found = rule.call(session, call, record, outcome)
             if found is not None:
@@ -882,10 +948,16 @@ class Tracker:
         # Only loops of repeated calls name their calls (by digest): text, progress and
         # budget findings name none to refuse again, and are never the same loop.
         repeats = isinstance(finding, CallCycle | EndlessWait | FailureRun | DoomLoop)
+        loop: frozenset[int] | None = None
         if repeats:
-            loop = session.armed if not rearm else frozenset(session.block(finding.shape()[0]))
-        else:
-            loop = None
+            if rearm:
+                loop = frozenset(session.block(finding.shape()[0]))
+                failed = session.call(part_id) if isinstance(finding, FailureRun) else None
+                how = None if failed is None else _failure(failed)
+                if how is not None:
+                    loop |= {how}  # and how it failed: that failure is the loop too
+            else:
+                loop = session.armed
         # Later updates of the parts already recorded must not fire again, so the history
         # and the rules' state start over; the calls in flight stay to keep recognising those
         # parts, and their outcomes (the abort ends them in error) are not taken. Under
@@ -939,6 +1011,11 @@ class Tracker:
 _FINISHED = ("completed", "error")
 _RECORDS = (Step.RECORD, Step.RECORD_TAKE)
 _TAKES = (Step.TAKE, Step.RECORD_TAKE)
+
+
+def _failure(call: Call) -> int | None:
+    """How a finished call failed (`failure_digest`), None if it did not."""
+    return failure_digest(call.tool, call.status, call.output, call.error, call.metadata)
 
 
 def _judged(decision: Intervene | None) -> Judged:

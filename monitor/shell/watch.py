@@ -765,7 +765,8 @@ class Watch:
             [session_id for session_id in busy if self.interventions.acting_on(session_id)],
         )
         running = tracker.running()
-        tracker.end_runs(plan.end_runs)
+        # A refusal that waited in a run found over is released to be carried out late.
+        self._carry_out(Fed(tuple(tracker.end_runs(plan.end_runs))))
         # Read back at once, concurrently: the stream's frames wait in the socket meanwhile.
         # A new-engine session we followed is replayed from its last seq instead.
         replayed = await self._replay_engine_sessions({*running, *busy})
