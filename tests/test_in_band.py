@@ -12,12 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from monitor.core.budget import Budget
 from monitor.core.decisions import Outcome, Plan
 from monitor.core.plugin_protocol import ALLOW, PluginCall
 from monitor.core.tracker import Detection, Tracker
-from tests.frames_factory import idle, tool_part, usage
+from monitor.testing import FakeOpencode, frames, play
+from tests import frames_factory as ff
+from tests.frames_factory import envelope, idle, tool_part, usage
+from tests.harness import events, start, stop, wait_for
 
 S = "ses_1"
 FAILED = "Error: no module named pytestx"
@@ -224,3 +228,43 @@ def test_a_different_failure_after_the_refusal_is_a_new_count():
     tracker.feed(updates(6, "running"))
     other = tracker.feed(updates(6, "completed", output="Permission denied", exit=126))
     assert other.decisions == () and tracker.judge(asked(7)).verdict == ALLOW
+
+
+# -- the shell ------------------------------------------------------------------------------
+
+
+async def test_a_resync_that_finds_the_run_over_posts_the_released_feedback_late():
+    # The stream ends after the 4th failure (found, waiting for the next call); after the
+    # reconnect the server says nothing runs: the refusal is released, the run is found over,
+    # the feedback stored for the next time (noReply), nothing aborted.
+    stream = frames(
+        *(
+            envelope(updates(n, status, **extra), "/w")
+            for n in range(1, 5)
+            for status, extra in (
+                ("running", {}),
+                ("completed", {"output": FAILED, "exit": 1}),
+            )
+        )
+    )
+    fake = FakeOpencode(
+        streams=[play(stream, then="end"), play(b"")],
+        busy={},
+        store_prompts=True,
+        messages={S: [ff.user_message(S)]},
+    )
+    with capture_logs() as logs:
+        server, watch, task = await start(fake)
+        watch.tracker.judge(asked(0, {"command": "ls"}))  # the session's plugin asks
+        await wait_for(lambda: events(logs, "feedback.sent"))
+        await stop(server, watch, task)
+    [outcome] = events(logs, "intervention.outcome")
+    assert (outcome["rule"], outcome["part_id"], outcome["outcome"]) == (
+        "failure",
+        "prt_4",
+        "nudged",
+    )
+    assert outcome["late"] == "run ended before the abort"
+    assert fake.of("abort") == []
+    [prompt] = fake.of("prompt_async")
+    assert prompt.body["noReply"] is True  # type: ignore[index]

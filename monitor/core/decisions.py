@@ -36,8 +36,9 @@ class Action(enum.StrEnum):
 
     `nudge` posts the feedback as a `noReply` message and lets the call and the run go on;
     `block` stops the call before it runs (the plugin throws, the permission request is
-    refused) and lets the run go on, or, where the call cannot be blocked, stops the run as
-    `stop` does; `stop` aborts the run, then posts the feedback. A hold is a `stop` whose
+    refused) and lets the run go on (found after its call ran: the session's next call,
+    `Tracker._withhold`), or, where no call can be blocked, stops the run as `stop` does;
+    `stop` aborts the run, then posts the feedback. A hold is a `stop` whose
     feedback waits for a person (`Intervene.hold`).
     """
 
