@@ -96,3 +96,15 @@ async def test_the_shell_stops_a_call_still_running_past_its_bound() -> None:
     [prompt] = fake.of("prompt_async")
     text = prompt.body["parts"][0]["text"]  # type: ignore[index]
     assert "one bash call was still running after 1 s" in text
+
+
+def test_a_runaway_is_stopped_also_where_the_first_action_is_a_nudge() -> None:
+    # A nudge is read at the model's next step, which a call that does not end never reaches.
+    tracker = Tracker(replace(Detection(), call_seconds=60, first_action="nudge"))
+    [deadline] = [
+        d for f in fed(tracker, call(SES, "prt_1", "bash", SLEEP)[:2]) for d in f.deadlines
+    ]
+    decision = tracker.overdue(deadline)
+    assert decision is not None
+    assert (decision.plan, decision.action, decision.prior_interventions) == ("stop", "stop", 0)
+    assert "your run was stopped because a call ran away" in decision.feedback

@@ -165,6 +165,16 @@ def test_tracker_stops_a_repeated_sentence_and_says_so_without_quoting_it():
     assert tracker.chunks_after_detection == len(pieces(ONE_LINE * 30, 12)) - decision.position
 
 
+def test_a_text_loop_is_stopped_also_where_the_first_action_is_a_nudge():
+    # The model reads a nudge at its next step; a part repeating itself until its token
+    # limit does not reach one: only the abort stops it.
+    [decision] = stream_part(Tracker(Detection(first_action="nudge")), "prt_a", ONE_LINE * 9)
+    assert (decision.plan, decision.action) == ("stop", "stop")
+    assert decision.feedback.startswith(
+        "[opencode-loop-monitor] Loop guard: your run was stopped because it was repeating"
+    )
+
+
 def test_tracker_names_reasoning():
     [decision] = stream_part(Tracker(), "prt_r", ONE_LINE * 9, kind="reasoning")
     assert "in your reasoning you wrote the same sentence 5 times" in decision.feedback

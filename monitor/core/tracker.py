@@ -20,7 +20,7 @@ from typing import Literal
 
 from monitor.core.budget import Budget, BudgetBook
 from monitor.core.calls import CallEvent, CallState, Step, advance
-from monitor.core.decisions import Deadline, Intervene, Outcome, Plan, Reply
+from monitor.core.decisions import Action, Deadline, Intervene, Outcome, Plan, Reply
 from monitor.core.events import (
     KNOWN_EVENT_TYPES,
     MALFORMED,
@@ -982,6 +982,11 @@ class Tracker:
         session.interventions += 1
         detection = self.detection
         step = rung(detection.on_loop, detection.max_interventions, detection.first_action, prior)
+        if step.plan == Plan.NUDGE and isinstance(finding, RunawayCall | TextPassage):
+            # A nudge is read at the model's next step, which a call that does not end, or a
+            # part that repeats itself until its token limit, does not reach: only the abort
+            # stops these, whatever the first action.
+            step = dataclasses.replace(step, action=Action.STOP, plan=Plan.STOP)
         if step.plan == Plan.NUDGE:
             feedback = nudge_text(finding, prior + 1)
         else:
