@@ -12,9 +12,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from monitor.core.decisions import Deadline
+from monitor.core.export import export_frames
 from monitor.core.rules.runaway import GRACE_S, SERVER_BASH_S, call_bound
 from monitor.core.tracker import SEED, Detection, Fed, Tracker
 from monitor.testing import FakeOpencode, frames, play
+from tests import frames_factory as ff
 from tests.frames_factory import call, envelope
 from tests.harness import FAST, events, start, stop, wait_for
 
@@ -108,3 +110,47 @@ def test_a_runaway_is_stopped_also_where_the_first_action_is_a_nudge() -> None:
     assert decision is not None
     assert (decision.plan, decision.action, decision.prior_interventions) == ("stop", "stop", 0)
     assert "your run was stopped because a call ran away" in decision.feedback
+
+
+def started_before(session: str = SES) -> list[dict]:
+    """A run read back: a finished read, then a bash call still running."""
+    return [
+        ff.user_message(session),
+        ff.assistant_message(session, ff.export_part(session, "prt_1", "completed")),
+        ff.assistant_message(session, ff.export_part(session, "prt_2", "running", SLEEP, "bash")),
+    ]
+
+
+def test_a_call_read_back_still_running_gets_its_bound_from_now() -> None:
+    # Started while the monitor was away (a restart, a reconnect): without a bound of its
+    # own it would never be stopped.
+    tracker = Tracker(Detection())
+    assert tracker.seed(SES, list(export_frames(started_before())), "/w") == []
+    [deadline] = tracker.read_back_deadlines(SES)
+    assert deadline == Deadline(SES, "prt_2", SERVER_BASH_S + GRACE_S)
+    decision = tracker.overdue(deadline)
+    assert decision is not None and (decision.rule, decision.part_id) == ("runaway", "prt_2")
+    assert tracker.read_back_deadlines("ses_unknown") == ()
+
+
+async def test_a_call_running_when_the_monitor_starts_is_stopped_past_its_bound() -> None:
+    fake = FakeOpencode(
+        streams=[play(b"")],
+        busy={"ses_r1": {"type": "busy"}},
+        messages={"ses_r1": started_before("ses_r1")},
+        store_prompts=True,
+    )
+    with capture_logs() as logs:
+        timing = replace(FAST, read_timeout=60)
+        server, watch, task = await start(fake, timing, call_seconds=1)
+        try:
+            await wait_for(lambda: events(logs, "intervention.outcome"))
+        finally:
+            await stop(server, watch, task)
+    [outcome] = events(logs, "intervention.outcome")
+    assert (outcome["rule"], outcome["part_id"], outcome["outcome"]) == (
+        "runaway",
+        "prt_2",
+        "aborted",
+    )
+    assert [r.path for r in fake.of("abort")] == ["/session/ses_r1/abort"]

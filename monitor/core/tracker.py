@@ -434,6 +434,22 @@ class Tracker:
             seeding.decided = seeding.decided or bool(decisions)
         return decisions
 
+    def read_back_deadlines(self, session_id: str) -> tuple[Deadline, ...]:
+        """The time bounds of the session's calls read back still running (`seed`): a call
+        that started while we were away (a restart, a reconnect) gets its bound from now, as
+        when it started is not known; without it a call that never ends, begun before a
+        restart, would never be stopped."""
+        session = self._sessions.get(session_id)
+        if session is None or session.in_flight is None:
+            return ()
+        seconds = self.detection.call_seconds
+        bounds = (
+            (call.part_id, call_bound(call.tool, call.args, seconds))
+            for call in session.in_flight.values()
+            if call.state is CallState.RUNNING
+        )
+        return tuple(Deadline(session_id, part, wait) for part, wait in bounds if wait is not None)
+
     def directory_of(self, session_id: str) -> str | None:
         session = self._sessions.get(session_id)
         if session is None or session.directory is None:

@@ -867,5 +867,7 @@ class Watch:
             calls=sum(isinstance(frame, dict) for frame in frames),
             loop=bool(decisions),
         )
+        for deadline in self.tracker.read_back_deadlines(session_id):
+            self._deadline(deadline)
         self._carry_out(Fed(tuple(decisions)))
         return 1
