@@ -131,6 +131,12 @@ def assistant_message(session: str, *parts: dict) -> dict:
     return {"info": {"role": "assistant", "sessionID": session}, "parts": list(parts)}
 
 
+def answer_message(session: str, text: str = "Done.") -> dict:
+    """The model's final answer: the run ended by itself."""
+    info = {"role": "assistant", "sessionID": session, "time": {"completed": 2}, "finish": "stop"}
+    return {"info": info, "parts": [{"type": "text", "text": text}]}
+
+
 def export_reads(session: str, count: int, prefix: str = "p", status: str = "completed"):
     """One assistant message per identical read, as a model step makes them."""
     return [

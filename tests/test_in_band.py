@@ -251,7 +251,7 @@ async def test_a_resync_that_finds_the_run_over_posts_the_released_feedback_late
         streams=[play(stream, then="end"), play(b"")],
         busy={},
         store_prompts=True,
-        messages={S: [ff.user_message(S)]},
+        messages={S: [ff.user_message(S), ff.answer_message(S)]},  # the model answered
     )
     with capture_logs() as logs:
         server, watch, task = await start(fake)

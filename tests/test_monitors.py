@@ -407,11 +407,12 @@ async def test_a_loop_the_other_monitors_plugin_blocks_is_not_aborted_again(
 
 
 class AbortedMeanwhile:
-    """The record of a run another monitor aborts between our check and our abort: the
-    loop's call running at the first read, the run aborted (its last message carrying the
-    abort) from the second on."""
+    """The record of a run that ends between our check and our abort: the loop's call
+    running at the first read; from the `marked`-th on, the run aborted by another monitor
+    (its last message carrying the abort), or (`answered`) ended by the model's answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, marked: int = 2, answered: bool = False) -> None:
+        self.marked, self.answered = marked, answered
         self.reads = 0
         self.aborted: list[str] = []
         self.prompts: list[tuple[str, bool]] = []
@@ -419,7 +420,9 @@ class AbortedMeanwhile:
     async def messages(self, session_id: str, directory: str | None, last: int | None = None):
         self.reads += 1
         record = ff.run_record("ses_s1", 4)
-        if self.reads > 1:
+        if self.answered and self.reads > 1:
+            record.append(ff.answer_message("ses_s1"))
+        elif self.reads >= self.marked:
             record[-1]["info"]["error"] = {"name": "MessageAbortedError", "data": {}}
         return record
 
@@ -432,16 +435,25 @@ class AbortedMeanwhile:
         self.prompts.append((session_id, no_reply))
 
 
-@pytest.mark.parametrize("aborted_by_another", [True, False])
-async def test_a_run_another_monitor_aborted_meanwhile_is_left_to_it(aborted_by_another: bool):
+@pytest.mark.parametrize(
+    ("record", "reads", "outcome"),
+    [
+        (AbortedMeanwhile(), 2, ("deferred", "run already aborted")),
+        # The real server marks the aborted message a moment after the run's end.
+        (AbortedMeanwhile(marked=3), 3, ("deferred", "run already aborted")),
+        (AbortedMeanwhile(marked=99), 4, ("deferred", "run ended without an answer")),
+        (AbortedMeanwhile(answered=True), 2, ("nudged", None)),
+    ],
+    ids=["aborted", "marked-late", "never-marked", "answered"],
+)
+async def test_a_run_another_monitor_stopped_meanwhile_is_left_to_it(
+    record: AbortedMeanwhile, reads: int, outcome: tuple[str, str | None]
+):
     # Found on the real server (two `watch`): the first check read the record before the
     # other monitor's abort landed, then our stream showed the run over. Taking that for a run
     # that ended by itself, we posted the late feedback (no reply) and the other monitor,
-    # finding it, posted none: the model was never asked to go on. The record of an ended run
-    # is read again; an abort there is the other monitor's intervention.
-    record = AbortedMeanwhile()
-    if not aborted_by_another:
-        record.reads = -100  # every read shows the run going: it ended by itself
+    # finding it, posted none: the model was never asked to go on. Only a run whose record
+    # ends with the model's answer ended by itself; the abort's mark may come a moment late.
 
     async def no_wait(seconds: float) -> None:
         await asyncio.sleep(0)
@@ -460,9 +472,9 @@ async def test_a_run_another_monitor_aborted_meanwhile_is_left_to_it(aborted_by_
         await interventions.drain(5)
     [logged] = events(logs, "intervention.outcome")
     assert record.aborted == []
-    if aborted_by_another:
-        assert (logged["outcome"], logged["reason"]) == ("deferred", "run already aborted")
-        assert record.prompts == [] and record.reads == 2
+    assert (logged["outcome"], logged.get("reason")) == outcome
+    if outcome[0] == "deferred":
+        assert record.prompts == [] and record.reads == reads
     else:
-        assert (logged["outcome"], logged["late"]) == ("nudged", "run ended before the abort")
+        assert logged["late"] == "run ended before the abort"
         assert record.prompts == [("ses_s1", True)]

@@ -3,8 +3,6 @@ be): one intervention per loop, read from the server's own record of the session
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from monitor.core.feedback import MARK
@@ -68,9 +66,11 @@ async def test_two_monitors_under_approve_refuse_once(asking_server, start_monit
     client = asking_server.client(http)
     session = await client.create_session("append loop, two monitors")
     await client.prompt_async(session["id"], script([APPEND], 4))
-    messages = await client.wait_idle(session["id"], 60)
+    await client.wait_idle(session["id"], 60)
     await until(lambda: all(m.events("intervention.outcome") for m in monitors), 10, 0.05)
-    await asyncio.sleep(0.5)
+    # Both are done (asserted below: a refusal, and the other's refusal deferred to; neither
+    # posts feedback): the record read now is final.
+    messages = await client.messages(session["id"])
 
     parts = tool_parts(messages)
     assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"]

@@ -13,6 +13,7 @@ import math
 
 import pytest
 
+from monitor.kit.sandbox import free_loopback_port
 from monitor.kit.scripted_model import script
 from tests.corpus.record_text import (
     PARAGRAPH,
@@ -22,7 +23,7 @@ from tests.corpus.record_text import (
     numbered_list,
     table,
 )
-from tests.harness import REPO, assistant_texts, start_watching, user_texts
+from tests.harness import REPO, assistant_texts, seen_idle, start_watching, user_texts
 
 pytestmark = pytest.mark.real_server
 
@@ -97,7 +98,8 @@ async def test_a_paragraph_repeated_hundreds_of_times_is_stopped_early(
 
 
 async def test_long_legitimate_answers_are_not_stopped(opencode_server, start_monitor, http):
-    monitor = await start_watching(start_monitor, opencode_server)
+    address = f"127.0.0.1:{free_loopback_port()}"
+    monitor = await start_watching(start_monitor, opencode_server, "--metrics-addr", address)
     client = opencode_server.client(http)
     answers = {
         "different lines": different_lines(),
@@ -116,7 +118,7 @@ async def test_long_legitimate_answers_are_not_stopped(opencode_server, start_mo
         messages = await client.wait_idle(sessions[name], 60)
         assert len(user_texts(messages)) == 1, name
         assert assistant_texts(messages) == [text], name  # streamed to its end
-    await asyncio.sleep(0.3)
+        await seen_idle(http, address, sessions[name])  # it read the whole answer
     assert monitor.events("loop.detected") == []
 
 

@@ -252,10 +252,9 @@ class Interventions:
         if self._api is not None and (
             self._run_over(decision) or (recent is not None and answered(recent))
         ):
-            # The run is over. Aborted by another monitor between our read and its end (the
-            # read came too early to show it; the record of an ended run is final): that
-            # monitor's feedback starts the next turn.
-            other, _ = await self._intervened(decision, aborted=True, ours=ours)
+            # The run is over. Stopped by another monitor between our read and its end (the
+            # read came too early to show it): that monitor's feedback starts the next turn.
+            other = await self._stopped_by_another(decision, ours)
             if self._deferred(decision, progress, other, extra):
                 return
             # Found late (a monitor that stalled reads a run's calls after they ran): the
@@ -277,6 +276,23 @@ class Interventions:
         if outcome in (Outcome.ABORTED, Outcome.HELD):
             progress.feedback_due = True
             await self._give_feedback(decision, stagger=True, ours=ours)
+
+    async def _stopped_by_another(self, decision: Intervene, ours: bool) -> str | None:
+        """Why a run found over did not end by itself, or None when it did (its record ends
+        with the model's answer) or cannot be read. Stopped by another monitor, its record
+        shows the abort, but on the real server a moment after the run's end: read a few
+        times; a run that ended without an answer and without a mark was stopped all the
+        same (by a person, or a monitor whose mark is late)."""
+        for read in range(REFUSED_READS):
+            if read:
+                await self._sleep(REFUSED_READ_EVERY_S)
+            messages = await self._recent(decision)
+            if messages is None or answered(messages):
+                return None
+            other = intervened(messages, decision.part_id, aborted=True, refused=not ours)
+            if other is not None:
+                return other
+        return "run ended without an answer"
 
     def _deferred(
         self,
