@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp.test_utils import TestServer
+from structlog.testing import capture_logs
 
 from monitor.config import load_settings
 from monitor.kit.poll import until
@@ -76,6 +77,20 @@ async def stop(server: TestServer, watch: Watch, task: asyncio.Task[int]) -> int
         return await asyncio.wait_for(task, 5)
     finally:
         await server.close()
+
+
+async def watched_until(
+    fake: FakeOpencode, logged: str, timing: Timing = FAST, **flags: Any
+) -> list[dict[str, Any]]:
+    """Run a `Watch` of `fake` with these flags until it logs `logged`, then stop both
+    (also when the wait fails); what it logged."""
+    with capture_logs() as logs:
+        running = await start(fake, timing, **flags)
+        try:
+            await wait_for(lambda: events(logs, logged))
+        finally:
+            await stop(*running)
+    return logs
 
 
 async def wait_for(condition: Callable[[], object], timeout: float = 5.0) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import pytest
@@ -354,6 +355,28 @@ async def test_our_own_refusal_of_a_call_held_is_not_taken_for_another_monitors(
     assert events(logs, "feedback.deferred") == []
 
 
+async def outcome_over(record: object, part_id: str, drain: float = 5, **options: Any) -> dict:
+    """Carry out the loop caught at `part_id` against `record` (a stand-in of the API: its
+    reads and actions), no waits but `options`' stagger; its one `intervention.outcome`."""
+
+    async def no_wait(seconds: float) -> None:
+        await asyncio.sleep(0)
+
+    interventions = Interventions(
+        record,  # type: ignore[arg-type]
+        forget=lambda session_id: None,
+        on_fatal=lambda exc: None,
+        sleep=no_wait,
+        **{"stagger": lambda: 0.0, **options},
+    )
+    with capture_logs() as logs:
+        interventions.submit(_decision(part_id))
+        await wait_for(lambda: events(logs, "intervention.outcome"))
+        await interventions.drain(drain)
+    [logged] = events(logs, "intervention.outcome")
+    return logged
+
+
 class PluginBlocksLate:
     """The record of a server whose plugin another monitor answers: the loop's call shows
     running at the first read, refused by that monitor from the second on (the hook throws a
@@ -383,23 +406,10 @@ async def test_a_loop_the_other_monitors_plugin_blocks_is_not_aborted_again(
     # blocked, and gave no feedback. Knowing another monitor answers the plugin, it reads the
     # record again before acting and finds the refusal.
     record = PluginBlocksLate()
-
-    async def no_wait(seconds: float) -> None:
-        await asyncio.sleep(0)
-
-    interventions = Interventions(
-        record,  # type: ignore[arg-type]
-        forget=lambda session_id: None,
-        on_fatal=lambda exc: None,
-        sleep=no_wait,
-        stagger=lambda: 3600.0,  # a feedback would wait: the test ends at the outcome
-        plugin_elsewhere=plugin_elsewhere,
+    # A feedback would wait: the test ends at the outcome.
+    logged = await outcome_over(
+        record, "prt_4", drain=0, stagger=lambda: 3600.0, plugin_elsewhere=plugin_elsewhere
     )
-    with capture_logs() as logs:
-        interventions.submit(_decision("prt_4"))
-        await wait_for(lambda: events(logs, "intervention.outcome"))
-        await interventions.drain(0)
-    [logged] = events(logs, "intervention.outcome")
     assert logged["outcome"] == outcome
     assert record.aborted == ([] if plugin_elsewhere else ["ses_s1"])
     if plugin_elsewhere:
@@ -454,23 +464,7 @@ async def test_a_run_another_monitor_stopped_meanwhile_is_left_to_it(
     # that ended by itself, we posted the late feedback (no reply) and the other monitor,
     # finding it, posted none: the model was never asked to go on. Only a run whose record
     # ends with the model's answer ended by itself; the abort's mark may come a moment late.
-
-    async def no_wait(seconds: float) -> None:
-        await asyncio.sleep(0)
-
-    interventions = Interventions(
-        record,  # type: ignore[arg-type]
-        forget=lambda session_id: None,
-        on_fatal=lambda exc: None,
-        run_over=lambda decision: True,
-        sleep=no_wait,
-        stagger=lambda: 0.0,
-    )
-    with capture_logs() as logs:
-        interventions.submit(_decision("p4"))
-        await wait_for(lambda: events(logs, "intervention.outcome"))
-        await interventions.drain(5)
-    [logged] = events(logs, "intervention.outcome")
+    logged = await outcome_over(record, "p4", run_over=lambda decision: True)
     assert record.aborted == []
     assert (logged["outcome"], logged.get("reason")) == outcome
     if outcome[0] == "deferred":

@@ -9,7 +9,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from structlog.testing import capture_logs
 
 from monitor.core.decisions import Deadline
 from monitor.core.export import export_frames
@@ -18,9 +17,10 @@ from monitor.core.tracker import SEED, Detection, Fed, Tracker
 from monitor.testing import FakeOpencode, frames, play
 from tests import frames_factory as ff
 from tests.frames_factory import call, envelope
-from tests.harness import FAST, events, start, stop, wait_for
+from tests.harness import FAST, events, watched_until
 
 SES = "ses_runaway"
+PATIENT = replace(FAST, read_timeout=60)
 SLEEP = {"command": "sleep infinity"}
 
 
@@ -83,15 +83,9 @@ async def test_the_shell_stops_a_call_still_running_past_its_bound() -> None:
     # A bash call that starts and never ends, on a stream that stays open.
     running = [envelope(f, "/w") for f in call("ses_r1", "p1", "bash", SLEEP)[:2]]
     fake = FakeOpencode(streams=[play(frames(*running))], store_prompts=True)
-    with capture_logs() as logs:
-        # No read timeout meanwhile: a reconnect's resync would find the run over (the
-        # stand-in says no session is busy), and a call of a run over runs away from nobody.
-        timing = replace(FAST, read_timeout=60)
-        server, watch, task = await start(fake, timing, call_seconds=1)
-        try:
-            await wait_for(lambda: events(logs, "intervention.outcome"))
-        finally:
-            await stop(server, watch, task)
+    # No read timeout meanwhile: a reconnect's resync would find the run over (the stand-in
+    # says no session is busy), and a call of a run over runs away from nobody.
+    logs = await watched_until(fake, "intervention.outcome", PATIENT, call_seconds=1)
     [outcome] = events(logs, "intervention.outcome")
     assert (outcome["rule"], outcome["part_id"], outcome["outcome"]) == ("runaway", "p1", "aborted")
     assert [r.path for r in fake.of("abort")] == ["/session/ses_r1/abort"]
@@ -140,13 +134,7 @@ async def test_a_call_running_when_the_monitor_starts_is_stopped_past_its_bound(
         messages={"ses_r1": started_before("ses_r1")},
         store_prompts=True,
     )
-    with capture_logs() as logs:
-        timing = replace(FAST, read_timeout=60)
-        server, watch, task = await start(fake, timing, call_seconds=1)
-        try:
-            await wait_for(lambda: events(logs, "intervention.outcome"))
-        finally:
-            await stop(server, watch, task)
+    logs = await watched_until(fake, "intervention.outcome", PATIENT, call_seconds=1)
     [outcome] = events(logs, "intervention.outcome")
     assert (outcome["rule"], outcome["part_id"], outcome["outcome"]) == (
         "runaway",
