@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from monitor.core.budget import Budget
 from monitor.core.events import (
     Malformed,
     MessageUsage,
@@ -32,7 +33,7 @@ from monitor.core.export import current_run, export_frames, tool_parts
 from monitor.core.export_v2 import classic_messages
 from monitor.core.frames import decode_frame, iter_sse_data
 from monitor.core.profile import server_call
-from monitor.core.tracker import Tracker
+from monitor.core.tracker import Detection, Tracker
 from monitor.testing import engine_call, engine_event
 
 RECORDINGS = Path(__file__).parent / "recordings" / "engine"
@@ -116,8 +117,10 @@ def test_a_replay_alone_gives_the_run() -> None:
 def test_the_run_ends_with_the_step_that_asked_for_no_tools() -> None:
     adapter = Adapter()
     typed = [adapter.parse(frame)[1] for frame in frames_of("new-engine-read-bash.api")]
-    ends = [e for e in typed if isinstance(e, (SessionIdle, MessageUsage))]
-    assert [type(e) for e in ends] == [MessageUsage] * 5 + [SessionIdle]
+    steps = [e for e in typed if isinstance(e, (SessionIdle, MessageUsage))]
+    # Every step's usage counted, the last one's too; that one ends the run.
+    assert [type(e) for e in steps] == [MessageUsage] * 6
+    assert [e.ends_run for e in steps] == [False] * 5 + [True]  # type: ignore[union-attr]
     # The user's prompt is a text part too, neither started nor ended (not the model's).
     [prompt] = [e for e in typed if isinstance(e, TextPart) and not e.started]
     assert prompt.text.startswith('{"pattern"') and not prompt.ended
@@ -373,3 +376,25 @@ def test_on_global_event_a_durable_event_counts_once_by_name_and_its_copy_as_syn
     assert len(called) == 8 and all(event is None for _, event in called)
     from_sync = [e for label, e in typed if label == "sync" and isinstance(e, ToolPart)]
     assert [e.status for e in from_sync].count("running") == 8
+
+
+def test_the_last_steps_spend_is_counted_and_ends_the_run() -> None:
+    # The step that answers spends too: a budget reached by it is reached (it was dropped
+    # before, the step typed as the run's end alone).
+    tracker = Tracker(Detection(run_budget=Budget(tokens=250)))
+
+    def step(n: int, finish: str, tokens: int) -> dict:
+        data = {"assistantMessageID": f"msg_{n}", "finish": finish, "tokens": {"input": tokens}}
+        return engine_event("session.step.ended", "ses_e", data, n, "/w")
+
+    for frame in engine_call("ses_e", 1, "read", {"path": "a.md"}, 1, "/w"):
+        tracker.feed(frame)
+    first = tracker.feed(step(4, "tool-calls", 100))
+    assert (first.spent, first.decisions) == (("/w", 100, 0.0), ())
+    assert tracker.sessions_view()[0].busy
+    last = tracker.feed(step(5, "stop", 200))
+    assert last.spent == ("/w", 200, 0.0)
+    [decision] = last.decisions
+    assert (decision.rule, decision.part_id) == ("budget", "msg_5")
+    assert not tracker.sessions_view()[0].busy  # the answer ended the run
+    assert tracker.run_over(decision)

@@ -121,6 +121,9 @@ class MessageUsage:
     tokens: int
     cost: float
     directory: str | None
+    # The step ended the run (the new engine's last `step.ended`: the model answered; it
+    # sends no idle of its own): counted, then the run ends as at `session.idle`.
+    ends_run: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,9 @@ frame, so the tracker and its rules never know which server spoke:
   input; `tool.success` / `tool.failed`: completed (`structured` as metadata: the shell's
   `exit`) / error;
 - `text.*`, `reasoning.*`: `TextPart` started / ended, `PartDelta`;
-- `step.ended`: `MessageUsage`, but the step that ends with another reason than `tool-calls`
-  ended the run: `SessionIdle` (1.18.33 sends neither `execution.*` nor status events for the
-  new engine); `execution.succeeded` / `.failed` / `.interrupted`, `status` idle, `idle`:
+- `step.ended`: `MessageUsage`; the step that ends with another reason than `tool-calls`
+  ended the run too (`ends_run`: 1.18.33 sends neither `execution.*` nor status events for
+  the new engine); `execution.succeeded` / `.failed` / `.interrupted`, `status` idle, `idle`:
   `SessionIdle`;
 - `permission.asked` / `.replied`: `PermissionAsked` / `PermissionReplied`;
 - `prompt.admitted` (a user message stored): `UserMessage`; `prompted` (it starts a turn): its
@@ -348,12 +348,11 @@ def _delta(kind: str) -> _Parse:
 
 
 def _step_ended(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
-    if data.get("finish") not in _MORE_STEPS:
-        # The model answered without asking for tools: the run is over. (That step's usage
-        # is not counted: one event per frame, and the end of the run matters more.)
-        return SessionIdle(sid, d)
     tokens, cost = usage_total(data)
-    return MessageUsage(sid, _text(data, "assistantMessageID"), tokens, cost, d)
+    # Another finish than `tool-calls`: the model answered without asking for tools, the
+    # run is over (1.18.33 sends no idle for it).
+    ends_run = data.get("finish") not in _MORE_STEPS
+    return MessageUsage(sid, _text(data, "assistantMessageID"), tokens, cost, d, ends_run)
 
 
 def _seen(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:

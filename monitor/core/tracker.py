@@ -654,6 +654,17 @@ class Tracker:
         return SessionRecord()
 
     def _usage(self, usage: MessageUsage, label: str) -> Fed:
+        """A step's spend, and the end of the run if it ended it (`ends_run`)."""
+        fed = self._spend(usage, label)
+        if not usage.ends_run:
+            return fed
+        self._seen(usage.session_id, usage.directory)
+        released = self.end_run(usage.session_id)
+        if released is None:
+            return fed
+        return dataclasses.replace(fed, decisions=(*fed.decisions, released))
+
+    def _spend(self, usage: MessageUsage, label: str) -> Fed:
         """A step's spend: counted for the metrics, and against the budgets."""
         taken = self._budgets.message(usage)
         if taken is None:
