@@ -19,6 +19,10 @@ from typing import Any
 from monitor.kit.poll import until
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "opencode-loop-monitor"
+# The checkout these tests belong to. The console script imports whichever checkout the venv's
+# editable install points at: from a git worktree sharing that venv, it ran the other
+# checkout's monitor, and a bug in this one passed every test that starts a monitor process.
+CHECKOUT = Path(__file__).resolve().parent.parent
 
 Record = dict[str, Any]
 
@@ -29,6 +33,9 @@ class MonitorProcess:
         self.stdout_path = log_dir / f"monitor-{time.monotonic_ns()}.log"
         self.stderr_path = self.stdout_path.with_suffix(".err")
         self.env = {**os.environ, **(env or {})}
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            [str(CHECKOUT), *filter(None, [self.env.get("PYTHONPATH")])]
+        )
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> MonitorProcess:

@@ -67,6 +67,15 @@ class Refused(ServerError):
         self.status = status
 
 
+class CredentialsRefused(ConfigError):
+    """A 401: our credentials are wrong. `reason` says which case and what to check, without
+    the request it came on (`detect` says it as the stream does)."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"{what}: {reason}")
+        self.reason = reason
+
+
 class MalformedId(ServerError):
     """An id that is not of OpenCode's shape; no request was made with it."""
 
@@ -331,7 +340,7 @@ class OpencodeAPI:
             ) as response:
                 if response.status == 401:
                     sent = aiohttp.hdrs.AUTHORIZATION in self._http.headers
-                    raise ConfigError(f"{what}: {refused_credentials(401, sent)}")
+                    raise CredentialsRefused(what, refused_credentials(401, sent))
                 if response.status == 404:
                     raise SessionGone(f"{what}: not found (404)")
                 if response.status >= 500:

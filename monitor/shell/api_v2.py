@@ -39,6 +39,7 @@ from monitor.core.export_v2 import classic_messages
 from monitor.core.ids import is_permission_id
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.api import (
+    CredentialsRefused,
     MalformedId,
     OpencodeAPI,
     Refused,
@@ -46,7 +47,6 @@ from monitor.shell.api import (
     path_segment,
     session_path,
 )
-from monitor.shell.diagnosis import refused_credentials
 
 # Pages of a session's missed events read after a reconnect, at most, and their size (the
 # server's maximum): a session that ran longer than this while we were away is read back up
@@ -110,9 +110,8 @@ class EngineAPI(OpencodeAPI):
         stream says them: this is the first request of every connect."""
         try:
             return await self._detect()
-        except ConfigError:
-            sent = aiohttp.hdrs.AUTHORIZATION in self._http.headers
-            raise ConfigError(refused_credentials(401, sent)) from None
+        except CredentialsRefused as exc:
+            raise ConfigError(exc.reason) from None
 
     async def _detect(self) -> ServerKind:
         if self.choice == "1":

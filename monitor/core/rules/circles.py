@@ -36,15 +36,20 @@ from typing import Any
 
 from monitor.core.findings import Finding, SearchCircles
 from monitor.core.patterns import TextPattern
-from monitor.core.rules.facts import changes_files, remember, server_changed, tool_is
+from monitor.core.rules.facts import (
+    OutcomeRule,
+    named,
+    remember,
+    run_state,
+    server_changed,
+    tool_is,
+)
 from monitor.core.rules.failure import failed
 from monitor.core.session import Call, SessionRecord
 
 NAME = "circles"
 WINDOW = 12
 MEMORY = 64
-# Tools named in a finding, at most: the feedback names them, it must stay short.
-MAX_TOOLS = 4
 
 # Tools that only look: OpenCode's, and SWE-agent's ACI commands (the real corpus).
 SEARCH_TOOLS = frozenset(
@@ -114,13 +119,9 @@ class Searches:
         self.tools = None
 
 
-class CirclesRule:
+class CirclesRule(OutcomeRule):
     """Rule `circles`: `fruitless` of the last `WINDOW` calls were searches that brought
     nothing new, with nothing changed."""
-
-    reads_recorded = False
-    reads_finished = True  # outcomes only
-    reads_running = False
 
     def __init__(self, fruitless: int, memory: int = MEMORY) -> None:
         if not 0 < fruitless <= WINDOW:
@@ -128,43 +129,35 @@ class CirclesRule:
         self.fruitless = fruitless
         self.memory = memory
 
-    def call(
-        self, session: SessionRecord, call: Call, recorded: bool, finished: bool
+    def finished_call(
+        self, session: SessionRecord, call: Call, outcome: int, changes: bool
     ) -> Finding | None:
-        if not finished or call.outcome is None:
-            return None
-        changes = changes_files(call.tool, call.args)
         search = not changes and looks(call.tool, call.args)
         output = call.error if call.status == "error" else call.output
         missed = search and (failed(call) or found_nothing(output))
-        state: Searches | None = session.peek(NAME)
+        # No window holds a loop before a search finds nothing.
+        state = run_state(session, NAME, Searches, needed=missed)
         if state is None:
-            if not missed:
-                return None  # no window holds a loop before a search finds nothing
-            state = session.state(NAME, Searches)
+            return None
         if server_changed(session, state) or changes:
             state.clear()
             if changes:
                 return None
         fruitless = missed
         if search:
-            seen, outcome = state.seen, call.outcome & 0xFFFFFFFF
-            fruitless = missed or outcome in seen
-            if outcome not in seen:
-                state.oldest = remember(seen, state.oldest, outcome, self.memory)
+            seen, answer = state.seen, outcome & 0xFFFFFFFF
+            fruitless = missed or answer in seen
+            if answer not in seen:
+                state.oldest = remember(seen, state.oldest, answer, self.memory)
         state.bits = ((state.bits << 1) | fruitless) & ((1 << WINDOW) - 1)
         state.misses = ((state.misses << 1) | missed) & ((1 << WINDOW) - 1)
         state.calls = min(state.calls + 1, WINDOW)
         if not fruitless:
             return None
-        tools = state.tools
-        if tools is None:
-            tools = state.tools = []
-        if call.tool not in tools and len(tools) < MAX_TOOLS:
-            tools.append(call.tool)
+        state.tools = named(state.tools, call.tool)
         count = state.bits.bit_count()
         if count < self.fruitless or not state.misses:
             return None
-        found = SearchCircles(count, state.calls, tuple(tools))
+        found = SearchCircles(count, state.calls, tuple(state.tools))
         state.clear()
         return found

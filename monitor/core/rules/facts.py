@@ -1,5 +1,5 @@
 """What the progress rules read beside a call's identity: whether it changed files, and
-whether the server said files changed.
+whether the server said files changed; and what they share in reading it.
 
 `no_progress` and `revisit` (and `text_steps` for outcomes) take a call's `digest` and
 `outcome` from the core (monitor/core/session.py `Call`: one identity, one masked outcome
@@ -14,19 +14,29 @@ digest for every rule). What they add is here:
   under `SIGNALS` by the tracker: a `session.diff` whose files differ from the previous one,
   and a `file.edited` in the session's directory (that event names no session), each count
   one change. `server_changes(session)` is the count a rule compares with the one it saw at
-  its previous call. `todo.updated` is bookkeeping, not progress, and is not read.
+  its previous call. `todo.updated` is bookkeeping, not progress, and is not read;
+- `OutcomeRule`: `no_progress`, `revisit` and `circles` read a call once its outcome came,
+  and whether it changes files (`OutcomeRule.finished_call`); `run_state` makes a rule's state
+  for the run only once the run gives it something to remember (`failure` too); `named` keeps
+  the few tools a finding names.
 """
 
 from __future__ import annotations
 
 import re
 from array import array
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from monitor.core.events import NO_DIFF
-from monitor.core.session import SessionRecord
+from monitor.core.findings import Finding
+from monitor.core.session import Call, SessionRecord
+
+S = TypeVar("S")
 
 SIGNALS = "signals"
+# Tools named in a finding, at most: the feedback names them, it must stay short.
+MAX_TOOLS = 4
 
 # Tools that change files by what they are (OpenCode's, and SWE-agent's ACI `edit`/`create`).
 EDIT_TOOLS = frozenset({"edit", "write", "multiedit", "apply_patch", "patch", "create"})
@@ -150,3 +160,48 @@ def remember(seen: array[int], oldest: int, digest: int, size: int) -> int:
         return oldest
     seen[oldest] = digest
     return (oldest + 1) % size
+
+
+class OutcomeRule:
+    """A call rule that reads each call once, when its outcome comes, with whether the call
+    changes files (`changes_files`): the prologue of `no_progress`, `revisit` and `circles`,
+    whose `finished_call` is the rule."""
+
+    reads_recorded = False
+    reads_finished = True  # outcomes only
+    reads_running = False
+
+    def call(
+        self, session: SessionRecord, call: Call, recorded: bool, finished: bool
+    ) -> Finding | None:
+        outcome = call.outcome if finished else None  # digested only once the call finished
+        if outcome is None:
+            return None
+        return self.finished_call(session, call, outcome, changes_files(call.tool, call.args))
+
+    def finished_call(
+        self, session: SessionRecord, call: Call, outcome: int, changes: bool
+    ) -> Finding | None:
+        """What this finished `call` (`outcome`: its `Call.outcome`; `changes`: it changes
+        files) completes, if anything."""
+        raise NotImplementedError
+
+
+def run_state(session: SessionRecord, rule: str, make: Callable[[], S], needed: bool) -> S | None:
+    """The running state of `rule` in this run; made with `make()` only when `needed` (the
+    call gives it something to remember), so a run that never does costs nothing: None until
+    then."""
+    state: S | None = session.peek(rule)
+    if state is None and needed:
+        state = session.state(rule, make)
+    return state
+
+
+def named(tools: list[str] | None, tool: str) -> list[str]:
+    """The tools a finding names (made at the first), `tool` added while fewer than
+    `MAX_TOOLS`."""
+    if tools is None:
+        tools = []
+    if tool not in tools and len(tools) < MAX_TOOLS:
+        tools.append(tool)
+    return tools

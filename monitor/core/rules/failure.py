@@ -20,6 +20,7 @@ from typing import Any
 
 from monitor.core import findings
 from monitor.core.patterns import TextPattern
+from monitor.core.rules.facts import run_state
 from monitor.core.session import Call, SessionRecord
 from monitor.core.signature import signature_digest
 
@@ -118,10 +119,8 @@ class FailureRule:
         if not finished:
             return None
         digest = failure_digest(call.tool, call.status, call.output, call.error, call.metadata)
-        run: FailureRun | None = session.peek("failure")
+        run = run_state(session, "failure", FailureRun, needed=digest is not None)
         if run is None:
-            if digest is None:
-                return None
-            run = session.state("failure", FailureRun)
+            return None
         count = run.feed(digest)
         return None if count < self.repeats else findings.FailureRun(call.tool, count)

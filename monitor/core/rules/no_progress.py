@@ -44,7 +44,7 @@ from array import array
 from typing import Any
 
 from monitor.core.findings import Finding, NoProgress
-from monitor.core.rules.facts import changes_files, remember, server_changed
+from monitor.core.rules.facts import OutcomeRule, remember, run_state, server_changed
 from monitor.core.session import Call, SessionRecord, outcome_digest
 
 NAME = "no_progress"
@@ -164,28 +164,21 @@ def _find(checks: array[int], digest: int) -> int:
         start = index + 1  # an outcome or counters equal to the digest: look on
 
 
-class NoProgressRule:
+class NoProgressRule(OutcomeRule):
     """Rule `no_progress`: one check's same outcome `repeats` times, changes before each."""
-
-    reads_recorded = False
-    reads_finished = True  # outcomes only
-    reads_running = False
 
     def __init__(self, repeats: int, max_checks: int = MAX_CHECKS) -> None:
         self.repeats = repeats
         self.max_checks = max_checks
 
-    def call(
-        self, session: SessionRecord, call: Call, recorded: bool, finished: bool
+    def finished_call(
+        self, session: SessionRecord, call: Call, outcome: int, changes: bool
     ) -> Finding | None:
-        if not finished or call.outcome is None:
-            return None
-        changes = changes_files(call.tool, call.args)
-        state: Checks | None = session.peek(NAME)
+        # A silent success, a keystroke: no check, and no change either.
+        checks_nothing = not changes and (outcome in SILENT or is_keystroke(call))
+        state = run_state(session, NAME, Checks, needed=not checks_nothing)
         if state is None:
-            if not changes and (call.outcome in SILENT or is_keystroke(call)):
-                return None
-            state = session.state(NAME, Checks)
+            return None
         if server_changed(session, state):
             state.changes += 1
         if changes:
@@ -194,12 +187,12 @@ class NoProgressRule:
             else:
                 del state.checks[:]  # a step somewhere new: every check starts over
             return None
-        if call.outcome in SILENT or is_keystroke(call):
+        if checks_nothing:
             return None
         now = state.changes & _MASK
         checks = state.checks
         index = _find(checks, call.digest)
-        if index < 0 or checks[index + 1] != call.outcome:
+        if index < 0 or checks[index + 1] != outcome:
             runs, first = 1, now
         else:
             packed = checks[index + 2]
@@ -212,5 +205,5 @@ class NoProgressRule:
             del checks[0:3]
         if runs >= self.repeats:
             return NoProgress(call.tool, runs, (now - first) & _MASK)
-        checks.extend((call.digest, call.outcome, (runs << 2 * _BITS) | (first << _BITS) | now))
+        checks.extend((call.digest, outcome, (runs << 2 * _BITS) | (first << _BITS) | now))
         return None

@@ -27,15 +27,13 @@ from __future__ import annotations
 from array import array
 
 from monitor.core.findings import Finding, Revisit
-from monitor.core.rules.facts import changes_files, remember, server_changed
+from monitor.core.rules.facts import OutcomeRule, named, remember, run_state, server_changed
 from monitor.core.rules.waiting import answers_in_progress, waits_by_command
 from monitor.core.session import Call, SessionRecord
 
 NAME = "revisit"
 WINDOW = 16
 MEMORY = 64
-# Tools named in a finding, at most: the feedback names them, it must stay short.
-MAX_TOOLS = 4
 
 
 class Seen:
@@ -60,12 +58,8 @@ def _waits(call: Call) -> bool:
     return waits_by_command(call.tool, call.args) or answers_in_progress(call.output)
 
 
-class RevisitRule:
+class RevisitRule(OutcomeRule):
     """Rule `revisit`: `revisits` of the last `WINDOW` calls brought nothing new."""
-
-    reads_recorded = False
-    reads_finished = True  # outcomes only
-    reads_running = False
 
     def __init__(self, revisits: int, memory: int = MEMORY) -> None:
         if not 0 < revisits <= WINDOW:
@@ -73,24 +67,20 @@ class RevisitRule:
         self.revisits = revisits
         self.memory = memory
 
-    def call(
-        self, session: SessionRecord, call: Call, recorded: bool, finished: bool
+    def finished_call(
+        self, session: SessionRecord, call: Call, outcome: int, changes: bool
     ) -> Finding | None:
-        if not finished or call.outcome is None:
-            return None
-        changes = changes_files(call.tool, call.args)
-        state: Seen | None = session.peek(NAME)
+        # A change with nothing remembered yet has nothing to clear: no state needed.
+        state = run_state(session, NAME, Seen, needed=not changes)
         if state is None:
-            if changes:
-                return None  # nothing remembered yet, nothing to clear: no state needed
-            state = session.state(NAME, Seen)
+            return None
         if server_changed(session, state):
             state.clear()
         revisit = False
         if changes:
             state.clear()
         else:
-            pair = hash((call.digest, call.outcome)) & 0xFFFFFFFF
+            pair = hash((call.digest, outcome)) & 0xFFFFFFFF
             seen = state.seen
             # A wait (a poll answered "in progress") is `wait`'s, with its larger allowance.
             revisit = pair in seen and not _waits(call)
@@ -100,14 +90,10 @@ class RevisitRule:
         state.calls += 1
         if not revisit:
             return None
-        tools = state.tools
-        if tools is None:
-            tools = state.tools = []
-        if call.tool not in tools and len(tools) < MAX_TOOLS:
-            tools.append(call.tool)
+        state.tools = named(state.tools, call.tool)
         count = state.bits.bit_count()
         if count < self.revisits:
             return None
-        found = Revisit(count, min(state.calls, WINDOW), tuple(tools))
+        found = Revisit(count, min(state.calls, WINDOW), tuple(state.tools))
         state.bits, state.tools = 0, None
         return found
