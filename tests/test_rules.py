@@ -50,8 +50,11 @@ def test_same_bash_failure_with_rewritten_commands_stops_at_the_4th():
     frames = []
     for n, command in enumerate(["ls x", "ls -l x", "cd . && ls x", "ls -a x", "ls x/"]):
         frames += bash_call(f"p{n}", command, "ls: cannot access 'x': No such file", 2)
-    [decision] = feed_all(Tracker(), frames)
+    decision, again = feed_all(Tracker(), frames)
     assert (decision.rule, decision.call_index, decision.part_id) == ("failure", 4, "p3")
+    # The 5th fails the same way while the 4th's intervention is under way: that loop again
+    # (the stopped failure is armed), not a second intervention.
+    assert (again.plan, again.part_id, again.prior_interventions) == ("defer", "p4", 0)
     assert (Cycle(*decision.finding.shape()[:2]), decision.finding.shape()[2]) == (
         Cycle(1, 4),
         ("bash",),
