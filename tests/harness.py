@@ -8,6 +8,7 @@ each other.
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from structlog.testing import capture_logs
 from monitor.config import load_settings
 from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer
+from monitor.kit.scripted_model import script
 from monitor.shell.api import Retry
 from monitor.shell.backoff import Backoff
 from monitor.shell.notify import Notifier
@@ -253,3 +255,29 @@ async def status(address: str, *flags: str) -> tuple[int, str]:
     out, _ = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode is not None
     return process.returncode, out.decode()
+
+
+APPEND = ("bash", {"command": "echo x >> out.txt", "description": "append a line"})
+
+
+async def stalled_through_a_loop(
+    monitor: MonitorProcess, server: OpencodeServer, http: aiohttp.ClientSession
+) -> dict[str, Any]:
+    """An 8-append loop during which `monitor` is stopped (SIGSTOP), from its first append
+    until the run is over, then resumed; the session."""
+    client = server.client(http)
+    session: dict[str, Any] = await client.create_session("appends")
+    await client.prompt_async(session["id"], script([APPEND], 8, delay=0.3))
+    out = server.project / "out.txt"
+
+    async def written() -> bool:
+        return out.exists() and len(out.read_text().splitlines()) >= 1
+
+    await until(written, 30, interval=0.02, what="the first append")
+    assert monitor.process is not None
+    monitor.process.send_signal(signal.SIGSTOP)
+    try:
+        await client.wait_idle(session["id"], 90)
+    finally:
+        monitor.process.send_signal(signal.SIGCONT)
+    return session

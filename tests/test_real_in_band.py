@@ -12,7 +12,7 @@ import pytest
 from monitor.core.feedback import MARK
 from monitor.kit.sandbox import OpencodeServer, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
-from tests.harness import MODEL_DELAY, opencode_run, user_texts
+from tests.harness import MODEL_DELAY, opencode_run, start_watching, user_texts
 from tests.monitor_process import MonitorProcess
 
 pytestmark = pytest.mark.real_server
@@ -23,15 +23,6 @@ REFUSED = MARK + "this call was refused and did not run, because of what your la
 
 def bash(command: str) -> tuple[str, dict[str, Any]]:
     return ("bash", {"command": command, "description": "Run a step"})
-
-
-async def watching(start_monitor, server: OpencodeServer, socket_path, *flags: str):
-    monitor: MonitorProcess = start_monitor(
-        "watch", "--url", server.url, "--log-format", "json",
-        "--plugin-socket", str(socket_path), *flags,
-    )  # fmt: skip
-    await monitor.wait_event("stream.connected")
-    return monitor
 
 
 async def run(server: OpencodeServer, http, title: str, pattern, users: int = 1):
@@ -61,7 +52,9 @@ def refused_in_band(monitor: MonitorProcess, session, messages, rule: str, calls
 async def test_a_no_progress_loop_is_refused_at_its_next_call(
     plugin_server, start_monitor, http, socket_path
 ):
-    monitor = await watching(start_monitor, plugin_server, socket_path)
+    monitor = await start_watching(
+        start_monitor, plugin_server, "--plugin-socket", str(socket_path)
+    )
     pattern = [bash(f"printf '{CHECK}\\n' > check.txt")]
     for i in range(5):
         pattern += [bash(f"printf 'v{i}' > src.txt"), bash("cat check.txt")]
@@ -77,7 +70,9 @@ async def test_a_no_progress_loop_is_refused_at_its_next_call(
 async def test_a_spent_budget_refuses_the_next_call(
     plugin_server, start_monitor, http, socket_path
 ):
-    monitor = await watching(start_monitor, plugin_server, socket_path, "--run-budget", "steps=3")
+    monitor = await start_watching(
+        start_monitor, plugin_server, "--plugin-socket", str(socket_path), "--run-budget", "steps=3"
+    )
     pattern = [bash(f"echo step {i} >> steps.txt") for i in range(4)]
     session, messages = await run(plugin_server, http, "budget", pattern)
     refused = refused_in_band(monitor, session, messages, "budget", 4)
@@ -90,7 +85,9 @@ async def test_a_spent_budget_refuses_the_next_call(
 async def test_opencode_run_on_a_failure_loop_prints_no_abort(
     plugin_server, opencode_bin, start_monitor, socket_path
 ):
-    monitor = await watching(start_monitor, plugin_server, socket_path)
+    monitor = await start_watching(
+        start_monitor, plugin_server, "--plugin-socket", str(socket_path)
+    )
     failing = [bash(f"ls missing-{n}") for n in range(5)]
     code, output = await opencode_run(plugin_server, opencode_bin, script(failing, 5))
     assert code == 0, output
@@ -103,7 +100,9 @@ async def test_opencode_run_on_a_failure_loop_prints_no_abort(
 async def test_a_run_that_ends_before_a_next_call_gets_the_feedback_for_the_next_time(
     plugin_server, start_monitor, http, socket_path
 ):
-    monitor = await watching(start_monitor, plugin_server, socket_path)
+    monitor = await start_watching(
+        start_monitor, plugin_server, "--plugin-socket", str(socket_path)
+    )
     failing = [bash(f"ls missing-{n}") for n in range(4)]  # then the model answers
     session, messages = await run(plugin_server, http, "failures, then an answer", failing)
     [outcome] = await monitor.wait_event("intervention.outcome")

@@ -3,18 +3,13 @@ server ends every run with two idle events, and they end one run."""
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 
-from monitor.kit.poll import until
 from monitor.kit.sandbox import tool_parts
 from monitor.kit.scripted_model import script
-from tests.harness import MODEL_DELAY, start_watching
+from tests.harness import APPEND, MODEL_DELAY, stalled_through_a_loop, start_watching
 
 pytestmark = pytest.mark.real_server
-
-APPEND = ("bash", {"command": "echo x >> out.txt", "description": "append a line"})
 
 
 async def test_a_stopped_loop_repeated_in_the_next_run_is_stopped_by_its_first_repetition(
@@ -46,20 +41,8 @@ async def test_a_monitor_stopped_during_a_loop_and_resumed_after_its_run_aborts_
     run ended by itself, so no abort and one feedback, stored without an answer."""
     monitor = await start_watching(start_monitor, opencode_server)
     client = opencode_server.client(http)
-    session = await client.create_session("appends")
-    await client.prompt_async(session["id"], script([APPEND], 8, delay=0.3))
+    session = await stalled_through_a_loop(monitor, opencode_server, http)
     out = opencode_server.project / "out.txt"
-
-    async def written() -> bool:
-        return out.exists() and len(out.read_text().splitlines()) >= 1
-
-    await until(written, 30, interval=0.02, what="the first append")
-    assert monitor.process is not None
-    monitor.process.send_signal(signal.SIGSTOP)
-    try:
-        await client.wait_idle(session["id"], 90)
-    finally:
-        monitor.process.send_signal(signal.SIGCONT)
     assert out.read_text().splitlines() == ["x"] * 8
     [outcome] = await monitor.wait_event("intervention.outcome", timeout=60)
     assert (outcome["outcome"], outcome["late"]) == ("nudged", "run ended before the abort")

@@ -8,7 +8,6 @@ exactly its 3 lines (asserted where the daemon was up: 0 ran)."""
 from __future__ import annotations
 
 import shutil
-import signal
 import socket
 import tempfile
 from pathlib import Path
@@ -20,11 +19,10 @@ from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
 from monitor.shell.decide import PluginEndpoint, socket_name
-from tests.harness import opencode_run
+from tests.harness import APPEND, opencode_run, stalled_through_a_loop, start_watching
 
 pytestmark = pytest.mark.real_server
 
-APPEND = ("bash", {"command": "echo x >> out.txt", "description": "append a line"})
 FELL_OPEN = "opencode-loop-monitor: no answer from the monitor at"
 
 
@@ -42,11 +40,9 @@ def lines(server):
 async def test_fourth_identical_append_blocked_in_band(
     plugin_server, start_monitor, http, socket_path
 ):
-    monitor = start_monitor(
-        "watch", "--url", plugin_server.url, "--log-format", "json",
-        "--plugin-socket", str(socket_path),
-    )  # fmt: skip
-    await monitor.wait_event("stream.connected")
+    monitor = await start_watching(
+        start_monitor, plugin_server, "--plugin-socket", str(socket_path)
+    )
     session, messages = await run_appends(plugin_server, http, 4)
 
     assert lines(plugin_server) == ["x", "x", "x"]  # the 4th never ran
@@ -225,11 +221,7 @@ async def test_opencode_run_attach_on_the_loop_exits_0_with_the_models_answer(
 ):
     """What a scripted client sees: the refused call's error with our feedback, then the
     model's final answer in the same run; no `Error: Aborted`."""
-    monitor = start_monitor(
-        "watch", "--url", plugin_server.url, "--log-format", "json",
-        "--plugin-socket", str(socket_path),
-    )  # fmt: skip
-    await monitor.wait_event("stream.connected")
+    await start_watching(start_monitor, plugin_server, "--plugin-socket", str(socket_path))
     code, output = await opencode_run(plugin_server, opencode_bin, script([APPEND], 4))
     assert code == 0, output
     assert lines(plugin_server) == ["x", "x", "x"]  # loop-completing calls that ran: 0
@@ -244,11 +236,9 @@ async def test_a_failure_loop_is_refused_at_its_next_call_and_a_calm_session_run
     `failure` rule finds it on the 4th failure's outcome, after that call ran; the plugin
     asks before the 5th, which is refused with the feedback, and the run goes on (issue 26:
     no abort, the model answers in the same run). The other never loops: every call runs."""
-    monitor = start_monitor(
-        "watch", "--url", plugin_server.url, "--log-format", "json",
-        "--plugin-socket", str(socket_path),
-    )  # fmt: skip
-    await monitor.wait_event("stream.connected")
+    monitor = await start_watching(
+        start_monitor, plugin_server, "--plugin-socket", str(socket_path)
+    )
     client = plugin_server.client(http)
     # Four failures, then the call the refusal waits for; the model answers after it.
     failing = [("bash", {"command": f"ls missing-{n}", "description": "look"}) for n in range(5)]
@@ -347,11 +337,9 @@ async def test_a_loop_blocked_in_one_run_is_blocked_at_its_first_repetition_in_t
 ):
     """The server ends every run with two idle events: they end one run, so the loop stays
     armed for the next, whose first identical append is refused at once (not after three)."""
-    monitor = start_monitor(
-        "watch", "--url", plugin_server.url, "--log-format", "json",
-        "--plugin-socket", str(socket_path),
-    )  # fmt: skip
-    await monitor.wait_event("stream.connected")
+    monitor = await start_watching(
+        start_monitor, plugin_server, "--plugin-socket", str(socket_path)
+    )
     client = plugin_server.client(http)
     session = await client.create_session("appends")
     await client.prompt_async(session["id"], script([APPEND], 4, delay=0.1, after_feedback="loop"))
@@ -373,11 +361,9 @@ async def test_a_burst_in_one_step_is_one_intervention_and_the_next_loop_is_refu
     """One model step asks for 5 identical appends, the next for 4 other identical ones: the
     burst is one loop (its 4th and 5th refused, one intervention), so the second loop is the
     second intervention, refused in band too; nothing is held or aborted."""
-    monitor = start_monitor(
-        "watch", "--url", plugin_server.url, "--log-format", "json",
-        "--plugin-socket", str(socket_path),
-    )  # fmt: skip
-    await monitor.wait_event("stream.connected")
+    monitor = await start_watching(
+        start_monitor, plugin_server, "--plugin-socket", str(socket_path)
+    )
     other = ("bash", {"command": "echo y >> other.txt", "description": "append another"})
     client = plugin_server.client(http)
     session = await client.create_session("burst")
@@ -404,26 +390,11 @@ async def test_a_monitor_stopped_during_a_loop_and_resumed_after_its_run_aborts_
     Resumed, the monitor reads what it missed: the plugin's requests are late (not judged),
     and the loop it finds in the stream was refused in band already: deferred, no abort, no
     feedback."""
-    monitor = start_monitor(
-        "watch", "--url", plugin_server.url, "--log-format", "json",
-        "--plugin-socket", str(socket_path),
-    )  # fmt: skip
-    await monitor.wait_event("stream.connected")
+    monitor = await start_watching(
+        start_monitor, plugin_server, "--plugin-socket", str(socket_path)
+    )
     client = plugin_server.client(http)
-    session = await client.create_session("appends")
-    await client.prompt_async(session["id"], script([APPEND], 8, delay=0.3))
-    out = plugin_server.project / "out.txt"
-
-    async def written() -> bool:
-        return out.exists() and len(out.read_text().splitlines()) >= 1
-
-    await until(written, 30, interval=0.02, what="the first append")
-    assert monitor.process is not None
-    monitor.process.send_signal(signal.SIGSTOP)
-    try:
-        await client.wait_idle(session["id"], 90)
-    finally:
-        monitor.process.send_signal(signal.SIGCONT)
+    session = await stalled_through_a_loop(monitor, plugin_server, http)
     assert lines(plugin_server) == ["x"] * 3  # the plugin's own rule refused the 4th on
     # The positive sign that it read what it missed: the loop's one outcome.
     [outcome] = await monitor.wait_event("intervention.outcome", timeout=60)
