@@ -122,7 +122,8 @@ class FakeOpencode:
     busy: dict[str, dict[str, Any]] = field(default_factory=dict)
     # What GET /session/{id}/message answers, per session (an empty list when not given).
     messages: dict[str, list[Any]] = field(default_factory=dict)
-    # What GET /session answers: the sessions, as {"id": ..., "time": {"updated": ...}} objects.
+    # What GET /session answers: the sessions, as {"id": ..., "time": {"updated": ...}} objects
+    # (generation 2: GET /api/session, and GET /api/session/{id} one of them, with `location`).
     sessions: list[dict[str, Any]] = field(default_factory=list)
     # What GET /project answers: the server's projects, as {"worktree": DIR, ...} objects.
     projects: list[dict[str, Any]] = field(default_factory=list)
@@ -177,6 +178,7 @@ class FakeOpencode:
         app.router.add_get("/api/event", self._stream)
         app.router.add_get("/api/session/active", self._active)
         app.router.add_get("/api/session", self._sessions_v2)
+        app.router.add_get("/api/session/{id}", self._session_v2)
         app.router.add_get("/api/permission/request", self._permissions_v2)
         app.router.add_get("/api/session/{id}/message", self._messages_v2)
         app.router.add_get("/api/session/{id}/history", self._history)
@@ -193,6 +195,22 @@ class FakeOpencode:
     async def _sessions_v2(self, request: web.Request) -> web.Response:
         await self._record(request)
         return web.json_response({"data": self.sessions})
+
+    async def _session_v2(self, request: web.Request) -> web.Response:
+        """One of `sessions` (given in 2.0's shape, `{id, location: {directory}, ...}`) as
+        `{data: session}`; the real server's errors for an id of another shape and for one
+        it does not have."""
+        await self._record(request)
+        session_id = request.match_info["id"]
+        if not session_id.startswith("ses"):
+            error = {"_tag": "InvalidRequestError", "message": "Invalid session ID"}
+            return web.json_response({**error, "field": "sessionID"}, status=400)
+        for session in self.sessions:
+            if session.get("id") == session_id:
+                return web.json_response({"data": session})
+        message = f"Session not found: {session_id}"
+        error = {"_tag": "SessionNotFoundError", "sessionID": session_id, "message": message}
+        return web.json_response(error, status=404)
 
     async def _permissions_v2(self, request: web.Request) -> web.Response:
         """`permissions` in 2.0's shape (`{id, sessionID, action, resources, source}`)."""

@@ -307,6 +307,53 @@ async def test_a_held_new_engine_session_waits_without_a_turn_until_a_person_wri
     assert "on hold" in feedback and person == "ok, read the other file"
 
 
+async def test_attached_to_a_new_engine_session_mid_run_it_stops_the_loop_at_the_fourth_call(
+    opencode_server, start_monitor, engine, http
+):
+    """`attach` to a session made and prompted through `/api`, its loop under way: 1.18.33
+    finds it on `GET /session/{id}` as a classic one, but keeps its messages only on
+    `/api/session/{id}/message`; read there, the calls made so far seed the run, and the loop
+    is stopped at its 4th call, as `watch` would, through `/api`."""
+    session = await engine.create_session()
+    await engine.prompt(session, script([READ], 20, delay=1.0))
+
+    async def started() -> bool:
+        return len(tool_parts(await engine.messages(session))) >= 1
+
+    await until(started, 60, interval=0.05, what="the first call")
+    monitor = start_monitor("attach", session, "--url", opencode_server.url, "--log-format", "json")
+    [found] = await monitor.wait_event("attach.found")
+    assert (found["session_id"], found["engine"]) == (session, 2)
+    assert found["directory"] == opencode_server.directory
+    [seeded] = await monitor.wait_event("session.seeded")
+    assert seeded["session_id"] == session and seeded["calls"] >= 1
+
+    messages = await engine.wait_answered(session, 90, user_messages=2)
+    parts = tool_parts(messages)
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["session_id"], outcome["outcome"], outcome["call_index"]) == (
+        session,
+        "aborted",
+        4,
+    )
+    # The 4th call of the run, counted from its first: the calls before the attach were read.
+    assert outcome["part_id"] == parts[3]["id"]
+    assert 4 <= len(parts) <= 5 and len(monitor.events("feedback.sent")) == 1
+    users = user_texts(messages)
+    assert len(users) == 2 and "1 call (read) repeated 4 times" in users[1]
+    assert assistant_texts(messages)[-1] == DEFAULT_ANSWER
+    assert monitor.events("attach.other_monitor") == []
+
+    # 1.18.33 deletes a new-engine session by its 1.x route only (no DELETE on `/api`).
+    async with http.delete(
+        f"{opencode_server.url}/session/{session}",
+        params={"directory": opencode_server.directory},
+    ) as response:
+        assert response.status == 200
+    assert await monitor.wait_exit(10) == 0
+    assert [r["session_id"] for r in monitor.events("attach.session_deleted")] == [session]
+
+
 @pytest.fixture
 async def asking_server(opencode_bin, scripted_model):
     async with OpencodeServer(opencode_bin, scripted_model.url, permission={"*": "ask"}) as server:

@@ -17,6 +17,8 @@ the same decisions on both:
   reply` `{reply}`, a 400 falling back on 2.0.21's `{decision}`;
 - read back: `GET /session/{id}/message` / `GET /api/session/{id}/message` (as 1.x messages,
   `core/export_v2.py`); busy sessions: `GET /session/status` / `GET /api/session/active`;
+- look up: `GET /session/{id}` / `GET /api/session/{id}` (its directory under `location`);
+  which engine a session not yet seen on the stream runs on: `engine` (for `attach`);
 - missed events: none (read back) / `GET /api/session/{id}/history?after=SEQ`.
 
 Auth: the same `Authorization` header goes with every request (1.18.33 guards `/api` like the
@@ -230,15 +232,58 @@ class EngineAPI(OpencodeAPI):
     ) -> list[Any]:
         if not self.new_engine(session_id):
             return await super().messages(session_id, directory, last)
+        return classic_messages(
+            await self._engine_messages(session_id, directory, last), session_id
+        )
+
+    async def _engine_messages(
+        self, session_id: str, directory: str | None, last: int | None
+    ) -> list[Any]:
+        """The session's messages on the `/api` route, as it answers them (newest first)."""
         query = _where(directory, order="desc")
         if last is not None:
             query["limit"] = str(last)
         page = await self._call(
             "GET", _api_path(session_id, "message"), None, idempotent=True, query=query
         )
-        if not isinstance(page, dict) or not isinstance(page.get("data"), list):
+        data = page.get("data") if isinstance(page, dict) else None
+        if not isinstance(data, list):
             raise ServerError("/api/session/{id}/message did not answer {data: [...]}")
-        return classic_messages(page, session_id)
+        return data
+
+    async def session(self, session_id: str, directory: str | None) -> dict[str, Any]:
+        """The session's info, with its `directory`. On the `/api` route (1.18.33 answers it
+        for a session of either engine) the info is `{data: {id, projectID, title, time,
+        location: {directory}, ...}}`; its directory is `location`'s."""
+        if not self.new_engine(session_id):
+            return await super().session(session_id, directory)
+        answer = await self._call(
+            "GET", _api_path(session_id), None, idempotent=True, query=_where(directory)
+        )
+        info = answer.get("data") if isinstance(answer, dict) else None
+        location = info.get("location") if isinstance(info, dict) else None
+        where = location.get("directory") if isinstance(location, dict) else None
+        if not isinstance(info, dict) or not isinstance(where, str):
+            raise ServerError("/api/session/{id} did not answer {data: {location: {directory}}}")
+        return {**info, "directory": where}
+
+    async def engine(self, session_id: str, directory: str | None) -> int:
+        """Which engine runs a session not seen on the stream (2 for the new one): every
+        session of a server without the 1.x routes. 1.18.33 answers a session of either
+        engine on both `GET /session/{id}` and `GET /api/session/{id}` alike, but keeps
+        each engine's messages apart (`/api/session/{id}/message` is empty for a classic
+        session, `/session/{id}/message` for a new-engine one): a session with messages on
+        the `/api` route is the new engine's. One never prompted is taken for a classic one
+        until its first event says otherwise."""
+        if self.new_engine(session_id):
+            return 2
+        if not self.server.engine:
+            return 1
+        try:
+            newest = await self._engine_messages(session_id, directory, last=1)
+        except (SessionGone, Refused):
+            return 1  # no `/api` routes after all (a server the detection could not ask)
+        return 2 if newest else 1
 
     async def busy_sessions(self, directory: str | None) -> set[str]:
         busy = await super().busy_sessions(directory) if self.server.classic else set()

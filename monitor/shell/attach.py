@@ -1,10 +1,14 @@
 """Attach: watch one session that is already running, starting from what it did so far.
 
-`attach SESSION_ID` looks the session up (`GET /session/{id}`, which also gives its project
-directory), then runs a `Watch` on that directory's `/event` stream with a `OneSession`
-scope: the tracker ignores every other session, the watch's resync reads back only this
-session's current run, and the watch ends by itself, with status 0, when the session is
-deleted (seen on the stream, or found gone on a reconnect).
+`attach SESSION_ID` asks the server which generation it is (`EngineAPI.detect`, as the watch
+does at every connect), looks the session up (`GET /session/{id}`, or `GET /api/session/{id}`
+on a server with only the `/api` routes; either gives its project directory) and which
+engine runs it (`EngineAPI.engine`: on 1.18.33 a session of either engine is found on both
+routes, only its messages tell them apart), then runs a `Watch` on that directory's stream
+with a `OneSession` scope: the tracker ignores every other session, the watch's resync reads
+back only this session's current run (by its engine's route), and the watch ends by itself,
+with status 0, when the session is deleted (seen on the stream, or found gone on a
+reconnect).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import sys
-from typing import Any
+from dataclasses import dataclass
 
 import structlog
 
@@ -23,8 +27,9 @@ from monitor.core.tracker import Fed
 from monitor.errors import ServerError, SessionGone
 from monitor.exits import EX_NOINPUT, EX_UNAVAILABLE
 from monitor.shell.api import OpencodeAPI
+from monitor.shell.api_v2 import EngineAPI
 from monitor.shell.logs import configure_logging
-from monitor.shell.watch import Watch, http_session
+from monitor.shell.watch import Timing, Watch, http_session
 
 log = structlog.get_logger("monitor.attach")
 
@@ -34,13 +39,15 @@ PROG = "opencode-loop-monitor"
 class OneSession:
     """A watch's scope for `attach`: one session, until it is deleted."""
 
-    def __init__(self, session_id: str, directory: str | None) -> None:
+    def __init__(self, session_id: str, directory: str | None, engine: int = 1) -> None:
         self.only_session = session_id
         self._directory = directory
+        self._engine = engine
         self._over = False
 
     async def still_there(self, api: OpencodeAPI) -> bool:
         # On every (re)connect: away from the stream, the deletion may have gone by unseen.
+        # The watch's `EngineAPI` asks by the session's engine's route.
         try:
             await api.session(self.only_session, self._directory)
         except SessionGone:
@@ -53,6 +60,9 @@ class OneSession:
     def ended(self, fed: Fed) -> bool:
         return fed.deleted == self.only_session and not self._deleted()
 
+    def engine(self, session_id: str) -> int:
+        return self._engine if session_id == self.only_session else 1
+
     def _deleted(self) -> bool:
         """Log the deletion once; False, the answer to `still_there`."""
         if not self._over:
@@ -61,16 +71,43 @@ class OneSession:
         return False
 
 
-async def look_up(settings: Settings, session_id: str) -> dict[str, Any]:
-    # The server answers 500, not 404, for an id that is not an OpenCode session id; and an
-    # id of another shape is never sent at all.
+@dataclass(frozen=True, slots=True)
+class Found:
+    """The session looked up: its project directory and its engine (2: the new one)."""
+
+    directory: str
+    engine: int
+
+
+async def look_up(settings: Settings, session_id: str) -> Found:
+    # The server answers 500 (1.x) or 400 (`/api`), not 404, for an id that is not an
+    # OpenCode session id; and an id of another shape is never sent at all.
     if not is_session_id(session_id):
         raise SessionGone("not an OpenCode session id")
+    engines: dict[str, int] = {}
     async with http_session(settings) as http:
-        api = OpencodeAPI(http, settings.url)
+        api = EngineAPI(
+            http,
+            settings.url,
+            engine_of=lambda session: engines.get(session, 1),
+            choice=settings.api,
+        )
+        try:
+            await api.detect()
+        except ServerError:
+            pass  # down or failing: the look-up says so, after its retries
         info = await api.session(session_id, settings.directory)
-        await warn_if_followed(api, session_id, info["directory"])
-        return info
+        found = Found(info["directory"], await api.engine(session_id, info["directory"]))
+        engines[session_id] = found.engine
+        log.info(
+            "attach.found",
+            session_id=session_id,
+            directory=found.directory,
+            engine=found.engine,
+            server=api.server.describe(),
+        )
+        await warn_if_followed(api, session_id, found.directory)
+        return found
 
 
 async def warn_if_followed(api: OpencodeAPI, session_id: str, directory: str) -> None:
@@ -92,9 +129,9 @@ async def warn_if_followed(api: OpencodeAPI, session_id: str, directory: str) ->
         )
 
 
-async def attach(settings: Settings, session_id: str) -> int:
+async def attach(settings: Settings, session_id: str, timing: Timing = Timing()) -> int:
     try:
-        info = await look_up(settings, session_id)
+        found = await look_up(settings, session_id)
     except SessionGone:
         url = public_url(settings.url)
         print(f"{PROG}: session {session_id} not found on {url}", file=sys.stderr)
@@ -102,10 +139,11 @@ async def attach(settings: Settings, session_id: str) -> int:
     except ServerError as exc:
         print(f"{PROG}: cannot look up session {session_id}: {exc}", file=sys.stderr)
         return EX_UNAVAILABLE
-    # The session's own project: its events come on that instance's /event stream, and its
-    # abort and prompt calls go to that instance.
-    settings = dataclasses.replace(settings, directory=info["directory"])
-    return await Watch(settings, scope=OneSession(session_id, settings.directory)).run()
+    # The session's own project: its events come on that instance's stream, and its abort
+    # and prompt calls go to that instance.
+    settings = dataclasses.replace(settings, directory=found.directory)
+    scope = OneSession(session_id, found.directory, found.engine)
+    return await Watch(settings, timing=timing, scope=scope).run()
 
 
 def run_attach(settings: Settings, session_id: str) -> int:

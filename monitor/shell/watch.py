@@ -195,6 +195,11 @@ class Scope(Protocol):
         """After a frame that deleted a session: True when there is nothing left to follow."""
         ...
 
+    def engine(self, session_id: str) -> int:
+        """The engine a session is known to run on before the stream shows it (2: the new
+        one, whose actions and read-backs take the `/api` routes), else 1."""
+        ...
+
 
 class AllSessions:
     """The daemon's scope: every session, for ever."""
@@ -206,6 +211,9 @@ class AllSessions:
 
     def ended(self, fed: Fed) -> bool:
         return False
+
+    def engine(self, session_id: str) -> int:
+        return 1
 
 
 class Watch:
@@ -370,7 +378,7 @@ class Watch:
                 settings.url,
                 self.timing.retry,
                 self.timing.sleep,
-                engine_of=self.tracker.adapter.engine,
+                engine_of=self._engine_of,
                 choice=settings.api,
             )
             self.toasts = Toasts(self.api)
@@ -607,6 +615,13 @@ class Watch:
         if now - self._malformed_logged_at >= MALFORMED_LOG_EVERY_S:
             self._malformed_logged_at = now
             log.warning("frame.malformed", reason=reason, count=self.tracker.malformed_total)
+
+    def _engine_of(self, session_id: str) -> int:
+        """The stream's word on a session's engine, or the scope's for one the stream has
+        not shown yet (`attach`'s session: read back and acted on before its next event)."""
+        if self.tracker.adapter.engine(session_id) == 2:
+            return 2
+        return self.scope.engine(session_id)
 
     async def _locate(self) -> str:
         """Before every connect: which server this is (`--api`), and so which stream."""

@@ -1,0 +1,144 @@
+"""`attach` against a stand-in OpenCode 2.0 server (`FakeOpencode(generation=2)`).
+
+2.0 has only the `/api` routes: the session is looked up at `GET /api/session/{id}` (its
+directory under `location`), its record read at `/api/session/{id}/message`, its loop stopped
+through `/api`, and the watch ends with status 0 when the session is deleted. A new-engine
+session of the real 1.18.33 is attached to in tests/test_real_engine.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp.test_utils import TestServer
+from structlog.testing import capture_logs
+
+from monitor.config import load_settings
+from monitor.core.feedback import MARK
+from monitor.exits import EX_NOINPUT
+from monitor.shell.attach import attach
+from monitor.testing import FakeOpencode, engine_call, engine_event, frames, play
+from tests.harness import FAST, wait_for
+
+S = "ses_s1"
+WHERE = "/w"
+READ = {"path": "README.md"}
+SESSION = {"id": S, "projectID": "prj", "title": "looping", "location": {"directory": WHERE}}
+
+
+def record(calls: int) -> list[dict[str, Any]]:
+    """The session's messages in 2.0's form, oldest first: a prompt, then `calls` identical
+    reads, one assistant message each (`msg_N`, call `call_N`, as `engine_call` names them)."""
+    messages: list[dict[str, Any]] = [{"id": "msg_0", "type": "user", "text": "go"}]
+    for n in range(1, calls + 1):
+        tool = {"type": "tool", "id": f"call_{n}", "name": "read"}
+        state = {"status": "completed", "input": READ}
+        messages.append(
+            {"id": f"msg_{n}", "type": "assistant", "content": [{**tool, "state": state}]}
+        )
+    return messages
+
+
+def reads(first: int, last: int) -> list[dict[str, Any]]:
+    """Calls `first` to `last` as the stream brings them, each call's seq where it would be."""
+    events = []
+    for n in range(first, last + 1):
+        events += engine_call(S, n, "read", READ, 1 + 3 * (n - 1), WHERE)
+    return events
+
+
+def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [log for log in logs if log["event"] == name]
+
+
+async def attaching(
+    fake: FakeOpencode, session_id: str = S
+) -> tuple[TestServer, asyncio.Task[int]]:
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    settings = load_settings({"url": str(server.make_url("")).rstrip("/")}, {}, isatty=False)
+    return server, asyncio.create_task(attach(settings, session_id, timing=FAST))
+
+
+async def test_attached_to_a_2_0_session_mid_run_it_stops_the_loop_and_ends_with_it() -> None:
+    fake = FakeOpencode(generation=2, sessions=[SESSION], messages={S: record(2)}, busy={S: {}})
+    fake.streams = [fake.live]
+    with capture_logs() as logs:
+        server, task = await attaching(fake)
+        try:
+            await wait_for(lambda: events(logs, "stream.resynced"))
+            await fake.push(frames(*reads(3, 4)))
+            await wait_for(lambda: fake.of("prompt"))
+            await fake.push(frames(engine_event("session.deleted", S, seq=13, directory=WHERE)))
+            code = await asyncio.wait_for(task, 5)
+        finally:
+            await server.close()
+    assert code == 0
+    # Looked up by 2.0's routes: which server, the session, its record (another monitor's
+    # feedback?); then the watch: which server, the stream, the session still there, busy
+    # sessions, its current run read back.
+    paths = [r.path for r in fake.requests]
+    assert paths[:11] == [
+        "/global/health",
+        "/api/health",
+        f"/api/session/{S}",
+        f"/api/session/{S}/message",
+        "/global/health",
+        "/api/health",
+        "/api/event",
+        f"/api/session/{S}",
+        "/api/session/active",
+        f"/api/session/{S}/message",
+        "/api/permission/request",
+    ]
+    [found] = events(logs, "attach.found")
+    assert (found["directory"], found["engine"]) == (WHERE, 2)
+    assert fake.requests[6].query == {"location[directory]": WHERE}
+    [seeded] = events(logs, "session.seeded")
+    assert (seeded["calls"], seeded["loop"]) == (2, False)
+    # Two calls read back, two live: the 4th identical read is the loop, stopped once by
+    # 2.0's routes, the feedback as a new turn.
+    [loop] = events(logs, "loop.detected")
+    assert (loop["session_id"], loop["part_id"], loop["call_index"]) == (S, "msg_4:call_4", 4)
+    assert fake.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
+    [prompt] = fake.of("prompt")
+    assert isinstance(prompt.body, dict) and prompt.body["prompt"]["text"].startswith(MARK)
+    assert [e["session_id"] for e in events(logs, "attach.session_deleted")] == [S]
+
+
+async def test_a_2_0_session_deleted_while_the_stream_was_down_ends_the_attach() -> None:
+    fake = FakeOpencode(generation=2, sessions=[SESSION])
+    fake.streams = [fake.live, play()]
+    with capture_logs() as logs:
+        server, task = await attaching(fake)
+        try:
+            await wait_for(lambda: events(logs, "stream.resynced"))
+            fake.sessions.clear()  # deleted, and the stream down: nobody sees it go
+            fake.close()
+            code = await asyncio.wait_for(task, 5)
+        finally:
+            await server.close()
+    assert code == 0
+    # Asked at the look-up, then at each connect: found, found, then gone (404).
+    looked_up = [r for r in fake.requests if r.path == f"/api/session/{S}"]
+    assert len(looked_up) == 3 and fake.connections == 2
+    assert [e["session_id"] for e in events(logs, "attach.session_deleted")] == [S]
+    assert fake.actions() == []
+
+
+async def test_a_session_a_2_0_server_does_not_have_exits_66(capsys: Any) -> None:
+    fake = FakeOpencode(generation=2, sessions=[SESSION])
+    missing = "ses_0000000000000000000000000"
+    server, task = await attaching(fake, missing)
+    try:
+        code = await asyncio.wait_for(task, 5)
+    finally:
+        await server.close()
+    assert code == EX_NOINPUT
+    assert [r.path for r in fake.requests] == [
+        "/global/health",
+        "/api/health",
+        f"/api/session/{missing}",
+    ]
+    assert capsys.readouterr().err.startswith(f"opencode-loop-monitor: session {missing} not found")
