@@ -354,6 +354,36 @@ async def test_attached_to_a_new_engine_session_mid_run_it_stops_the_loop_at_the
     assert [r["session_id"] for r in monitor.events("attach.session_deleted")] == [session]
 
 
+async def test_a_watch_started_during_a_new_engine_loop_reads_it_back_and_stops_it_at_its_4th(
+    opencode_server, start_monitor, engine, http
+):
+    """A daemon (re)started while a new-engine session loops has not seen the session on
+    the stream: `/api/session/active` names it busy, and its calls so far are read back by
+    `/api/session/{id}/message` (the classic route answers [] for it), so the loop is stopped
+    at its 4th call, not 4 calls after the start."""
+    session = await engine.create_session()
+    await engine.prompt(session, script([READ], 20, delay=1.0))
+
+    async def started() -> bool:
+        return len(tool_parts(await engine.messages(session))) >= 1
+
+    await until(started, 60, interval=0.05, what="the first call")
+    monitor = await start_watching(start_monitor, opencode_server)
+    [seeded] = await monitor.wait_event("session.seeded")
+    assert seeded["session_id"] == session and seeded["calls"] >= 1
+
+    messages = await engine.wait_answered(session, 90, user_messages=2)
+    parts = tool_parts(messages)
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["session_id"], outcome["outcome"], outcome["call_index"]) == (
+        session,
+        "aborted",
+        4,
+    )
+    assert outcome["part_id"] == parts[3]["id"]  # the run's 4th call: the first ones read
+    assert 4 <= len(parts) <= 5 and len(monitor.events("feedback.sent")) == 1
+
+
 @pytest.fixture
 async def asking_server(opencode_bin, scripted_model):
     async with OpencodeServer(opencode_bin, scripted_model.url, permission={"*": "ask"}) as server:

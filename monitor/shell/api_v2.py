@@ -39,6 +39,7 @@ from monitor.config import ApiChoice
 from monitor.core.export import feedback_delivered
 from monitor.core.export_v2 import classic_messages
 from monitor.core.ids import is_permission_id
+from monitor.core.session import bounded_put
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.api import (
     CredentialsRefused,
@@ -54,6 +55,8 @@ from monitor.shell.api import (
 # server's maximum): a session that ran longer than this while we were away is read back up
 # to there, the rest comes live.
 HISTORY_PAGE = 100
+# Sessions `/api/session/active` named, remembered as new-engine ones (`new_engine`).
+ACTIVE_REMEMBERED = 10_000
 HISTORY_PAGES = 50
 
 
@@ -103,6 +106,10 @@ class EngineAPI(OpencodeAPI):
         self.choice = choice
         # The body form each request took last (`_first_taken`): 0, the documented one.
         self._forms: dict[str, int] = {}
+        # Sessions the new engine said it runs (`busy_sessions`): 1.18.33 lists only its
+        # own there, so one a restarted monitor has not seen on the stream yet is read back
+        # by the `/api` routes (the classic message route answers [] for it).
+        self._active: dict[str, None] = {}
         # Until `detect` says otherwise: a 1.x server, as before this client knew of 2.x.
         self.server = ServerKind(classic=choice != "2", engine=choice != "1")
 
@@ -145,7 +152,11 @@ class EngineAPI(OpencodeAPI):
 
     def new_engine(self, session_id: str) -> bool:
         """Whether the session's actions go to the `/api` routes."""
-        return not self.server.classic or self._engine_of(session_id) == 2
+        return (
+            not self.server.classic
+            or self._engine_of(session_id) == 2
+            or session_id in self._active
+        )
 
     async def abort(self, session_id: str, directory: str | None) -> None:
         if not self.new_engine(session_id):
@@ -294,7 +305,10 @@ class EngineAPI(OpencodeAPI):
             data = active.get("data") if isinstance(active, dict) else None
             if not isinstance(data, dict):
                 raise ServerError("/api/session/active did not answer {data: {...}}")
-            busy |= {session_id for session_id in data if isinstance(session_id, str)}
+            for session_id in data:
+                if isinstance(session_id, str):
+                    busy.add(session_id)
+                    bounded_put(self._active, session_id, None, ACTIVE_REMEMBERED)
         return busy
 
     async def pending_permissions(self, directory: str | None) -> list[dict[str, Any]]:
