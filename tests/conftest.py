@@ -107,3 +107,17 @@ def measure_overshoot(
         return calls
 
     return measure
+
+
+@pytest.fixture(autouse=True)
+def runtime_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A runtime folder of each test's own ($XDG_RUNTIME_DIR): the monitors a test starts, in
+    process or not, keep their default sockets and the lock of the acting monitor
+    (monitor.shell.acting) there, apart from other tests' and from the user's."""
+    # Short: the default plugin socket is made in it, and a socket path holds 107 bytes.
+    folder = Path(tempfile.mkdtemp(prefix="olm-rt-"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -54,21 +54,25 @@ def loop_frames(session: str, calls: int, directory: str = "/w", prefix: str = "
     return frames(*events)
 
 
-async def start(fake: FakeOpencode, timing: Timing = FAST, **flags: Any) -> Running:
+async def start(
+    fake: FakeOpencode, timing: Timing = FAST, roles: Path | None = None, **flags: Any
+) -> Running:
     """Serve `fake` on loopback and run a `Watch` of it with these flags; `stop` ends both."""
     server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
-    return (server, *watching(server, timing, **flags))
+    return (server, *watching(server, timing, roles, **flags))
 
 
 def watching(
-    server: TestServer, timing: Timing = FAST, **flags: Any
+    server: TestServer, timing: Timing = FAST, roles: Path | None = None, **flags: Any
 ) -> tuple[Watch, asyncio.Task[int]]:
-    """A(nother) `Watch` of a stand-in already served; `Watch.stop` and await the task."""
+    """A(nother) `Watch` of a stand-in already served; `Watch.stop` and await the task.
+    `roles`: the folder where monitors mark which one acts (monitor.shell.acting); two
+    watches given two folders do not see each other, so both act."""
     settings = load_settings(
         {"url": str(server.make_url("")).rstrip("/"), **flags}, {}, isatty=False
     )
-    watch = Watch(settings, notifier=Notifier(None), timing=timing)
+    watch = Watch(settings, notifier=Notifier(None), timing=timing, roles=roles)
     return watch, asyncio.create_task(watch.run())
 
 

@@ -2,7 +2,9 @@
 interventions that survive a restart of the server, against the stand-in.
 
 Two `Watch` instances against one stand-in play two monitors (two `watch`, or a `watch` and
-an `attach`); the stand-in's record (`messages`) is what each one reads back.
+an `attach`); the stand-in's record (`messages`) is what each one reads back. Given two lock
+folders (`roles`) they do not see each other, so both act: monitors of one server that are
+not seen as one (two users, two spellings of its address), which the record check is for.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ FIRST = dataclasses.replace(FAST, stagger=lambda: 0.0)
 SECOND = dataclasses.replace(FAST, stagger=lambda: 0.3)
 
 
-async def test_two_monitors_on_one_loop_post_one_feedback():
+async def test_two_monitors_on_one_loop_post_one_feedback(tmp_path):
     # Both see the loop at once and both abort (a second abort changes nothing); the one
     # that waits longer before the feedback finds the other's and posts none.
     fake = FakeOpencode(
@@ -45,7 +47,7 @@ async def test_two_monitors_on_one_loop_post_one_feedback():
         # Neither serves plugins: with the endpoint the first one holds, the second would read
         # the record again before aborting (see the test after this one).
         server, first, first_task = await start(fake, FIRST, plugin_socket="off")
-        second, second_task = watching(server, SECOND, plugin_socket="off")
+        second, second_task = watching(server, SECOND, tmp_path, plugin_socket="off")
         await wait_for(lambda: events(logs, "feedback.sent") and events(logs, "feedback.deferred"))
         for watch, task in ((first, first_task), (second, second_task)):
             watch.stop()
@@ -63,7 +65,7 @@ async def test_two_monitors_on_one_loop_post_one_feedback():
     assert [e["part_id"] for e in events(logs, "intervention.outcome")] == ["p4", "p4"]
 
 
-async def test_the_second_monitor_of_a_plugin_endpoint_reads_again_before_it_aborts():
+async def test_the_second_monitor_of_a_plugin_endpoint_reads_again_before_it_aborts(tmp_path):
     # The first monitor holds the plugin endpoint of the server; the second one knows, so it
     # reads the record again before acting, finds the first one's feedback and acts not at all.
     fake = FakeOpencode(
@@ -74,7 +76,7 @@ async def test_the_second_monitor_of_a_plugin_endpoint_reads_again_before_it_abo
     with capture_logs() as logs:
         server, first, first_task = await start(fake, FIRST)
         await wait_for(lambda: first.plugin_server is not None)
-        second, second_task = watching(server, SECOND)
+        second, second_task = watching(server, SECOND, tmp_path)
         await wait_for(lambda: len(events(logs, "intervention.outcome")) == 2)
         for watch, task in ((first, first_task), (second, second_task)):
             watch.stop()
@@ -86,7 +88,7 @@ async def test_the_second_monitor_of_a_plugin_endpoint_reads_again_before_it_abo
     assert outcomes == [("aborted", None), ("deferred", "feedback already in the session")]
 
 
-async def test_a_monitor_that_comes_second_does_not_act_again():
+async def test_a_monitor_that_comes_second_does_not_act_again(tmp_path):
     # The second monitor sees the loop after the first one stopped it and gave the feedback
     # (a lagging stream): it neither aborts the model's answer to it nor posts another.
     fake = FakeOpencode(
@@ -97,7 +99,7 @@ async def test_a_monitor_that_comes_second_does_not_act_again():
     with capture_logs() as logs:
         server, first, first_task = await start(fake, FIRST)
         await wait_for(lambda: events(logs, "feedback.sent"))
-        second, second_task = watching(server, FIRST)
+        second, second_task = watching(server, FIRST, tmp_path)
         await wait_for(lambda: len(events(logs, "intervention.outcome")) == 2)
         for watch, task in ((first, first_task), (second, second_task)):
             watch.stop()
@@ -134,7 +136,7 @@ def refused_record() -> list[dict]:
     ]
 
 
-async def test_two_monitors_under_approve_refuse_once_and_the_second_defers():
+async def test_two_monitors_under_approve_refuse_once_and_the_second_defers(tmp_path):
     # The server takes the first refusal and answers the second 404; the second monitor
     # must not take the 404 for "answered first" and abort the run on top of the refusal.
     loop = []
@@ -150,7 +152,7 @@ async def test_two_monitors_under_approve_refuse_once_and_the_second_defers():
     fake = FakeOpencode(streams=[play(stream), play(stream)], reply_once=True)
     with capture_logs() as logs:
         server, first, first_task = await start(fake, FIRST, permissions="approve")
-        second, second_task = watching(server, FIRST, permissions="approve")
+        second, second_task = watching(server, FIRST, tmp_path, permissions="approve")
         await wait_for(lambda: fake.of("reply"))
         fake.messages = {"ses_1": refused_record()}  # the call ends refused, a moment later
         await wait_for(lambda: len(events(logs, "intervention.outcome")) == 2)

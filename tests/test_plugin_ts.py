@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.core.feedback import MARK
+from monitor.core.feedback import MARK, OWN_REFUSAL
 from monitor.core.limits import HISTORY_FLOOR
 from monitor.core.rules.cycle import detect_cycle
 from monitor.kit.sandbox import default_cache_dir, find_or_install_bun
@@ -86,4 +86,8 @@ def test_the_plugins_rule_finds_what_the_daemons_cycle_rule_finds(bun: Path) -> 
 
 
 def test_the_plugin_speaks_with_the_guards_mark_and_history(bun: Path) -> None:
-    assert evaluate(bun, "[plugin.MARK, plugin.HISTORY]") == [MARK, HISTORY_FLOOR]
+    assert evaluate(bun, "[plugin.MARK, plugin.HISTORY, plugin.OWN_REFUSAL]") == [
+        MARK,
+        HISTORY_FLOOR,
+        OWN_REFUSAL,
+    ]

@@ -29,6 +29,9 @@ class Outcome(enum.StrEnum):
     CANCELLED = "cancelled"  # shutdown gave up on it
     # Another monitor of the same server intervened on this loop first: not acted on again.
     DEFERRED = "deferred"
+    # Another monitor acts for this server (this one is its standby, monitor.shell.acting):
+    # the loop is logged here and left to it.
+    STANDBY = "standby"
 
 
 class Action(enum.StrEnum):
@@ -93,6 +96,10 @@ class Intervene:
     # How the session's earlier interventions ended, as far as this monitor saw: a hold's
     # feedback counts them by name.
     prior_outcomes: tuple[Outcome, ...] = ()
+    # The loop's call was refused already, by the plugin's own rule (no monitor answered its
+    # question: `feedback.OWN_REFUSAL`): that refusal is this intervention's block, which the
+    # ladder counts; a `stop` or a hold still stops the run.
+    refused: bool = False
     # `fields()`, made at its first use: every decision logs them twice (`loop.detected`,
     # `intervention.outcome`).
     _fields: Mapping[str, object] | None = field(

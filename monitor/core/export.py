@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from monitor.core.events import Malformed
-from monitor.core.feedback import MARKS, is_hold_feedback
+from monitor.core.feedback import MARKS, OWN_REFUSAL, is_hold_feedback
 
 
 def _info(message: object) -> dict[str, Any] | None:
@@ -152,7 +152,7 @@ def intervened(
             _has_id(part, part_id)
             and isinstance(state, dict)
             and state.get("status") == "error"
-            and any(mark in str(state.get("error", "")) for mark in MARKS)
+            and _monitor_refused(str(state.get("error", "")))
         ):
             return "call already refused"
     later = messages[index:]
@@ -161,6 +161,12 @@ def intervened(
     if aborted and any(_aborted(other) for other in later):
         return "run already aborted"
     return None
+
+
+def _monitor_refused(error: str) -> bool:
+    """Whether a call's error is a monitor's refusal; the plugin's own rule is nobody's
+    intervention (`OWN_REFUSAL`: the acting monitor counts it as its own)."""
+    return any(mark in error for mark in MARKS) and OWN_REFUSAL not in error
 
 
 def _aborted(message: object) -> bool:

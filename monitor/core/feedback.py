@@ -29,6 +29,7 @@ __all__ = [
     "HOLD_NOTE",
     "MARK",
     "MARKS",
+    "OWN_REFUSAL",
     "TOOL_NAME_MAX",
     "clean_tool_name",
     "earlier_by_name",
@@ -44,6 +45,10 @@ __all__ = [
 MARK = "[opencode-loop-monitor] Loop guard: "
 # What earlier versions started with: their interventions count too.
 MARKS = (MARK, "Loop guard: ")
+# How the plugin's own rule refuses a call, when no monitor answered its question (the
+# plugin's OWN_REFUSAL, monitor/plugin/loop-guard.ts): nobody's intervention yet, so the
+# acting monitor takes it for its own (`Intervene.refused`) instead of deferring to it.
+OWN_REFUSAL = MARK + "this call was refused by the plugin and did not run"
 # How the feedback of a hold ends, in every version so far: a session whose last user message
 # ends so is still held when the monitor reads it back (monitor/core/export.py).
 HOLD_NOTE = "on hold until a person replies. Do not call tools until then."

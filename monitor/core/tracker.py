@@ -41,6 +41,7 @@ from monitor.core.events import (
 from monitor.core.events_v2 import Adapter
 from monitor.core.feedback import (
     MARKS,
+    OWN_REFUSAL,
     feedback_text,
     nudge_text,
     refusal_after_text,
@@ -753,7 +754,7 @@ class Tracker:
             and (call is None or call.state in (CallState.NEW, CallState.ASKED))
         )
         decision = None if transparent else self._call(session, call, part, seeding)
-        if decision is not None and finished and seeding is None:
+        if decision is not None and finished and seeding is None and not decision.refused:
             decision = self._withhold(session, decision)
         nudge = None
         call = call or session.call(part.part_id)  # `_call` made it, if it was new
@@ -975,11 +976,13 @@ class Tracker:
         # Only loops of repeated calls name their calls (by digest): text, progress and
         # budget findings name none to refuse again, and are never the same loop.
         repeats = isinstance(finding, CallCycle | EndlessWait | FailureRun | DoomLoop)
+        found_on = session.call(part_id)
+        refused = found_on is not None and str(found_on.error or "").startswith(OWN_REFUSAL)
         loop: frozenset[int] | None = None
         if repeats:
             if rearm:
                 loop = frozenset(session.block(finding.shape()[0]))
-                failed = session.call(part_id) if isinstance(finding, FailureRun) else None
+                failed = found_on if isinstance(finding, FailureRun) else None
                 how = None if failed is None else _failure(failed)
                 if how is not None:
                     loop |= {how}  # and how it failed: that failure is the loop too
@@ -996,7 +999,11 @@ class Tracker:
         acted = session.acted
         if loop and acted is not None and acted.same(loop, session.step):
             return dataclasses.replace(
-                acted.decision, part_id=part_id, call_index=session.calls, plan=Plan.DEFER
+                acted.decision,
+                part_id=part_id,
+                call_index=session.calls,
+                plan=Plan.DEFER,
+                refused=refused,
             )
         if repeats:
             runs = self.detection.armed_runs
@@ -1034,6 +1041,7 @@ class Tracker:
             refusal=refusal,
             run=session.runs,
             prior_outcomes=session.outcomes,
+            refused=refused,
         )
         if loop:
             session.acted = Acted(decision, loop, session.step)

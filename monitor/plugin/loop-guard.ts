@@ -164,12 +164,18 @@ function cleanToolName(name: string): string {
   return name.replace(/[\p{C}\s]+/gu, " ").trim().slice(0, TOOL_NAME_MAX)
 }
 
-/** What the model reads for a call the plugin's own rule refused (feedback.py rejection_text). */
+/**
+ * What the model reads for a call the plugin's own rule refused (feedback.py rejection_text).
+ * It starts with OWN_REFUSAL, so that a monitor reading the call back knows that no monitor
+ * answered it: the refusal is the plugin's, which the acting monitor counts as its own.
+ */
+export const OWN_REFUSAL = `${MARK}this call was refused by the plugin and did not run`
+
 export function localFeedback(cycle: Cycle): string {
   const calls = cycle.tools.length === 1 ? "1 call" : `${cycle.tools.length} calls`
   const names = cycle.tools.map(cleanToolName).join(", ")
   return (
-    `${MARK}this call was refused and did not run: it would have completed a loop, ` +
+    `${OWN_REFUSAL}: it would have completed a loop, ` +
     `${calls} (${names}) repeated ${cycle.repetitions} times with the same arguments.\n\n` +
     "Do not make the same call again. Compare what you expected the earlier calls to do with " +
     "what they actually returned. Then either take a materially different action based on " +

@@ -108,26 +108,44 @@ class Interventions:
         self._running: set[asyncio.Task[None]] = set()
 
     def submit(self, decision: Intervene) -> None:
+        if decision.refused:
+            # The plugin's own rule refused the loop's call (no monitor answered it): that is
+            # this intervention's block, the run went on.
+            self.blocked(decision, via="plugin_rule")
+            return
         if decision.plan == Plan.DEFER:
             _again(decision)  # the intervention that stands for this loop does it all
             return
         log.warning("loop.detected", **decision.fields())
         self._queue(decision, lambda progress: self._act(decision, progress))
 
-    def blocked(self, decision: Intervene, call_id: str) -> None:
-        """The plugin was told to throw: the loop's call does not run. A `stop` (or a hold)
-        also stops the run, then gives the feedback; a block lets the run go on."""
+    def blocked(self, decision: Intervene, call_id: str | None = None, via: str = "plugin") -> None:
+        """The plugin threw (told to, or by its own rule: `via`): the loop's call does not
+        run. A `stop` (or a hold) also stops the run, then gives the feedback; a block lets
+        the run go on."""
+        fields: dict[str, object] = {"via": via}
+        if call_id is not None:
+            fields["call_id"] = call_id
         if decision.plan == Plan.DEFER:
-            _again(decision, via="plugin", call_id=call_id)
+            _again(decision, **fields)
             return
-        log.warning("loop.detected", via="plugin", call_id=call_id, **decision.fields())
+        log.warning("loop.detected", **fields, **decision.fields())
         if decision.plan in _STOPS:
             self._queue(
                 decision,
-                lambda progress: self._act(decision, progress, ours=True, via="plugin"),
+                lambda progress: self._act(decision, progress, ours=True, via=via),
             )
             return
-        self._decided(decision, Outcome.BLOCKED, via="plugin", call_id=call_id)
+        self._decided(decision, Outcome.BLOCKED, **fields)
+
+    def standby(self, decision: Intervene, acting_pid: int | None) -> None:
+        """Another monitor acts for this server (monitor.shell.acting): the loop found here
+        is logged, and left to it."""
+        if decision.plan == Plan.DEFER:
+            _again(decision, standby=True)
+            return
+        log.warning("loop.detected", standby=True, **decision.fields())
+        self._decided(decision, Outcome.STANDBY, acting_pid=acting_pid)
 
     def answer(self, reply: Reply) -> None:
         """Answer a permission request: a refusal is an intervention, queued like one; an

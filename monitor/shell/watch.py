@@ -41,6 +41,8 @@ from monitor.core.resync import (
 )
 from monitor.core.tracker import Detection, Fed, Tracker
 from monitor.errors import ConfigError, ServerError, SessionGone
+from monitor.shell.acting import POLL_S as TAKEOVER_POLL_S
+from monitor.shell.acting import Role
 from monitor.shell.actions import Interventions, random_stagger
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.api_v2 import EngineAPI, ServerKind
@@ -53,6 +55,8 @@ from monitor.shell.decide import (
     PluginStats,
     Unasked,
     plugin_endpoint,
+    private_dir,
+    state_dir,
 )
 from monitor.shell.diagnosis import directory_known
 from monitor.shell.logs import LoopErrors, Throttle, configure_logging
@@ -173,6 +177,8 @@ class Timing:
     webhook: Delivery = Delivery()
     # Tool calls with no plugin asking for this long: say so (`plugin.not_asking`).
     unasked: float = UNASKED_AFTER_S
+    # How often a standby tries to take over from the acting monitor (monitor.shell.acting).
+    takeover: float = TAKEOVER_POLL_S
     # How long the feedback waits after an abort (see monitor.shell.actions.STAGGER_S).
     stagger: Callable[[], float] = random_stagger
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -223,8 +229,11 @@ class Watch:
         notifier: Notifier | None = None,
         timing: Timing = Timing(),
         scope: Scope = AllSessions(),
+        roles: Path | None = None,
     ) -> None:
         self.settings = settings
+        # Where the monitors of this server mark which one acts (monitor.shell.acting).
+        self._roles = roles
         self.timing = timing
         self.scope = scope
         self.notifier = notifier or Notifier.from_environ()
@@ -241,6 +250,8 @@ class Watch:
         self._malformed_logged_at = float("-inf")
         self._refusals = Throttle(REFUSED_LOG_EVERY_S, timing.clock)
         self._plugin_elsewhere = False
+        # Whether this monitor acts or is another's standby (None: it acts, unguarded).
+        self.role: Role | None = None
         self._ready_sent = False
         self._record: TextIO | None = None
         self._stream: EventStream | None = None
@@ -273,9 +284,13 @@ class Watch:
             if self.metrics is not None:
                 self.metrics_server = await self._serve_metrics(self.metrics)
             try:
-                await self._serve_plugins()
+                self.role = self._take_role()
+                if self.role is None or self.role.acting:
+                    await self._serve_plugins()
                 return await self._run()
             finally:
+                if self.role is not None:
+                    self.role.close()
                 if self.plugin_server is not None:
                     await self.plugin_server.close()
                 if self.metrics_server is not None:
@@ -298,6 +313,44 @@ class Watch:
             ) from None
         log.info("metrics.listening", host=address.host, port=server.port)
         return server
+
+    def _take_role(self) -> Role | None:
+        """Act, or stand by for the monitor that acts for this server (monitor.shell.acting).
+        A dry run acts on nothing, so it takes no part."""
+        if self.settings.dry_run:
+            return None
+        folder = self._roles or state_dir(os.environ)
+        try:
+            private_dir(folder)
+        except (ConfigError, OSError) as exc:
+            log.warning("monitor.unguarded", folder=str(folder), reason=str(exc))
+            return None
+        role = Role(folder, self.settings.url, self.scope.only_session)
+        if role.try_acting():
+            log.info("monitor.acting", session_id=self.scope.only_session)
+        else:
+            log.warning(
+                "monitor.standby",
+                acting_pid=role.holder(),
+                session_id=self.scope.only_session,
+                message="another monitor acts for this server: this one logs the loops it "
+                "finds and takes over when that one stops",
+            )
+        return role
+
+    async def _stand_by(self, role: Role) -> None:
+        """Try to take over from the acting monitor every poll, until this one acts."""
+        while not role.acting:
+            await self.timing.sleep(self.timing.takeover)
+            if role.try_acting():
+                log.warning("monitor.took_over", session_id=self.scope.only_session)
+                await self._serve_plugins()
+
+    def _acts_for(self, session_id: str) -> bool:
+        return self.role is None or self.role.acts_for(session_id)
+
+    def _acting_pid(self) -> int | None:
+        return None if self.role is None else self.role.holder()
 
     async def _serve_plugins(self) -> None:
         endpoint = plugin_endpoint(self.settings, os.environ)
@@ -425,6 +478,8 @@ class Watch:
             asyncio.create_task(self._stop.wait()),
             asyncio.create_task(self._check_silence(stream)),
         ]
+        if self.role is not None and not self.role.acting:
+            tasks.append(asyncio.create_task(self._stand_by(self.role)))
         interval = watchdog_interval()
         if interval is not None:
             tasks.append(asyncio.create_task(watchdog_pings(self.notifier, interval)))
@@ -506,9 +561,15 @@ class Watch:
         back, to `Interventions`: every decision takes this one path (logged, counted,
         carried out)."""
         for decision in fed.decisions:
-            self.interventions.submit(decision)
+            if self._acts_for(decision.session_id):
+                self.interventions.submit(decision)
+            else:
+                self.interventions.standby(decision, self._acting_pid())
         for reply in fed.replies:
-            self.interventions.answer(reply)
+            if self._acts_for(reply.session_id):
+                self.interventions.answer(reply)
+            elif reply.loop is not None:
+                self.interventions.standby(reply.loop, self._acting_pid())
         if self.metrics is not None:
             for loop in (*fed.decisions, *(r.loop for r in fed.replies if r.loop is not None)):
                 if loop.plan != Plan.DEFER:  # counted once, as the loop it is again
@@ -531,7 +592,7 @@ class Watch:
             self.metrics.intervention(outcome)
         self.toasts.show(decision, outcome)  # returns at once: posting runs apart
         # A deferred loop is the other monitor's to tell of: one notification per loop.
-        if self.webhook is not None and outcome != Outcome.DEFERRED:
+        if self.webhook is not None and outcome not in (Outcome.DEFERRED, Outcome.STANDBY):
             self.webhook.send(decision, outcome)  # returns at once: posting runs apart
 
     def last_frame_unix(self) -> float | None:

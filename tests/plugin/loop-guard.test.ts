@@ -8,6 +8,7 @@ import plugin, {
   LocalGuard,
   MARK,
   MAX_SESSIONS,
+  OWN_REFUSAL,
   blockText,
   canonical,
   endedSession,
@@ -121,7 +122,7 @@ describe("the plugin's own rule", () => {
 describe("what the model reads", () => {
   test("the local refusal starts with the mark and names the loop", () => {
     const text = localFeedback({ tools: ["read", "ba\nsh"], repetitions: 3 })
-    expect(text.startsWith(MARK + "this call was refused and did not run")).toBe(true)
+    expect(text.startsWith(OWN_REFUSAL + ": it would have completed a loop")).toBe(true)
     expect(text).toContain("2 calls (read, ba sh) repeated 3 times")
   })
 

@@ -1,0 +1,127 @@
+"""One acting monitor per server: any other monitor of it is a standby.
+
+Two monitors of one server that both act intervene twice on one loop: the first refuses the
+loop's call in band, the second, which only sees the stream, aborts the run as well. So the
+monitor that acts holds an advisory lock (`flock`) on a file named for the server, in the
+folder of the plugin sockets (`decide.state_dir`); a monitor that finds it held is a
+standby: it follows the stream and logs what it finds, acts on nothing, and tries the lock
+again every poll. The kernel releases a lock when its holder exits, also on SIGKILL, so a
+standby takes over within one poll of the acting monitor's end.
+
+`attach` acts for its one session: it acts only while no daemon holds the server's lock (it
+is then the daemon's standby), and it holds a lock named for its session, which a daemon
+checks before it acts on that session. Monitors see each other only through these files:
+two users, two machines, or one server reached by two spellings of its URL
+(`localhost`, `127.0.0.1`) are not seen as one server.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from pathlib import Path
+from typing import IO
+from urllib.parse import urlsplit
+
+__all__ = ["POLL_S", "Role"]
+
+# How often a standby tries to take over (the `--help` of `watch` says "within a second or two").
+POLL_S = 1.0
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _server_key(url: str) -> str:
+    """The server, as a file name: its host and port."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return _UNSAFE.sub("_", f"{parts.hostname or 'localhost'}-{port}")
+
+
+def _try_lock(path: Path, create: bool) -> IO[str] | None:
+    """The file at `path`, locked by us, or None when someone else holds it (or, without
+    `create`, there is no such file: nobody ever locked it)."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        return None
+    file = os.fdopen(fd, "r+", encoding="utf-8")
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.close()
+        return None
+    return file
+
+
+class Role:
+    """Whether this monitor acts, for which sessions, and who acts when it does not."""
+
+    def __init__(self, folder: Path, url: str, session_id: str | None = None) -> None:
+        key = _server_key(url)
+        self._server = folder / f"acting-{key}.lock"
+        self._folder = folder
+        self._key = key
+        self._session_id = session_id
+        self._held: IO[str] | None = None
+
+    @property
+    def acting(self) -> bool:
+        return self._held is not None
+
+    def try_acting(self) -> bool:
+        """Take the lock that makes this monitor the acting one, if it is free: True when
+        this monitor acts (now or already)."""
+        if self._held is not None:
+            return True
+        if self._session_id is None:
+            held = _try_lock(self._server, create=True)
+        else:
+            daemon = _try_lock(self._server, create=True)
+            if daemon is None:
+                return False  # a daemon acts for every session, this one too
+            daemon.close()
+            held = _try_lock(self._attached(self._session_id), create=True)
+        if held is not None:
+            held.truncate(0)
+            held.write(f"{os.getpid()}\n")
+            held.flush()
+        self._held = held
+        return held is not None
+
+    def acts_for(self, session_id: str) -> bool:
+        """Whether this monitor carries out decisions on `session_id`: a daemon leaves a
+        session to the `attach` that acts for it."""
+        if self._held is None:
+            return False
+        if self._session_id is not None:
+            return session_id == self._session_id
+        other = _try_lock(self._attached(session_id), create=False)
+        if other is None:
+            return not self._attached(session_id).exists()
+        other.close()
+        return True
+
+    def holder(self) -> int | None:
+        """The process id the daemon acting for this server wrote, as far as it can be read
+        (None from an `attach` of another session too: only the daemon's file is read)."""
+        try:
+            text = self._server.read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def close(self) -> None:
+        if self._held is None:
+            return
+        if self._session_id is not None:
+            # One file per attached session would pile up; the daemon reads a missing one
+            # as nobody's.
+            self._attached(self._session_id).unlink(missing_ok=True)
+        self._held.close()
+        self._held = None
+
+    def _attached(self, session_id: str) -> Path:
+        return self._folder / f"attach-{self._key}-{_UNSAFE.sub('_', session_id)}.lock"
