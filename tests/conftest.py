@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 import aiohttp
 import pytest
@@ -85,11 +88,69 @@ def start_monitor(tmp_path: Path) -> Iterator[Callable[..., MonitorProcess]]:
 OVERSHOOT_FILE = REPO / ".cache" / "overshoot.jsonl"
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # One file per test run: bench/run.py reports its sum (docs/performance.md). Emptied once,
+    # by the main process: pytest-xdist's workers (which have `workerinput`) only append to it.
+    if not hasattr(session.config, "workerinput"):
+        OVERSHOOT_FILE.parent.mkdir(parents=True, exist_ok=True)
+        OVERSHOOT_FILE.write_text("")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The real-trajectory corpus is unpacked on first use into one folder of /tmp (the
+    # `corpus` fixture of test_progress_rules.py): its tests share one worker, so that two
+    # workers never unpack it at once (with `--dist loadgroup`, as README.md runs the suite).
+    for item in items:
+        module = getattr(item, "module", None)
+        in_module = module is not None and module.__name__.endswith("test_progress_rules")
+        if in_module and "corpus" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("realtraj-corpus"))
+
+
+# Tests whose assertions hold on a quiet machine only (a rate over wall time, how soon the
+# monitor stops a fast stream), by node id where the test module is not ours to mark; others
+# carry @pytest.mark.alone themselves.
+ALONE = {"tests/test_status.py::test_status_of_10000_sessions_is_bounded_cached_and_rate_limited"}
+# Under pytest-xdist every test holds LOCK shared; an `alone` test holds it exclusive, so it runs
+# while no other worker runs a test. GATE gives it the turn: without it, the other workers'
+# shared holds overlap and it would wait for the end of the run.
+LOCK, GATE = (REPO / ".cache" / name for name in ("alone.lock", "alone-gate.lock"))
+_held: dict[Path, TextIO] = {}
+
+
+def _flock(path: Path, operation: int) -> None:
+    if path not in _held:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _held[path] = path.open("a")
+    fcntl.flock(_held[path], operation)
+
+
+@contextmanager
+def _turn(alone: bool) -> Iterator[None]:
+    _flock(GATE, fcntl.LOCK_EX)
+    try:
+        _flock(LOCK, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    finally:
+        if not alone:
+            _flock(GATE, fcntl.LOCK_UN)
+    try:
+        yield
+    finally:
+        _flock(LOCK, fcntl.LOCK_UN)
+        if alone:
+            _flock(GATE, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    if not hasattr(item.config, "workerinput"):  # not under pytest-xdist: one test at a time
+        return (yield)
+    with _turn(item.get_closest_marker("alone") is not None or item.nodeid in ALONE):
+        return (yield)
+
+
 @pytest.fixture(scope="session")
 def _overshoot_file() -> Path:
-    # One file per test run: bench/run.py reports its sum (docs/performance.md).
-    OVERSHOOT_FILE.parent.mkdir(parents=True, exist_ok=True)
-    OVERSHOOT_FILE.write_text("")
     return OVERSHOOT_FILE
 
 

@@ -57,6 +57,8 @@ def note_overshoot(test, decided_chunk, stored_chars):
     return streamed - decided_chunk
 
 
+# How soon the stream is stopped depends on the monitor and the server getting the CPU at once.
+@pytest.mark.alone
 @pytest.mark.parametrize("kind", ["text", "reasoning"])
 async def test_a_paragraph_repeated_hundreds_of_times_is_stopped_early(
     opencode_server, start_monitor, http, kind

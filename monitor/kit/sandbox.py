@@ -8,6 +8,7 @@ REST client (`monitor.shell.api.OpencodeAPI`).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -15,8 +16,8 @@ import signal
 import socket
 import subprocess
 import tempfile
-from collections.abc import Mapping
-from contextlib import suppress
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -73,13 +74,14 @@ def find_or_install_opencode(cache_dir: Path) -> Path:
             raise InstallError(f"OPENCODE_BIN={explicit} is not a file")
         return Path(explicit)
     cached = cache_dir / "node_modules" / ".bin" / "opencode"
-    if cached.exists():
-        return cached
-    # Event shapes differ between releases: a PATH binary is only good at the pinned version.
-    on_path = shutil.which("opencode")
-    if on_path and _version_of(Path(on_path)) == OPENCODE_VERSION:
-        return Path(on_path)
-    return _npm_install(cache_dir, NPM_PACKAGE, cached)
+    with _install_lock(cache_dir):
+        if cached.exists():
+            return cached
+        # Event shapes differ between releases: a PATH binary is only good at the pinned version.
+        on_path = shutil.which("opencode")
+        if on_path and _version_of(Path(on_path)) == OPENCODE_VERSION:
+            return Path(on_path)
+        return _npm_install(cache_dir, NPM_PACKAGE, cached)
 
 
 def find_or_install_bun(cache_dir: Path) -> Path:
@@ -91,9 +93,26 @@ def find_or_install_bun(cache_dir: Path) -> Path:
         return Path(explicit)
     folder = cache_dir / "bun"
     cached = folder / "node_modules" / ".bin" / "bun"
-    if cached.exists():
-        return cached
-    return _npm_install(folder, f"bun@{BUN_VERSION}", cached)
+    with _install_lock(folder):
+        if cached.exists():
+            return cached
+        return _npm_install(folder, f"bun@{BUN_VERSION}", cached)
+
+
+@contextmanager
+def _install_lock(folder: Path) -> Iterator[None]:
+    """Held while looking into an install folder and installing into it: test workers in
+    parallel (pytest-xdist) all need it at their start, one npm installs, the others wait and
+    then find its install (a bin link alone does not say that npm has finished)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = (folder / ".install.lock").open("a")
+    except OSError:
+        yield  # an unwritable cache: nothing could be installed there anyway
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        yield
 
 
 def _version_of(binary: Path) -> str | None:
