@@ -21,15 +21,20 @@ from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
 from monitor.config import load_settings
+from monitor.core.decisions import Action, Intervene, Plan
+from monitor.core.feedback import MARK
+from monitor.core.findings import CallCycle
 from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer
 from monitor.kit.scripted_model import script
-from monitor.shell.api import Retry
+from monitor.shell.actions import Interventions
+from monitor.shell.api import OpencodeAPI, Retry
 from monitor.shell.backoff import Backoff
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Timing, Watch
 from monitor.testing import FakeOpencode, frames
-from tests.frames_factory import READ, call, envelope
+from tests import frames_factory as ff
+from tests.frames_factory import BASH, READ, call, envelope
 from tests.monitor_process import MonitorProcess
 
 REPO = Path(__file__).resolve().parent.parent
@@ -285,3 +290,53 @@ async def stalled_through_a_loop(
     finally:
         monitor.process.send_signal(signal.SIGCONT)
     return session
+
+
+def refused_record() -> list[dict]:
+    """The session after one monitor refused call 4: the call ended in error with its text."""
+    calls = [
+        ff.export_part("ses_1", f"prt_{n}", "completed", *BASH[1:], tool="bash") for n in (1, 2, 3)
+    ]
+    refused = ff.export_part("ses_1", "prt_4", "error", *BASH[1:], tool="bash")
+    refused["state"]["error"] = (
+        "The user rejected permission to use this specific tool call with the following "
+        f"feedback: {MARK}this call was refused and did not run"
+    )
+    return [
+        ff.user_message("ses_1"),
+        *(ff.assistant_message("ses_1", c) for c in calls),
+        ff.assistant_message("ses_1", refused),
+    ]
+
+
+def held_decision() -> Intervene:
+    """The loop of `refused_record`, escalated to a hold: ours to carry out in full."""
+    return Intervene(
+        session_id="ses_1",
+        directory="/w",
+        finding=CallCycle(("bash",), 4),
+        part_id="prt_4",
+        call_index=6,
+        prior_interventions=2,
+        hold=True,
+        escalated=True,
+        feedback=MARK + "held",
+        action=Action.STOP,
+        plan=Plan.HOLD,
+    )
+
+
+async def carried_out(fake: FakeOpencode, act: Callable[[Interventions], None]) -> list[dict]:
+    """The log of `act` on an `Interventions` against the stand-in `fake`, once it is done."""
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            api = OpencodeAPI(http, str(server.make_url("")).rstrip("/"), FAST.retry, FAST.sleep)
+            actions = Interventions(api, forget=lambda _: None, on_fatal=lambda _: None)
+            with capture_logs() as logs:
+                act(actions)
+                await actions.drain(5)
+    finally:
+        await server.close()
+    return logs

@@ -19,17 +19,27 @@ import pytest
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
-from monitor.core.decisions import Action, Intervene, Plan, Reply
+from monitor.core.decisions import Reply
 from monitor.core.due import DueWork, Step
 from monitor.core.export import intervened
 from monitor.core.feedback import MARK
-from monitor.core.findings import CallCycle
 from monitor.shell.actions import RECENT_MESSAGES, Interventions
 from monitor.shell.api import OpencodeAPI
 from monitor.testing import FakeOpencode, frames, play
 from tests import frames_factory as ff
 from tests.frames_factory import BASH, asked, envelope, part, replied
-from tests.harness import FAST, events, loop_frames, start, stop, wait_for, watching
+from tests.harness import (
+    FAST,
+    carried_out,
+    events,
+    held_decision,
+    loop_frames,
+    refused_record,
+    start,
+    stop,
+    wait_for,
+    watching,
+)
 
 FIRST = dataclasses.replace(FAST, stagger=lambda: 0.0)
 SECOND = dataclasses.replace(FAST, stagger=lambda: 0.3)
@@ -117,23 +127,6 @@ async def test_a_monitor_that_comes_second_does_not_act_again(tmp_path):
     # Each check before acting read only the newest messages, not the whole record.
     checks = [r.query.get("limit") for r in fake.of("message") if "limit" in r.query]
     assert checks and set(checks) == {str(RECENT_MESSAGES)}
-
-
-def refused_record() -> list[dict]:
-    """The session after one monitor refused call 4: the call ended in error with its text."""
-    calls = [
-        ff.export_part("ses_1", f"prt_{n}", "completed", *BASH[1:], tool="bash") for n in (1, 2, 3)
-    ]
-    refused = ff.export_part("ses_1", "prt_4", "error", *BASH[1:], tool="bash")
-    refused["state"]["error"] = (
-        "The user rejected permission to use this specific tool call with the following "
-        f"feedback: {MARK}this call was refused and did not run"
-    )
-    return [
-        ff.user_message("ses_1"),
-        *(ff.assistant_message("ses_1", c) for c in calls),
-        ff.assistant_message("ses_1", refused),
-    ]
 
 
 async def test_two_monitors_under_approve_refuse_once_and_the_second_defers(tmp_path):
@@ -279,9 +272,7 @@ def _decision(part_id: str):
 
 
 async def test_attach_warns_when_a_monitor_already_intervened_in_the_session():
-    import aiohttp
 
-    from monitor.shell.api import OpencodeAPI
     from monitor.shell.attach import warn_if_followed
 
     fake = FakeOpencode(
@@ -302,39 +293,6 @@ async def test_attach_warns_when_a_monitor_already_intervened_in_the_session():
         await server.close()
     [warning] = events(logs, "attach.other_monitor")
     assert (warning["session_id"], warning["feedback_messages"]) == ("ses_s1", 1)
-
-
-def held_decision() -> Intervene:
-    """The loop of `refused_record`, escalated to a hold: ours to carry out in full."""
-    return Intervene(
-        session_id="ses_1",
-        directory="/w",
-        finding=CallCycle(("bash",), 4),
-        part_id="prt_4",
-        call_index=6,
-        prior_interventions=2,
-        hold=True,
-        escalated=True,
-        feedback=MARK + "held",
-        action=Action.STOP,
-        plan=Plan.HOLD,
-    )
-
-
-async def carried_out(fake: FakeOpencode, act: Callable[[Interventions], None]) -> list[dict]:
-    """The log of `act` on an `Interventions` against the stand-in `fake`, once it is done."""
-    server = TestServer(fake.app(), host="127.0.0.1")
-    await server.start_server()
-    try:
-        async with aiohttp.ClientSession() as http:
-            api = OpencodeAPI(http, str(server.make_url("")).rstrip("/"), FAST.retry, FAST.sleep)
-            actions = Interventions(api, forget=lambda _: None, on_fatal=lambda _: None)
-            with capture_logs() as logs:
-                act(actions)
-                await actions.drain(5)
-    finally:
-        await server.close()
-    return logs
 
 
 @pytest.mark.parametrize("via", ["plugin", "permission"])

@@ -125,3 +125,37 @@ async def test_unknown_session_exits_66(opencode_server, start_monitor):
         f"opencode-loop-monitor: session {missing} not found on {opencode_server.url}"
     ]
     assert monitor.stdout_path.read_text() == ""
+
+
+async def test_attach_with_the_plugin_and_no_daemon_counts_its_refusals_and_holds(
+    plugin_server, start_monitor, http
+):
+    """Issue 30: the README's steps (the plugin installed, `attach` to a session, no daemon).
+    The plugin's own rule refuses each repetition of the loop; those refusals are `attach`'s
+    interventions, counted on its ladder, so after `--max-interventions` the session is held:
+    the run is stopped and the model makes no call after the hold."""
+    client = plugin_server.client(http)
+    session = await client.create_session("appends, plugin alone")
+    monitor = start_monitor(*attach_args(plugin_server, session["id"], "--max-interventions", "2"))
+    await monitor.wait_event("stream.connected")
+    assert monitor.events("monitor.acting")
+    append = ("bash", {"command": "echo x >> out.txt", "description": "append"})
+    await client.prompt_async(session["id"], script([append], 30, delay=0.2, after_feedback="loop"))
+    outcomes = await monitor.wait_event("intervention.outcome", count=3, timeout=90)
+    assert [(o["outcome"], o.get("via")) for o in outcomes[:3]] == [
+        ("blocked", "plugin_rule"),
+        ("blocked", "plugin_rule"),
+        ("held", "plugin_rule"),
+    ], monitor.output()
+    assert [o["interventions"] for o in outcomes[:3]] == [1, 2, 3]
+    messages = await client.wait_idle(session["id"], 60)
+    parts = tool_parts(messages)
+    held_at = outcomes[2]["part_id"]
+    # The hold's call was the last: the model made none after it.
+    assert parts[-1]["id"] == held_at, [p["state"]["status"] for p in parts]
+    assert (plugin_server.project / "out.txt").read_text().splitlines() == ["x"] * 3
+    [feedback] = await monitor.wait_event("feedback.sent")
+    assert feedback["hold"] is True
+    held = await client.messages(session["id"])
+    assert tool_parts(held) == parts  # still no call after the hold's feedback
+    assert user_count(held) == 2 and held[-1]["info"]["role"] == "user"  # waits for a person

@@ -7,6 +7,8 @@ exactly its 3 lines (asserted where the daemon was up: 0 ran)."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import shutil
 import socket
 import tempfile
@@ -14,12 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from monitor.core.feedback import MARK
+from monitor.core.feedback import HOLD_NOTE, MARK, OWN_REFUSAL
 from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
 from monitor.shell.decide import PluginEndpoint, socket_name
-from tests.harness import APPEND, opencode_run, stalled_through_a_loop, start_watching
+from tests.harness import (
+    APPEND,
+    opencode_run,
+    stalled_through_a_loop,
+    start_watching,
+    user_texts,
+)
+from tests.monitor_process import MonitorProcess
 
 pytestmark = pytest.mark.real_server
 
@@ -68,7 +77,7 @@ def refused_on_its_own(server, session, messages) -> str:
     parts = tool_parts(messages)
     assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"] * 2
     for part in parts[3:]:
-        assert part["state"]["error"].startswith(MARK + "this call was refused and did not run")
+        assert part["state"]["error"].startswith(OWN_REFUSAL + ": it would have completed a loop")
         assert "1 call (bash) repeated" in part["state"]["error"]
     assert all(m["info"].get("error") is None for m in messages)  # no abort: the run went on
     log = server.log_path.read_text()
@@ -300,36 +309,87 @@ async def test_daemon_restarted_mid_run_calls_run_while_down_and_the_loop_is_cau
         assert (outcome["outcome"], outcome["call_index"]) in (("blocked", 5), ("aborted", 4))
 
 
-async def test_two_monitors_one_with_the_plugin_block_each_loop_once(
+async def delayed_relay(listen: Path, target: Path, rng: random.Random) -> asyncio.Server:
+    """A Unix socket at `listen` that passes each connection on to `target`, every chunk of
+    a request held back 0-40 ms: the plugin's round trip on a busy machine."""
+
+    async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, delay: bool):
+        try:
+            while data := await source.read(65536):
+                if delay:
+                    await asyncio.sleep(rng.uniform(0.0, 0.04))
+                sink.write(data)
+                await sink.drain()
+        except OSError:
+            pass
+        finally:
+            sink.close()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_unix_connection(str(target))
+        except OSError:
+            writer.close()  # nobody serves: the plugin falls open, as with no socket
+            return
+        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
+
+    return await asyncio.start_unix_server(relay, path=str(listen))
+
+
+async def test_two_monitors_with_the_plugin_intervene_once_per_loop_and_the_standby_takes_over(
     plugin_server, start_monitor, http, socket_path
 ):
-    # Issue 25: the second monitor (the endpoint taken) aborted 1 to 3 of 6 runs the plugin
-    # had blocked, with no feedback. Knowing the other answers the plugin, it reads the
-    # record again before acting and finds the refusal.
+    """Issue 30: one `watch` served the plugin, a second `watch` of the same server aborted
+    runs the first had refused in band (5 of 6 loops had two interventions at a round trip of
+    0-40 ms). The second is now the first one's standby: every loop gets exactly one
+    intervention, whatever the delay; killed, the first is replaced by the standby, which
+    refuses the next loop in band."""
+    inner = socket_path.with_name("monitors.sock")  # the plugin asks the relay, the relay them
+    relay = await delayed_relay(socket_path, inner, random.Random(30))
     args = ("watch", "--url", plugin_server.url, "--log-format", "json", "--plugin-socket")
-    first = start_monitor(*args, str(socket_path))
-    await first.wait_event("plugin.listening")
-    second = start_monitor(*args, str(socket_path))
-    await second.wait_event("plugin.endpoint_taken")
-    for monitor in (first, second):
-        await monitor.wait_event("stream.connected")
-    loops = 4
-    for n in range(loops):
-        (plugin_server.project / "out.txt").unlink(missing_ok=True)
-        session, messages = await run_appends(plugin_server, http, 4)
-        assert lines(plugin_server) == ["x", "x", "x"], n
-        # Blocked, not aborted: the model read the refusal and answered in the same run.
-        assert all(m["info"].get("error") is None for m in messages), n
-        await second.wait_for(
-            lambda records, sid=session["id"]: any(
-                r.get("event") == "intervention.outcome" and r.get("session_id") == sid
-                for r in records
-            )
-        )
-    blocked = [r["outcome"] for r in first.events("intervention.outcome")]
-    deferred = [(r["outcome"], r["reason"]) for r in second.events("intervention.outcome")]
-    assert blocked == ["blocked"] * loops
-    assert deferred == [("deferred", "call already refused")] * loops
+    try:
+        first = start_monitor(*args, str(inner))
+        await first.wait_event("plugin.listening")
+        second = start_monitor(*args, str(inner))
+        for monitor in (first, second):
+            await monitor.wait_event("stream.connected")
+        assert second.events("monitor.standby") and second.events("plugin.listening") == []
+
+        async def one_loop(n: int, by: MonitorProcess) -> None:
+            (plugin_server.project / "out.txt").unlink(missing_ok=True)
+            session, messages = await run_appends(plugin_server, http, 4)
+            assert lines(plugin_server) == ["x", "x", "x"], n
+            # Refused in band, nothing else: no abort, no feedback message.
+            assert all(m["info"].get("error") is None for m in messages), n
+            assert len(user_texts(messages)) == 1, n
+
+            def of_session(records: list, sid: str = session["id"]) -> list:
+                return [
+                    r
+                    for r in records
+                    if r.get("event") == "intervention.outcome" and r.get("session_id") == sid
+                ]
+
+            outcome = of_session(await by.wait_for(of_session))
+            assert [(o["outcome"], o["call_index"]) for o in outcome] == [("blocked", 4)], n
+
+        loops = 6
+        for n in range(loops):
+            await one_loop(n, first)
+            # The standby saw each loop too, and left it to the first.
+            await second.wait_event("intervention.outcome", count=n + 1)
+        assert [r["outcome"] for r in second.events("intervention.outcome")] == ["standby"] * loops
+        assert len(first.events("intervention.outcome")) == loops
+        assert second.events("loop.detected")[0]["standby"] is True
+
+        first.kill()  # SIGKILL: the kernel releases its lock
+        await second.wait_event("monitor.took_over", timeout=10)
+        await second.wait_event("plugin.listening", timeout=10)
+        await one_loop(loops, second)
+        assert [r["outcome"] for r in second.events("intervention.outcome")][-1] == "blocked"
+    finally:
+        relay.close()
+        await relay.wait_closed()
 
 
 async def test_a_loop_blocked_in_one_run_is_blocked_at_its_first_repetition_in_the_next(
@@ -382,30 +442,39 @@ async def test_a_burst_in_one_step_is_one_intervention_and_the_next_loop_is_refu
     assert [p["text"] for p in messages[-1]["parts"] if p["type"] == "text"] == [DEFAULT_ANSWER]
 
 
-async def test_a_monitor_stopped_during_a_loop_and_resumed_after_its_run_aborts_nothing(
+async def test_a_monitor_stopped_during_a_loop_and_resumed_counts_the_plugins_refusals(
     plugin_server, start_monitor, http, socket_path
 ):
     """SIGSTOP while an 8-call loop runs: no answer comes, so the plugin's own rule refuses
     the loop's 4th call and every repetition after it, the run ends with the model's answer.
     Resumed, the monitor reads what it missed: the plugin's requests are late (not judged),
-    and the loop it finds in the stream was refused in band already: deferred, no abort, no
-    feedback."""
+    and the loop it finds in the stream was refused in band already, by the plugin's own rule:
+    those refusals are its blocks, no abort."""
     monitor = await start_watching(
         start_monitor, plugin_server, "--plugin-socket", str(socket_path)
     )
     client = plugin_server.client(http)
     session = await stalled_through_a_loop(monitor, plugin_server, http)
     assert lines(plugin_server) == ["x"] * 3  # the plugin's own rule refused the 4th on
-    # The positive sign that it read what it missed: the loop's one outcome.
-    [outcome] = await monitor.wait_event("intervention.outcome", timeout=60)
-    # The plugin refused the loop's call in band already, with the guard's text: that is the
-    # loop's intervention, nothing more to do (no abort, no second message).
-    assert (outcome["outcome"], outcome.get("reason")) == ("deferred", "call already refused")
-    assert monitor.events("feedback.sent") == []
+    # The positive sign that it read what it missed: the hold's feedback, stored (below).
+    await monitor.wait_event("feedback.sent", timeout=60)
+    outcomes = monitor.events("intervention.outcome")
+    # The plugin refused the loop's calls in band already, by its own rule: each refusal, at
+    # a step of its own, is this monitor's block on its ladder (issue 30), so the third is a
+    # hold; the run had ended by then (the model answered), so nothing is aborted and the
+    # hold's feedback is stored for the person's next turn.
+    assert [(o["outcome"], o["call_index"], o["via"]) for o in outcomes] == [
+        ("blocked", 4, "plugin_rule"),
+        ("blocked", 5, "plugin_rule"),
+        ("nudged", 6, "plugin_rule"),
+    ], monitor.output()
+    assert (outcomes[2]["plan"], outcomes[2]["late"]) == ("hold", "run ended before the abort")
+    assert [a["call_index"] for a in monitor.events("loop.again")] == [7, 8]  # that hold again
+    assert len(monitor.events("feedback.sent")) == 1
     assert monitor.events("plugin.late")  # the requests the plugin gave up on
     messages = await client.messages(session["id"])
     assert all(m["info"].get("error") is None for m in messages)  # nothing aborted
     users = [m for m in messages if m["info"]["role"] == "user"]
-    assert len(users) == 1  # the prompt only: the refusal was the call's result
-    assert messages[-1]["info"]["role"] == "assistant"
-    assert len(monitor.events("loop.detected")) == 1
+    assert len(users) == 2  # the prompt, and the hold's feedback after the model's answer
+    assert user_texts(messages)[1].startswith(MARK) and user_texts(messages)[1].endswith(HOLD_NOTE)
+    assert messages[-1]["info"]["role"] == "user"  # stored without a reply

@@ -170,3 +170,6 @@ class Deadline:
     session_id: str
     part_id: str
     wait: float
+    # Not a time bound: the loop found at this call's start waited for its end (a refusal by
+    # the plugin's own rule, `Tracker(own_refusal_wait=...)`); after `wait` it is carried out.
+    loop: bool = False

@@ -270,6 +270,7 @@ class Tracker:
         directory: str | None = None,
         only_session: str | None = None,
         check_ids: bool = False,
+        own_refusal_wait: float = 0.0,
     ) -> None:
         # `Detection` checked its invariants when it was made (monitor/core/limits.py).
         self.detection = detection
@@ -297,6 +298,11 @@ class Tracker:
         self._sessions: RecentMap[str, SessionRecord] = RecentMap(detection.max_sessions)
         # Events of every other session are ignored, as if the stream did not carry them.
         self.only_session = only_session
+        # A monitor no plugin asks (`attach`) may follow sessions whose plugin refuses the
+        # loop's call by its own rule, after the stream showed the call running: a loop found
+        # at a call's start waits this long (0: not at all) for that call's end, to tell the
+        # plugin's refusal (this monitor's block, `Intervene.refused`) from a call that runs.
+        self._own_refusal_wait = own_refusal_wait
         self._gate = PermissionGate(detection.permissions, detection.permission_grace)
         # Spend by session and by session tree (a tree spans sessions, so it is not a record's).
         self._budgets = BudgetBook(
@@ -352,6 +358,13 @@ class Tracker:
         stopping already, is nothing."""
         session = self._sessions.get(deadline.session_id)
         call = None if session is None else session.call(deadline.part_id)
+        if deadline.loop:
+            # No refusal came: the call runs, its loop is stopped as any other (None: its
+            # end came first and took the loop with it).
+            if call is None:
+                return None
+            decision, call.loop = call.loop, None
+            return decision
         if session is None or call is None or call.state is not CallState.RUNNING:
             return None
         finding = RunawayCall(call.tool, seconds=deadline.wait)
@@ -745,6 +758,9 @@ class Tracker:
             late = self._gate.finished(session, call, live=seeding is None)
         elif call is not None and call.loop is not None and finished:
             late = call.loop  # the plugin never asked (it fell open): stop the run after all
+        if late is not None and _own_refusal(part.error):
+            # Unless the plugin's own rule refused the call: that is the loop's block.
+            late = self._refused(session, late)
         if call is not None and call.state is CallState.LATE:
             late = None  # its run is over: nothing of it is stopped any more
         # Its first `running` update on the stream: from now its time bound runs (`runaway`).
@@ -757,6 +773,7 @@ class Tracker:
         if decision is not None and finished and seeding is None and not decision.refused:
             decision = self._withhold(session, decision)
         nudge = None
+        waiting: Deadline | None = None
         call = call or session.call(part.part_id)  # `_call` made it, if it was new
         if decision is not None and part.status == "running" and call is not None:
             if decision.plan == Plan.NUDGE:
@@ -769,6 +786,10 @@ class Tracker:
             ):
                 # The plugin's request for this call is on its way: it blocks the call.
                 call.loop, decision = decision, None
+            elif seeding is None and self._own_refusal_wait and call.request is None:
+                # A plugin asking nobody may be refusing it: its end says, within the wait.
+                call.loop, decision = decision, None
+                waiting = Deadline(part.session_id, part.part_id, self._own_refusal_wait, loop=True)
         if part.status == "running" and follows:
             now = self._gate.decide(
                 part.session_id, session, call, decision, self.directory_of(part.session_id)
@@ -782,6 +803,8 @@ class Tracker:
             bound = call_bound(part.tool, part.input, self.detection.call_seconds)
             if bound is not None:
                 deadlines = (Deadline(part.session_id, part.part_id, bound),)
+        if waiting is not None:
+            deadlines += (waiting,)
         if isinstance(now, Reply):
             done = tuple(d for d in (late, nudge) if d is not None)
             return Fed(done, label, replies=(now,), deadlines=deadlines)
@@ -789,6 +812,14 @@ class Tracker:
         if decisions or deadlines:
             return Fed(decisions, label, deadlines=deadlines)
         return _QUIET[label]
+
+    @staticmethod
+    def _refused(session: SessionRecord, decision: Intervene) -> Intervene:
+        """`decision`, its call refused by the plugin's own rule: this intervention's block."""
+        refused = dataclasses.replace(decision, refused=True)
+        if session.acted is not None and session.acted.decision is decision:
+            session.acted.decision = refused  # its outcome is reported for this one
+        return refused
 
     @staticmethod
     def _withhold(session: SessionRecord, decision: Intervene) -> Intervene | None:
@@ -977,7 +1008,7 @@ class Tracker:
         # budget findings name none to refuse again, and are never the same loop.
         repeats = isinstance(finding, CallCycle | EndlessWait | FailureRun | DoomLoop)
         found_on = session.call(part_id)
-        refused = found_on is not None and str(found_on.error or "").startswith(OWN_REFUSAL)
+        refused = found_on is not None and _own_refusal(found_on.error)
         loop: frozenset[int] | None = None
         if repeats:
             if rearm:
@@ -1051,6 +1082,11 @@ class Tracker:
 _FINISHED = ("completed", "error")
 _RECORDS = (Step.RECORD, Step.RECORD_TAKE)
 _TAKES = (Step.TAKE, Step.RECORD_TAKE)
+
+
+def _own_refusal(error: object) -> bool:
+    """Whether a call's error is the plugin's own refusal (no monitor answered it)."""
+    return isinstance(error, str) and error.startswith(OWN_REFUSAL)
 
 
 def _failure(call: Call) -> int | None:

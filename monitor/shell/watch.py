@@ -89,6 +89,9 @@ DIRECTORY_MAX = 256
 # and dropped, so resynced, when the server has what the stream did not bring. At most
 # CHECK_SESSIONS_MAX sessions' messages are read per check.
 SILENCE_S = 30.0
+# How long a loop `attach` finds at a call's start waits for that call's end: a plugin that
+# asks no monitor refuses the call by its own rule within milliseconds of its start.
+OWN_REFUSAL_WAIT_S = 1.0
 CHECK_SESSIONS_MAX = 64
 QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
 # Requests a resync has under way at once: 10,000 directories asked one by one took 4.8 s;
@@ -177,6 +180,8 @@ class Timing:
     webhook: Delivery = Delivery()
     # Tool calls with no plugin asking for this long: say so (`plugin.not_asking`).
     unasked: float = UNASKED_AFTER_S
+    # How long `attach` waits to see whether a plugin refused a loop's call (OWN_REFUSAL_WAIT_S).
+    own_refusal: float = OWN_REFUSAL_WAIT_S
     # How often a standby tries to take over from the acting monitor (monitor.shell.acting).
     takeover: float = TAKEOVER_POLL_S
     # How long the feedback waits after an abort (see monitor.shell.actions.STAGGER_S).
@@ -242,6 +247,8 @@ class Watch:
             directory=settings.directory,
             only_session=scope.only_session,
             check_ids=True,
+            # `attach` answers no plugin: one may refuse calls by its own rule meanwhile.
+            own_refusal_wait=0.0 if scope.only_session is None else timing.own_refusal,
         )
         self._stop = asyncio.Event()
         # Calls' time bounds being waited for (`_deadline`), cancelled when watching stops.
@@ -339,12 +346,14 @@ class Watch:
         return role
 
     async def _stand_by(self, role: Role) -> None:
-        """Try to take over from the acting monitor every poll, until this one acts."""
+        """Try to take over from the acting monitor every poll; once this one acts, it acts
+        until the watch stops (this task ending would end the watch)."""
         while not role.acting:
             await self.timing.sleep(self.timing.takeover)
             if role.try_acting():
                 log.warning("monitor.took_over", session_id=self.scope.only_session)
                 await self._serve_plugins()
+        await self._stop.wait()
 
     def _acts_for(self, session_id: str) -> bool:
         return self.role is None or self.role.acts_for(session_id)
