@@ -92,11 +92,12 @@ async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
     assert lines[0] == f"monitor 0.1.0 watching {url}"
     assert lines[1].startswith("stream: connected, 22 frames, last frame ")
     assert lines[2] == "sessions known: 2 (busy 1, held 1, idle 0), interventions: 2"
+    assert status["role"] == {"state": "acting"} and lines[3] == "role: acting"
     endpoint = status["plugins"]["endpoint"]
     assert endpoint.startswith("unix:") and endpoint.endswith(".sock")
     assert status["plugins"]["directories"] == [] and status["plugins"]["refused"] == 0
-    assert lines[3] == f"plugins: none asked yet at {endpoint}"
-    assert lines[5:] == [
+    assert lines[4] == f"plugins: none asked yet at {endpoint}"
+    assert lines[6:] == [
         "SESSION  STATE  CALLS  INTERVENTIONS  DIRECTORY",
         "ses_1    held       5              2  /w",
         "ses_2    busy       2              0  /v",
@@ -233,3 +234,33 @@ def test_plugins_line_says_when_the_last_request_came():
         "plugins asking at unix:/run/p.sock:",
         "  /w: 5 calls, 1 blocked, 0 fell open, last request 2 s ago",
     ]
+
+
+@pytest.mark.parametrize(
+    ("role", "line"),
+    [
+        ({"state": "acting"}, ["role: acting"]),
+        (
+            {"state": "standby", "acting_pid": 4242},
+            [
+                "role: standby: the monitor with pid 4242 acts for this server; loops are "
+                "logged here and left to it, and this one takes over when it stops"
+            ],
+        ),
+        ({"state": "dry run"}, []),
+    ],
+)
+def test_status_says_whether_this_monitor_acts_or_stands_by(role, line):
+    from monitor.shell.status import render_status
+
+    status = {
+        "version": "1",
+        "url": "http://x",
+        "directory": None,
+        "dry_run": False,
+        "role": role,
+        "stream": {"state": "connected", "frames": 1, "last_frame_unix": 97.0},
+        "totals": {"sessions": 0, "busy": 0, "held": 0, "interventions": 0},
+        "sessions": [],
+    }
+    assert render_status(status, 100).splitlines()[3:] == line

@@ -70,6 +70,23 @@ def _plugin_lines(plugins: dict[str, Any] | None, now: float) -> list[str]:
     ]
 
 
+def _role_lines(role: dict[str, Any] | None) -> list[str]:
+    """Whether this monitor acts, or stands by for the one that does (a monitor from
+    before roles says nothing)."""
+    if role is None or role["state"] == "dry run":
+        return []
+    if role["state"] == "standby":
+        pid = role.get("acting_pid")
+        who = "another monitor" if pid is None else f"the monitor with pid {pid}"
+        return [
+            f"role: standby: {who} acts for this server; loops are logged here and left to "
+            "it, and this one takes over when it stops"
+        ]
+    if role["state"] == "unguarded":
+        return ["role: acting, without checking for another monitor (see monitor.unguarded)"]
+    return ["role: acting"]
+
+
 def render_status(status: dict[str, Any], now: float) -> str:
     """The table for people; `--json` prints `status` as it came."""
     stream, totals = status["stream"], status["totals"]
@@ -83,6 +100,7 @@ def render_status(status: dict[str, Any], now: float) -> str:
         f"sessions known: {totals['sessions']} (busy {totals['busy']}, held {totals['held']}, "
         f"idle {totals['sessions'] - totals['busy'] - totals['held']}), "
         f"interventions: {totals['interventions']}",
+        *_role_lines(status.get("role")),
         *_plugin_lines(status.get("plugins"), now),
     ]
     sessions = status["sessions"]

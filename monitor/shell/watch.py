@@ -355,6 +355,15 @@ class Watch:
                 await self._serve_plugins()
         await self._stop.wait()
 
+    def _role_view(self) -> dict[str, object]:
+        """Whether this monitor acts (`status`): `standby` names the one that does."""
+        role = self.role
+        if role is None:
+            return {"state": "dry run" if self.settings.dry_run else "unguarded"}
+        if role.acting:
+            return {"state": "acting"}
+        return {"state": "standby", "acting_pid": role.holder()}
+
     def _acts_for(self, session_id: str) -> bool:
         return self.role is None or self.role.acts_for(session_id)
 
@@ -648,6 +657,7 @@ class Watch:
             "url": public_url(self.settings.url),
             "directory": self.settings.directory,
             "dry_run": self.settings.dry_run,
+            "role": self._role_view(),
             "stream": {
                 "state": state,
                 "frames": 0 if stream is None else stream.frames,
