@@ -8,7 +8,8 @@ moves the bytes.
 
 Request body (JSON object): `session_id` (ses_...), `call_id` (the model's call id, not unique
 across steps), `tool`, `args` (an object), `directory` (the server's project, absolute),
-`fell_open` (calls the plugin let run unasked since its last answered request; optional).
+`fell_open` (calls the plugin let run unasked since its last answered request; optional, and
+only a report: a count out of range is taken for 0, never refused).
 Answer: `{"verdict": "allow"}` or `{"verdict": "block", "feedback": TEXT}`.
 """
 
@@ -163,7 +164,9 @@ def _call(data: object) -> PluginCall | RequestRefused:
         or isinstance(fell_open, bool)
         or not 0 <= fell_open <= MAX_FELL_OPEN
     ):
-        return RequestRefused(400, f"fell_open must be an integer from 0 to {MAX_FELL_OPEN}")
+        # Only a report for the metrics: a count out of range (an older plugin's, which could
+        # fall below zero) must not cost the call its judgement. Counted as nothing.
+        fell_open = 0
     return PluginCall(
         session_id=session_id,
         call_id=data["call_id"],

@@ -296,15 +296,17 @@ export function makeJudge(
       // A fault of ours (arguments no JSON has, say) must not refuse the call: it is asked.
       log(`opencode-loop-monitor: the plugin's own rule failed on a call of ${tool} (${err})`)
     }
+    // The count goes with this request, taken from the total at once: calls asked about
+    // together (a step's parallel calls) would each report, and each subtract, the same
+    // calls, and the total fall below zero. Given back if the daemon did not count them.
     const reported = fellOpen
+    fellOpen = 0
     const verdict = await ask(
       { session_id: sessionID, call_id: callID, tool, args: args ?? {}, directory, fell_open: reported },
       tool,
     )
-    if ("block" in verdict) {
-      fellOpen -= reported // the daemon counted them
-      return verdict.block
-    }
+    if ("block" in verdict) return verdict.block
+    fellOpen += reported
     if (!warned.has(sessionID)) {
       if (warned.size >= MAX_WARNED) warned.clear()
       warned.add(sessionID)

@@ -171,6 +171,32 @@ describe("the judge: the daemon first, the local rule when it does not answer", 
     expect(asked[5].fell_open).toBe(3) // the three that ran unasked; the refused ones did not run
   })
 
+  test("calls asked about at once report what fell open once between them, never below zero", async () => {
+    let up = false
+    let slow = true // answers wait until the test gives them, so that 5 are under way at once
+    const asked: Record<string, unknown>[] = []
+    const answers: (() => void)[] = []
+    const ask = async (body: Record<string, unknown>) => {
+      asked.push(body)
+      if (!up) return { fellOpen: "no answer from the monitor at S (x)" }
+      if (slow) await new Promise<void>((resolve) => answers.push(resolve))
+      return { block: null }
+    }
+    const { judge } = makeJudge(ask, "/p", () => {})
+    await judge("ses_1", "c0", ...A)
+    await judge("ses_1", "c1", ...B) // two ran unasked
+    up = true
+    const burst = [0, 1, 2, 3, 4].map((i) => judge("ses_1", `p${i}`, "read", { filePath: `f${i}` }))
+    for (let i = 0; i < 100 && answers.length < 5; i++) await new Promise((r) => setTimeout(r, 1))
+    expect(answers.length).toBe(5)
+    for (const answer of answers) answer()
+    await Promise.all(burst)
+    slow = false
+    expect(asked.slice(2).map((body) => body.fell_open)).toEqual([2, 0, 0, 0, 0])
+    await judge("ses_1", "c9", ...C)
+    expect(asked[7].fell_open).toBe(0) // counted once: nothing negative left behind
+  })
+
   test("arguments the rule cannot read are asked about, never refused for it", async () => {
     const lines: string[] = []
     const { judge } = makeJudge(async () => ({ block: null }), "/p", (line) => lines.push(line))
