@@ -14,6 +14,7 @@ import pytest
 from monitor.kit.poll import until
 from monitor.kit.sandbox import tool_parts
 from monitor.kit.scripted_model import script
+from tests.harness import start_watching
 
 pytestmark = pytest.mark.real_server
 
@@ -159,3 +160,29 @@ async def test_attach_with_the_plugin_and_no_daemon_counts_its_refusals_and_hold
     held = await client.messages(session["id"])
     assert tool_parts(held) == parts  # still no call after the hold's feedback
     assert user_count(held) == 2 and held[-1]["info"]["role"] == "user"  # waits for a person
+
+
+async def test_attach_beside_a_daemon_is_its_standby_and_the_loop_is_stopped_once(
+    opencode_server, start_monitor, http
+):
+    """Issue 30: a person runs `attach` by hand beside the daemon. The daemon acts; `attach`
+    logs the same loop as left to it, and the session gets one abort and one feedback."""
+    daemon = await start_watching(start_monitor, opencode_server)
+    client = opencode_server.client(http)
+    session = await client.create_session("slow loop, daemon and attach")
+    await client.prompt_async(session["id"], script([READ], 20, delay=0.8))
+    await wait_tool_parts(client, session["id"], 1)
+    attach = start_monitor(*attach_args(opencode_server, session["id"]))
+    [standby] = await attach.wait_event("monitor.standby")
+    assert daemon.process is not None and standby["acting_pid"] == daemon.process.pid
+    assert standby["session_id"] == session["id"]
+    messages = await client.wait_idle(session["id"], 60, user_messages=2)
+    await daemon.wait_event("feedback.sent")
+    [left] = await attach.wait_event("intervention.outcome")
+    [stopped] = daemon.events("intervention.outcome")
+    assert (stopped["outcome"], stopped["call_index"]) == ("aborted", 4)
+    assert (left["outcome"], left["call_index"]) == ("standby", 4)
+    assert len(tool_parts(messages)) == 4 and user_count(messages) == 2
+    assert attach.events("feedback.sent") == []
+    code, _ = await attach.stop()
+    assert code == 0
