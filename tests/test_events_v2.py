@@ -207,6 +207,40 @@ def test_four_identical_2_0_calls_are_a_loop() -> None:
     assert loops_found(tracker, frames)[0] == ("msg_3:call_3", 4)
 
 
+def shell_failing(n: int, message: str) -> list[dict]:
+    """The n-th 2.x shell call, failing: 2.x ends a non-zero exit as a success whose content
+    blocks say so (../shared/opencode/V2-NOTES.md)."""
+    events = engine_call(S, n, "shell", {"command": f"python check.py --case {n}"}, 1 + 3 * n)
+    events[2]["data"]["structured"] = {"exit": 1, "truncated": False}
+    events[2]["data"]["content"] = [
+        {"type": "text", "text": message},
+        {"type": "text", "text": "Command exited with code 1."},
+    ]
+    return events
+
+
+def test_shell_failures_of_the_new_engine_differ_by_what_they_printed() -> None:
+    # Issue 33: 6 calls each failing with a different error (ordinary debugging) were "the
+    # same failure" at call 4 on the new engine, where the classic engine left them alone:
+    # the failure rule read the content blocks as no text at all.
+    errors = [
+        "NameError: name 'parse' is not defined\n",
+        "ImportError: cannot import name 'Reader'\n",
+        "TypeError: unsupported operand type(s) for +: 'int' and 'str'\n",
+        "KeyError: 'config'\n",
+        "AttributeError: 'NoneType' object has no attribute 'split'\n",
+        "SyntaxError: unexpected EOF while parsing\n",
+    ]
+    debugging = [f for n, error in enumerate(errors) for f in shell_failing(n, error)]
+    assert loops_found(Tracker(), debugging) == []
+    same = [f for n in range(6) for f in shell_failing(n, "ValueError: bad input\n")]
+    assert loops_found(Tracker(), same)[0] == ("msg_3:call_3", 4)
+    adapter = Adapter()
+    parts = [adapter.parse(f)[1] for f in shell_failing(0, "boom\n")]
+    assert isinstance(parts[2], ToolPart)
+    assert parts[2].output == "boom\nCommand exited with code 1."
+
+
 def test_a_failed_call_carries_its_message_as_the_error() -> None:
     adapter = Adapter()
     adapter.parse(engine_event("session.tool.input.started", S, {"callID": "c", "name": "read"}))

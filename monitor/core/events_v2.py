@@ -263,7 +263,7 @@ def _tool(
     output = error = metadata = None
     if status == "completed":
         structured = data.get("structured")
-        output = data.get("content") or structured or data.get("result")
+        output = _text_of(data.get("content")) or structured or data.get("result")
         metadata = structured if isinstance(structured, dict) else None
     elif status == "error":
         failure = data.get("error")
@@ -287,6 +287,18 @@ def _tool(
         _optional(data, "assistantMessageID"),
         call_id,
     )
+
+
+def _text_of(content: object) -> object:
+    """A result's content blocks as the one text a 1.x call's output is, when they are text
+    (`[{"type": "text", "text": ...}]`): the rules read outputs as text, and a list they
+    cannot read made every failing shell command look the same (rule `failure`)."""
+    if not isinstance(content, list) or not content:
+        return content
+    texts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+    if len(texts) != len(content) or not all(isinstance(text, str) for text in texts):
+        return content
+    return "".join(texts)
 
 
 def _input_started(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
