@@ -295,10 +295,14 @@ def _text_of(content: object) -> object:
     cannot read made every failing shell command look the same (rule `failure`)."""
     if not isinstance(content, list) or not content:
         return content
-    texts = [b.get("text") for b in content if isinstance(b, dict) and b.get("type") == "text"]
-    if len(texts) != len(content) or not all(isinstance(text, str) for text in texts):
-        return content
-    return "".join(texts)
+    texts = [
+        block["text"]
+        for block in content
+        if isinstance(block, dict)
+        and block.get("type") == "text"
+        and isinstance(block.get("text"), str)
+    ]
+    return "".join(texts) if len(texts) == len(content) else content
 
 
 def _input_started(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
