@@ -5,6 +5,7 @@ log), and `status` shows it."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import aiohttp
 from structlog.testing import capture_logs
@@ -13,6 +14,7 @@ from monitor.shell.status import render_status
 from monitor.testing import FakeOpencode, play
 from tests.harness import FAST, events, loop_frames, start, stop, wait_for
 
+RECORDINGS = Path(__file__).parent / "recordings"
 # The silence check (every silence / 2) also checks for plugins: no frame need come.
 TIMING = dataclasses.replace(FAST, silence=0.2, unasked=0.3)
 
@@ -62,3 +64,20 @@ async def test_nothing_is_said_when_a_plugin_asks():
     assert events(logs, "plugin.not_asking") == []
     assert status["plugins"]["unasked_calls"] is None
     assert "while the server ran" not in render_status(status, 0)
+
+
+async def test_calls_of_new_engine_sessions_are_not_taken_for_a_plugin_missing():
+    # Issue 32: after new-engine sessions, `plugin.not_asking` advised installing a plugin that
+    # was installed and loaded: 1.18 calls no 1.x plugin for a new-engine call. Only the calls
+    # of classic sessions count (here 2 of 10).
+    # A real capture of 1.18.33's /global/event: a new-engine session making 8 reads.
+    engine = (RECORDINGS / "engine" / "new-engine-8-reads.global.sse").read_bytes()
+    fake = FakeOpencode(streams=[play(engine, loop_frames("ses_s1", 2))])
+    with capture_logs() as logs:
+        running = await start(fake, TIMING)
+        await wait_for(lambda: events(logs, "plugin.not_asking"))
+        views = {view.session_id: view.calls for view in running[1].tracker.sessions_view()}
+        await stop(*running)
+    assert sorted(views.values()) == [2, 8]  # both sessions seen
+    [said] = events(logs, "plugin.not_asking")
+    assert said["calls"] == 2
