@@ -336,7 +336,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command(
         "plugin",
-        "install, remove or check the OpenCode plugin (blocks loops)",
+        "install, uninstall or check the OpenCode plugin (blocks loops)",
         _run_plugin,
         frozenset({Group.CONNECTION, Group.PLUGIN}),
         PLUGIN_DESCRIPTION,

@@ -16,7 +16,8 @@ from structlog.testing import capture_logs
 
 from monitor.config import load_settings
 from monitor.core.feedback import MARK
-from monitor.exits import EX_NOINPUT
+from monitor.exits import EX_NOINPUT, EX_UNAVAILABLE
+from monitor.kit.sandbox import free_loopback_port
 from monitor.shell.attach import attach
 from monitor.testing import FakeOpencode, engine_call, engine_event, frames, play
 from tests.harness import FAST, wait_for
@@ -142,3 +143,17 @@ async def test_a_session_a_2_0_server_does_not_have_exits_66(capsys: Any) -> Non
         f"/api/session/{missing}",
     ]
     assert capsys.readouterr().err.startswith(f"opencode-loop-monitor: session {missing} not found")
+
+
+async def test_a_port_nothing_listens_on_is_said_in_plain_words(capsys: Any) -> None:
+    # Issue 32: `attach` printed `cannot look up session ...: ClientConnectorError` where
+    # `watch` says what a wrong port means; now the same sentence.
+    port = free_loopback_port()
+    settings = load_settings({"url": f"http://127.0.0.1:{port}"}, {}, isatty=False)
+    code = await asyncio.wait_for(attach(settings, S, timing=FAST), 10)
+    assert code == EX_UNAVAILABLE
+    assert capsys.readouterr().err == (
+        f"opencode-loop-monitor: cannot look up session {S}: nothing accepts connections on "
+        f"127.0.0.1:{port}: start `opencode serve --port {port}` there, or give --url the "
+        "address `opencode serve` printed when it started\n"
+    )

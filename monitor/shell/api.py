@@ -355,6 +355,7 @@ class OpencodeAPI:
         except (aiohttp.ContentTypeError, ValueError) as exc:
             raise ServerError(f"{what}: unreadable answer ({type(exc).__name__})") from None
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise _NotSent(f"{what}: {type(exc).__name__}") from None
+            # The cause is kept for a diagnosis in plain words (monitor/shell/diagnosis.py).
+            raise _NotSent(f"{what}: {type(exc).__name__}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise _NoAnswer(f"{what}: {type(exc).__name__}") from None

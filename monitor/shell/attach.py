@@ -28,6 +28,7 @@ from monitor.errors import ServerError, SessionGone
 from monitor.exits import EX_NOINPUT, EX_UNAVAILABLE
 from monitor.shell.api import OpencodeAPI
 from monitor.shell.api_v2 import EngineAPI
+from monitor.shell.diagnosis import diagnose_error
 from monitor.shell.logs import configure_logging
 from monitor.shell.watch import Timing, Watch, http_session
 
@@ -137,7 +138,10 @@ async def attach(settings: Settings, session_id: str, timing: Timing = Timing())
         print(f"{PROG}: session {session_id} not found on {url}", file=sys.stderr)
         return EX_NOINPUT
     except ServerError as exc:
-        print(f"{PROG}: cannot look up session {session_id}: {exc}", file=sys.stderr)
+        # What `watch` says of the same failure, where it knows (a wrong port, say).
+        diagnosis = None if exc.__cause__ is None else diagnose_error(exc.__cause__, settings.url)
+        why = str(exc) if diagnosis is None else diagnosis.hint
+        print(f"{PROG}: cannot look up session {session_id}: {why}", file=sys.stderr)
         return EX_UNAVAILABLE
     # The session's own project: its events come on that instance's stream, and its abort
     # and prompt calls go to that instance.
