@@ -107,10 +107,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("realtraj-corpus"))
 
 
-# Tests whose assertions hold on a quiet machine only (a rate over wall time, how soon the
-# monitor stops a fast stream), by node id where the test module is not ours to mark; others
-# carry @pytest.mark.alone themselves.
-ALONE = {"tests/test_status.py::test_status_of_10000_sessions_is_bounded_cached_and_rate_limited"}
 # Under pytest-xdist every test holds LOCK shared; an `alone` test holds it exclusive, so it runs
 # while no other worker runs a test. GATE gives it the turn: without it, the other workers'
 # shared holds overlap and it would wait for the end of the run.
@@ -145,7 +141,9 @@ def _turn(alone: bool) -> Iterator[None]:
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     if not hasattr(item.config, "workerinput"):  # not under pytest-xdist: one test at a time
         return (yield)
-    with _turn(item.get_closest_marker("alone") is not None or item.nodeid in ALONE):
+    # Tests whose assertions hold on a quiet machine only (a rate over wall time, how soon
+    # the monitor stops a fast stream) carry @pytest.mark.alone.
+    with _turn(item.get_closest_marker("alone") is not None):
         return (yield)
 
 

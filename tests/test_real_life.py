@@ -33,6 +33,9 @@ async def test_a_stopped_loop_repeated_in_the_next_run_is_stopped_by_its_first_r
     assert again["rule"] == first["rule"] == "cycle"
 
 
+# Stopped longer than the stream's 25 s read limit (a loaded machine), the monitor drops the
+# frames waiting in its socket and the loop is never read: the run must be short.
+@pytest.mark.alone
 async def test_a_monitor_stopped_during_a_loop_and_resumed_after_its_run_aborts_nothing(
     opencode_server, start_monitor, http
 ):

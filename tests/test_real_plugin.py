@@ -442,6 +442,8 @@ async def test_a_burst_in_one_step_is_one_intervention_and_the_next_loop_is_refu
     assert [p["text"] for p in messages[-1]["parts"] if p["type"] == "text"] == [DEFAULT_ANSWER]
 
 
+# As test_real_life's stopped monitor: the stop must stay within the 25 s read limit.
+@pytest.mark.alone
 async def test_a_monitor_stopped_during_a_loop_and_resumed_counts_the_plugins_refusals(
     plugin_server, start_monitor, http, socket_path
 ):

@@ -114,6 +114,8 @@ def test_status_without_a_monitor_exits_69(capsys):
     assert err.endswith(f"is `watch` running with --metrics-addr 127.0.0.1:{port}?\n")
 
 
+# A rate over wall time: it holds on a quiet machine only.
+@pytest.mark.alone
 async def test_status_of_10000_sessions_is_bounded_cached_and_rate_limited():
     import time
 
