@@ -128,3 +128,39 @@ async def test_a_hold_on_the_plugins_refusal_stops_the_run_and_stores_the_feedba
     assert [r.path for r in fake.of("abort")] == ["/session/ses_1/abort"]
     [feedback] = fake.of("prompt_async")
     assert feedback.body["noReply"] is True
+
+
+def running(n: int) -> list[dict]:
+    step = f"msg_{n}"
+    return [
+        tool_part(S, f"prt_{n}", "read", "pending", message_id=step, call_id=f"call_{n}"),
+        tool_part(S, f"prt_{n}", "read", "running", READ, message_id=step, call_id=f"call_{n}"),
+    ]
+
+
+def test_attach_waits_for_the_loops_call_to_end_and_hands_the_loop_over_however_it_ends():
+    # `attach` answers no plugin: the loop found at call 4's start waits for its end (a plugin
+    # may be refusing it), at most the wait; the end, or the wait, hands it over, once.
+    tracker = Tracker(own_refusal_wait=1.0)
+    decisions(tracker, ran(1) + ran(2) + ran(3))
+    fed = [tracker.feed(frame) for frame in running(4)]
+    assert [d for f in fed for d in f.decisions] == []
+    [waiting] = [d for f in fed for d in f.deadlines if d.loop]
+    assert (waiting.part_id, waiting.wait) == ("prt_4", 1.0)
+    # Someone else stops the run first (its idle comes before the call's last update, as on
+    # the real server): the loop is handed over all the same, for the shell to find over.
+    tracker.feed(ff.idle(S))
+    aborted = tool_part(S, "prt_4", "read", "error", READ, error="Tool execution aborted")
+    [handed] = tracker.feed(aborted).decisions
+    assert (handed.part_id, handed.refused) == ("prt_4", False)
+    assert tracker.overdue(waiting) is None  # handed over once
+
+
+def test_a_loops_call_that_outlasts_the_wait_is_handed_over_by_the_wait():
+    tracker = Tracker(own_refusal_wait=1.0)
+    decisions(tracker, ran(1) + ran(2) + ran(3))
+    [waiting] = [d for frame in running(4) for d in tracker.feed(frame).deadlines if d.loop]
+    decision = tracker.overdue(waiting)
+    assert decision is not None and (decision.part_id, decision.refused) == ("prt_4", False)
+    done = tool_part(S, "prt_4", "read", "completed", READ, output="ok")
+    assert tracker.feed(done).decisions == ()  # the end finds it handed over

@@ -303,6 +303,10 @@ class Tracker:
         # at a call's start waits this long (0: not at all) for that call's end, to tell the
         # plugin's refusal (this monitor's block, `Intervene.refused`) from a call that runs.
         self._own_refusal_wait = own_refusal_wait
+        # Those loops, by the part id of their call, until its end or the wait is over: one
+        # or the other hands each over, also when the run ended meanwhile (someone stopped
+        # it: the shell finds it over), so no decision goes unlogged.
+        self._awaiting_end: dict[str, Intervene] = {}
         self._gate = PermissionGate(detection.permissions, detection.permission_grace)
         # Spend by session and by session tree (a tree spans sessions, so it is not a record's).
         self._budgets = BudgetBook(
@@ -361,10 +365,7 @@ class Tracker:
         if deadline.loop:
             # No refusal came: the call runs, its loop is stopped as any other (None: its
             # end came first and took the loop with it).
-            if call is None:
-                return None
-            decision, call.loop = call.loop, None
-            return decision
+            return self._awaiting_end.pop(deadline.part_id, None)
         if session is None or call is None or call.state is not CallState.RUNNING:
             return None
         finding = RunawayCall(call.tool, seconds=deadline.wait)
@@ -763,6 +764,10 @@ class Tracker:
             late = self._refused(session, late)
         if call is not None and call.state is CallState.LATE:
             late = None  # its run is over: nothing of it is stopped any more
+        awaited = self._awaiting_end.pop(part.part_id, None) if finished else None
+        if awaited is not None:
+            # The loop found at this call's start: refused by the plugin's own rule, or it ran.
+            late = self._refused(session, awaited) if _own_refusal(part.error) else awaited
         # Its first `running` update on the stream: from now its time bound runs (`runaway`).
         starts = (
             part.status == "running"
@@ -788,7 +793,7 @@ class Tracker:
                 call.loop, decision = decision, None
             elif seeding is None and self._own_refusal_wait and call.request is None:
                 # A plugin asking nobody may be refusing it: its end says, within the wait.
-                call.loop, decision = decision, None
+                self._awaiting_end[part.part_id], decision = decision, None
                 waiting = Deadline(part.session_id, part.part_id, self._own_refusal_wait, loop=True)
         if part.status == "running" and follows:
             now = self._gate.decide(
