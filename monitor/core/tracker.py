@@ -360,12 +360,12 @@ class Tracker:
         """The time bound of a call (`Deadline.wait`) has passed: the time as an event. A call
         still running ran away (rule `runaway`); one that ended, or that an intervention is
         stopping already, is nothing."""
-        session = self._sessions.get(deadline.session_id)
-        call = None if session is None else session.call(deadline.part_id)
         if deadline.loop:
             # No refusal came: the call runs, its loop is stopped as any other (None: its
             # end came first and took the loop with it).
             return self._awaiting_end.pop(deadline.part_id, None)
+        session = self._sessions.get(deadline.session_id)
+        call = None if session is None else session.call(deadline.part_id)
         if session is None or call is None or call.state is not CallState.RUNNING:
             return None
         finding = RunawayCall(call.tool, seconds=deadline.wait)
@@ -759,15 +759,14 @@ class Tracker:
             late = self._gate.finished(session, call, live=seeding is None)
         elif call is not None and call.loop is not None and finished:
             late = call.loop  # the plugin never asked (it fell open): stop the run after all
-        if late is not None and _own_refusal(part.error):
-            # Unless the plugin's own rule refused the call: that is the loop's block.
-            late = self._refused(session, late)
         if call is not None and call.state is CallState.LATE:
             late = None  # its run is over: nothing of it is stopped any more
         awaited = self._awaiting_end.pop(part.part_id, None) if finished else None
         if awaited is not None:
-            # The loop found at this call's start: refused by the plugin's own rule, or it ran.
-            late = self._refused(session, awaited) if _own_refusal(part.error) else awaited
+            late = awaited  # the loop found at this call's start, handed over however it ended
+        if late is not None and _own_refusal(part.error):
+            # Unless the plugin's own rule refused the call: that is the loop's block.
+            late = self._refused(session, late)
         # Its first `running` update on the stream: from now its time bound runs (`runaway`).
         starts = (
             part.status == "running"
