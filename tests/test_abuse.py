@@ -163,6 +163,7 @@ needs_neighbour = pytest.mark.skipif(
 
 
 @needs_neighbour
+@pytest.mark.alone
 async def test_a_slowloris_by_another_user_holds_no_descriptors_and_stops_nothing(
     tmp_path: Path,
 ) -> None:
@@ -205,6 +206,9 @@ async def test_another_users_wrong_tokens_make_one_log_line_per_interval(tmp_pat
         assert code == 0
 
 
+# The descriptor count holds while the event loop keeps up with the accepts; on a machine
+# shared with three other workers it reached the limit once (256 of 256), so alone.
+@pytest.mark.alone
 async def test_a_flood_with_the_right_token_holds_few_descriptors_and_stops_nothing(
     tmp_path: Path,
 ) -> None:
