@@ -1,6 +1,7 @@
-"""Every code block of README.md, checked by its language and content, so that a block added
-or edited later is held to what the code does: a command whose program or flag does not exist,
-a sample line the code never prints, a config that does not parse, each fails here."""
+"""Every code block of README.md (and of docs/usage.md, where its long material went), checked
+by its language and content, so that a block added or edited later is held to what the code
+does: a command whose program or flag does not exist, a sample line the code never prints, a
+config that does not parse, each fails here. And the README stays short, its command first."""
 
 import configparser
 import json
@@ -16,11 +17,21 @@ from functools import cache
 from importlib.util import find_spec
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = "opencode-loop-monitor"
 # Programs a reader installs or has beside the monitor (the README says where from).
 EXTERNAL = {"opencode", "curl", "npm", "launchctl", "systemctl", "plutil", "cd", "export"}
 BLOCK = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\n(?P<body>.*?)^(?P=indent)```", re.M | re.S)
+
+
+# The README and the page that holds what it once said at length.
+DOCUMENTS = ("README.md", "docs/usage.md")
+TEST_COMMAND = (
+    "python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && "
+    ".venv/bin/python -m pytest -n 4 --dist loadgroup"
+)
 
 
 def blocks(text: str | None = None) -> list[tuple[str, str]]:
@@ -144,8 +155,9 @@ def check_block(lang: str, body: str) -> list[str]:
     return []
 
 
-def test_every_readme_block_matches_the_code():
-    found = blocks()
+@pytest.mark.parametrize("document", DOCUMENTS)
+def test_every_block_matches_the_code(document: str):
+    found = blocks((ROOT / document).read_text(encoding="utf-8"))
     assert len(found) >= 5
     problems = [p for lang, body in found for p in check_block(lang, body)]
     assert problems == []
@@ -173,13 +185,22 @@ def test_the_checks_catch_what_is_wrong():
     assert blocks(indented) == [("sh", "opencode serve --port 4096\n")]
 
 
-def test_readme_has_exactly_two_setup_commands():
-    install, tests = readme_commands()[:2]
-    assert "opencode-loop-monitor watch" in install
-    assert "pytest" in tests
+def test_readme_opens_with_its_three_commands_see_it_work_run_it_run_the_tests():
+    demo, watch, tests = readme_commands()[:3]
+    assert demo.startswith("python3 -m venv .venv && .venv/bin/pip install . && ")
+    assert demo.endswith(".venv/bin/opencode-loop-monitor demo")
+    assert watch == ".venv/bin/opencode-loop-monitor watch --url http://127.0.0.1:4096"
+    assert tests == TEST_COMMAND
+
+
+def test_readme_is_read_in_two_minutes():
+    """Issue 32: the first command came at line 64, after tables, of 280 lines."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    first_fence = next(n for n, line in enumerate(lines, 1) if line.lstrip().startswith("```sh"))
+    assert first_fence + 1 <= 25  # the command is the line after the fence
+    assert len(lines) < 120
 
 
 def test_ci_runs_the_readme_test_command():
-    test_command = readme_commands()[1]
     ci_lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    assert test_command in ci_lines
+    assert TEST_COMMAND in ci_lines
