@@ -5,10 +5,13 @@ reaches the judge or the counts."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
 import os
 import socket
 import stat
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -18,6 +21,7 @@ import pytest
 from monitor.core.plugin_protocol import ALLOW, MAX_BODY, FellOpen, PluginCall, block
 from monitor.errors import ConfigError
 from monitor.shell import decide
+from monitor.shell.acting import Role
 from monitor.shell.decide import DecideServer, PluginEndpoint, PluginStats, Unasked, state_dir
 from tests.harness import wait_for
 
@@ -390,6 +394,71 @@ def test_a_token_file_is_read_back_and_must_be_ours_closed_and_no_link(folder) -
     path.chmod(0o620)
     with pytest.raises(ConfigError, match="open to others"):
         decide.read_or_create_token(path)  # writable by the group: accepted before issue 25
+
+
+def test_an_empty_token_file_left_by_a_crash_is_replaced(folder) -> None:
+    # Issue 33: a token file created and never written (a full disk, a crash) made every
+    # later start refuse ("is empty or not a token") until a person deleted it.
+    path = folder / "token"
+    path.touch(mode=0o600)
+    token = decide.read_or_create_token(path)
+    assert len(token) >= 32 and path.read_text() == token + "\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert sorted(p.name for p in folder.iterdir()) == ["token"]
+    assert decide.read_or_create_token(path) == token
+
+
+def test_a_token_write_that_fails_leaves_nothing_in_the_way(folder, monkeypatch) -> None:
+    # The disk fills after a few bytes: the file is never seen half written.
+    path = folder / "token"
+    real_write = os.write
+
+    def full(fd: int, data: bytes) -> int:
+        if len(data) > 4:
+            return real_write(fd, data[:4])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(ConfigError, match="cannot write .*nothing was left there"):
+        decide.read_or_create_token(path)
+    assert list(folder.iterdir()) == []
+    monkeypatch.undo()
+    assert len(decide.read_or_create_token(path)) >= 32
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A folder on a tmpfs of 8 KiB, filled up; the filler file's path comes with it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to mount a small tmpfs")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k,mode=700", "tmpfs", mount], check=True)
+    try:
+        filler = mount / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"x" * 1024)
+        os.close(fd)
+        yield mount, filler
+    finally:
+        subprocess.run(["umount", "-l", mount], check=True)
+
+
+def test_a_full_disk_leaves_nothing_that_blocks_the_next_start(full_disk) -> None:
+    folder, filler = full_disk
+    path = folder / "token"
+    with pytest.raises(ConfigError, match="cannot write .*No space left"):
+        decide.read_or_create_token(path)  # an OSError and an empty file before issue 33
+    assert sorted(p.name for p in folder.iterdir()) == ["filler"]
+    # The acting monitor's lock needs no space: only its pid (for `status`) is lost.
+    role = Role(folder, "http://127.0.0.1:4096")
+    assert role.try_acting() and role.holder() is None
+    role.close()
+    filler.unlink()
+    token = decide.read_or_create_token(path)
+    assert path.read_text() == token + "\n"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to plant a file of another user")

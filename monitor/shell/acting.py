@@ -17,6 +17,7 @@ two users, two machines, or one server reached by two spellings of its URL
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -85,9 +86,13 @@ class Role:
             daemon.close()
             held = _try_lock(self._attached(self._session_id), create=True)
         if held is not None:
-            held.truncate(0)
-            held.write(f"{os.getpid()}\n")
-            held.flush()
+            # The lock is the flock, not the text: the pid is only for `status`, so a full
+            # disk that refuses it costs the holder's name (read as unknown), never the role.
+            # Written past the text layer, which would keep what it could not write and
+            # raise again at close.
+            with contextlib.suppress(OSError):
+                os.ftruncate(held.fileno(), 0)
+                os.pwrite(held.fileno(), f"{os.getpid()}\n".encode("ascii"), 0)
         self._held = held
         return held is not None
 

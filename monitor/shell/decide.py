@@ -164,7 +164,9 @@ MAX_TOKEN_FILE = 4096
 
 
 def read_or_create_token(path: Path) -> str:
-    """The token in `path`; a new one, written readable by its owner only, if there is none.
+    """The token in `path`; a new one, written readable by its owner only, if there is none
+    or the file is empty (what a crash or a full disk left before the token was written
+    whole: refusing to start over it needed a person to delete it).
 
     The file must be ours and closed to others, and is opened without following a link: a
     token someone else can read, write or point us to is one they know (a daemon run as root
@@ -174,14 +176,7 @@ def read_or_create_token(path: Path) -> str:
         # O_NONBLOCK: a FIFO planted in its place must not hang the start.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
-        token = secrets.token_urlsafe(32)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            raise ConfigError(f"plugin_token_file {path}: cannot create ({exc.strerror})") from None
-        with open(fd, "w", encoding="utf-8") as file:
-            file.write(token + "\n")
-        return token
+        return _new_token(path, replace=False)
     except OSError as exc:
         # ELOOP: a symbolic link, which O_NOFOLLOW refuses to open.
         raise ConfigError(f"plugin_token_file {path}: cannot read ({exc.strerror})") from None
@@ -197,13 +192,58 @@ def read_or_create_token(path: Path) -> str:
         if info.st_mode & 0o077:
             raise ConfigError(f"plugin_token_file {path}: open to others (chmod 600 it)")
         raw = file.read(MAX_TOKEN_FILE + 1)
+    if not raw.strip():
+        return _new_token(path, replace=True)
     try:
         token = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
         token = ""
     if not token or len(raw) > MAX_TOKEN_FILE:
-        raise ConfigError(f"plugin_token_file {path}: is empty or not a token")
+        raise ConfigError(f"plugin_token_file {path}: is not a token (nor empty, to be replaced)")
     return token
+
+
+def _new_token(path: Path, replace: bool) -> str:
+    """A new token written to `path` whole or not at all: into a temporary file of ours in
+    the same folder, then put in place. A new file is linked in (never over a token another
+    process, the daemon or `plugin install`, wrote meanwhile: then that one is read); an
+    empty one is replaced."""
+    token = secrets.token_urlsafe(32)
+    try:
+        write_whole(path, (token + "\n").encode("ascii"), 0o600, replace=replace)
+    except FileExistsError:
+        return read_or_create_token(path)
+    except OSError as exc:
+        raise ConfigError(
+            f"plugin_token_file {path}: cannot write ({exc.strerror}); nothing was left there"
+        ) from None
+    return token
+
+
+def write_whole(path: Path, data: bytes, mode: int, replace: bool) -> None:
+    """Put `data` at `path` only once all of it is on disk: a full disk or a crash leaves
+    the old file (or none), never a part. Written to a temporary name created exclusively
+    and never through a link, then renamed over `path` (`replace`) or hard-linked to it
+    (FileExistsError when there is a file already)."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(temporary, flags, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            # Written is not stored: a full disk can still refuse the blocks at close.
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if replace:
+            os.replace(temporary, path)
+        else:
+            os.link(temporary, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
 
 
 def private_dir(path: Path) -> None:
