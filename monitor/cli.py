@@ -53,12 +53,16 @@ class Command:
     name: str
     summary: str
     run: Callable[[Settings, argparse.Namespace], int]
-    uses: frozenset[Group]
+    # Whole groups of settings, or single settings by name: its --help lists only these.
+    uses: frozenset[Group | str]
     # What `COMMAND --help` says above and below the flags.
     description: str
     epilog: str
     # Arguments of its own (e.g. a session id); settings are added separately.
     add_arguments: Callable[[argparse.ArgumentParser], object] = lambda parser: None
+    # Commands under this one (`plugin install`), each with its own flags; then this one
+    # takes none and `run` is never called.
+    subcommands: tuple[Command, ...] = ()
 
 
 WATCH_DESCRIPTION = """\
@@ -241,43 +245,111 @@ def _run_status(settings: Settings, args: argparse.Namespace) -> int:
 PLUGIN_DESCRIPTION = """\
 Installs the OpenCode plugin that asks this monitor before every tool call, so the call that
 completes a loop is blocked before it runs and the model's run goes on (see
-docs/operations.md). install writes it user-wide ($XDG_CONFIG_HOME/opencode/plugins/) or,
-with --project DIR, into DIR/.opencode/plugins/; OpenCode loads it when it next starts.
-With the default plugin settings it finds the monitor of the server it runs in, whatever
-its port (no --url needed); with --plugin-socket PATH or --plugin-addr it asks there. When
-no monitor answers, it applies its own loop rule. uninstall removes it; status says where
-it is, where it asks in the server at --url and whether a monitor answers there."""
+docs/operations.md). When no monitor answers, it applies its own loop rule. Run
+`opencode-loop-monitor plugin ACTION --help` for the flags of each action."""
 
 PLUGIN_EPILOG = """\
-exit status: 0 done (status: installed, and the monitor of --url answers where it asks),
-3 status: not installed, 4 status: a monitor answers where the plugin asks but it is not the
-one of --url, 69 status: installed but nothing answers, 78 configuration error (the folder
-cannot be written, a file there is not ours, the endpoint is off), 130 interrupted."""
+exit status: 0 done, 3 or 4 or 69 (status) what it found, 78 configuration error, 130
+interrupted; each action lists its own under --help."""
+
+PLUGIN_INSTALL_DESCRIPTION = """\
+Writes the plugin user-wide ($XDG_CONFIG_HOME/opencode/plugins/) or, with --project DIR, into
+DIR/.opencode/plugins/; OpenCode loads it when it next starts. With the default plugin
+settings it finds the monitor of the server it runs in, whatever its port (no --url needed);
+with --plugin-socket PATH or --plugin-addr it asks there. Running it again replaces the file
+it wrote."""
+
+PLUGIN_INSTALL_EPILOG = """\
+exit status: 0 installed, 78 configuration error (the folder cannot be written, a file there
+is not ours, the endpoint is off), 130 interrupted."""
+
+PLUGIN_UNINSTALL_DESCRIPTION = """\
+Removes the plugin file that `plugin install` wrote (user-wide, or with --project DIR that
+project's); a file of the same name that it did not write is left alone."""
+
+PLUGIN_UNINSTALL_EPILOG = """\
+exit status: 0 removed (or there was none), 78 the file there is not ours or cannot be read,
+130 interrupted."""
+
+PLUGIN_STATUS_DESCRIPTION = """\
+Says where the plugin is installed, where it asks in the server at --url and whether a
+monitor answers there (and whether it is the monitor of that server, with these plugin
+settings)."""
+
+PLUGIN_STATUS_EPILOG = """\
+exit status: 0 installed, and the monitor of --url answers where it asks, 3 not installed,
+4 a monitor answers where the plugin asks but it is not the one of --url, 69 installed but
+nothing answers, 78 configuration error (the endpoint is off), 130 interrupted."""
 
 
-def _plugin_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=("install", "uninstall", "status"))
+def _project_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--project",
         metavar="DIR",
         type=Path,
-        help="install for one project (DIR/.opencode/plugins/) instead of user-wide",
+        help="the plugin of one project (DIR/.opencode/plugins/) instead of the user-wide one",
     )
 
 
-def _run_plugin(settings: Settings, args: argparse.Namespace) -> int:
+def _project(args: argparse.Namespace) -> Path | None:
+    return None if args.project is None else Path(args.project).resolve()
+
+
+def _run_plugin_install(settings: Settings, args: argparse.Namespace) -> int:
     from monitor.shell import plugin_install
 
-    project = None if args.project is None else args.project.resolve()
-    if args.action == "install":
-        print(plugin_install.install(settings, project, os.environ))
-    elif args.action == "uninstall":
-        print(plugin_install.uninstall(project, os.environ))
-    else:
-        text, code = plugin_install.status(settings, project, os.environ)
-        print(text)
-        return code
+    print(plugin_install.install(settings, _project(args), os.environ))
     return EX_OK
+
+
+def _run_plugin_uninstall(settings: Settings, args: argparse.Namespace) -> int:
+    from monitor.shell import plugin_install
+
+    print(plugin_install.uninstall(_project(args), os.environ))
+    return EX_OK
+
+
+def _run_plugin_status(settings: Settings, args: argparse.Namespace) -> int:
+    from monitor.shell import plugin_install
+
+    text, code = plugin_install.status(settings, _project(args), os.environ)
+    print(text)
+    return code
+
+
+def _no_run(settings: Settings, args: argparse.Namespace) -> int:
+    raise AssertionError("a command with subcommands is never run itself")
+
+
+PLUGIN_ACTIONS: tuple[Command, ...] = (
+    Command(
+        "install",
+        "write the plugin where OpenCode loads it",
+        _run_plugin_install,
+        frozenset({Group.PLUGIN}),  # where it asks; the server's URL it learns at load
+        PLUGIN_INSTALL_DESCRIPTION,
+        PLUGIN_INSTALL_EPILOG,
+        _project_argument,
+    ),
+    Command(
+        "uninstall",
+        "remove the plugin file it wrote",
+        _run_plugin_uninstall,
+        frozenset(),
+        PLUGIN_UNINSTALL_DESCRIPTION,
+        PLUGIN_UNINSTALL_EPILOG,
+        _project_argument,
+    ),
+    Command(
+        "status",
+        "say where it is, where it asks and whether a monitor answers",
+        _run_plugin_status,
+        frozenset({"url", Group.PLUGIN}),
+        PLUGIN_STATUS_DESCRIPTION,
+        PLUGIN_STATUS_EPILOG,
+        _project_argument,
+    ),
+)
 
 
 COMMANDS: tuple[Command, ...] = (
@@ -329,7 +401,7 @@ COMMANDS: tuple[Command, ...] = (
         "status",
         "show what a running monitor sees (asks its --metrics-addr)",
         _run_status,
-        frozenset({Group.WATCH}),
+        frozenset({"metrics_addr"}),  # where to ask; not the rest of watch's own settings
         STATUS_DESCRIPTION,
         STATUS_EPILOG,
         _status_arguments,
@@ -337,11 +409,11 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "plugin",
         "install, uninstall or check the OpenCode plugin (blocks loops)",
-        _run_plugin,
-        frozenset({Group.CONNECTION, Group.PLUGIN}),
+        _no_run,
+        frozenset(),
         PLUGIN_DESCRIPTION,
         PLUGIN_EPILOG,
-        _plugin_arguments,
+        subcommands=PLUGIN_ACTIONS,
     ),
 )
 
@@ -359,7 +431,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command", metavar="COMMAND", title="commands", required=True
     )
-    for command in COMMANDS:
+    _add_commands(commands, COMMANDS)
+    return parser
+
+
+def _add_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], found: Sequence[Command]
+) -> None:
+    for command in found:
         subparser = commands.add_parser(
             command.name,
             help=command.summary,
@@ -368,12 +447,30 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=command.epilog,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        if command.subcommands:
+            below = subparser.add_subparsers(
+                dest=_dest(command), metavar="ACTION", title="actions", required=True
+            )
+            _add_commands(below, command.subcommands)
+            continue
         command.add_arguments(subparser)
         _add_setting_flags(subparser, command.uses)
-    return parser
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser, uses: frozenset[Group]) -> None:
+def _dest(command: Command) -> str:
+    return f"{command.name}_action"
+
+
+def chosen(args: argparse.Namespace) -> tuple[Command, ...]:
+    """The command the parsed `args` name, from the top: (plugin, install), or (watch,)."""
+    path = [next(command for command in COMMANDS if command.name == args.command)]
+    while path[-1].subcommands:
+        name = getattr(args, _dest(path[-1]))
+        path.append(next(c for c in path[-1].subcommands if c.name == name))
+    return tuple(path)
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser, uses: frozenset[Group | str]) -> None:
     used = settings_for(uses)
     for group in Group:
         members = [setting for setting in used if setting.group is group]
@@ -405,12 +502,18 @@ def _flag_help(setting: Setting) -> str:
     return text.replace("%", "%%")  # argparse expands %-formats in help text
 
 
-def _reject_unknown(parser: argparse.ArgumentParser, command: str, extras: list[str]) -> None:
+def _reject_unknown(
+    parser: argparse.ArgumentParser, path: Sequence[Command], extras: list[str]
+) -> None:
     """Answer an unknown flag with the subcommand's usage (not the top level's) and a guess."""
-    [subparsers] = [
-        action for action in parser._actions if isinstance(action, argparse._SubParsersAction)
-    ]
-    subparser = subparsers.choices[command]
+    subparser = parser
+    for command in path:
+        [subparsers] = [
+            action
+            for action in subparser._actions
+            if isinstance(action, argparse._SubParsersAction)
+        ]
+        subparser = subparsers.choices[command.name]
     known = [option for action in subparser._actions for option in action.option_strings]
     flag = extras[0].split("=", 1)[0]
     # A prefix of real flags is what the old abbreviations accepted: name those first.
@@ -437,11 +540,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check_command(parser, sys.argv[1:] if argv is None else argv)
         args, extras = parser.parse_known_args(argv)
+        path = chosen(args)
         if extras:
-            _reject_unknown(parser, args.command, extras)
+            _reject_unknown(parser, path, extras)
     except SystemExit as exit_:  # --help, --version and usage errors end parsing
         return int(exit_.code or 0)
-    command = next(command for command in COMMANDS if command.name == args.command)
+    command = path[-1]
     for warning in unknown_variables(os.environ):
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     try:

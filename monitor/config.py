@@ -859,10 +859,11 @@ _FILE_KEYS = tuple(setting.name for setting in SETTINGS if setting.in_file)
 _BY_CORE = {setting.core: setting for setting in SETTINGS if setting.core}
 
 
-def settings_for(groups: Iterable[Group]) -> tuple[Setting, ...]:
-    """The settings a subcommand using `groups` accepts, in table order."""
-    wanted = {Group.GENERAL, *groups}
-    return tuple(setting for setting in SETTINGS if setting.group in wanted)
+def settings_for(uses: Iterable[Group | str]) -> tuple[Setting, ...]:
+    """The settings a subcommand using `uses` (whole groups, or settings by name) accepts, in
+    table order."""
+    wanted = {Group.GENERAL, *uses}
+    return tuple(s for s in SETTINGS if s.group in wanted or s.name in wanted)
 
 
 class _File(NamedTuple):
@@ -883,7 +884,7 @@ def load_settings(
     environ: Mapping[str, str],
     *,
     isatty: bool,
-    uses: Iterable[Group] = tuple(Group),
+    uses: Iterable[Group | str] = tuple(Group),
 ) -> Settings:
     """Resolve every setting: flags, then environment, then the TOML file, then defaults.
 

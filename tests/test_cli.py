@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -14,7 +15,13 @@ import pytest
 
 from monitor import __version__
 from monitor.cli import COMMANDS, main
-from monitor.config import SERVER_PASSWORD_VAR, SETTINGS_BY_NAME, Settings, settings_for
+from monitor.config import (
+    SERVER_PASSWORD_VAR,
+    SETTINGS_BY_NAME,
+    Group,
+    Settings,
+    settings_for,
+)
 from monitor.errors import ConfigError
 from monitor.exits import EX_CONFIG
 
@@ -302,6 +309,82 @@ def test_each_command_help_shows_its_description_and_exit_statuses(command, caps
     out = capsys.readouterr().out
     assert spec.description.splitlines()[0] in out  # kept as written, not rewrapped
     assert spec.epilog.splitlines()[0] in out and "exit status" in spec.epilog
+
+
+def options_in(help_text: str) -> set[str]:
+    """The flags a --help lists as options (not those its prose mentions)."""
+    found: set[str] = set()
+    for line in help_text.splitlines():
+        # An option's line starts at column 2 with its flags; prose and wrapped help do not.
+        if re.match(r"^  -", line):
+            found.update(re.findall(r"--[\w-]+", re.split(r"\s{2,}", line.strip())[0]))
+    return found
+
+
+def setting_flags(*names: str) -> set[str]:
+    flags = set()
+    for setting in settings_for(()) + tuple(SETTINGS_BY_NAME[name] for name in names):
+        flags.add(setting.flag)
+        if setting.is_switch:
+            flags.add("--no-" + setting.flag[2:])
+    return flags
+
+
+def group_flags(*groups: Group) -> set[str]:
+    return setting_flags(*(s.name for s in settings_for(groups)))
+
+
+# Issue 32: `plugin install --help` listed --directory and --api (the flags of `plugin`),
+# `status --help` offered --record FILE. Each command's own flags, written out.
+OWN_FLAGS: dict[tuple[str, ...], set[str]] = {
+    ("watch",): group_flags(*Group),
+    ("attach",): group_flags(Group.CONNECTION, Group.DETECTION, Group.ACTION, Group.LOGGING),
+    ("replay",): group_flags(Group.DETECTION) | {"--fail-on-detect"},
+    ("evaluate",): group_flags(Group.DETECTION) | {"--cache"},
+    ("demo",): group_flags(Group.DETECTION, Group.ACTION, Group.LOGGING)
+    | {"--cache-dir", "--plugin"},
+    ("status",): setting_flags("metrics_addr") | {"--json"},
+    ("plugin",): set(),
+    ("plugin", "install"): group_flags(Group.PLUGIN) | {"--project"},
+    ("plugin", "uninstall"): setting_flags() | {"--project"},
+    ("plugin", "status"): setting_flags("url") | group_flags(Group.PLUGIN) | {"--project"},
+}
+
+
+def test_every_command_is_in_the_table_of_its_own_flags() -> None:
+    paths = {(c.name,) for c in COMMANDS}
+    paths |= {(c.name, sub.name) for c in COMMANDS for sub in c.subcommands}
+    assert paths == set(OWN_FLAGS)
+
+
+@pytest.mark.parametrize("path", list(OWN_FLAGS), ids=" ".join)
+def test_each_commands_help_lists_only_its_own_flags(
+    path: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*path, "--help"]) == 0
+    assert options_in(capsys.readouterr().out) == OWN_FLAGS[path] | {"--help"}
+
+
+def test_the_flags_of_one_command_are_refused_by_another(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["status", "--record", "x.sse"]) == 2
+    assert "unrecognized arguments: --record x.sse" in capsys.readouterr().err
+    assert main(["plugin", "install", "--api", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: opencode-loop-monitor plugin install ")
+    assert "unrecognized arguments: --api 2" in err
+
+
+def test_each_plugin_action_help_shows_its_own_exit_statuses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    [plugin] = [c for c in COMMANDS if c.name == "plugin"]
+    for action in plugin.subcommands:
+        assert main(["plugin", action.name, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert action.description.splitlines()[0] in out
+        assert action.epilog.splitlines()[0] in out and "exit status" in action.epilog
 
 
 # --- strict parsing ------------------------------------------------------------------------

@@ -84,8 +84,12 @@ def check_command(argv: list[str]) -> list[str]:
         argv = argv[1:]
     program, name = argv[0], Path(argv[0]).name
     if name == SCRIPT:
-        words = [a for a in argv[1:] if not a.startswith("-")]
-        subcommand = words[:1] if words and words[0] in help_text() else []
+        # The command, and its action (`plugin install`): each word its parent's help lists.
+        subcommand: list[str] = []
+        for word in (a for a in argv[1:] if not a.startswith("-")):
+            if not re.search(rf"^    {re.escape(word)}\b", help_text(*subcommand), re.M):
+                break
+            subcommand.append(word)
         usage = help_text(*subcommand)
         flags = {a.split("=", 1)[0] for a in argv[1:] if a.startswith("--")}
         return [
@@ -168,6 +172,10 @@ def test_the_checks_catch_what_is_wrong():
         f"{SCRIPT} watch: no flag --no-such-flag"
     ]
     assert check_block("sh", f".venv/bin/{SCRIPT} status --metrics-addr A && {SCRIPT} demo") == []
+    assert check_block("sh", f"{SCRIPT} plugin install --api 2") == [
+        f"{SCRIPT} plugin: no flag --api"
+    ]
+    assert check_block("sh", f"{SCRIPT} plugin status --url U --project D") == []
     assert check_block("sh", "python -m monitor.nowhere") == [
         "python -m monitor.nowhere: no such module"
     ]
