@@ -49,13 +49,22 @@ async def attempts(watch: Watch, logs: list, count: int) -> None:
     assert len(events(logs, "stream.connect_failed")) == 1
 
 
+async def page(request: web.Request) -> web.Response:
+    return web.Response(text="<html>app</html>", content_type="text/html")
+
+
+async def hello(request: web.Request) -> web.Response:
+    return web.Response(text="hello")
+
+
+# What a port can hold that is no OpenCode: a one-page server (404 elsewhere), or one that
+# answers every path with an HTML page, as a web app's fallback route does.
+PAGES = {"plain": ("/", hello), "page": ("/{tail:.*}", page)}
+
+
 @pytest.fixture
 async def plain_server() -> AsyncIterator[TestServer]:
     """An aiohttp server with one page: not OpenCode, and no TLS."""
-
-    async def hello(request: web.Request) -> web.Response:
-        return web.Response(text="hello")
-
     app = web.Application()
     app.router.add_get("/", hello)
     server = TestServer(app, host="127.0.0.1")
@@ -101,6 +110,76 @@ async def test_https_to_a_plain_server(plain_server: TestServer):
         f"the TLS handshake with 127.0.0.1:{port} failed; `opencode serve` speaks plain HTTP,"
         f" so unless a TLS proxy stands in front of it use --url http://127.0.0.1:{port}"
     )
+
+
+@pytest.fixture
+async def stand_in(request: pytest.FixtureRequest) -> AsyncIterator[int]:
+    """The port of the server named by the test's parameter, or one where nothing listens."""
+    if request.param is None:
+        yield free_port()
+        return
+    app = web.Application()
+    app.router.add_get(*PAGES[request.param])
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield server.port
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize(
+    ("scheme", "stand_in", "problem"),
+    [
+        ("http", None, "cannot_connect"),
+        ("https", "plain", "tls_failed"),
+        ("http", "plain", "not_opencode"),
+        ("http", "page", "not_a_stream"),
+    ],
+    ids=["dead-port", "tls", "not-opencode", "not-a-stream"],
+    indirect=["stand_in"],
+)
+async def test_no_server_is_said_detected_before_one_answered(
+    scheme: str, stand_in: int, problem: str
+):
+    """Issue 32: a dead port's first line was `server.detected server='opencode (no version
+    given): 1.x and 2.x API'`, the next that nothing accepts connections there."""
+    watch = watch_of(f"{scheme}://127.0.0.1:{stand_in}")
+    with capture_logs() as logs:
+        await attempts(watch, logs, 2)
+    assert [d["problem"] for d in events(logs, "stream.diagnosis")] == [problem]
+    assert events(logs, "server.detected") == []
+    assert watch.status()["stream"]["server"] is None
+
+
+async def test_a_server_is_said_detected_once_its_stream_answered():
+    fake = FakeOpencode(streams=[play()])
+    with capture_logs() as logs:
+        running = await start_fake(fake)
+        await wait_for(lambda: events(logs, "stream.resynced"))
+        await stop(*running)
+    names = [e["event"] for e in logs]
+    assert names.index("stream.connected") < names.index("server.detected")
+    [detected] = events(logs, "server.detected")
+    assert (detected["classic"], detected["changed"]) == (True, False)
+
+
+@pytest.mark.parametrize(
+    ("stand_in", "status"), [("page", 200), ("plain", 404)], indirect=["stand_in"]
+)
+async def test_a_url_with_an_extra_path_is_told_the_path(stand_in: int, status: int):
+    """`--url http://127.0.0.1:4096/session` was told it "points at another web server"."""
+    port = stand_in
+    with capture_logs() as logs:
+        await attempts(watch_of(f"http://127.0.0.1:{port}/session"), logs, 2)
+    [diagnosis] = events(logs, "stream.diagnosis")
+    assert diagnosis["problem"] == "extra_path"
+    assert diagnosis["hint"] == (
+        f"127.0.0.1:{port} answered {status} for the event stream under the path /session "
+        f"that --url has: give --url the server's address alone, http://127.0.0.1:{port} "
+        "(a path only where a proxy serves OpenCode under it)"
+    )
+    assert events(logs, "server.detected") == []
 
 
 @pytest.fixture

@@ -55,9 +55,31 @@ def diagnose_error(exc: BaseException, url: str) -> Diagnosis | None:
     return None
 
 
+# The routes the stream request adds to --url (`monitor.shell.api.stream_url`).
+_STREAM_ROUTES = ("/global/event", "/api/event", "/event")
+
+
+def _extra_path(url: str) -> str:
+    """The path --url had before the stream's route was added to it ("" for none)."""
+    path = urlsplit(url).path
+    route = next((r for r in _STREAM_ROUTES if path.endswith(r)), "")
+    return path[: len(path) - len(route)].rstrip("/")
+
+
 def diagnose_status(status: int, content_type: str, url: str) -> Diagnosis:
-    """A hint for a server that answered the stream request with something else."""
-    _, host, port = _where(url)
+    """A hint for a server that answered the stream request (at `url`) with something else."""
+    scheme, host, port = _where(url)
+    extra = _extra_path(url)
+    if extra and status in (200, 404):
+        # `--url http://127.0.0.1:4096/session`, copied from an API example: the server is
+        # there, but the stream was asked for under a path it does not serve.
+        base = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+        return Diagnosis(
+            "extra_path",
+            f"{host}:{port} answered {status} for the event stream under the path {extra} "
+            f"that --url has: give --url the server's address alone, {base} "
+            f"(a path only where a proxy serves OpenCode under it)",
+        )
     if status == 404:
         return Diagnosis(
             "not_opencode",

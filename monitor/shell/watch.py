@@ -262,7 +262,8 @@ class Watch:
         self._ready_sent = False
         self._record: TextIO | None = None
         self._stream: EventStream | None = None
-        self.server: ServerKind | None = None  # what the last connect found (`_locate`)
+        self.server: ServerKind | None = None  # what the last stream that answered speaks
+        self._locating: ServerKind | None = None  # what the connect under way speaks
         self._last_frame_at: float | None = None
         self._last_event_at = timing.clock()
         self.metrics: Metrics | None = None
@@ -710,25 +711,33 @@ class Watch:
 
     async def _locate(self) -> str:
         """Before every connect: which server this is (`--api`), and so which stream."""
-        before = self.server
         try:
             kind = await self.api.detect()
         except ServerError:
             # Down, starting or failing: the stream's own connect says so, with its hint.
-            kind = before or self.api.server
-        self.server = kind
-        if kind != before:
-            url = stream_url(self.settings.url, self.settings.directory, api=not kind.classic)
-            log.info(
-                "server.detected",
-                server=kind.describe(),
-                version=kind.version,
-                classic=kind.classic,
-                engine=kind.engine,
-                stream=public_url(url),
-                changed=before is not None,
-            )
+            kind = self.server or self.api.server
+        self._locating = kind
         return stream_url(self.settings.url, self.settings.directory, api=not kind.classic)
+
+    def _say_server(self) -> None:
+        """`server.detected` once the stream of what `_locate` found has answered. Before,
+        nothing shows that an OpenCode server is there: a dead port or a failed TLS handshake
+        fails the health routes, and another web server answers them as a 1.x old enough to
+        have none would."""
+        kind, before = self._locating, self.server
+        if kind is None or kind == before:
+            return
+        self.server = kind
+        url = stream_url(self.settings.url, self.settings.directory, api=not kind.classic)
+        log.info(
+            "server.detected",
+            server=kind.describe(),
+            version=kind.version,
+            classic=kind.classic,
+            engine=kind.engine,
+            stream=public_url(url),
+            changed=before is not None,
+        )
 
     async def _replay_engine_sessions(self, sessions: Iterable[str]) -> int:
         """New-engine sessions keep their events: what came while we were away is read from
@@ -755,6 +764,7 @@ class Watch:
         return sum(map(len, answers))
 
     async def _on_connect(self) -> None:
+        self._say_server()
         self._last_event_at = self.timing.clock()
         self.notifier.status("streaming events")
         if self._ready_sent and self.metrics is not None:
