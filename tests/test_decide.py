@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import structlog.testing
 
 from monitor.core.plugin_protocol import ALLOW, MAX_BODY, FellOpen, PluginCall, block
 from monitor.errors import ConfigError
@@ -119,11 +120,6 @@ async def test_a_fell_open_count_out_of_range_never_costs_the_call_its_judgement
         # Deeper than the interpreter's stack: a 500 and a traceback before issue 25.
         ("POST", "/v1/decide", JSON, b"[" * 100_000 + b"]" * 100_000, 400,
          "body is nested too deep"),
-        # A label /metrics could never write again (issue 25).
-        ("POST", "/v1/decide", JSON, json.dumps({**CALL, "directory": "/p\ud800"}).encode(),
-         400, "directory is not Unicode text"),
-        ("POST", "/v1/decide", JSON, json.dumps({**CALL, "tool": "\udfff"}).encode(), 400,
-         "tool is not Unicode text"),
     ],
 )  # fmt: skip
 async def test_bad_requests_refused_and_nothing_judged(
@@ -143,6 +139,68 @@ async def test_bad_requests_refused_and_nothing_judged(
         await server.close()
     assert recorder.judged == [] and recorder.asked == []
     assert [refused.status for refused in recorder.refused] == [status]
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"directory": "/p\ud800"},
+        {"tool": "\udfff"},
+        {"call_id": "call_\ud800"},
+        {"args": {"command": "echo \udc80", "\ud800": ["\udfff"]}},
+        {"tool": "bash\x00\x1b[31m", "directory": "/p\nq\u202e"},
+    ],
+)
+async def test_a_call_with_lone_surrogates_or_control_characters_is_judged(folder, odd):
+    # Issue 33: valid JSON a model can emit. Refused with 400 (and before issue 25 not
+    # answered at all), such a call ran judged by the plugin's own rule only.
+    path = folder / "plugin.sock"
+    server, recorder = await serve(PluginEndpoint(path))
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(path))) as http:
+            body = json.dumps({**CALL, **odd})  # escaped: \ud800 in the JSON text
+            async with http.post("http://localhost/v1/decide", data=body, headers=JSON) as r:
+                assert r.status == 200
+                assert (await r.json())["verdict"] == (
+                    "block" if odd.get("tool", "bash") == "bash" else "allow"
+                )
+        assert recorder.judged == [PluginCall(**{**CALL, **odd})]  # as sent, nothing replaced
+        assert recorder.refused == []
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize("size", [MAX_BODY + 1, 2 * MAX_BODY, 8 * MAX_BODY])
+@pytest.mark.parametrize("chunked", [False, True])
+async def test_a_body_over_the_limit_gets_its_413_when_sent_whole_first(folder, size, chunked):
+    # Issue 33: a client that sends its whole body before it reads (Bun's fetch does) was
+    # reset: the 413 was sent, the unread body made the close a reset, and the client read
+    # nothing. One request per connection, the plugin's way.
+    path = folder / "plugin.sock"
+    server, recorder = await serve(PluginEndpoint(path))
+    try:
+        body = json.dumps({**CALL, "args": {"content": "x" * size}}).encode()
+        reader, writer = await asyncio.open_unix_connection(str(path))
+        framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {len(body)}"
+        writer.write(
+            "POST /v1/decide HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json"
+            f"\r\n{framing}\r\n\r\n".encode()
+        )
+        step = 1 << 16
+        for start in range(0, len(body), step):
+            part = body[start : start + step]
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+            await writer.drain()
+        if chunked:
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        status, text = await answer(reader)
+        assert (status, json.loads(text)) == (413, {"error": f"request body over {MAX_BODY} bytes"})
+        assert await closed_within(reader, 1.0)
+        writer.close()
+    finally:
+        await server.close()
+    assert recorder.judged == [] and [r.status for r in recorder.refused] == [413]
 
 
 async def test_tcp_needs_the_token(folder):
@@ -475,7 +533,8 @@ def test_a_token_file_planted_by_another_user_is_refused(folder) -> None:
 
 async def test_no_request_breaks_metrics_or_status(folder) -> None:
     # Issue 25: one request whose directory held a lone surrogate made /metrics answer 500
-    # from then on. Now it is refused, and a directory with control characters is cleaned.
+    # from then on. Issue 33: it is judged (it was refused), and its label is written as
+    # every name is, a surrogate or a control character a space.
     from monitor.testing import FakeOpencode
     from tests.harness import start, stop, wait_for
 
@@ -487,10 +546,22 @@ async def test_no_request_breaks_metrics_or_status(folder) -> None:
         await wait_for(lambda: watch.plugin_server is not None and watch.metrics_server)
         connector = aiohttp.UnixConnector(str(path))
         async with aiohttp.ClientSession(connector=connector) as http:
-            for directory, status in (("/p\ud800", 400), ("/p\x1b[31m\nq", 200)):
-                body = json.dumps({**CALL, "tool": "read", "directory": directory})
+            verdicts = []
+            asked = [("ses_dd4d5c831ffemmgMvdYdtbM3cX", "/p\x1b[31m\nq")]
+            # A loop of one call, the tool's name and the folder a lone surrogate each.
+            asked += [(CALL["session_id"], "/p\ud800")] * 4
+            for n, (session, directory) in enumerate(asked):
+                odd = {"session_id": session, "tool": "ba\udfffsh", "directory": directory}
+                body = json.dumps({**CALL, **odd, "call_id": f"c{n}"})
                 async with http.post("http://localhost/v1/decide", data=body, headers=JSON) as r:
-                    assert r.status == status
+                    assert r.status == 200
+                    verdicts.append((await r.json())["verdict"])
+        assert verdicts == ["allow"] * 4 + ["block"]
+        # The next connect's resync asks every other folder and keeps this session's run.
+        with structlog.testing.capture_logs() as logs:
+            await watch._resync(first=False)
+        assert [e["event"] for e in logs if e["event"].startswith("stream.")] == ["stream.resynced"]
+        assert watch.tracker.running().keys() >= {CALL["session_id"]}
         port = watch.metrics_server.port
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
@@ -498,9 +569,13 @@ async def test_no_request_breaks_metrics_or_status(folder) -> None:
                 text = await r.text()
             async with http.get(f"http://127.0.0.1:{port}/status") as r:
                 assert r.status == 200
-                [entry] = (await r.json())["plugins"]["directories"]
+                entries = (await r.json())["plugins"]["directories"]
         assert 'directory="/p [31m q",verdict="allow"' in text
-        assert entry["directory"] == "/p [31m q" and entry["requests"] == 1
+        assert 'directory="/p",verdict="block"' in text
+        assert [(e["directory"], e["requests"], e["blocked"]) for e in entries] == [
+            ("/p [31m q", 1, 0),
+            ("/p", 4, 1),
+        ]
     finally:
         await stop(server, watch, task)
 

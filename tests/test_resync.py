@@ -56,3 +56,12 @@ def test_finished_calls_count_the_current_run_without_transparent_tools():
     assert finished_calls(messages, {"todowrite"}) == 2
     assert finished_calls(messages, set()) == 3
     assert finished_calls({"not": "a list"}, set()) == 0
+
+
+def test_a_directory_that_cannot_be_asked_is_left_out_and_its_runs_kept():
+    # Issue 33: a plugin's question (or a frame) may name a folder with a lone surrogate,
+    # which no query can carry: asked, it failed the whole resync, every session's.
+    odd = "/p\ud800"
+    assert directories_to_ask({"a": odd, "b": "/y"}, None) == {"/y", None}
+    plan = plan_resync(busy={}, known={"a": odd, "b": "/y"}, follows=None, acting_on=[])
+    assert plan == ResyncPlan(end_runs=("b",), read_back=())

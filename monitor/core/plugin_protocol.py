@@ -11,6 +11,13 @@ across steps), `tool`, `args` (an object), `directory` (the server's project, ab
 `fell_open` (calls the plugin let run unasked since its last answered request; optional, and
 only a report: a count out of range is taken for 0, never refused).
 Answer: `{"verdict": "allow"}` or `{"verdict": "block", "feedback": TEXT}`.
+
+Strings are taken as JSON gives them, lone surrogates (`"\\ud800"`, valid JSON, not UTF-8)
+included: a call is judged on what it is, and the stream's update of the same call carries
+the same text (digests hash it with `surrogatepass`, monitor.core.signature). The one
+replacement is where text leaves the process: logs, metric labels and `/status` write it as
+they write every name (monitor.core.findings.clean_tool_name: a lone surrogate, as any
+control character, becomes a space).
 """
 
 from __future__ import annotations
@@ -123,16 +130,6 @@ def _authorized(header: str, token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
 
 
-def _unicode(text: str) -> bool:
-    """Whether `text` can be written out as UTF-8: JSON's `\\ud800` escapes make strings
-    that cannot, and a label or a log line with one cannot be written at all."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _call(data: object) -> PluginCall | RequestRefused:
     if not isinstance(data, dict):
         return RequestRefused(400, "body must be a JSON object")
@@ -146,8 +143,6 @@ def _call(data: object) -> PluginCall | RequestRefused:
         value = data.get(name)
         if not isinstance(value, str) or not value or len(value) > MAX_ID:
             return RequestRefused(400, f"{name} must be a string of 1 to {MAX_ID} characters")
-        if not _unicode(value):
-            return RequestRefused(400, f"{name} is not Unicode text (a lone surrogate)")
     args = data.get("args")
     if not isinstance(args, dict):
         return RequestRefused(400, "args must be a JSON object")
@@ -156,8 +151,6 @@ def _call(data: object) -> PluginCall | RequestRefused:
         return RequestRefused(400, "directory must be an absolute path")
     if len(directory) > MAX_DIRECTORY:
         return RequestRefused(400, f"directory longer than {MAX_DIRECTORY} characters")
-    if not _unicode(directory):
-        return RequestRefused(400, "directory is not Unicode text (a lone surrogate)")
     fell_open = data.get("fell_open", 0)
     if (
         not isinstance(fell_open, int)

@@ -41,7 +41,21 @@ def directories_to_ask(
     of other projects are picked up when their events show up: asking every project the
     server knows could start a server instance for each.
     """
-    return {*running.values(), configured}
+    return {where for where in (*running.values(), configured) if askable(where)}
+
+
+def askable(directory: str | None) -> bool:
+    """Whether the server can be asked about `directory`: a lone surrogate (valid JSON in a
+    frame or a plugin's question, not UTF-8) cannot go into a query. Such a directory is
+    not asked and its runs are kept as they are: one session's odd folder must not fail the
+    resync of every other, nor have its runs taken for ended."""
+    if directory is None:
+        return True
+    try:
+        directory.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def plan_resync(
@@ -59,7 +73,11 @@ def plan_resync(
     """
     # A run that the server no longer calls busy ended while we were away (its
     # `session.idle` is lost): its history must go, or its calls would join the next run's.
-    end_runs = tuple(session_id for session_id in known if session_id not in busy)
+    end_runs = tuple(
+        session_id
+        for session_id, directory in known.items()
+        if session_id not in busy and askable(directory)
+    )
     acting = set(acting_on)
     read_back = tuple(
         # The stream told us where a session lives; otherwise, where we found it busy.

@@ -67,6 +67,10 @@ IDLE_S = 5.0
 BODY_S = 5.0
 # A request line and each header: the path and a bearer token are short.
 MAX_LINE = 4096
+# What is read and dropped of a body over MAX_BODY so that its client reads the 413: the
+# biggest file a model writes in one call, with room to spare. Past it, the connection is
+# reset (the call runs unjudged: the plugin's own rule decides).
+DRAIN_MAX = 64 * MAX_BODY
 
 
 class EndpointTaken(ConfigError):
@@ -431,35 +435,55 @@ class DecideServer:
             with contextlib.suppress(FileNotFoundError):
                 self.endpoint.socket.unlink()
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         refused = check_head(request.method, request.path, request.headers, self._token)
         if refused is None:
             if request.content_length is not None and request.content_length > MAX_BODY:
-                refused = too_large()
+                return await self._too_large(request)
+            try:
+                async with asyncio.timeout(BODY_S):
+                    body = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                return await self._too_large(request)
+            except TimeoutError:
+                refused = RequestRefused(408, f"request body not received within {BODY_S:g} s")
             else:
-                try:
-                    async with asyncio.timeout(BODY_S):
-                        body = await request.read()
-                except web.HTTPRequestEntityTooLarge:
-                    refused = too_large()
-                except TimeoutError:
-                    refused = RequestRefused(408, f"request body not received within {BODY_S:g} s")
-                else:
-                    parsed = read_body(body)
-                    if isinstance(parsed, PluginCall) and _gone(request):
-                        # The plugin gave up waiting (we were stalled): the call ran, and
-                        # judging it now would act on a run that went on without us.
-                        self._on_late(parsed)
-                        return web.json_response(ALLOW.to_json())
-                    if isinstance(parsed, PluginCall):
-                        trust(request)
-                        return self._answer(parsed)
-                    refused = parsed
+                parsed = read_body(body)
+                if isinstance(parsed, PluginCall) and _gone(request):
+                    # The plugin gave up waiting (we were stalled): the call ran, and
+                    # judging it now would act on a run that went on without us.
+                    self._on_late(parsed)
+                    return web.json_response(ALLOW.to_json())
+                if isinstance(parsed, PluginCall):
+                    trust(request)
+                    return self._answer(parsed)
+                refused = parsed
         self._on_refused(refused)
         answer = web.json_response(refused.to_json(), status=refused.status)
         # Closed after the answer: a client that is refused cannot go on asking for free on
         # a kept-alive connection (another user's flood of wrong tokens, say).
         answer.force_close()
+        return answer
+
+    async def _too_large(self, request: web.Request) -> web.StreamResponse:
+        """The 413 for a body over MAX_BODY, sent at once, then the rest of the body read
+        and dropped (at most DRAIN_MAX bytes, within BODY_S) before the close: closed with
+        its body unread, the connection is reset, and a client that sends its whole body
+        before reading (Bun's fetch, aiohttp's) loses the answer to the reset."""
+        refused = too_large()
+        self._on_refused(refused)
+        answer = web.json_response(refused.to_json(), status=refused.status)
+        answer.force_close()
+        await answer.prepare(request)
+        await answer.write_eof()
+        left = DRAIN_MAX
+        with contextlib.suppress(TimeoutError, ConnectionError, web.HTTPException):
+            async with asyncio.timeout(BODY_S):
+                while left > 0 and not request.content.at_eof():
+                    chunk = await request.content.readany()
+                    if not chunk:
+                        break
+                    left -= len(chunk)
         return answer
 
     def _over_the_cap(self) -> None:
