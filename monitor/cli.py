@@ -190,6 +190,33 @@ def _run_demo(settings: Settings, args: argparse.Namespace) -> int:
     return run_demo(settings, cache_dir, plugin=args.plugin)
 
 
+MODEL_DESCRIPTION = """\
+Serves the scripted model of `demo` alone, OpenAI-compatible, on 127.0.0.1:--port, so that
+your own `opencode serve` has a model that loops, with no API key and no network. Prints the
+opencode.json provider block to paste (then restart the server), then one line per answer.
+A prompt that says `loop` makes it read README.md and run ls again and again until stopped;
+`escalate` loops again after each feedback, until the monitor holds the session; any other
+prompt gets a line saying so. Runs until Ctrl-C or SIGTERM."""
+
+MODEL_EPILOG = """\
+exit status: 0 stopped by Ctrl-C or SIGTERM, 1 the port could not be listened on, 78
+configuration error, 130 interrupted."""
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    # The default is the model's own (monitor.kit.model.DEFAULT_PORT), named here without
+    # importing it: --help does not load aiohttp.
+    parser.add_argument(
+        "--port", type=int, help="loopback port to serve on; 0 for a free one [default: 4097]"
+    )
+
+
+def _run_model(settings: Settings, args: argparse.Namespace) -> int:
+    from monitor.kit.model import DEFAULT_PORT, run_model
+
+    return run_model(DEFAULT_PORT if args.port is None else args.port)
+
+
 ATTACH_DESCRIPTION = """\
 Watches one session that is already running. Reads its messages (GET
 /session/{id}/message), takes the tool calls of its current run (those after its last
@@ -396,6 +423,15 @@ COMMANDS: tuple[Command, ...] = (
         DEMO_DESCRIPTION,
         DEMO_EPILOG,
         _demo_arguments,
+    ),
+    Command(
+        "model",
+        "serve a model that loops when asked, for your own server",
+        _run_model,
+        frozenset(),
+        MODEL_DESCRIPTION,
+        MODEL_EPILOG,
+        _model_arguments,
     ),
     Command(
         "status",

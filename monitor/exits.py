@@ -12,7 +12,7 @@ import os
 EX_OK = os.EX_OK
 EX_DETECTED = 1  # replay --fail-on-detect, and a loop was detected
 EX_MISJUDGED = 1  # evaluate: a labelled trace was missed, caught early or late, or a false alarm
-EX_FAILED = 1  # demo, playground: what they started failed (the server, the model, a run)
+EX_FAILED = 1  # demo, playground, model: what they started failed (the server, the model, a run)
 EX_USAGE = 2  # a file could not be read or is not a recording; argparse's own code for usage
 EX_NOT_INSTALLED = 3  # plugin status: no plugin of ours in the folder
 EX_OTHER_SERVER = 4  # plugin status: a monitor answers the plugin, not the one of --url

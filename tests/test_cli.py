@@ -343,6 +343,7 @@ OWN_FLAGS: dict[tuple[str, ...], set[str]] = {
     ("evaluate",): group_flags(Group.DETECTION) | {"--cache"},
     ("demo",): group_flags(Group.DETECTION, Group.ACTION, Group.LOGGING)
     | {"--cache-dir", "--plugin"},
+    ("model",): setting_flags() | {"--port"},
     ("status",): setting_flags("metrics_addr") | {"--json"},
     ("plugin",): set(),
     ("plugin", "install"): group_flags(Group.PLUGIN) | {"--project"},
@@ -408,7 +409,7 @@ def test_misspelled_command_gets_a_guess(capsys: pytest.CaptureFixture[str]) -> 
     assert err.startswith("usage: opencode-loop-monitor ")
     assert err.endswith(
         "error: unknown command 'wach' (did you mean watch?); the commands: watch, attach, "
-        "replay, evaluate, demo, status, plugin\n"
+        "replay, evaluate, demo, model, status, plugin\n"
     )
 
 

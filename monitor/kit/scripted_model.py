@@ -24,15 +24,20 @@ one model serves any number of sessions and needs no per-test setup:
   ``chunk_delay`` seconds apart (0: each in one delta), as a model generating tokens does.
 
 Requests that carry no script or no tools (OpenCode's title generation) get a short text.
+Served for a person (`opencode-loop-monitor model`, `on_demand`), a prompt that is no script
+loops when it asks for a loop in words: ``loop`` reads README.md and lists the folder until
+stopped, then answers the feedback; ``escalate`` loops again after each feedback. Any other
+prompt is answered with a line saying so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -41,6 +46,14 @@ from aiohttp import web
 
 DEFAULT_ANSWER = "Understood. I will stop repeating and change approach."
 UNSCRIPTED_ANSWER = "Scripted session"
+# What a prompt in words gets from a model served on demand: the demo's loop (read a file,
+# list the folder, 12 calls), the same looping again after each feedback, or this answer.
+ON_DEMAND_PATTERN = (("read", {"filePath": "README.md"}), ("bash", {"command": "ls"}))
+ON_DEMAND_ANSWER = (
+    "I am the scripted model of opencode-loop-monitor: write `loop` and I loop (read "
+    "README.md, run ls, again and again) until stopped; `escalate` and I loop again after "
+    "each feedback, until the session is held."
+)
 
 AfterFeedback = Literal["answer", "loop"]
 
@@ -161,6 +174,16 @@ class ModelRequest:
     last_user: str  # text of the last user message: differs once feedback was injected
     scripted: bool  # False for requests answered with the unscripted text (titles etc.)
     reply: Reply
+
+
+def on_demand_script(text: str) -> Script | None:
+    """The loop a prompt in words asks for (see the module's docstring), or None."""
+    words = set(re.findall(r"[a-z]+", text.lower()))
+    if "escalate" in words:
+        return Script(ON_DEMAND_PATTERN, 12, delay=0.5, after_feedback="loop")
+    if "loop" in words:
+        return Script(ON_DEMAND_PATTERN, 12, delay=0.5)
+    return None
 
 
 def find_script(text: str) -> Script | None:
@@ -303,6 +326,12 @@ class ScriptedModel:
     """The scripted model served on a free loopback port; use as an async context manager."""
 
     host: str = "127.0.0.1"
+    port: int = 0  # 0: a free one
+    # Prompts in words loop when they ask to (`on_demand_script`); other prompts that are no
+    # script get ON_DEMAND_ANSWER rather than nothing the person could act on.
+    on_demand: bool = False
+    # Told of every answer as it is given (`opencode-loop-monitor model` prints them).
+    on_reply: Callable[[ModelRequest], None] | None = None
     requests: list[ModelRequest] = field(default_factory=list, init=False)
     _runner: web.AppRunner | None = field(default=None, init=False, repr=False)
     _port: int | None = field(default=None, init=False, repr=False)
@@ -323,8 +352,13 @@ class ScriptedModel:
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
-        await site.start()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError:
+            await self._runner.cleanup()  # a port in use: nothing is left half started
+            self._runner = None
+            raise
         self._port = self._runner.addresses[0][1]
 
     async def stop(self) -> None:
@@ -352,27 +386,36 @@ class ScriptedModel:
             raise web.HTTPBadRequest(text="the scripted model only answers stream: true")
         messages: list[dict[str, Any]] = body.get("messages", [])
         users = [_message_text(m) for m in messages if m.get("role") == "user"]
-        script_ = find_script(users[0]) if users and body.get("tools") else None
+        script_ = self._script_of(users[0]) if users and body.get("tools") else None
         if script_ is not None:
             conversation, reply = users[0], decide(script_, messages)
+        elif self.on_demand and users and body.get("tools"):
+            conversation, reply = users[0], Text(ON_DEMAND_ANSWER)
         else:
             # Title generation offers no tools; its first user message is its own instruction
             # and the user's script follows it.
             conversation, reply = _first_script_text(users), Text(UNSCRIPTED_ANSWER)
-        self.requests.append(
-            ModelRequest(
-                at=time.monotonic(),
-                conversation=conversation,
-                last_user=users[-1] if users else "",
-                scripted=script_ is not None,
-                reply=reply,
-            )
+        answered = ModelRequest(
+            at=time.monotonic(),
+            conversation=conversation,
+            last_user=users[-1] if users else "",
+            scripted=script_ is not None,
+            reply=reply,
         )
+        self.requests.append(answered)
+        if self.on_reply is not None:
+            self.on_reply(answered)
         if script_ is not None and script_.delay:
             await asyncio.sleep(script_.delay)
         size, gap = (script_.chunk, script_.chunk_delay) if script_ is not None else (0, 0.0)
         frames = _stream_chunks(reply, str(body.get("model", "looper")), size)
         return await _stream(request, frames, gap)
+
+    def _script_of(self, prompt: str) -> Script | None:
+        found = find_script(prompt)
+        if found is None and self.on_demand:
+            found = on_demand_script(prompt)
+        return found
 
 
 def _first_script_text(users: Sequence[str]) -> str:

@@ -1,0 +1,150 @@
+"""`opencode-loop-monitor model`: the scripted model alone, for a server of one's own. It prints
+the provider block to paste, loops when a prompt says `loop`, says so to any other prompt,
+prints each step, and stops on SIGTERM. Run as a person runs it: the console command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from monitor.cli import main
+from monitor.exits import EX_FAILED
+from monitor.kit.model import DEFAULT_PORT, MODEL_ID, provider_block, run_model
+from monitor.kit.scripted_model import ON_DEMAND_ANSWER, on_demand_script
+from tests.harness import REPO
+
+TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
+LINE_S = 30  # a fresh interpreter importing aiohttp on a busy machine
+
+
+class Served:
+    def __init__(self, process: asyncio.subprocess.Process, printed: list[str]) -> None:
+        self.process, self.printed = process, printed
+
+    async def line(self) -> str:
+        assert self.process.stdout is not None
+        raw = await asyncio.wait_for(self.process.stdout.readline(), LINE_S)
+        assert raw, f"the model exited: {self.printed}"
+        self.printed.append(raw.decode().rstrip("\n"))
+        return self.printed[-1]
+
+    async def until(self, end: str) -> list[str]:
+        start = len(self.printed)
+        while not (await self.line()).startswith(end):
+            pass
+        return self.printed[start:]
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "monitor", "model", "--port", "0",
+        cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        yield Served(process, [])
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def completion(url: str, prompt: str, tool_results: int = 0) -> list[dict[str, Any]]:
+    """The deltas of one streamed answer to a conversation of `prompt` and its tool results."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    messages += [{"role": "tool", "content": "ok"}] * tool_results
+    body = {"model": "looper", "stream": True, "messages": messages, "tools": TOOLS}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/chat/completions", json=body) as response:
+            text = await response.text()
+    frames = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    return [json.loads(frame)["choices"][0]["delta"] for frame in frames[:-1]]
+
+
+def block_of(printed: list[str]) -> dict[str, Any]:
+    start, end = printed.index("{"), printed.index("}")
+    return json.loads("\n".join(printed[start : end + 1]))
+
+
+async def test_it_prints_the_block_to_paste_loops_on_demand_and_stops(served: Served) -> None:
+    printed = await served.until("Ctrl-C here stops the model.")
+    block = block_of(printed)
+    url = block["provider"]["loop-monitor"]["options"]["baseURL"]
+    assert printed[0] == f"opencode-loop-monitor model: the scripted model answers on {url} " + (
+        "(loopback, no API key)"
+    )
+    assert block == provider_block(url) and url.startswith("http://127.0.0.1:")
+    assert f"opencode run --attach http://127.0.0.1:4096 --model {MODEL_ID} loop" in "\n".join(
+        printed
+    )
+
+    # A prompt that says loop: the demo's cycle, one call a step, until the monitor stops it.
+    [first, *_] = await completion(url, "Please loop.")
+    assert first["tool_calls"][0]["function"] == {
+        "name": "read",
+        "arguments": json.dumps({"filePath": "README.md"}),
+    }
+    assert await served.line() == "model: 'Please loop.': call_0 read README.md"
+    [second, *_] = await completion(url, "Please loop.", tool_results=1)
+    assert second["tool_calls"][0]["function"]["name"] == "bash"
+    assert await served.line() == "model: 'Please loop.': call_1 bash ls"
+
+    # Any other prompt is told how to make it loop, and nothing runs.
+    deltas = await completion(url, "hello")
+    assert "".join(d.get("content", "") for d in deltas) == ON_DEMAND_ANSWER
+    assert not any("tool_calls" in d for d in deltas)
+    assert await served.line() == f"model: 'hello': answers {ON_DEMAND_ANSWER!r}"
+
+    served.process.send_signal(signal.SIGTERM)
+    assert await served.line() == "opencode-loop-monitor model: stopped"
+    assert await asyncio.wait_for(served.process.wait(), LINE_S) == 0
+
+
+@pytest.mark.parametrize(
+    ("prompt", "loops", "again"),
+    [
+        ("loop", True, False),
+        ('"Loop, please"', True, False),  # `opencode run` may send the prompt JSON-quoted
+        ("escalate", True, True),
+        ("loophole", False, False),
+        ("what does this repository do?", False, False),
+    ],
+)
+def test_which_prompts_loop(prompt: str, loops: bool, again: bool) -> None:
+    found = on_demand_script(prompt)
+    assert (found is not None) is loops
+    if found is not None:
+        assert (found.after_feedback == "loop") is again
+        assert [tool for tool, _ in found.pattern] == ["read", "bash"]
+
+
+def test_a_port_in_use_is_said_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert run_model(port) == EX_FAILED
+    err = capsys.readouterr().err
+    assert err.startswith(f"opencode-loop-monitor model: cannot listen on 127.0.0.1:{port} (")
+    assert err.endswith("give --port another port\n")
+
+
+def test_the_help_names_the_models_default_port(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model", "--help"]) == 0
+    assert f"[default: {DEFAULT_PORT}]" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_block_docs_usage_shows_is_the_one_printed_for_the_default_port() -> None:
+    text = (REPO / "docs" / "usage.md").read_text(encoding="utf-8")
+    shown = text.split("## A model that loops when asked", 1)[1].split("```json\n", 1)[1]
+    url = f"http://127.0.0.1:{DEFAULT_PORT}/v1"
+    assert json.loads(shown.split("```", 1)[0]) == provider_block(url)
