@@ -28,6 +28,7 @@ class State:
 
     connected: bool = False
     sessions: int = 0
+    known: int = 0
     last_frame_at: float | None = None
     now: float = 1000.0
     wall: float = 1_700_000_000.0  # the Unix time when the monotonic clock reads `now`
@@ -48,6 +49,7 @@ def metrics(state: State) -> Metrics:
     return Metrics(
         connected=lambda: state.connected,
         sessions=lambda: state.sessions,
+        known=lambda: state.known,
         last_frame_at=lambda: state.last_frame_at,
         clock=lambda: state.now,
         read_limit=LIMIT,
@@ -111,10 +113,12 @@ async def test_outcomes_start_at_zero(server):
 
 async def test_gauges_are_read_at_scrape_time(state, server):
     state.connected, state.sessions, state.last_frame_at, state.now = True, 3, 993.0, 1000.0
+    state.known = 5
     lines = await scrape(server)
     assert {
         f"{P}stream_connected 1.0",
-        f"{P}sessions_tracked 3.0",
+        f"{P}sessions_busy 3.0",
+        f"{P}sessions_known 5.0",
         f"{P}seconds_since_last_frame 7.0",
     } <= lines
 
@@ -122,7 +126,7 @@ async def test_gauges_are_read_at_scrape_time(state, server):
     lines = await scrape(server)
     assert {
         f"{P}stream_connected 0.0",
-        f"{P}sessions_tracked 0.0",
+        f"{P}sessions_busy 0.0",
         f"{P}seconds_since_last_frame 37.5",
     } <= lines
 
@@ -358,3 +362,12 @@ async def test_tokens_and_cost_are_counted_by_directory_with_a_bounded_label(met
         f'{P}tokens_total{{directory="other"}} 2.0',
     } <= lines
     assert not any("ses_a" in line for line in lines)
+
+
+async def test_no_created_series_beside_the_counters(metrics, server):
+    """Issue 32: a `_created` series for every counter, which says only when this started."""
+    metrics.frame("server.heartbeat")
+    metrics.loop(2)
+    lines = await scrape(server)
+    assert f'{P}frames_total{{event_type="server.heartbeat"}} 1.0' in lines
+    assert [line for line in lines if "_created" in line] == []

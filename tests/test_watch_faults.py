@@ -512,7 +512,8 @@ async def test_metrics_scraped_from_a_running_monitor():
     assert f"{prefix}malformed_frames_total 1.0" in lines
     assert f'{prefix}frames_total{{event_type="message.part.updated"}} 18.0' in lines
     assert f"{prefix}stream_connected 1.0" in lines
-    assert f"{prefix}sessions_tracked 1.0" in lines  # s1 was reset, s2 holds 2 calls
+    assert f"{prefix}sessions_busy 1.0" in lines  # s1 was reset, s2 holds 2 calls
+    assert f"{prefix}sessions_known 2.0" in lines  # both, as `status` counts them
     assert any(line.startswith(f"{prefix}stream_reconnects_total 1.0") for line in lines)
     assert f"{prefix}sessions_held 0.0" in lines
     # No session id becomes a label or a value (the ids here are ses_s1, ses_s2).

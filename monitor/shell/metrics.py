@@ -20,7 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from monitor import __version__
@@ -31,6 +37,11 @@ from monitor.shell.listener import Limits, Listening, listen_tcp
 from monitor.shell.stream import READ_TIMEOUT_S
 
 PREFIX = "opencode_loop_monitor_"
+
+# A `_created` series beside every counter doubles what a scrape reads and says only when
+# this process started (process_start_time_seconds says that once). Process-wide in
+# prometheus_client; this process serves no other metrics.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 OUTCOMES = tuple(Outcome)
 # What interventions_total counts: a dry run stops nothing, so its detections are counted
@@ -82,7 +93,8 @@ def wall_time(at: float, now: float, wall_now: float) -> float:
 class Metrics:
     """The monitor's metrics, in a registry of their own.
 
-    `connected`, `sessions` and `last_frame_at` are read at scrape time; `last_frame_at` and
+    `connected`, `sessions` (the busy ones), `known`, `held` and `last_frame_at` are read
+    at scrape time; `last_frame_at` and
     `clock` share one timebase (monotonic seconds). Before the first frame, the seconds since
     the last frame count from the creation of this object, so an alert on a large value fires
     for a monitor that never received anything, and not for one that has just started.
@@ -97,6 +109,7 @@ class Metrics:
         read_limit: float = READ_TIMEOUT_S,
         wall_clock: Callable[[], float] = time.time,
         held: Callable[[], int] = lambda: 0,
+        known: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = CollectorRegistry()
         self._wall_clock = wall_clock
@@ -195,12 +208,19 @@ class Metrics:
             "1 while the event stream is connected, else 0.",
             registry=registry,
         ).set_function(lambda: 1.0 if connected() else 0.0)
+        # Named as `status` counts them (busy, held, and all it knows), so that the two never
+        # seem to disagree: `sessions_tracked 0` beside "2 sessions" did.
         Gauge(
-            PREFIX + "sessions_tracked",
-            "Runs under way whose tool calls the monitor follows now (busy ones only: idle"
-            " and held ones are not counted; `status` lists them).",
+            PREFIX + "sessions_busy",
+            "Sessions with a run under way, whose tool calls the monitor follows now (`busy`"
+            " in `status`).",
             registry=registry,
         ).set_function(lambda: float(sessions()))
+        Gauge(
+            PREFIX + "sessions_known",
+            "Sessions the monitor knows now, busy, idle or held (the sessions `status` lists).",
+            registry=registry,
+        ).set_function(lambda: float(known()))
         Gauge(
             PREFIX + "sessions_held",
             "Sessions on hold now, waiting for a person: from a hold until the next user"

@@ -96,7 +96,7 @@ def render_status(status: dict[str, Any], now: float) -> str:
         + (", dry run: detects only" if status["dry_run"] else ""),
         f"stream: {stream['state']}, {stream['frames']} frames, "
         f"{_last_frame(stream['last_frame_unix'], now)}",
-        # "busy" is what the sessions_tracked gauge counts; the total includes idle and held.
+        # The gauges sessions_known, sessions_busy and sessions_held count the same.
         f"sessions known: {totals['sessions']} (busy {totals['busy']}, held {totals['held']}, "
         f"idle {totals['sessions'] - totals['busy'] - totals['held']}), "
         f"interventions: {totals['interventions']}",

@@ -272,6 +272,7 @@ class Watch:
                 connected=lambda: self._stream is not None and self._stream.connected,
                 sessions=lambda: self.tracker.active_sessions,
                 held=lambda: self.tracker.held_sessions,
+                known=lambda: len(self.tracker.known()),
                 last_frame_at=lambda: self._last_frame_at,
                 clock=timing.clock,
                 read_limit=timing.read_timeout,
