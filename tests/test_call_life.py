@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from monitor.core import intervention as life
 from monitor.core.budget import Budget
 from monitor.core.calls import TABLE, CallEvent, CallState, Step, advance
 from monitor.core.decisions import Plan
-from monitor.core.due import Due, next_step
-from monitor.core.due import Step as DueStep
 from monitor.core.feedback import MARK
 from monitor.core.frames import iter_sse_data
 from monitor.core.plugin_protocol import PluginCall
@@ -257,11 +256,15 @@ def test_due_work_after_a_restart_takes_our_own_refusal_for_ours() -> None:
     record = [user_message("s"), *(assistant_message("s", c) for c in calls)]
     record.append(assistant_message("s", refused))
     held = feed_all(Tracker(Detection(on_loop="hold")), loop_of("s", 4))[0]
-    assert next_step(Due(held, DueStep.ABORT, 0.0, ours=True), False, record) == (
-        DueStep.FEEDBACK,
-        None,
-    )
-    assert next_step(Due(held, DueStep.ABORT, 0.0), False, record) == (
-        None,
-        "call already refused",
-    )
+
+    def read_back(ours: bool) -> life.Turn:
+        due = life.Intervention(held, life.State.RECHECK_ABORT, ours=ours)
+        return due.feed(life.Read(record, busy=False))
+
+    ours = read_back(ours=True)
+    assert isinstance(ours.command, life.Post)
+    [confirmed] = ours.reports
+    assert isinstance(confirmed, life.Decided) and confirmed.fields["outcome"] == "held"
+    theirs = read_back(ours=False)
+    assert theirs.command is None
+    assert [r.fields.get("reason") for r in theirs.reports] == [None, "call already refused"]

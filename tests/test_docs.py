@@ -7,7 +7,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def logged_events() -> set[str]:
-    pattern = re.compile(r'log\.(?:debug|info|warning|error)\(\s*"([a-z_.]+)"')
+    # A log call in the shell, or a line the core's intervention asks the shell to log.
+    pattern = re.compile(
+        r'(?:log\.(?:debug|info|warning|error)\(|Logged\(\s*"(?:debug|info|warning|error)",)'
+        r'\s*"([a-z_.]+)"'
+    )
     return {
         name
         for path in (ROOT / "monitor").rglob("*.py")

@@ -173,3 +173,53 @@ def test_no_test_module_imports_another_test_module() -> None:
         if module.startswith(("tests.test_", "tests.conftest"))
     ]
     assert found == []
+
+
+# The executor of interventions carries out the core's commands: it must never decide again.
+EXECUTOR = PACKAGE / "shell" / "actions.py"
+DECIDING = {"Plan", "Rule", "Outcome", "plan", "rule", "outcome", "finding", "action"}
+
+
+def decides(path: Path) -> list[str]:
+    """Every test in `path` (a condition, a comparison, a match, a lookup) that names a plan,
+    a rule or an outcome: the enums themselves, or a decision's fields that carry them.
+    Passing an outcome on (to a callback, in a type) is no decision."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    annotations = {
+        id(inner)
+        for node in ast.walk(tree)
+        for hint in (getattr(node, "annotation", None), getattr(node, "returns", None))
+        if hint is not None
+        for inner in ast.walk(hint)
+    }
+    tests: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if id(node) in annotations:
+            continue
+        if isinstance(node, ast.If | ast.While | ast.IfExp | ast.Assert):
+            tests.append(node.test)
+        elif isinstance(node, ast.Compare | ast.Subscript):
+            tests.append(node)
+        elif isinstance(node, ast.Match):
+            tests.append(node.subject)
+    found = set()
+    for test in tests:
+        for node in ast.walk(test):
+            if isinstance(node, ast.Name) and node.id in DECIDING:
+                found.add((node.lineno, node.id))
+            elif isinstance(node, ast.Attribute) and node.attr in DECIDING:
+                found.add((node.lineno, "." + node.attr))
+    return [f"{path.name}:{line} {name}" for line, name in sorted(found)]
+
+
+def test_the_executor_never_looks_at_a_plan_a_rule_or_an_outcome() -> None:
+    assert decides(EXECUTOR) == []
+
+
+def test_the_executor_check_sees_a_branch_on_a_plan(tmp_path: Path) -> None:
+    source = tmp_path / "actions.py"
+    source.write_text(
+        "def act(decision):\n    if decision.plan == Plan.STOP:\n        return 1\n",
+        encoding="utf-8",
+    )
+    assert decides(source) == ["actions.py:2 .plan", "actions.py:2 Plan"]

@@ -20,10 +20,11 @@ from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
 from monitor.core.decisions import Reply
-from monitor.core.due import DueWork, Step
+from monitor.core.due import DueWork
 from monitor.core.export import intervened
 from monitor.core.feedback import MARK
-from monitor.shell.actions import RECENT_MESSAGES, Interventions
+from monitor.core.intervention import RECENT_MESSAGES
+from monitor.shell.actions import Interventions
 from monitor.shell.api import OpencodeAPI
 from monitor.testing import FakeOpencode, frames, play
 from tests import frames_factory as ff
@@ -249,18 +250,17 @@ async def test_an_abort_unanswered_before_a_restart_is_confirmed_by_the_read_bac
 
 
 def test_due_work_is_bounded_in_count_and_age():
-    decisions = [_decision(f"p{n}") for n in range(4)]
-    due = DueWork(limit=3, max_age=10.0)
-    assert due.add(decisions[0], Step.ABORT, 0.0) == []
-    due.add(decisions[1], Step.ABORT, 1.0)
-    due.add(decisions[2], Step.FEEDBACK, 2.0)
-    [dropped] = due.add(decisions[3], Step.FEEDBACK, 3.0)
-    assert dropped.decision.part_id == "p0"
+    parts = [f"p{n}" for n in range(4)]
+    due: DueWork[str] = DueWork(limit=3, max_age=10.0)
+    assert due.add(("s", parts[0]), parts[0], 0.0) == []
+    due.add(("s", parts[1]), parts[1], 1.0)
+    due.add(("s", parts[2]), parts[2], 2.0)
+    assert due.add(("s", parts[3]), parts[3], 3.0) == ["p0"]
     fresh, stale = due.take(11.5)
-    assert [d.decision.part_id for d in fresh] == ["p2", "p3"]
-    assert [d.decision.part_id for d in stale] == ["p1"]
+    assert [d.work for d in fresh] == ["p2", "p3"]
+    assert [d.work for d in stale] == ["p1"]
     # Kept again after another failed try: it keeps its age.
-    due.add(decisions[2], Step.FEEDBACK, 12.5)
+    due.add(("s", parts[2]), parts[2], 12.5)
     assert due.take(12.5)[1][0].since == 2.0 and len(due) == 0
 
 
