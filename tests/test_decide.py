@@ -19,7 +19,16 @@ import aiohttp
 import pytest
 import structlog.testing
 
-from monitor.core.plugin_protocol import ALLOW, MAX_BODY, FellOpen, PluginCall, block
+from monitor.core.plugin_protocol import (
+    ALLOW,
+    MAX_BODY,
+    PROOF_HEADER,
+    FellOpen,
+    PluginCall,
+    answer_proof,
+    block,
+    question_mac,
+)
 from monitor.errors import ConfigError
 from monitor.shell import decide
 from monitor.shell.acting import Role
@@ -215,12 +224,50 @@ async def test_tcp_needs_the_token(folder):
                 async with http.post(url, json=CALL, headers=headers) as r:
                     assert (r.status, await r.json()) == (
                         401,
-                        {"error": "missing or wrong bearer token"},
+                        {"error": "missing or wrong bearer token or signature"},
                     )
             assert recorder.judged == []
             async with http.post(url, json=CALL, headers={"Authorization": f"Bearer {token}"}) as r:
                 assert r.status == 200 and (await r.json())["verdict"] == "block"
         assert len(recorder.judged) == 1
+    finally:
+        await server.close()
+
+
+async def test_over_tcp_a_signed_question_gets_a_proven_answer_and_a_forged_one_none(folder):
+    # Issue 33: the plugin sent the token itself, to whoever held the port. Now it signs
+    # each question, and the daemon proves each answer, with the token.
+    token_file = folder / "token"
+    server, recorder = await serve(PluginEndpoint(None, "127.0.0.1", 0, token_file))
+    try:
+        token = token_file.read_text().strip()
+        url = f"http://127.0.0.1:{server.port}/v1/decide"
+        body = json.dumps(CALL).encode()
+
+        def signed(nonce: str, mac: str | None = None) -> dict[str, str]:
+            mac = mac or question_mac(token, nonce, body)
+            return {**JSON, "Authorization": f"OLM-HMAC {nonce} {mac}"}
+
+        async with aiohttp.ClientSession() as http:
+            nonce = "a" * 32
+            async with http.post(url, data=body, headers=signed(nonce)) as r:
+                answer = await r.read()
+                assert (r.status, json.loads(answer)["verdict"]) == (200, "block")
+                assert r.headers[PROOF_HEADER] == answer_proof(token, nonce, answer)
+            refusals = [
+                signed("a" * 32),  # the same question again: a replay
+                signed("b" * 32, question_mac(token, "b" * 32, body + b" ")),  # another body
+                signed("c" * 32, question_mac("guessed", "c" * 32, body)),  # another token
+                {**JSON, "Authorization": "OLM-HMAC short " + "0" * 64},  # malformed
+            ]
+            for headers in refusals:
+                async with http.post(url, data=body, headers=headers) as r:
+                    assert r.status == 401 and PROOF_HEADER not in r.headers
+        assert len(recorder.judged) == 1
+        assert [r.message for r in recorder.refused] == [
+            "question asked before (a replay)",
+            *["missing or wrong bearer token or signature"] * 3,
+        ]
     finally:
         await server.close()
 
@@ -560,7 +607,8 @@ async def test_no_request_breaks_metrics_or_status(folder) -> None:
         # The next connect's resync asks every other folder and keeps this session's run.
         with structlog.testing.capture_logs() as logs:
             await watch._resync(first=False)
-        assert [e["event"] for e in logs if e["event"].startswith("stream.")] == ["stream.resynced"]
+        events = [entry["event"] for entry in logs]
+        assert "stream.resynced" in events and "stream.resync_failed" not in events
         assert watch.tracker.running().keys() >= {CALL["session_id"]}
         port = watch.metrics_server.port
         async with aiohttp.ClientSession() as http:

@@ -68,9 +68,10 @@ def test_install_without_url_points_at_the_socket_folder(home: Path) -> None:
 
 
 def test_install_with_a_fixed_socket_or_tcp(home: Path) -> None:
-    install(settings(plugin_socket="/tmp/x.sock"), None, env(home))
+    fixed = str(home / "sockets" / "x.sock")
+    install(settings(plugin_socket=fixed), None, env(home))
     path = home / "config" / "opencode" / "plugins" / FILE_NAME
-    assert (address(path)["socket"], address(path)["socketDir"]) == ("/tmp/x.sock", None)
+    assert (address(path)["socket"], address(path)["socketDir"]) == (fixed, None)
     token = home / "token"
     install(settings(plugin_addr="127.0.0.1:7001", plugin_token_file=str(token)), None, env(home))
     assert address(path) == {
@@ -78,6 +79,28 @@ def test_install_with_a_fixed_socket_or_tcp(home: Path) -> None:
         "tokenFile": str(token),
     }  # fmt: skip
     assert token.stat().st_mode & 0o777 == 0o600
+
+
+def test_install_refuses_a_socket_folder_another_user_can_write_to(home: Path) -> None:
+    # Issue 33: in such a folder another user plants a socket, and the plugin asked it and
+    # showed the model its answers. Refused here, at the daemon's start and by the plugin.
+    path = home / "config" / "opencode" / "plugins" / FILE_NAME
+    with pytest.raises(
+        ConfigError,
+        match=r"^plugin install: plugin_socket folder /tmp: others "
+        r"can open it \(mode 1777\), and whoever can write there could put a "
+        r"socket that the plugin would ask; use a folder",
+    ):
+        install(settings(plugin_socket="/tmp/x.sock"), None, env(home))
+    shared = home / "run" / "opencode-loop-monitor"
+    shared.mkdir(parents=True)
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match="others can open it"):
+        install(settings(), None, env(home))
+    assert not path.exists()
+    shared.chmod(0o700)
+    install(settings(), None, env(home))
+    assert path.exists()
 
 
 def test_install_never_writes_through_a_link(home: Path) -> None:

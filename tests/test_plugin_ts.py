@@ -4,8 +4,11 @@ so the single test command of README covers the TypeScript too."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import random
+import signal
 import subprocess
 from pathlib import Path
 
@@ -13,9 +16,10 @@ import pytest
 
 from monitor.core.feedback import MARK, OWN_REFUSAL
 from monitor.core.limits import HISTORY_FLOOR
+from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, block
 from monitor.core.rules.cycle import detect_cycle
 from monitor.kit.sandbox import default_cache_dir, find_or_install_bun
-from monitor.shell.decide import socket_name
+from monitor.shell.decide import DecideServer, PluginEndpoint, socket_name
 from tests.harness import REPO
 
 TIMEOUT_S = 120
@@ -91,3 +95,50 @@ def test_the_plugin_speaks_with_the_guards_mark_and_history(bun: Path) -> None:
         HISTORY_FLOOR,
         OWN_REFUSAL,
     ]
+
+
+async def test_the_plugin_and_the_daemon_prove_each_other_over_tcp(bun: Path, tmp_path: Path):
+    # Issue 33: the real plugin's signed questions are taken by the real daemon, and its
+    # proven answers by the plugin; the token is in neither's messages.
+    token_file = tmp_path / "token"
+    judged: list[PluginCall] = []
+
+    def judge(call: PluginCall) -> PluginVerdict:
+        judged.append(call)
+        return block("stop it") if call.tool == "bash" else ALLOW
+
+    server = DecideServer(
+        PluginEndpoint(None, "127.0.0.1", 0, token_file), judge, lambda c, v: None, print
+    )
+    await server.start()
+    try:
+        endpoint = {
+            "url": f"http://127.0.0.1:{server.port}/v1/decide",
+            "socket": None,
+            "socketDir": None,
+            "tokenFile": str(token_file),
+        }
+        script = (
+            'import { makeAsker } from "./monitor/plugin/loop-guard.ts";'
+            f"const ask = makeAsker({json.dumps(endpoint)}, null);"
+            "const body = (tool) => ({ session_id: 'ses_dd4d5c831ffemmgMvdYdtbM3cW',"
+            " call_id: 'c', tool, args: {}, directory: '/p', fell_open: 0 });"
+            "const out = [];"
+            "for (const tool of ['bash', 'read']) out.push(await ask(body(tool), tool));"
+            "console.log(JSON.stringify(out))"
+        )
+        process = await asyncio.create_subprocess_exec(
+            bun, "-e", script, cwd=REPO, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
+        finally:
+            if process.returncode is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+    finally:
+        await server.close()
+    assert process.returncode == 0, err.decode()
+    assert json.loads(out) == [{"block": "stop it"}, {"block": None}]
+    assert [call.tool for call in judged] == ["bash", "read"]

@@ -12,6 +12,14 @@ across steps), `tool`, `args` (an object), `directory` (the server's project, ab
 only a report: a count out of range is taken for 0, never refused).
 Answer: `{"verdict": "allow"}` or `{"verdict": "block", "feedback": TEXT}`.
 
+On loopback TCP, where any local user can listen on the port while the daemon is down, a
+question is signed rather than carrying the token: `Authorization: OLM-HMAC NONCE MAC`, MAC
+the HMAC-SHA256 (hex) with the shared token of `question NONCE\n` and the body, NONCE fresh
+per question; the daemon proves its answer with PROOF_HEADER, the HMAC of `answer NONCE\n`
+and the answer's body. An impostor learns neither the token nor how to prove an answer; the
+plugin takes an answer without a valid proof for no answer. (`Bearer TOKEN`, what earlier
+plugins send, is still taken; their answers are proven to no one.)
+
 Strings are taken as JSON gives them, lone surrogates (`"\\ud800"`, valid JSON, not UTF-8)
 included: a call is judged on what it is, and the stream's update of the same call carries
 the same text (digests hash it with `surrogatepass`, monitor.core.signature). The one
@@ -22,8 +30,10 @@ control character, becomes a space).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -41,6 +51,12 @@ MAX_DIRECTORY = 4096
 MAX_FELL_OPEN = 1_000_000
 
 Verdict = Literal["allow", "block"]
+
+SIGNED = "olm-hmac"
+PROOF_HEADER = "X-Loop-Monitor-Proof"
+# A nonce: the plugin's 32 hex digits, with room for another client's.
+_NONCE = re.compile(r"[A-Za-z0-9_-]{16,128}")
+_MAC = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +115,7 @@ def check_head(
     if method != "POST":
         return RequestRefused(405, f"{DECIDE_PATH} takes POST, not {method}")
     if token is not None and not _authorized(headers.get("Authorization", ""), token):
-        return RequestRefused(401, "missing or wrong bearer token")
+        return RequestRefused(401, "missing or wrong bearer token or signature")
     content_type = headers.get("Content-Type", "").split(";")[0].strip().lower()
     if content_type != "application/json":
         return RequestRefused(415, f"expected Content-Type application/json, got {content_type!r}")
@@ -126,8 +142,71 @@ def too_large() -> RequestRefused:
 
 
 def _authorized(header: str, token: str) -> bool:
+    """The right bearer token, or a signature well formed (checked with the body)."""
     scheme, _, given = header.partition(" ")
+    if scheme.lower() == SIGNED:
+        return signed(header) is not None
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """What an `OLM-HMAC` Authorization header carries."""
+
+    nonce: str
+    mac: str
+
+
+def signed(header: str) -> Signature | None:
+    """The signature in an Authorization header, or None (another scheme, or malformed)."""
+    parts = header.split()
+    if len(parts) != 3 or parts[0].lower() != SIGNED:
+        return None
+    nonce, mac = parts[1], parts[2].lower()
+    if _NONCE.fullmatch(nonce) is None or _MAC.fullmatch(mac) is None:
+        return None
+    return Signature(nonce, mac)
+
+
+def _mac(token: str, kind: bytes, nonce: str, body: bytes) -> str:
+    message = kind + b" " + nonce.encode("ascii") + b"\n" + body
+    return hmac.new(token.encode("utf-8"), message, hashlib.sha256).hexdigest()
+
+
+def question_mac(token: str, nonce: str, body: bytes) -> str:
+    """What a plugin signs its question with (loop-guard.ts makeAsker)."""
+    return _mac(token, b"question", nonce, body)
+
+
+def answer_proof(token: str, nonce: str, body: bytes) -> str:
+    """What proves an answer to the question `nonce` comes from a holder of the token."""
+    return _mac(token, b"answer", nonce, body)
+
+
+def check_signature(signature: Signature, token: str, body: bytes) -> RequestRefused | None:
+    """Whether the body is the one the token's holder signed."""
+    if hmac.compare_digest(signature.mac, question_mac(token, signature.nonce, body)):
+        return None
+    return RequestRefused(401, "missing or wrong bearer token or signature")
+
+
+class Nonces:
+    """The nonces of recent signed questions: one asked again (another user who saw the
+    question while it held the port, replaying it to the daemon) is refused. Bounded: a
+    replay after `size` newer questions is a stale call judged once more, no secret lost."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._seen: dict[str, None] = {}
+        self._size = size
+
+    def fresh(self, nonce: str) -> bool:
+        """Whether `nonce` was not seen; it is remembered either way."""
+        if nonce in self._seen:
+            return False
+        if len(self._seen) >= self._size:
+            del self._seen[next(iter(self._seen))]
+        self._seen[nonce] = None
+        return True
 
 
 def _call(data: object) -> PluginCall | RequestRefused:

@@ -14,7 +14,10 @@
  * Where it asks: the daemon watching this server listens on a socket named after the
  * server's port (`socketFor`), so the plugin finds it from the URL OpenCode gives it at
  * load, whatever the port; `plugin install` writes the socket folder (or a fixed socket, or
- * a TCP address and token file) into ENDPOINT below.
+ * a TCP address and token file) into ENDPOINT below. It trusts only its daemon: a socket is
+ * asked only when it and its folder are its own user's (`untrustedSocket`); over TCP each
+ * question is signed with the token, which never leaves the process, and an answer counts
+ * only with its proof (`signQuestion`): anything else is no answer, and the own rule decides.
  *
  * One file for both OpenCode generations: the default export is an object with `id`,
  * `server` (the 1.x entry: OpenCode >= 1.18.29 loads a default export with `server()` and
@@ -22,7 +25,9 @@
  * is the identity). The named exports are the pure parts, for `bun test`. No package
  * needed: Bun runs it as it is.
  */
-import { readFileSync } from "node:fs"
+import { createHmac, randomBytes, timingSafeEqual } from "node:crypto"
+import { readFileSync, statSync } from "node:fs"
+import { dirname } from "node:path"
 
 // Where the daemon listens; written by `opencode-loop-monitor plugin install`. With
 // `socketDir`, the socket of this server's daemon is in it (`socketFor`); `socket` is asked
@@ -222,6 +227,46 @@ export function endedSession(event: { type?: unknown; properties?: any } | undef
   return null
 }
 
+/**
+ * Why the socket at `path` may be another user's, or null when it is the daemon's: the
+ * socket and its folder belong to this user (or root), and no one else can write in the
+ * folder. A socket another user put there would be asked, and its answers shown to the model
+ * (the daemon refuses such a folder too, decide.py open_folder). `uid`: this process's.
+ */
+export function untrustedSocket(path: string, uid: number): string | null {
+  for (const [what, where] of [["folder", dirname(path)], ["socket", path]] as const) {
+    let info: { uid: number; mode: number }
+    try {
+      info = statSync(where)
+    } catch (err) {
+      if ((err as { code?: unknown })?.code === "ENOENT") return null // nothing listens: said by fetch
+      return `cannot check the ${what} ${where} (${String(err)})`
+    }
+    if (info.uid !== uid && info.uid !== 0) return `the ${what} ${where} belongs to another user (uid ${info.uid})`
+    if (what === "folder" && info.mode & 0o022) {
+      return `others can write in the folder ${where} (mode ${(info.mode & 0o777).toString(8)})`
+    }
+  }
+  return null
+}
+
+const hmac = (token: string, kind: string, nonce: string, body: Uint8Array): Buffer =>
+  createHmac("sha256", token).update(`${kind} ${nonce}\n`).update(body).digest()
+
+/** The Authorization header of a signed question, and the proof its answer must carry
+ * (monitor/core/plugin_protocol.py): the token itself never leaves the process. */
+export function signQuestion(token: string, body: Uint8Array, nonce = randomBytes(16).toString("hex")) {
+  return {
+    authorization: `OLM-HMAC ${nonce} ${hmac(token, "question", nonce, body).toString("hex")}`,
+    proves: (answer: Uint8Array, proof: string | null): boolean => {
+      if (proof === null || !/^[0-9a-f]{64}$/.test(proof)) return false
+      return timingSafeEqual(Buffer.from(proof, "hex"), hmac(token, "answer", nonce, answer))
+    },
+  }
+}
+
+export const PROOF_HEADER = "X-Loop-Monitor-Proof"
+
 // What Bun's fetch reports when no one listens at a socket or port.
 const NOTHING_LISTENS = new Set(["FailedToOpenSocket", "ConnectionRefused", "ENOENT", "ECONNREFUSED"])
 
@@ -243,21 +288,33 @@ export function makeAsker(endpoint: Endpoint, serverUrl: string | null): Asker {
     }
   }
   let token = readToken()
+  const uid = process.getuid?.() ?? -1
   return async (body: Record<string, unknown>, tool: string): Promise<Verdict> => {
+    if (socket) {
+      const untrusted = untrustedSocket(socket, uid)
+      if (untrusted !== null) return { fellOpen: `not asked: ${untrusted}, so it may not be the monitor's` }
+    }
     const headers: Record<string, string> = { "Content-Type": "application/json" }
-    if (token) headers.Authorization = `Bearer ${token}`
+    const sent = new TextEncoder().encode(JSON.stringify(body))
+    // Over TCP whoever holds the port while the daemon is down gets the question: it is
+    // signed, never sent with the token, and only an answer proven with the token counts.
+    const signed = !socket && token ? signQuestion(token, sent) : null
+    if (signed) headers.Authorization = signed.authorization
     let status: number
     let answer: { verdict?: unknown; feedback?: unknown; error?: unknown } | null
+    let proven = true
     try {
       const response = await fetch(endpoint.url, {
         method: "POST",
         headers,
-        body: JSON.stringify(body),
+        body: sent,
         signal: AbortSignal.timeout(WAIT_MS),
         ...(socket ? { unix: socket } : {}),
       } as RequestInit)
       status = response.status
-      answer = await response.json()
+      const text = new Uint8Array(await response.arrayBuffer())
+      if (signed) proven = signed.proves(text, response.headers.get(PROOF_HEADER))
+      answer = JSON.parse(new TextDecoder().decode(text))
     } catch (err) {
       // Bun's own text for these asks whether the URL has a typo: say what it means here.
       const { name, code } = (err ?? {}) as { name?: unknown; code?: unknown }
@@ -269,6 +326,10 @@ export function makeAsker(endpoint: Endpoint, serverUrl: string | null): Asker {
     if (status === 401) token = readToken() // the daemon may have a new token
     if (status !== 200 || answer === null || typeof answer !== "object") {
       return { fellOpen: `the monitor at ${where} refused: ${status} ${answer?.error}` }
+    }
+    if (!proven) {
+      // Whatever it says, it is not known to be the monitor: its text never reaches the model.
+      return { fellOpen: `the answer from ${where} is not proven with the token (not the monitor's?)` }
     }
     if (answer.verdict === "block") return { block: blockText(answer.feedback, tool) }
     if (answer.verdict === "allow") return { block: null }

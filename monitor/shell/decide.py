@@ -1,7 +1,8 @@
 """The decision endpoint: where the OpenCode plugin asks whether a tool call may run.
 
 `POST /v1/decide` (monitor.core.plugin_protocol) on a Unix socket only its owner can open
-(mode 0600 in a 0700 folder), or on loopback TCP with a bearer token from a file. Judging
+(mode 0600 in a 0700 folder), or on loopback TCP with a token from a file that signs each
+question and proves each answer (monitor.core.plugin_protocol). Judging
 is a synchronous call of the `judge` callback, so a request never waits on the event stream
 and the stream never waits on a request.
 
@@ -40,12 +41,18 @@ from monitor.core.plugin_protocol import (
     ALLOW,
     DECIDE_PATH,
     MAX_BODY,
+    PROOF_HEADER,
     FellOpen,
+    Nonces,
     PluginCall,
     PluginVerdict,
     RequestRefused,
+    Signature,
+    answer_proof,
     check_head,
+    check_signature,
     read_body,
+    signed,
     too_large,
 )
 from monitor.errors import ConfigError
@@ -253,12 +260,36 @@ def write_whole(path: Path, data: bytes, mode: int, replace: bool) -> None:
 def private_dir(path: Path) -> None:
     """Make `path` (the socket's folder) or check it: ours, and closed to everyone else."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.stat()
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise ConfigError(
-            f"plugin_socket folder {path}: must belong to this user and be closed to others "
-            "(chmod 700)"
+    refused = open_folder(path)
+    if refused is not None:
+        raise ConfigError(refused)
+
+
+def open_folder(path: Path) -> str | None:
+    """Why the socket folder `path` cannot be trusted, or None: another user who can write
+    there can put a socket of theirs in place of the monitor's, and the plugin would ask it
+    (and show the model whatever it answers). Checked by the daemon before it listens and by
+    `plugin install` before it points the plugin there (loop-guard.ts checks it too)."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"plugin_socket folder {path}: cannot check it ({exc.strerror})"
+    advice = "use a folder of this user's closed to others (chmod 700), or plugin_socket auto"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"plugin_socket folder {path}: not a folder; {advice}"
+    if info.st_uid != os.getuid():
+        return (
+            f"plugin_socket folder {path}: belongs to another user (uid {info.st_uid}), who "
+            f"could put a socket there that the plugin would ask; {advice}"
         )
+    if info.st_mode & 0o077:
+        return (
+            f"plugin_socket folder {path}: others can open it (mode {stat.S_IMODE(info.st_mode):o})"
+            f", and whoever can write there could put a socket that the plugin would ask; {advice}"
+        )
+    return None
 
 
 def clear_stale_socket(path: Path) -> None:
@@ -391,6 +422,7 @@ class DecideServer:
         self._on_refused = on_refused
         self._on_late = on_late
         self._token: str | None = None
+        self._nonces = Nonces()
         self._runner: web.AppRunner | None = None
         self._listening: Listening | None = None
         self.port: int | None = None
@@ -448,21 +480,44 @@ class DecideServer:
             except TimeoutError:
                 refused = RequestRefused(408, f"request body not received within {BODY_S:g} s")
             else:
-                parsed = read_body(body)
+                signature = self._signature(request)
+                parsed = self._authentic(signature, body) or read_body(body)
                 if isinstance(parsed, PluginCall) and _gone(request):
                     # The plugin gave up waiting (we were stalled): the call ran, and
                     # judging it now would act on a run that went on without us.
                     self._on_late(parsed)
-                    return web.json_response(ALLOW.to_json())
+                    return self._proven(web.json_response(ALLOW.to_json()), signature)
                 if isinstance(parsed, PluginCall):
                     trust(request)
-                    return self._answer(parsed)
+                    return self._proven(self._answer(parsed), signature)
                 refused = parsed
         self._on_refused(refused)
         answer = web.json_response(refused.to_json(), status=refused.status)
         # Closed after the answer: a client that is refused cannot go on asking for free on
         # a kept-alive connection (another user's flood of wrong tokens, say).
         answer.force_close()
+        return answer
+
+    def _signature(self, request: web.Request) -> Signature | None:
+        if self._token is None:
+            return None
+        return signed(request.headers.get("Authorization", ""))
+
+    def _authentic(self, signature: Signature | None, body: bytes) -> RequestRefused | None:
+        """Why a signed question is not taken (its body is not the one signed, or it was
+        asked before); None for one that is, and for a bearer token (checked with the head)."""
+        if signature is None or self._token is None:
+            return None
+        refused = check_signature(signature, self._token, body)
+        if refused is None and not self._nonces.fresh(signature.nonce):
+            refused = RequestRefused(401, "question asked before (a replay)")
+        return refused
+
+    def _proven(self, answer: web.Response, signature: Signature | None) -> web.Response:
+        """`answer`, with the proof that a holder of the token wrote it, for a signed question."""
+        if signature is not None and self._token is not None and isinstance(answer.body, bytes):
+            proof = answer_proof(self._token, signature.nonce, answer.body)
+            answer.headers[PROOF_HEADER] = proof
         return answer
 
     async def _too_large(self, request: web.Request) -> web.StreamResponse:

@@ -20,6 +20,7 @@ from monitor.errors import ConfigError
 from monitor.exits import EX_NOT_INSTALLED, EX_OK, EX_OTHER_SERVER, EX_UNAVAILABLE
 from monitor.shell.decide import (
     PluginEndpoint,
+    open_folder,
     plugin_endpoint,
     read_or_create_token,
     socket_name,
@@ -122,6 +123,13 @@ def _write(folder: Path, text: str) -> Path:
 
 def install(settings: Settings, project: Path | None, environ: Mapping[str, str]) -> str:
     endpoint = _endpoint(settings, environ)
+    folder_of_sockets = endpoint.socket_dir or (
+        endpoint.socket.parent if endpoint.socket is not None else None
+    )
+    if folder_of_sockets is not None:
+        refused = open_folder(folder_of_sockets)
+        if refused is not None:
+            raise ConfigError(f"plugin install: {refused}")
     if endpoint.token_file is not None:
         read_or_create_token(endpoint.token_file)  # the daemon and the plugin share it
     folder = plugins_dir(project, environ)

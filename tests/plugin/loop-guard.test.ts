@@ -20,6 +20,7 @@ import plugin, {
   v2Hooks,
   signature,
   socketFor,
+  untrustedSocket,
   type V2PermissionEvent,
   type V2ToolEvent,
 } from "../../monitor/plugin/loop-guard.ts"
@@ -343,7 +344,9 @@ describe("asking the daemon (a stand-in on a Unix socket)", () => {
     expect(await makeAsker(pinned, null)(body("allow"), "allow")).toEqual({ block: null })
   })
 
-  test("over TCP the token from the file goes along", async () => {
+  test("over TCP the question is signed: an impostor on the port learns no token and is not believed", async () => {
+    // Issue 33: the token went in the clear to whoever listened on the port while the daemon
+    // was down, and its "allow" let the 4th identical call run.
     const tcp = Bun.serve({
       hostname: "127.0.0.1",
       port: 0,
@@ -352,14 +355,97 @@ describe("asking the daemon (a stand-in on a Unix socket)", () => {
     try {
       writeFileSync(`${dir}/token`, "s3cret\n")
       const url = `http://127.0.0.1:${tcp.port}/v1/decide`
-      const verdict = await makeAsker({ url, socket: null, socketDir: null, tokenFile: `${dir}/token` }, null)(
-        body("allow"),
-        "allow",
-      )
-      expect(verdict).toEqual({ block: null })
-      expect(seen.at(-1)!.auth).toBe("Bearer s3cret")
+      const ask = makeAsker({ url, socket: null, socketDir: null, tokenFile: `${dir}/token` }, null)
+      const verdict = await ask(body("allow"), "allow")
+      expect(verdict).toEqual({
+        fellOpen: `the answer from ${url} is not proven with the token (not the monitor's?)`,
+      })
+      const auth = seen.at(-1)!.auth!
+      expect(auth).toMatch(/^OLM-HMAC [0-9a-f]{32} [0-9a-f]{64}$/)
+      expect(auth).not.toContain("s3cret")
+      const lines: string[] = []
+      const { judge } = makeJudge(ask, "/p", (line) => lines.push(line))
+      const refused = []
+      for (let i = 0; i < 4; i++) refused.push(await judge("ses_1", `c${i}`, "read", { filePath: "a" }))
+      expect(refused.slice(0, 3)).toEqual([null, null, null])
+      expect(refused[3]!.startsWith(OWN_REFUSAL)).toBe(true) // the plugin's own rule, not the impostor's allow
+      expect(lines.length).toBe(1)
     } finally {
       tcp.stop(true)
+    }
+  })
+
+  test("a proof made with the token is believed; one for another question is not", async () => {
+    const { createHmac } = await import("node:crypto")
+    let replay: string | null = null
+    const tcp = Bun.serve({
+      hostname: "127.0.0.1",
+      port: 0,
+      async fetch(request) {
+        const raw = new Uint8Array(await request.arrayBuffer())
+        const [, nonce] = request.headers.get("Authorization")!.split(" ")
+        const text = JSON.stringify({ verdict: "block", feedback: "from the daemon" })
+        const proof = createHmac("sha256", "s3cret").update(`answer ${nonce}\n`).update(text).digest("hex")
+        const expected = createHmac("sha256", "s3cret").update(`question ${nonce}\n`).update(raw).digest("hex")
+        expect(request.headers.get("Authorization")!.split(" ")[2]).toBe(expected)
+        const given = replay ?? proof
+        replay = proof // the next answer carries this question's proof: a replayed answer
+        return new Response(text, { headers: { "X-Loop-Monitor-Proof": given, "Content-Type": "application/json" } })
+      },
+    })
+    try {
+      writeFileSync(`${dir}/token`, "s3cret\n")
+      const url = `http://127.0.0.1:${tcp.port}/v1/decide`
+      const ask = makeAsker({ url, socket: null, socketDir: null, tokenFile: `${dir}/token` }, null)
+      expect(await ask(body("bash"), "bash")).toEqual({ block: "from the daemon" })
+      expect("fellOpen" in (await ask(body("bash"), "bash"))).toBe(true)
+    } finally {
+      tcp.stop(true)
+    }
+  })
+})
+
+describe("a socket another user could have put there is not asked", () => {
+  const uid = process.getuid!()
+  const root = uid === 0
+  test.skipIf(!root)("a socket or a folder of another user, a folder others can write in", async () => {
+    const { chownSync, chmodSync, mkdirSync } = await import("node:fs")
+    const dir = mkdtempSync(`${tmpdir()}/olm-`)
+    const socket = `${dir}/plugin-4096.sock`
+    let asked = 0
+    const server = Bun.serve({ unix: socket, fetch: () => (asked++, Response.json({ verdict: "allow" })) })
+    try {
+      const ask = makeAsker({ url: "http://localhost/v1/decide", socket, socketDir: null, tokenFile: null }, null)
+      const body = { session_id: "ses_1", call_id: "c", tool: "read", args: {}, directory: "/p", fell_open: 0 }
+      expect(await ask(body, "read")).toEqual({ block: null })
+      chownSync(socket, 65534, 65534)
+      expect(await ask(body, "read")).toEqual({
+        fellOpen: `not asked: the socket ${socket} belongs to another user (uid 65534), so it may not be the monitor's`,
+      })
+      chownSync(socket, 0, 0)
+      chmodSync(dir, 0o1777)
+      expect(await ask(body, "read")).toEqual({
+        fellOpen: `not asked: others can write in the folder ${dir} (mode 777), so it may not be the monitor's`,
+      })
+      chmodSync(dir, 0o700)
+      chownSync(dir, 65534, 65534)
+      expect("fellOpen" in (await ask(body, "read"))).toBe(true)
+      expect(asked).toBe(1)
+    } finally {
+      server.stop(true)
+      rmSync(dir, { recursive: true, force: true })
+    }
+  })
+
+  test("the check itself, as any user: our own private folder passes, nothing there is left to fetch", () => {
+    const dir = mkdtempSync(`${tmpdir()}/olm-`)
+    try {
+      expect(untrustedSocket(`${dir}/plugin-1.sock`, uid)).toBeNull()
+      expect(untrustedSocket(`${dir}/plugin-1.sock`, uid + 1)).toBe(
+        root ? null : `the folder ${dir} belongs to another user (uid ${uid})`,
+      )
+    } finally {
+      rmSync(dir, { recursive: true, force: true })
     }
   })
 })
