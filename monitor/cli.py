@@ -217,6 +217,25 @@ def _run_model(settings: Settings, args: argparse.Namespace) -> int:
     return run_model(DEFAULT_PORT if args.port is None else args.port)
 
 
+UNIT_DESCRIPTION = """\
+Prints the systemd user unit that runs `watch` beside your `opencode serve` (the recommended
+set-up on Linux, docs/operations.md), with ExecStart= naming this install's console script,
+so that it runs and `systemd-analyze --user verify` passes as printed. Install it with:
+  mkdir -p ~/.config/systemd/user
+  opencode-loop-monitor unit > ~/.config/systemd/user/opencode-loop-monitor.service
+  systemctl --user daemon-reload && systemctl --user enable --now opencode-loop-monitor"""
+
+UNIT_EPILOG = """\
+exit status: 0 printed, 78 configuration error (a bad --url), 130 interrupted."""
+
+
+def _run_unit(settings: Settings, args: argparse.Namespace) -> int:
+    from monitor.shell.unit import render, this_install
+
+    print(render(this_install(), settings.url), end="")
+    return EX_OK
+
+
 ATTACH_DESCRIPTION = """\
 Watches one session that is already running. Reads its messages (GET
 /session/{id}/message), takes the tool calls of its current run (those after its last
@@ -441,6 +460,14 @@ COMMANDS: tuple[Command, ...] = (
         STATUS_DESCRIPTION,
         STATUS_EPILOG,
         _status_arguments,
+    ),
+    Command(
+        "unit",
+        "print a systemd user unit that runs this install's watch",
+        _run_unit,
+        frozenset({"url"}),  # the server it watches; other settings go in monitor.env
+        UNIT_DESCRIPTION,
+        UNIT_EPILOG,
     ),
     Command(
         "plugin",

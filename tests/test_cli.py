@@ -345,6 +345,7 @@ OWN_FLAGS: dict[tuple[str, ...], set[str]] = {
     | {"--cache-dir", "--plugin"},
     ("model",): setting_flags() | {"--port"},
     ("status",): setting_flags("metrics_addr") | {"--json"},
+    ("unit",): setting_flags("url"),
     ("plugin",): set(),
     ("plugin", "install"): group_flags(Group.PLUGIN) | {"--project"},
     ("plugin", "uninstall"): setting_flags() | {"--project"},
@@ -409,7 +410,7 @@ def test_misspelled_command_gets_a_guess(capsys: pytest.CaptureFixture[str]) -> 
     assert err.startswith("usage: opencode-loop-monitor ")
     assert err.endswith(
         "error: unknown command 'wach' (did you mean watch?); the commands: watch, attach, "
-        "replay, evaluate, demo, model, status, plugin\n"
+        "replay, evaluate, demo, model, status, unit, plugin\n"
     )
 
 

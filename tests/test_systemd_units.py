@@ -287,3 +287,65 @@ def test_verify_reports_a_broken_setting(
     copy.write_text(copy.read_text().replace(setting, broken, 1))
     problems = verify_problems(tmp_path, SERVICE.name)
     assert any(reported in line for line in problems), problems
+
+
+# `opencode-loop-monitor unit`: the user unit for the install that runs it (issue 32: the
+# shipped unit names /opt, which the README's install into a clone's .venv does not give).
+
+
+def printed_unit(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    from monitor.cli import main
+
+    assert main(["unit", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_the_shipped_user_unit_is_the_printed_one_for_the_opt_install() -> None:
+    from monitor.shell.unit import INSTALLED_BINARY as UNIT_BINARY
+    from monitor.shell.unit import render
+
+    assert UNIT_BINARY == INSTALLED_BINARY
+    assert USER_UNIT.read_text() == render([INSTALLED_BINARY])
+
+
+def test_the_printed_unit_runs_the_console_script_of_this_install(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    unit = parse_unit(printed_unit(capsys))
+    argv = value(unit, "Service", "ExecStart").split()
+    # The venv the README's commands make (here: the one running the tests).
+    assert argv[0] == str(Path(sys.executable).parent / "opencode-loop-monitor")
+    assert os.access(argv[0], os.X_OK)
+    assert argv[1:] == ["watch", "--url", "http://127.0.0.1:4096", "--log-format", "json"]
+    # Nothing else differs from the shipped unit.
+    shipped = load(USER_UNIT)
+    assert {k: v for k, v in unit.items() if k != "Service"} == {
+        k: v for k, v in shipped.items() if k != "Service"
+    }
+    assert [kv for kv in unit["Service"] if kv[0] != "ExecStart"] == [
+        kv for kv in shipped["Service"] if kv[0] != "ExecStart"
+    ]
+
+
+def test_the_printed_unit_watches_the_url_given_as_one_word(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from monitor.shell.unit import render
+
+    argv = value(
+        parse_unit(printed_unit(capsys, "--url", "http://[::1]:5000")), "Service", "ExecStart"
+    )
+    assert argv.split()[2:4] == ["--url", "http://[::1]:5000"]
+    # systemd's specifiers and variables are escaped, and a path with a space is quoted.
+    text = render(["/home/a b/%x/$HOME/bin/opencode-loop-monitor"], "http://127.0.0.1:4096")
+    assert 'ExecStart="/home/a b/%%x/$$HOME/bin/opencode-loop-monitor" watch' in text
+
+
+@needs_systemd_analyze
+def test_systemd_analyze_verify_passes_on_the_printed_unit_as_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    (tmp_path / USER_UNIT.name).write_text(printed_unit(capsys))
+    assert verify_problems(tmp_path, USER_UNIT.name, "--user", XDG_RUNTIME_DIR=str(runtime)) == []
