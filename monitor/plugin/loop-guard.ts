@@ -7,8 +7,10 @@
  * When the daemon does not answer (not running, slow, answering nonsense), the plugin is
  * still a guard: it applies the daemon's first rule itself (`LocalGuard`: one call repeated
  * 4 times, or a block of 2 to 4 calls repeated 3 full times, blocks the call completing it),
- * on what it saw of each session since its last idle. Any other call runs after at most
- * WAIT_MS (at once when nothing listens), and the server's log says so once per session.
+ * on what it saw of each session since its last idle (a bounded part of each call's
+ * arguments, `canonical`; the least recently active session forgotten first). Any other
+ * call runs after at most WAIT_MS (at once when nothing listens), and the server's log says
+ * so once per session.
  * The calls let through that way are reported with the next answered request.
  *
  * Where it asks: the daemon watching this server listens on a socket named after the
@@ -51,14 +53,27 @@ export const REPEATS = 3
 export const MIN_CALLS = 4
 // Signatures kept a session, all of them read by the rule: the daemon's default history.
 export const HISTORY = 32
-// Sessions remembered at once; the oldest is forgotten first (a session normally goes idle).
+// Sessions remembered at once; the least recently active is forgotten first (a session
+// normally goes idle, and one that loops is calling).
 export const MAX_SESSIONS = 256
 const TOOL_NAME_MAX = 64
+
+// How much of a call's arguments the plugin reads, so that its own rule takes a bounded time
+// whatever a model (or a hostile tool) sends: wide or deep arguments took 0.6-2.7 s a call
+// here, in the hook every call waits on. Past MAX_VALUES values, MAX_DEPTH levels or
+// MAX_CHARS characters the rest is not read: the text ends with CUT, and such a call is not
+// asked about (the daemon refuses a question over its MAX_BODY, 1 MiB, and could not parse
+// one nested that deep), its own rule judges it on the part read.
+export const MAX_VALUES = 10_000
+export const MAX_DEPTH = 256
+export const MAX_CHARS = 1 << 20
+export const CUT = "\u0000\u2026"
 
 /**
  * The call's arguments as the daemon compares them: compact JSON with object keys sorted
  * recursively, strings kept exactly, a field that is undefined or null absent (how an
- * omitted optional argument arrives). An explicit stack: arguments can nest deeply.
+ * omitted optional argument arrives). An explicit stack: arguments can nest deeply. Bounded
+ * (MAX_VALUES, MAX_DEPTH, MAX_CHARS): what lies past the bound is CUT.
  */
 export function canonical(value: unknown): string {
   const out: string[] = []
@@ -66,33 +81,66 @@ export function canonical(value: unknown): string {
   const TOKEN = Symbol("token")
   type Token = { [TOKEN]: string }
   const token = (text: string): Token => ({ [TOKEN]: text })
+  let values = 0
+  let depth = 0
+  let chars = 0
   while (stack.length) {
     const item = stack.pop()
     if (item !== null && typeof item === "object" && TOKEN in item) {
-      out.push((item as Token)[TOKEN])
-    } else if (Array.isArray(item)) {
+      const text = (item as Token)[TOKEN]
+      if (text === "]" || text === "}") depth--
+      out.push(text)
+      chars += text.length
+      continue
+    }
+    const room = MAX_VALUES - values++
+    if (room <= 0 || chars >= MAX_CHARS) {
+      out.push(CUT)
+      break
+    }
+    if (item !== null && typeof item === "object") {
+      if (++depth > MAX_DEPTH) {
+        out.push(CUT)
+        break
+      }
+    }
+    if (Array.isArray(item)) {
       stack.push(token("]"))
-      for (let i = item.length - 1; i >= 0; i--) {
+      // Only as many elements as could still be read: the rest would be cut anyway.
+      if (item.length > room) stack.push(token(CUT))
+      for (let i = Math.min(item.length, room) - 1; i >= 0; i--) {
         stack.push(item[i] === undefined ? null : item[i])
         if (i) stack.push(token(","))
       }
       stack.push(token("["))
     } else if (item !== null && typeof item === "object") {
-      const keys = Object.keys(item)
-        .filter((k) => (item as Record<string, unknown>)[k] != null)
-        .sort()
+      let keys = Object.keys(item)
+      const cut = keys.length > room
+      if (cut) keys = keys.slice(0, room)
+      keys = keys.filter((k) => (item as Record<string, unknown>)[k] != null).sort()
       stack.push(token("}"))
+      if (cut) stack.push(token(CUT))
       for (let i = keys.length - 1; i >= 0; i--) {
         stack.push((item as Record<string, unknown>)[keys[i]])
         stack.push(token(JSON.stringify(keys[i]) + ":"))
         if (i) stack.push(token(","))
       }
       stack.push(token("{"))
+    } else if (typeof item === "string" && item.length > MAX_CHARS - chars) {
+      out.push(JSON.stringify(item.slice(0, MAX_CHARS - chars)), CUT)
+      break
     } else {
-      out.push(JSON.stringify(item) ?? "null")
+      const text = JSON.stringify(item) ?? "null"
+      out.push(text)
+      chars += text.length
     }
   }
   return out.join("")
+}
+
+/** Whether `text` (a canonical text or a signature) was cut at the bound. */
+export function isCut(text: string): boolean {
+  return text.includes(CUT)
 }
 
 /** The call's signature: the exact tool name, a NUL, the canonical arguments. */
@@ -134,15 +182,25 @@ export class LocalGuard {
 
   /** Record a call about to run; the cycle it completes, if any. */
   call(sessionID: string, tool: string, args: unknown): Cycle | null {
+    return this.record(sessionID, tool, signature(tool, args))
+  }
+
+  /** `call`, with the call's signature made already. */
+  record(sessionID: string, tool: string, signed: string): Cycle | null {
     let history = this.sessions.get(sessionID)
     if (history === undefined) {
       if (this.sessions.size >= MAX_SESSIONS) {
+        // The least recently active goes (a Map keeps the order of insertion, and every
+        // call moves its session to the end): a busy server's looping session is the one
+        // calling, not the one to forget.
         this.sessions.delete(this.sessions.keys().next().value as string)
       }
       history = []
-      this.sessions.set(sessionID, history)
+    } else {
+      this.sessions.delete(sessionID)
     }
-    history.push({ key: Bun.hash(signature(tool, args)), tool })
+    this.sessions.set(sessionID, history)
+    history.push({ key: Bun.hash(signed), tool })
     if (history.length > HISTORY) history.splice(0, history.length - HISTORY)
     const found = detectCycle(history.map((entry) => entry.key))
     if (found === null) return null
@@ -295,7 +353,12 @@ export function makeAsker(endpoint: Endpoint, serverUrl: string | null): Asker {
       if (untrusted !== null) return { fellOpen: `not asked: ${untrusted}, so it may not be the monitor's` }
     }
     const headers: Record<string, string> = { "Content-Type": "application/json" }
-    const sent = new TextEncoder().encode(JSON.stringify(body))
+    let sent: Uint8Array
+    try {
+      sent = new TextEncoder().encode(JSON.stringify(body))
+    } catch (err) {
+      return { fellOpen: `the call cannot be written as JSON (${String(err)})` }
+    }
     // Over TCP whoever holds the port while the daemon is down gets the question: it is
     // signed, never sent with the token, and only an answer proven with the token counts.
     const signed = !socket && token ? signQuestion(token, sent) : null
@@ -351,8 +414,11 @@ export function makeJudge(
   let fellOpen = 0
   const judge = async (sessionID: string, callID: string, tool: string, args: unknown): Promise<string | null> => {
     let cycle: Cycle | null = null
+    let cut = false
     try {
-      cycle = guard.call(sessionID, tool, args)
+      const signed = signature(tool, args)
+      cut = isCut(signed)
+      cycle = guard.record(sessionID, tool, signed)
     } catch (err) {
       // A fault of ours (arguments no JSON has, say) must not refuse the call: it is asked.
       log(`opencode-loop-monitor: the plugin's own rule failed on a call of ${tool} (${err})`)
@@ -362,10 +428,14 @@ export function makeJudge(
     // calls, and the total fall below zero. Given back if the daemon did not count them.
     const reported = fellOpen
     fellOpen = 0
-    const verdict = await ask(
-      { session_id: sessionID, call_id: callID, tool, args: args ?? {}, directory, fell_open: reported },
-      tool,
-    )
+    // Arguments past the bound are not sent: the daemon could not take them (413, or nested
+    // deeper than it parses), and writing them out would cost what the bound saves.
+    const verdict: Verdict = cut
+      ? { fellOpen: `the arguments of this ${cleanToolName(tool)} call are too large to ask about` }
+      : await ask(
+          { session_id: sessionID, call_id: callID, tool, args: args ?? {}, directory, fell_open: reported },
+          tool,
+        )
     if ("block" in verdict) return verdict.block
     fellOpen += reported
     if (!warned.has(sessionID)) {

@@ -4,14 +4,19 @@ import { afterAll, describe, expect, test } from "bun:test"
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import plugin, {
+  CUT,
   HISTORY,
   LocalGuard,
+  MAX_CHARS,
+  MAX_DEPTH,
+  MAX_VALUES,
   MARK,
   MAX_SESSIONS,
   OWN_REFUSAL,
   blockText,
   canonical,
   endedSession,
+  isCut,
   localFeedback,
   makeAsker,
   makeJudge,
@@ -84,7 +89,63 @@ describe("the plugin's own rule", () => {
   test("deep arguments do not overflow the stack", () => {
     let deep: unknown = "x"
     for (let i = 0; i < 100_000; i++) deep = [deep]
-    expect(canonical(deep).length).toBe(200_003)
+    expect(canonical(deep)).toBe("[".repeat(MAX_DEPTH) + CUT)
+    let within: unknown = "x"
+    for (let i = 1; i < MAX_DEPTH; i++) within = [within]
+    expect(canonical(within)).toBe("[".repeat(MAX_DEPTH - 1) + '"x"' + "]".repeat(MAX_DEPTH - 1))
+  })
+
+  test("hostile arguments cost a bounded time, are never sent, and their loop is still caught", async () => {
+    // Issue 33: wide or deep arguments took 583-1,644 ms a call in the hook (its bound is
+    // WAIT_MS, 200 ms), and were then written out whole for the daemon, which refuses them.
+    const wide: Record<string, number> = {}
+    for (let i = 0; i < 50_000; i++) wide[`k${(i * 7919) % 50_000}_${i}`] = i
+    let deep: unknown = 1
+    for (let i = 0; i < 100_000; i++) deep = { a: deep }
+    const hostile: [string, unknown][] = [
+      ["wide", { x: wide }],
+      ["deep", deep],
+      ["long", { a: Array.from({ length: 1_000_000 }, (_, i) => i) }],
+      ["big", { content: "x".repeat(50 << 20) }],
+      ["many", { a: Array.from({ length: 5_000 }, () => ({ b: "y".repeat(1_000) })) }],
+    ]
+    for (const [name, args] of hostile) {
+      const asked: unknown[] = []
+      const { judge } = makeJudge(async (body) => (asked.push(body), { block: null }), "/p", () => {})
+      const slowest = { ms: 0 }
+      const refused = []
+      for (let i = 0; i < 4; i++) {
+        const started = performance.now()
+        refused.push(await judge("ses_1", `c${i}`, name, args))
+        slowest.ms = Math.max(slowest.ms, performance.now() - started)
+      }
+      expect({ name, cut: isCut(canonical(args)) }).toEqual({ name, cut: true })
+      // WAIT_MS, the plugin's bound for a question: its own rule now takes a few ms (a wide
+      // object costs one enumeration of its keys, which no bound can spare).
+      expect({ name, ms: slowest.ms < 200 ? "under 200" : slowest.ms }).toEqual({ name, ms: "under 200" })
+      expect(refused.slice(0, 3)).toEqual([null, null, null])
+      expect(refused[3]!.startsWith(OWN_REFUSAL)).toBe(true)
+      expect(asked).toEqual([])
+    }
+    // Within the bound, arguments are read whole and asked about, as before.
+    expect(isCut(canonical({ content: "x".repeat(MAX_CHARS - 20) }))).toBe(false)
+    expect(isCut(canonical({ a: Array.from({ length: MAX_VALUES - 2 }, (_, i) => i) }))).toBe(false)
+  })
+
+  test("a looping session among 300 busy ones is caught: the least recently active is forgotten", () => {
+    // Issue 33: the first session seen was forgotten first, so the looping one, active all
+    // along, lost its history as 256 other sessions came and went.
+    const guard = new LocalGuard()
+    let others = 0
+    const found = []
+    for (let round = 0; round < 4; round++) {
+      found.push(guard.call("ses_loop", ...A))
+      for (let i = 0; i < 100; i++) guard.call(`ses_other${others++}`, ...B)
+    }
+    expect(others).toBe(400)
+    expect(found.slice(0, 3)).toEqual([null, null, null])
+    expect(found[3]).toEqual({ tools: ["read"], repetitions: 4 })
+    expect(guard.size).toBe(MAX_SESSIONS)
   })
 
   test("two sessions are apart", () => {
