@@ -229,8 +229,10 @@ class FakeOpencode:
         last = request.query.get("limit")
         return web.json_response({"data": messages[: int(last)] if last else messages})
 
-    async def _history(self, request: web.Request) -> web.Response:
+    async def _history(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)
+        if self.answers.get("history", [200])[0] != 200:
+            return self._answer("history")  # statuses in `answers["history"]`, as an action's
         after = int(request.query.get("after", "0"))
         events = [
             event

@@ -740,13 +740,15 @@ class Watch:
             changed=before is not None,
         )
 
-    async def _replay_engine_sessions(self, sessions: Iterable[str]) -> int:
+    async def _replay_engine_sessions(self, sessions: Iterable[str]) -> tuple[int, set[str]]:
         """New-engine sessions keep their events: what came while we were away is read from
         each one's last durable seq on and fed as if live (the adapter drops what the stream
         brings again). Of `sessions` (those running before or busy now, as the classic
-        read-back), the new-engine ones we followed. How many events."""
+        read-back), the new-engine ones we followed. How many events, and the sessions
+        whose history could not be read: those are read back from their messages instead."""
         adapter = self.tracker.adapter
         asked = [(s, after) for s in sessions if (after := adapter.last_seq(s)) is not None]
+        failed: set[str] = set()
 
         async def history(session_id: str, after: int) -> list[dict[str, Any]]:
             try:
@@ -754,7 +756,10 @@ class Watch:
             except SessionGone:
                 self.tracker.forget(session_id)
             except ServerError as exc:
+                # Issue 33: a history answering 500 lost the calls made while we were away,
+                # and with them a loop they completed; the message list still has them.
                 log.warning("session.replay_failed", session_id=session_id, error=str(exc))
+                failed.add(session_id)
             return []
 
         # Read at once, concurrently, then fed in order: the stream's frames wait meanwhile.
@@ -762,7 +767,7 @@ class Watch:
         for events in answers:
             for event in events:
                 self._take(self.tracker.feed(event))
-        return sum(map(len, answers))
+        return sum(map(len, answers)), failed
 
     async def _on_connect(self) -> None:
         self._say_server()
@@ -880,8 +885,12 @@ class Watch:
         self._carry_out(Fed(tuple(tracker.end_runs(plan.end_runs))))
         # Read back at once, concurrently: the stream's frames wait in the socket meanwhile.
         # A new-engine session we followed is replayed from its last seq instead.
-        replayed = await self._replay_engine_sessions({*running, *busy})
-        read_back = [(s, w) for s, w in plan.read_back if tracker.adapter.last_seq(s) is None]
+        replayed, unreplayed = await self._replay_engine_sessions({*running, *busy})
+        read_back = [
+            (s, w)
+            for s, w in plan.read_back
+            if tracker.adapter.last_seq(s) is None or s in unreplayed
+        ]
         seeded = sum(await bounded(self._seed(session, where) for session, where in read_back))
         pending = await self._read_back_permissions(
             directories_to_ask(busy, self.settings.directory)
