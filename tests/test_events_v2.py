@@ -432,3 +432,44 @@ def test_the_last_steps_spend_is_counted_and_ends_the_run() -> None:
     assert (decision.rule, decision.part_id) == ("budget", "msg_5")
     assert not tracker.sessions_view()[0].busy  # the answer ended the run
     assert tracker.run_over(decision)
+
+
+def test_the_adapter_keeps_no_large_input_of_a_call_in_flight() -> None:
+    # Issue 33: every in-flight call's raw input was kept until its outcome (the outcome
+    # does not repeat it): 1,200 calls of 400 KB held 478 MB on the 2.x stream, 17 MB on 1.x.
+    import gc
+    import tracemalloc
+
+    adapter = Adapter()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(200):
+            content = f"{n:06d}" + "x" * 100_000
+            for event in engine_call(S, n, "write", {"filePath": "a", "content": content}, 3 * n)[
+                :2
+            ]:
+                adapter.parse(event)
+            del content, event
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 1_000_000, kept  # 20 MB before
+    # The outcome's update names the call and stands for its input, this call's alone.
+    typed = [adapter.parse(e)[1] for e in engine_call(S, 7, "write", {"content": "y" * 5000}, 900)]
+    part = typed[-1]
+    assert isinstance(part, ToolPart) and part.status == "completed"
+    assert part.input == {"…": "input over 4096 characters, not kept: msg_7:call_7"}
+
+
+def test_calls_with_large_inputs_on_the_new_engine_are_still_a_loop_and_small_ones_kept() -> None:
+    big = {"filePath": "a", "content": "x" * 100_000}
+    tracker = Tracker(Detection())
+    frames = [
+        e for n in range(1, 5) for e in engine_call(S, n, "write", big, 1 + 3 * (n - 1), "/w")
+    ]
+    assert loops_found(tracker, frames) == [("msg_4:call_4", 4)]
+    adapter = Adapter()
+    typed = [adapter.parse(e)[1] for e in engine_call(S, 1, "read", {"filePath": "b"}, 1)]
+    assert [p.input for p in typed if isinstance(p, ToolPart)][-1] == {"filePath": "b"}

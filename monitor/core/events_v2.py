@@ -84,6 +84,11 @@ _EPHEMERAL = frozenset(
 _MORE_STEPS = frozenset({"tool-calls", "tool_calls"})
 # Calls remembered per session until they end: a few steps of parallel calls.
 _CALLS_REMEMBERED = 256
+# The most of a call's input kept while it runs (about, in characters): its later events do
+# not repeat it, but by then the tracker has the call's identity (its digest, made when it
+# started running), so a larger input is not kept. Kept whole, 1,200 calls of 400 KB in
+# flight held 478 MB here, against 17 MB on the 1.x stream.
+_INPUT_KEPT = 4096
 
 
 def engine_name(kind: str) -> str | None:
@@ -102,8 +107,8 @@ class _Session:
 
     def __init__(self) -> None:
         self.seq = -1  # the last durable seq taken (`session.created` is 0)
-        # Call id -> tool name (from `tool.input.started`) and raw input (from `tool.called`)
-        # of the calls in flight: the events after them do not repeat either.
+        # Call id -> tool name (from `tool.input.started`) and raw input (from `tool.called`,
+        # when small: `_kept`) of the calls in flight: the events after them repeat neither.
         self.tools: dict[str, tuple[str, object]] = {}
 
 
@@ -273,7 +278,7 @@ def _tool(
     else:
         if known is None and len(session.tools) >= _CALLS_REMEMBERED:
             del session.tools[next(iter(session.tools))]
-        session.tools[call_id] = (tool, raw)
+        session.tools[call_id] = (tool, _kept(raw, _part_id(data, call_id)))
     return ToolPart(
         session_id,
         _part_id(data, call_id),
@@ -287,6 +292,28 @@ def _tool(
         _optional(data, "assistantMessageID"),
         call_id,
     )
+
+
+def _kept(raw: object, part_id: str) -> object:
+    """What is kept of a running call's input for its outcome's update: the input when it is
+    small, else a stand-in of this call alone. The tracker reads the input of an outcome's
+    update only for a call it no longer holds (more in flight than a session keeps): then
+    this call is one of its own, never the same as another (no false loop; such a loop among
+    that many parallel calls is missed)."""
+    budget = _INPUT_KEPT
+    stack = [raw]
+    while stack:
+        item = stack.pop()
+        # Counted before its members are walked, so the walk stops within the bound.
+        budget -= len(item) if isinstance(item, str | dict | list) else 1
+        if budget < 0:
+            return {"\u2026": f"input over {_INPUT_KEPT} characters, not kept: {part_id}"}
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return raw
 
 
 def _text_of(content: object) -> object:
