@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -37,14 +38,22 @@ class Served:
         return self.printed[-1]
 
     async def until(self, end: str) -> list[str]:
+        """The lines printed from here to the first that starts with `end`, that one too."""
         start = len(self.printed)
         while not (await self.line()).startswith(end):
             pass
         return self.printed[start:]
 
+    async def reach(self, text: str) -> str:
+        """The first line printed from here that holds `text`."""
+        while text not in (line := await self.line()):
+            pass
+        return line
 
-@pytest.fixture
-async def served() -> AsyncIterator[Served]:
+
+@asynccontextmanager
+async def model_command() -> AsyncIterator[Served]:
+    """`opencode-loop-monitor model --port 0`, killed at the end whatever happened."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "monitor", "model", "--port", "0",
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -55,6 +64,12 @@ async def served() -> AsyncIterator[Served]:
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    async with model_command() as running:
+        yield running
 
 
 async def completion(url: str, prompt: str, tool_results: int = 0) -> list[dict[str, Any]]:

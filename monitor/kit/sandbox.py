@@ -234,9 +234,13 @@ class OpencodeServer:
         env_extra: Mapping[str, str] | None = None,
         permission: str | Mapping[str, str] = NEVER_ASK,
         plugin: PluginEndpoint | None = None,
+        config: Mapping[str, Any] | None = None,
     ) -> None:
         self.binary = binary
         self.permission = permission
+        # Top-level keys of opencode.json that replace the sandbox's own: a provider block of
+        # the person's, as `opencode-loop-monitor model` prints it, and the model it names.
+        self.config = dict(config or {})
         # With an endpoint, the monitor's plugin is installed user-wide in the sandbox and
         # asks there before every call.
         self.plugin = plugin
@@ -345,9 +349,8 @@ class OpencodeServer:
             (self.root / name).mkdir()
         config_dir = self.root / "config" / "opencode"
         config_dir.mkdir()
-        (config_dir / "opencode.json").write_text(
-            json.dumps(opencode_config(self.model_url, self.permission), indent=2)
-        )
+        config = opencode_config(self.model_url, self.permission) | self.config
+        (config_dir / "opencode.json").write_text(json.dumps(config, indent=2))
         if self.plugin is not None:
             plugins = config_dir / "plugins"
             plugins.mkdir()

@@ -1,0 +1,107 @@
+"""Issue 32's "with your own server", as a person follows it: `opencode-loop-monitor model`
+running, its printed provider block as the server's only provider, the plugin installed by
+`plugin install`, `watch` beside the server, and `opencode run ... loop`: the loop's call is
+refused in band by the plugin, before it runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from monitor.core.feedback import MARK
+from monitor.kit.model import MODEL_ID, PROVIDER
+from monitor.kit.sandbox import OpencodeServer, tool_parts
+from monitor.shell.decide import PluginEndpoint, socket_name
+from monitor.shell.plugin_install import FILE_NAME
+from tests.harness import REPO
+from tests.monitor_process import MonitorProcess
+from tests.test_model_command import Served, block_of, model_command
+
+pytestmark = pytest.mark.real_server
+
+RUN_S = 120  # the loop's 6 calls, 0.5 s a step, and what follows it on a busy machine
+
+
+@pytest.fixture
+async def model() -> AsyncIterator[Served]:
+    async with model_command() as running:
+        yield running
+
+
+async def run(binary: Path, server: OpencodeServer, *argv: str) -> tuple[int, str]:
+    """`binary ARGV` with the environment of a client of `server`; ended if it outlives
+    RUN_S."""
+    process = await asyncio.create_subprocess_exec(
+        str(binary), *argv, cwd=server.project, env=server.client_environment(),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), RUN_S)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    return process.returncode or 0, output.decode(errors="replace")
+
+
+async def plugin_install(config_home: Path) -> str:
+    """`opencode-loop-monitor plugin install` in the person's shell, whose config folder is the
+    server's and whose $XDG_RUNTIME_DIR (this test's) is the monitor's."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OPENCODE_")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "monitor", "plugin", "install", cwd=REPO,
+        env={**environment, "XDG_CONFIG_HOME": str(config_home)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, output
+    return output.decode()
+
+
+async def test_the_printed_block_plugin_install_and_watch_refuse_the_loop_in_band(
+    opencode_bin: Path,
+    model: Served,
+    start_monitor: Callable[..., MonitorProcess],
+    http: aiohttp.ClientSession,
+    runtime_dir: Path,
+) -> None:
+    block = block_of(await model.until("Ctrl-C here stops the model."))
+    url = block["provider"][PROVIDER]["options"]["baseURL"]
+    # The printed block is the server's only provider: the sandbox's own is replaced.
+    config = {**block, "model": MODEL_ID, "small_model": MODEL_ID, "enabled_providers": [PROVIDER]}
+    # The plugin file the sandbox writes before the server starts (and the plugin SDK seeded,
+    # which a start would otherwise fetch); `plugin install` must write the same.
+    folder = runtime_dir / "opencode-loop-monitor"
+    endpoint = PluginEndpoint(folder / socket_name("http://127.0.0.1:4096"), socket_dir=folder)
+    async with OpencodeServer(opencode_bin, url, plugin=endpoint, config=config) as server:
+        plugin_file = server.root / "config" / "opencode" / "plugins" / FILE_NAME
+        loaded = plugin_file.read_text()
+        assert str(plugin_file) in await plugin_install(server.root / "config")
+        assert plugin_file.read_text().splitlines() == loaded.splitlines()
+
+        monitor = start_monitor("watch", "--url", server.url, "--log-format", "json")
+        await monitor.wait_event("plugin.listening")
+        await monitor.wait_event("stream.connected")
+        code, output = await run(
+            opencode_bin, server, "run", "--attach", server.url, "--dir", server.directory,
+            "--model", MODEL_ID, "loop",
+        )  # fmt: skip
+        assert code == 0, output
+        [first, *_] = monitor.events("intervention.outcome")
+        messages = await server.client(http).messages(first["session_id"])
+
+    assert (first["outcome"], first["via"], first["call_index"]) == ("blocked", "plugin", 6)
+    parts = tool_parts(messages)
+    assert [p["tool"] for p in parts[:6]] == ["read", "bash"] * 3
+    assert [p["state"]["status"] for p in parts[:6]] == ["completed"] * 5 + ["error"]
+    assert parts[5]["state"]["error"].startswith(MARK)  # refused before it ran
+    # The model printed each step it answered, the refused call among them.
+    assert (await model.reach("call_0 ")).endswith(" call_0 read README.md")
+    assert (await model.reach("call_5 ")).endswith(" call_5 bash ls")
