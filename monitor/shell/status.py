@@ -55,11 +55,12 @@ def _plugin_lines(plugins: dict[str, Any] | None, now: float) -> list[str]:
     asking = plugins["directories"]
     calls = plugins.get("unasked_calls")
     if not asking and calls:
-        # The trial's case: every call fell open and nobody read the server's log.
+        # The trial's case: every call fell open and nobody read the server's log. The count
+        # is the one `plugin.not_asking` gave, when it was said: more may have run since.
         return [
-            f"plugins: none asked at {plugins['endpoint']} while the server ran {calls} tool "
-            "calls: the plugin is not installed where the server looks, or asks elsewhere "
-            "(`opencode-loop-monitor plugin status`)"
+            f"plugins: none asked at {plugins['endpoint']}; {calls} tool calls had run unasked "
+            "when that was noticed: the plugin is not installed where the server looks, or asks "
+            "elsewhere (`opencode-loop-monitor plugin status`)"
         ]
     if not asking:
         return [f"plugins: none asked yet at {plugins['endpoint']}"]
