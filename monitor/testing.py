@@ -120,6 +120,9 @@ class FakeOpencode:
     # test decides when a slow server answers instead of racing a timer against it.
     holds: dict[str, asyncio.Event] = field(default_factory=dict)
     busy: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Generation 3: the new engine's busy sessions (`GET /api/session/active` lists only
+    # those on 1.18.33; `busy` is the classic `/session/status`).
+    engine_busy: dict[str, dict[str, Any]] = field(default_factory=dict)
     # What GET /session/{id}/message answers, per session (an empty list when not given).
     messages: dict[str, list[Any]] = field(default_factory=dict)
     # What GET /session answers: the sessions, as {"id": ..., "time": {"updated": ...}} objects
@@ -139,6 +142,7 @@ class FakeOpencode:
     # 2: a server of OpenCode 2.0, which has only the `/api` routes (its stream `/api/event`,
     # its session actions `/api/session/{id}/interrupt|prompt|permission/{rid}/reply`);
     # 1: a 1.x server. Restart a test's server as the other one to change generation.
+    # 3: 1.18.33, the 1.x routes and stream with the new engine's `/api` routes beside them.
     generation: int = 1
     # What GET /api/session/{id}/history answers, per session: durable events in the
     # `/api/event` envelope (`engine_event`); only those after `?after=` are sent.
@@ -168,14 +172,22 @@ class FakeOpencode:
         app.router.add_post("/permission/{id}/{action}", self._action)
         # Answered like an action named "show-toast" (statuses in `answers["show-toast"]`).
         app.router.add_post(TOAST_PATH, self._toast)
+        if self.generation == 3:
+            app.router.add_get("/global/health", self._health)
+            self._add_engine_routes(app)
         # Recorded too: a request that reached some other endpoint is what a test must see.
         app.router.add_route("*", "/{tail:.*}", self._elsewhere)
         return app
 
     def _app_v2(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/api/health", self._health)
         app.router.add_get("/api/event", self._stream)
+        self._add_engine_routes(app)
+        app.router.add_route("*", "/{tail:.*}", self._elsewhere)
+        return app
+
+    def _add_engine_routes(self, app: web.Application) -> None:
+        app.router.add_get("/api/health", self._health)
         app.router.add_get("/api/session/active", self._active)
         app.router.add_get("/api/session", self._sessions_v2)
         app.router.add_get("/api/session/{id}", self._session_v2)
@@ -185,11 +197,18 @@ class FakeOpencode:
         # Answered like the action of its last path segment ("interrupt", "prompt", "reply").
         app.router.add_post("/api/session/{id}/{action}", self._action)
         app.router.add_post("/api/session/{id}/permission/{request}/{action}", self._reply_v2)
-        app.router.add_route("*", "/{tail:.*}", self._elsewhere)
-        return app
+
+    async def _held(self, key: str) -> None:
+        """Wait out a test's hold on a read (keyed by its last path segment)."""
+        hold = self.holds.get(key)
+        if hold is not None:
+            await hold.wait()
 
     async def _health(self, request: web.Request) -> web.Response:
         await self._record(request)
+        if request.path == "/global/health":
+            return web.json_response({"healthy": True, "version": "1.18.33"})
+        await self._held("health")  # `/api/health`'s
         return web.json_response({"healthy": True})
 
     async def _sessions_v2(self, request: web.Request) -> web.Response:
@@ -219,7 +238,9 @@ class FakeOpencode:
 
     async def _active(self, request: web.Request) -> web.Response:
         await self._record(request)
-        return web.json_response({"data": {sid: {"type": "running"} for sid in self.busy}})
+        await self._held("active")
+        busy = self.engine_busy if self.generation == 3 else self.busy
+        return web.json_response({"data": {sid: {"type": "running"} for sid in busy}})
 
     async def _messages_v2(self, request: web.Request) -> web.Response:
         """`messages` of a session are given in 2.0's form (`{id, type, content | text}`),

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
 from monitor.core.feedback import MARK
+from monitor.shell import api_v2
 from monitor.testing import FakeOpencode, engine_call, engine_event, frames, play
-from tests.harness import start, stop, wait_for
+from tests.harness import loop_frames, start, stop, wait_for
 
 S = "ses_s1"
 READ = {"path": "README.md"}
@@ -137,6 +139,33 @@ async def test_a_history_that_fails_falls_back_on_the_messages_and_the_loop_is_s
     [loop] = events(logs, "loop.detected")
     assert (loop["session_id"], loop["call_index"]) == (S, 4)
     assert fake.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
+
+
+@pytest.mark.parametrize("hung", ["active", "health"])
+async def test_a_hung_api_read_keeps_no_classic_loop_waiting(monkeypatch, hung: str) -> None:
+    # Issue 33: on a server of both engines (1.18.33), `GET /api/session/active` hung (or
+    # dribbling: a read timeout never ends that) held the resync, and the new stream's
+    # frames with it: a classic loop was not stopped within 14 s. A hung `/api/health`
+    # added 10 s to every connect. Every `/api` read now has a bound of its own.
+    monkeypatch.setattr(api_v2, "API_READ_S", 0.3)
+    held = asyncio.Event()
+    fake = FakeOpencode(generation=3, holds={hung: held}, busy={"ses_c1": {"type": "busy"}})
+    fake.streams = [fake.live]
+    try:
+        with capture_logs() as logs:
+            running = await start(fake)
+            await wait_for(fake.live_connected.is_set)
+            await fake.push(loop_frames("ses_c1", 4))
+            await wait_for(lambda: fake.of("abort"))
+            await stop(*running)
+    finally:
+        held.set()
+    assert [r.path for r in fake.of("abort")] == ["/session/ses_c1/abort"]  # the classic route
+    if hung == "active":
+        [failed] = events(logs, "stream.resync_failed")
+        assert failed["error"] == "GET /api/session/active: no answer within 0.3 s"
+    else:
+        assert events(logs, "stream.resync_failed") == []
 
 
 async def test_replayed_events_the_stream_brings_again_are_not_counted_twice() -> None:

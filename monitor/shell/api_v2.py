@@ -58,6 +58,12 @@ HISTORY_PAGE = 100
 # Sessions `/api/session/active` named, remembered as new-engine ones (`new_engine`).
 ACTIVE_REMEMBERED = 10_000
 HISTORY_PAGES = 50
+# The longest a read of `/api` may take, retries included, whatever the server does (hung, or
+# dribbling bytes, which a read timeout never ends). The resync asks `/api` while the new
+# stream's frames wait, those of classic sessions too: a hung `GET /api/session/active`
+# kept a classic loop from being stopped for 14 s, a hung `/api/health` added 10 s to
+# every connect. Its answers come in milliseconds.
+API_READ_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +118,15 @@ class EngineAPI(OpencodeAPI):
         self._active: dict[str, None] = {}
         # Until `detect` says otherwise: a 1.x server, as before this client knew of 2.x.
         self.server = ServerKind(classic=choice != "2", engine=choice != "1")
+        self.api_read_s = API_READ_S
+
+    async def _read(self, path: str, query: dict[str, str] | None) -> Any:
+        """GET `path` of `/api`, answered within API_READ_S or a ServerError."""
+        try:
+            async with asyncio.timeout(self.api_read_s):
+                return await self._call("GET", path, None, idempotent=True, query=query)
+        except TimeoutError:
+            raise ServerError(f"GET {path}: no answer within {self.api_read_s:g} s") from None
 
     async def detect(self) -> ServerKind:
         """Ask the server which generation it is (at every connect: it may have been upgraded
@@ -130,10 +145,16 @@ class EngineAPI(OpencodeAPI):
         else:
             version = await self._version()
             try:
-                await self._once("GET", "/api/health", None, None)
+                async with asyncio.timeout(self.api_read_s):
+                    await self._once("GET", "/api/health", None, None)
                 engine = True
             except (SessionGone, Refused):
                 engine = False
+            except TimeoutError:
+                # Hung: the kind found before holds for this connect (Watch._locate).
+                raise ServerError(
+                    f"GET /api/health: no answer within {self.api_read_s:g} s"
+                ) from None
             # Without `/api`, a 1.x server whatever its health route says (older ones have
             # none); with it, 2.x only if it lacks the 1.x health route too.
             classic = version is not None or not engine
@@ -254,9 +275,7 @@ class EngineAPI(OpencodeAPI):
         query = _where(directory, order="desc")
         if last is not None:
             query["limit"] = str(last)
-        page = await self._call(
-            "GET", _api_path(session_id, "message"), None, idempotent=True, query=query
-        )
+        page = await self._read(_api_path(session_id, "message"), query)
         data = page.get("data") if isinstance(page, dict) else None
         if not isinstance(data, list):
             raise ServerError("/api/session/{id}/message did not answer {data: [...]}")
@@ -268,9 +287,7 @@ class EngineAPI(OpencodeAPI):
         location: {directory}, ...}}`; its directory is `location`'s."""
         if not self.new_engine(session_id):
             return await super().session(session_id, directory)
-        answer = await self._call(
-            "GET", _api_path(session_id), None, idempotent=True, query=_where(directory)
-        )
+        answer = await self._read(_api_path(session_id), _where(directory))
         info = answer.get("data") if isinstance(answer, dict) else None
         location = info.get("location") if isinstance(info, dict) else None
         where = location.get("directory") if isinstance(location, dict) else None
@@ -299,9 +316,7 @@ class EngineAPI(OpencodeAPI):
     async def busy_sessions(self, directory: str | None) -> set[str]:
         busy = await super().busy_sessions(directory) if self.server.classic else set()
         if self.server.engine:
-            active = await self._call(
-                "GET", "/api/session/active", None, idempotent=True, query=_where(directory)
-            )
+            active = await self._read("/api/session/active", _where(directory))
             data = active.get("data") if isinstance(active, dict) else None
             if not isinstance(data, dict):
                 raise ServerError("/api/session/active did not answer {data: {...}}")
@@ -317,9 +332,7 @@ class EngineAPI(OpencodeAPI):
         `source` names the call as `tool` did)."""
         if self.server.classic:
             return await super().pending_permissions(directory)
-        page = await self._call(
-            "GET", "/api/permission/request", None, idempotent=True, query=_where(directory)
-        )
+        page = await self._read("/api/permission/request", _where(directory))
         data = page.get("data") if isinstance(page, dict) else page
         if not isinstance(data, list):
             raise ServerError("/api/permission/request did not answer a list")
@@ -335,9 +348,7 @@ class EngineAPI(OpencodeAPI):
     async def sessions(self, directory: str | None) -> list[Any]:
         if self.server.classic:
             return await super().sessions(directory)
-        page = await self._call(
-            "GET", "/api/session", None, idempotent=True, query=_where(directory)
-        )
+        page = await self._read("/api/session", _where(directory))
         data = page.get("data") if isinstance(page, dict) else None
         if not isinstance(data, list):
             raise ServerError("/api/session did not answer {data: [...]}")
@@ -349,9 +360,7 @@ class EngineAPI(OpencodeAPI):
         events: list[dict[str, Any]] = []
         for _ in range(HISTORY_PAGES):
             query = {"after": str(after), "limit": str(HISTORY_PAGE)}
-            page = await self._call(
-                "GET", _api_path(session_id, "history"), None, idempotent=True, query=query
-            )
+            page = await self._read(_api_path(session_id, "history"), query)
             data = page.get("data") if isinstance(page, dict) else None
             if not isinstance(data, list):
                 raise ServerError("/api/session/{id}/history did not answer {data: [...]}")
