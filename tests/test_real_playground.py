@@ -81,6 +81,14 @@ def test_playground_serves_until_interrupted(opencode_bin: Path, tmp_path: Path)
         messages = get(f"{url}/session/{session['id']}/message", AUTH)
         tools = [p for m in messages for p in m["parts"] if p["type"] == "tool"]
         assert [p["tool"] for p in tools] == ["read", "bash"] * 6
+        # Each step the model took shows where the playground runs (issue 32: the client of
+        # `loop.sh escalate` leaves at the first stop, before the steps after each feedback).
+        steps = [line for line in out.read_text().splitlines() if line.startswith("model: ")]
+        assert steps[:2] == [
+            "model: loop.sh: call_0 read README.md",
+            "model: loop.sh: call_1 bash ls",
+        ]
+        assert len(steps) == 13 and steps[-1].startswith("model: loop.sh: answers ")
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=20) == 0
         assert out.read_text().endswith("stopping the server and the model\n")

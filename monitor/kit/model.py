@@ -63,15 +63,18 @@ again after each feedback, until the session is held). For example:
 Ctrl-C here stops the model."""
 
 
-def step_line(request: ModelRequest) -> str | None:
-    """One line per answer of a session's conversation (titles and such are left out)."""
+def step_line(request: ModelRequest, label: str | None = None) -> str | None:
+    """One line per answer of a session's conversation (titles and such are left out),
+    named by `label` or the prompt's start; "after feedback" once a later user message (the
+    monitor's feedback) came."""
     reply = request.reply
-    prompt = request.conversation.strip()[:40]
+    name = label or repr(request.conversation.strip()[:40])
+    after = " (after feedback)" if request.last_user != request.conversation else ""
     if isinstance(reply, ToolCall):
         args = " ".join(str(value) for value in reply.args.values())
-        return f"model: {prompt!r}: {reply.call_id} {reply.tool} {args}"
+        return f"model: {name}{after}: {reply.call_id} {reply.tool} {args}"
     if isinstance(reply, Text) and reply.text != UNSCRIPTED_ANSWER:
-        return f"model: {prompt!r}: answers {reply.text!r}"
+        return f"model: {name}{after}: answers {reply.text!r}"
     return None
 
 

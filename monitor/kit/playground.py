@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from monitor.exits import EX_FAILED, EX_OK
+from monitor.kit.model import step_line
 from monitor.kit.sandbox import (
     MODEL_ID,
     OpencodeServer,
@@ -30,7 +31,7 @@ from monitor.kit.sandbox import (
     default_cache_dir,
     find_or_install_opencode,
 )
-from monitor.kit.scripted_model import ScriptedModel, script
+from monitor.kit.scripted_model import ModelRequest, ScriptedModel, find_script, script
 
 PROG = "python -m monitor.kit.playground"
 # What `opencode run` sends: read a file, list the folder, again and again (12 calls).
@@ -108,7 +109,8 @@ In another terminal, watch it
   sh {folder / "watch.sh"}
 start a looping session with the real client (`Error: Aborted` when it is stopped):
   sh {folder / "loop.sh"}
-or one whose model loops again after each feedback, until the monitor holds it:
+or one whose model loops again after each feedback, until the monitor holds it (the client
+exits at the first stop; the model's steps after each feedback show here):
   sh {folder / "loop.sh"} escalate
 and see what the monitor sees:
   sh {folder / "status.sh"}
@@ -122,8 +124,17 @@ async def _serve(binary: Path, port: int | None, out: TextIO) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     secrets = credentials(os.environ)
+    # The client may send the prompt JSON-quoted: the scripts are told apart by what they say.
+    labels = [(find_script(LOOP), "loop.sh"), (find_script(ESCALATE), "loop.sh escalate")]
+
+    def said(request: ModelRequest) -> None:
+        found = find_script(request.conversation)
+        label = next((name for known, name in labels if found is not None and found == known), None)
+        if label is not None and (line := step_line(request, label)) is not None:
+            print(line, file=out, flush=True)
+
     async with (
-        ScriptedModel() as model,
+        ScriptedModel(on_reply=said) as model,
         OpencodeServer(binary, model.url, port=port, env_extra=secrets) as server,
     ):
         folder = write_scripts(server, binary, secrets)
