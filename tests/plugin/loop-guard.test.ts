@@ -259,6 +259,31 @@ describe("the judge: the daemon first, the local rule when it does not answer", 
     expect(asked[7].fell_open).toBe(0) // counted once: nothing negative left behind
   })
 
+  test("50 questions at once across timeouts: the counts answered add up to the calls let through", async () => {
+    // Issue 33 (done when): whatever the interleaving, each call let through unasked is
+    // reported once, by an answered question, and no count goes below zero.
+    let seed = 33
+    const random = () => (seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31
+    let up = false // the daemon answers about half the questions, late or not at all
+    const reported: number[] = []
+    let fellOpen = 0
+    const ask = async (body: Record<string, unknown>) => {
+      const answered = up || random() < 0.5
+      await new Promise((resolve) => setTimeout(resolve, Math.floor(random() * 5)))
+      if (!answered) return fellOpen++, { fellOpen: "no answer from the monitor at S (TimeoutError)" }
+      reported.push(body.fell_open as number)
+      return { block: null }
+    }
+    const { judge } = makeJudge(ask, "/p", () => {})
+    const calls = Array.from({ length: 50 }, (_, i) => judge(`ses_${i % 7}`, `c${i}`, "read", { filePath: `f${i}` }))
+    expect(await Promise.all(calls)).toEqual(Array(50).fill(null))
+    up = true
+    await judge("ses_x", "last", "read", { filePath: "last" }) // carries what is left
+    expect(fellOpen).toBeGreaterThan(10)
+    expect(reported.every((n) => n >= 0)).toBe(true)
+    expect(reported.reduce((a, b) => a + b, 0)).toBe(fellOpen)
+  })
+
   test("arguments the rule cannot read are asked about, never refused for it", async () => {
     const lines: string[] = []
     const { judge } = makeJudge(async () => ({ block: null }), "/p", (line) => lines.push(line))
