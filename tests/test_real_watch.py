@@ -194,3 +194,24 @@ async def test_a_loop_under_way_before_the_monitor_starts_is_caught_on_time(
     assert measure_overshoot(messages, [detected["part_id"]]) == 0
     [seeded] = monitor.events("session.seeded")
     assert seeded["session_id"] == session["id"] and seeded["calls"] >= 2
+
+
+async def test_a_url_with_an_extra_path_is_told_the_path_and_no_server_said_found(
+    opencode_server, start_monitor
+):
+    """Issue 32: `--url http://127.0.0.1:4096/session` was told that it "points at another
+    web server", after a `server.detected` line: under any path the real server answers its
+    web app's page (200, text/html), health routes and stream alike."""
+    url = opencode_server.url
+    monitor = start_monitor("watch", "--url", f"{url}/session", "--log-format", "json")
+    [diagnosis] = await monitor.wait_event("stream.diagnosis")
+    assert diagnosis["problem"] == "extra_path"
+    assert diagnosis["hint"] == (
+        f"{url.removeprefix('http://')} answered 200 for the event stream under the path "
+        f"/session that --url has: give --url the server's address alone, {url} (a path only "
+        "where a proxy serves OpenCode under it)"
+    )
+    # Said before the first connect, it would be in the log by now.
+    assert monitor.events("server.detected") == []
+    code, _ = await monitor.stop()
+    assert code == 0
