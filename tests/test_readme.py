@@ -212,3 +212,13 @@ def test_readme_is_read_in_two_minutes():
 def test_ci_runs_the_readme_test_command():
     ci_lines = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert TEST_COMMAND in ci_lines
+
+
+def test_the_table_of_commands_names_every_command_and_no_other():
+    from monitor.cli import COMMANDS
+
+    text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
+    table = text.split("## Commands\n", 1)[1].split("\n#", 1)[0]
+    first_cells = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    named = {word for cell in first_cells for word in re.findall(r"`(\w+)", cell)}
+    assert named == {command.name for command in COMMANDS}
