@@ -8,9 +8,7 @@ import asyncio
 import json
 import signal
 import socket
-import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -21,49 +19,9 @@ from monitor.exits import EX_FAILED
 from monitor.kit.model import DEFAULT_PORT, MODEL_ID, provider_block, run_model
 from monitor.kit.scripted_model import ON_DEMAND_ANSWER, on_demand_script
 from tests.harness import REPO
+from tests.model_command import LINE_S, Served, block_of, model_command
 
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
-LINE_S = 30  # a fresh interpreter importing aiohttp on a busy machine
-
-
-class Served:
-    def __init__(self, process: asyncio.subprocess.Process, printed: list[str]) -> None:
-        self.process, self.printed = process, printed
-
-    async def line(self) -> str:
-        assert self.process.stdout is not None
-        raw = await asyncio.wait_for(self.process.stdout.readline(), LINE_S)
-        assert raw, f"the model exited: {self.printed}"
-        self.printed.append(raw.decode().rstrip("\n"))
-        return self.printed[-1]
-
-    async def until(self, end: str) -> list[str]:
-        """The lines printed from here to the first that starts with `end`, that one too."""
-        start = len(self.printed)
-        while not (await self.line()).startswith(end):
-            pass
-        return self.printed[start:]
-
-    async def reach(self, text: str) -> str:
-        """The first line printed from here that holds `text`."""
-        while text not in (line := await self.line()):
-            pass
-        return line
-
-
-@asynccontextmanager
-async def model_command() -> AsyncIterator[Served]:
-    """`opencode-loop-monitor model --port 0`, killed at the end whatever happened."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "monitor", "model", "--port", "0",
-        cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        yield Served(process, [])
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 @pytest.fixture
@@ -83,11 +41,6 @@ async def completion(url: str, prompt: str, tool_results: int = 0) -> list[dict[
     frames = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
     assert frames[-1] == "[DONE]"
     return [json.loads(frame)["choices"][0]["delta"] for frame in frames[:-1]]
-
-
-def block_of(printed: list[str]) -> dict[str, Any]:
-    start, end = printed.index("{"), printed.index("}")
-    return json.loads("\n".join(printed[start : end + 1]))
 
 
 async def test_it_prints_the_block_to_paste_loops_on_demand_and_stops(served: Served) -> None:

@@ -20,8 +20,8 @@ from monitor.kit.sandbox import OpencodeServer, tool_parts
 from monitor.shell.decide import PluginEndpoint, socket_name
 from monitor.shell.plugin_install import FILE_NAME
 from tests.harness import REPO
+from tests.model_command import Served, block_of, model_command
 from tests.monitor_process import MonitorProcess
-from tests.test_model_command import Served, block_of, model_command
 
 pytestmark = pytest.mark.real_server
 
