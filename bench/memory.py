@@ -28,7 +28,8 @@ import tracemalloc
 from collections.abc import Callable
 
 from monitor.config import detection_of, load_settings
-from monitor.core.tracker import MAX_STREAMING_PARTS, Tracker
+from monitor.core.texts import MAX_STREAMING_PARTS
+from monitor.core.tracker import Tracker
 
 DIRECTORY = "/home/dev/project"
 

@@ -23,7 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from bench.throughput import READERS
-from monitor.core.tracker import MAX_STREAMING_PARTS
+from monitor.core.texts import MAX_STREAMING_PARTS
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the real-server suite may leave its figure (see docs/performance.md).

@@ -31,13 +31,14 @@ from typing import Any, Literal, NamedTuple, get_args
 from urllib.parse import urlsplit, urlunsplit
 
 from monitor.core.budget import Budget
+from monitor.core.detection import SEED, Detection, MatchMode
+from monitor.core.ladder import FirstAction, OnLoop
 from monitor.core.limits import HISTORY_FLOOR, DetectionError
 from monitor.core.permissions import PermissionMode
 from monitor.core.profile import Profile
 from monitor.core.rules.circles import WINDOW as CIRCLES_WINDOW
 from monitor.core.rules.revisit import WINDOW as REVISIT_WINDOW
 from monitor.core.rules.runaway import LINES as RUNAWAY_LINES
-from monitor.core.tracker import SEED, Detection, FirstAction, MatchMode, OnLoop
 from monitor.errors import ConfigError
 
 # Which OpenCode API the monitor speaks (`--api`): see monitor/shell/api_v2.py.

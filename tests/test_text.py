@@ -10,7 +10,8 @@ import pytest
 from monitor.core.frames import iter_sse_data
 from monitor.core.rules.cycle import Cycle
 from monitor.core.rules.text import MAX_UNIT, TextLoop, TextStream, text_digest
-from monitor.core.tracker import MAX_STREAMING_PARTS, Detection, Tracker
+from monitor.core.texts import MAX_STREAMING_PARTS
+from monitor.core.tracker import Detection, Tracker
 from tests.corpus.record_text import (
     ONE_LINE,
     PARAGRAPH,
@@ -162,7 +163,9 @@ def test_tracker_stops_a_repeated_sentence_and_says_so_without_quoting_it():
     assert "in your answer you wrote the same sentence 5 times in a row" in decision.feedback
     assert "configuration" not in decision.feedback
     # Every delta after the one that decided was streamed for nothing.
-    assert tracker.chunks_after_detection == len(pieces(ONE_LINE * 30, 12)) - decision.position
+    assert (
+        tracker.texts.chunks_after_detection == len(pieces(ONE_LINE * 30, 12)) - decision.position
+    )
 
 
 def test_a_text_loop_is_stopped_also_where_the_first_action_is_a_nudge():
@@ -242,8 +245,11 @@ def test_streaming_parts_are_bounded():
     for n in range(MAX_STREAMING_PARTS + 100):
         tracker.feed(part(f"prt_{n}"))
         tracker.feed(delta(f"prt_{n}", "Some text that goes on"))
-    assert len(tracker._streams) == MAX_STREAMING_PARTS
-    assert "prt_0" not in tracker._streams and f"prt_{MAX_STREAMING_PARTS + 99}" in tracker._streams
+    assert len(tracker.texts.parts) == MAX_STREAMING_PARTS
+    assert (
+        "prt_0" not in tracker.texts.parts
+        and f"prt_{MAX_STREAMING_PARTS + 99}" in tracker.texts.parts
+    )
 
 
 def test_a_malformed_delta_is_counted():
@@ -280,4 +286,4 @@ def test_the_recorded_stream_types_reasoning_and_text_parts():
     assert decision.part_id == "prt_22c3312970012bDm5lsz20J1Jv"
     assert "in your answer you wrote the same sentence 5 times" in decision.feedback
     assert decision.position == 10  # "The cat sat. " x 5, then the next character, in 7s
-    assert tracker.chunks_after_detection == 2
+    assert tracker.texts.chunks_after_detection == 2

@@ -14,13 +14,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Iterable
 
-from monitor.core.budget import Budget, BudgetBook
+from monitor.core.budget import BudgetBook
 from monitor.core.calls import CallEvent, CallState, Step, advance
-from monitor.core.decisions import Action, Deadline, Intervene, Outcome, Plan, Reply
+from monitor.core.decisions import Deadline, Intervene, Outcome, Plan, Reply
+from monitor.core.detection import SEED, Detection, rules_of
 from monitor.core.events import (
     KNOWN_EVENT_TYPES,
     MALFORMED,
@@ -39,50 +38,35 @@ from monitor.core.events import (
     UserMessage,
 )
 from monitor.core.events_v2 import Adapter
+from monitor.core.fed import Fed, Judged, SessionView
 from monitor.core.feedback import (
     MARKS,
-    OWN_REFUSAL,
-    feedback_text,
-    nudge_text,
-    refusal_after_text,
-    rejection_text,
 )
 from monitor.core.findings import (
     RULES,
-    CallCycle,
     DoomLoop,
-    EndlessWait,
     FailureRun,
     Finding,
     RunawayCall,
-    TextPassage,
 )
 from monitor.core.frames import FrameError, decode_frame
 from monitor.core.ids import is_permission_id, is_session_id
-from monitor.core.ladder import FirstAction, OnLoop, rung
-from monitor.core.limits import check_history, derived_history
-from monitor.core.permissions import DOOM_LOOP_CALLS, PermissionGate, PermissionMode
-from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, block
-from monitor.core.profile import Profile, ignored_args, transparent_tools
-from monitor.core.rules import CallRule, TextRule
-from monitor.core.rules.circles import CirclesRule
-from monitor.core.rules.cycle import CycleRule
+from monitor.core.ladder import FirstAction, OnLoop
+from monitor.core.permissions import DOOM_LOOP_CALLS, PermissionGate
+from monitor.core.plan import decide, failed_as, own_refusal, refused, withhold
+from monitor.core.plugin_protocol import ALLOW, PluginCall, block
+from monitor.core.profile import ignored_args, transparent_tools
 from monitor.core.rules.facts import SIGNALS, Signals, rule_args
-from monitor.core.rules.failure import FailureRule, failure_digest
-from monitor.core.rules.no_progress import NoProgressRule
-from monitor.core.rules.revisit import RevisitRule
-from monitor.core.rules.runaway import RunawayRule, call_bound
-from monitor.core.rules.text import TextStream
-from monitor.core.rules.text_steps import StepsRule
+from monitor.core.rules.runaway import call_bound
 from monitor.core.runs import RunEvent, run_advance
 from monitor.core.session import (
     PLUGIN_PART,
-    Acted,
     Call,
     RecentMap,
     SessionRecord,
     call_digest,
 )
+from monitor.core.texts import TextStreams
 
 __all__ = [
     "RULES",
@@ -96,155 +80,6 @@ __all__ = [
     "SessionView",
     "Tracker",
 ]
-
-MatchMode = Literal["input", "input+output"]
-
-# Text and reasoning parts streaming at once, over all sessions; the oldest is dropped first.
-# Each holds at most about 3 KB (docs/performance.md), so all of them stay under 12 MB.
-MAX_STREAMING_PARTS = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class Detection:
-    """What counts as a loop and what to do about it; the tracker's settings.
-
-    `failure_repeats` (0: off) identical failures in a row are a loop (rule `failure`); a cycle
-    holding a waiting call is one only after `wait_calls` calls (rule `wait`; 0: no allowance);
-    `profile` says which arguments and tools are noise (monitor/core/profile.py). `history`
-    is what the rules see (0: derived from what they need, monitor/core/limits.py); one that
-    does not fit them raises DetectionError, a ValueError.
-    The defaults are measured, see docs/detection.md; `SEED` is the original rule set.
-    """
-
-    max_period: int = 10
-    repeats: int = 3
-    history: int = 0
-    match: MatchMode = "input"
-    ignore_tools: frozenset[str] = frozenset()
-    ignore_args: Mapping[str, frozenset[str]] | None = None
-    on_loop: OnLoop = "resume"
-    max_interventions: int = 2
-    # The first rung of the intervention ladder (`Action`); later interventions block (or
-    # stop, when the first does), and hold after `max_interventions` under `resume`.
-    first_action: FirstAction = "block"
-    # Runs a stopped loop stays armed for: the one stopped and the next (0: off, for replay,
-    # whose recorded runs never saw the stops it reports).
-    armed_runs: int = 2
-    max_sessions: int = 10_000
-    # Text loops (monitor/core/rules/text.py); 0 turns a check off.
-    text_repeats: int = 5  # back-to-back repetitions of a passage inside one part
-    text_steps: int = 8  # successive steps of a run with the same whole text
-    failure_repeats: int = 4
-    wait_calls: int = 20
-    profile: Profile = "opencode"
-    # Progress rules (monitor/core/rules/no_progress.py, revisit.py); 0 turns one off.
-    no_progress_runs: int = 5  # runs of one check with the same result, each after changes
-    revisits: int = 12  # of the last 16 calls, revisits that make a loop
-    circles: int = 10  # of the last 12 calls, fruitless searches that make a loop
-    # A call that runs away (monitor/core/rules/runaway.py): re-sent `running` updates in a
-    # row whose streamed output ends in the same line over and over; 0 turns it off.
-    runaway_updates: int = 20
-    # Its time bound: a call still running this long after it started (0: derived from the
-    # server's own limit, for bash only; below 0: none; `call_bound`).
-    call_seconds: float = 0.0
-    # Budgets (monitor/core/budget.py): per run, and per session with its subagents.
-    run_budget: Budget = Budget()
-    tree_budget: Budget = Budget()
-
-    # How the server's permission requests are answered (monitor.core.permissions); "off"
-    # leaves them all to others, and every loop to the abort.
-    permissions: PermissionMode = "off"
-    permission_grace: float = 30.0
-
-    def __post_init__(self) -> None:
-        if not self.history:
-            derived = derived_history(self.max_period, self.repeats, self.wait_calls)
-            object.__setattr__(self, "history", derived)  # frozen: set once, here
-        check_history(self.history, self.max_period, self.repeats, self.wait_calls)
-
-
-# Exactly the seed's behaviour: exact arguments, periods 1-4 repeated 3 times, a single call
-# on its 4th, nothing else. `dataclasses.replace` it to keep other settings.
-SEED = Detection(
-    max_period=4,
-    failure_repeats=0,
-    wait_calls=0,
-    profile="none",
-    text_repeats=0,
-    text_steps=0,
-    no_progress_runs=0,
-    revisits=0,
-    circles=0,
-    runaway_updates=0,
-    call_seconds=-1.0,
-)
-
-
-def rules_of(detection: Detection) -> tuple[list[CallRule], list[TextRule]]:
-    """The rules a `Detection` turns on, in the order the tracker asks them."""
-    call_rules: list[CallRule] = [
-        CycleRule(detection.max_period, detection.repeats, detection.history, detection.wait_calls)
-    ]
-    if detection.failure_repeats:
-        call_rules.append(FailureRule(detection.failure_repeats))
-    if detection.no_progress_runs:
-        call_rules.append(NoProgressRule(detection.no_progress_runs))
-    if detection.revisits:
-        call_rules.append(RevisitRule(detection.revisits))
-    if detection.circles:
-        call_rules.append(CirclesRule(detection.circles))
-    if detection.runaway_updates:
-        call_rules.append(RunawayRule(detection.runaway_updates))
-    text_rules: list[TextRule] = []
-    if detection.text_steps:
-        steps = StepsRule(detection.text_steps)
-        call_rules.append(steps)  # a new outcome between two texts starts its count again
-        text_rules.append(steps)
-    return call_rules, text_rules
-
-
-@dataclass(frozen=True, slots=True)
-class Fed:
-    """What one frame did: the decisions it led to, and what the shell counts and logs.
-
-    `event_type` is a bounded label (a known type, "other" or "malformed"); `malformed` says
-    why the frame could not be used; `deleted` is the session the frame deleted; `replies`
-    are the permission requests to answer; `spent` what a `message.updated` added to its
-    directory's spend (directory or None, tokens, cost in USD), for the metrics.
-    """
-
-    decisions: tuple[Intervene, ...] = ()
-    event_type: str = OTHER
-    malformed: str | None = None
-    deleted: str | None = None
-    replies: tuple[Reply, ...] = ()
-    spent: tuple[str | None, int, float] | None = None
-    deadlines: tuple[Deadline, ...] = ()  # calls that started running: their time bounds
-
-
-@dataclass(frozen=True, slots=True)
-class Judged:
-    """What the tracker says of a call the plugin asked about (`Tracker.judge`): the plugin's
-    answer, and the decision behind a block or a nudge, for the shell to log and carry out
-    (a `stop` or a hold also aborts the run; a `nudge` posts the feedback)."""
-
-    verdict: PluginVerdict = ALLOW
-    decision: Intervene | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SessionView:
-    """One followed session as `Tracker.sessions_view` shows it (for `status`)."""
-
-    session_id: str
-    directory: str | None
-    # Calls of a run under way are remembered; false once the run ended or an intervention
-    # dropped them.
-    busy: bool
-    run_calls: int  # tool calls of the current run
-    calls: int  # tool calls seen since the session was first seen
-    interventions: int
-    held: bool  # on hold, waiting for a person (`Tracker.outcome`)
 
 
 # Most frames change nothing the shell must act on: one shared result per event type, so the
@@ -315,11 +150,7 @@ class Tracker:
         self.malformed: Counter[str] = Counter()
         # Sessions taken in since the start (one forgotten and seen again counts twice).
         self.sessions_seen = 0
-        # Text and reasoning parts being streamed, by part id, in the order they started.
-        self._streams: dict[str, TextStream] = {}
-        # Deltas that reached parts after a text loop was found in them, counted when each
-        # such part ends: what stopping a text loop late costs.
-        self.chunks_after_detection = 0
+        self.texts = TextStreams(detection.text_repeats)
         # Part ids of ours for the calls the plugin asks about before the stream carries them.
         self._plugin_parts = itertools.count(1)
         # Frames of either server generation become the same events (monitor/core/events_v2.py);
@@ -692,9 +523,7 @@ class Tracker:
             where = usage.directory or self.directory_of(session_id)
             return Fed(event_type=label, spent=(where, tokens, cost))
         session = self._seen(session_id, usage.directory)
-        decision = self._withhold(
-            session, self._decide(session, session_id, reached, usage.message_id)
-        )
+        decision = withhold(session, self._decide(session, session_id, reached, usage.message_id))
         where = session.directory or self._default_directory
         return Fed(() if decision is None else (decision,), label, spent=(where, tokens, cost))
 
@@ -764,9 +593,9 @@ class Tracker:
         awaited = self._awaiting_end.pop(part.part_id, None) if finished else None
         if awaited is not None:
             late = awaited  # the loop found at this call's start, handed over however it ended
-        if late is not None and _own_refusal(part.error):
+        if late is not None and own_refusal(part.error):
             # Unless the plugin's own rule refused the call: that is the loop's block.
-            late = self._refused(session, late)
+            late = refused(session, late)
         # Its first `running` update on the stream: from now its time bound runs (`runaway`).
         starts = (
             part.status == "running"
@@ -775,7 +604,7 @@ class Tracker:
         )
         decision = None if transparent else self._call(session, call, part, seeding)
         if decision is not None and finished and seeding is None and not decision.refused:
-            decision = self._withhold(session, decision)
+            decision = withhold(session, decision)
         nudge = None
         waiting: Deadline | None = None
         call = call or session.call(part.part_id)  # `_call` made it, if it was new
@@ -816,32 +645,6 @@ class Tracker:
         if decisions or deadlines:
             return Fed(decisions, label, deadlines=deadlines)
         return _QUIET[label]
-
-    @staticmethod
-    def _refused(session: SessionRecord, decision: Intervene) -> Intervene:
-        """`decision`, its call refused by the plugin's own rule: this intervention's block."""
-        refused = dataclasses.replace(decision, refused=True)
-        if session.acted is not None and session.acted.decision is decision:
-            session.acted.decision = refused  # its outcome is reported for this one
-        return refused
-
-    @staticmethod
-    def _withhold(session: SessionRecord, decision: Intervene) -> Intervene | None:
-        """A refusal decided after its call ran (the failure it repeats came back, the check
-        that shows no progress, the step that spent the budget), in a session whose plugin
-        asks before every call: nothing is left to refuse, but the session's next call is, in
-        band, with this feedback, and the run goes on (`judge`, `_awaits_refusal`). Kept
-        for that call (None to carry out now); the run ending first releases it
-        (`end_run`). A stop or a hold still stops the run; one pending refusal at a time."""
-        if decision.plan is not Plan.REFUSE or not session.plugin or session.pending is not None:
-            return decision
-        refusal = refusal_after_text(
-            decision.finding, decision.prior_interventions + 1, decision.prior_outcomes
-        )
-        pending = session.pending = dataclasses.replace(decision, refusal=refusal)
-        if session.acted is not None and session.acted.decision is decision:
-            session.acted.decision = pending  # its outcome is reported for this one
-        return None
 
     def _awaits_refusal(self, session: SessionRecord, part: ToolPart, label: str) -> Fed:
         """The stream carries the session's next call before the plugin asks about it (they
@@ -933,7 +736,7 @@ class Tracker:
         if live and armed is not None and finding is not None:
             if (record and call.digest in armed) or (
                 # A stopped failure loop repeats as its failure, whatever the arguments.
-                outcome and isinstance(finding, FailureRun) and _failure(call) in armed
+                outcome and isinstance(finding, FailureRun) and failed_as(call) in armed
             ):
                 return self._decide(session, session_id, finding, part_id, rearm=False)
         for rule in self._call_rules[record, outcome]:
@@ -943,27 +746,11 @@ class Tracker:
         return None
 
     def _delta(self, event: PartDelta) -> Intervene | None:
-        """Rule `text_repeat`, the one rule over a part's deltas as they stream: its state
-        is per part (`TextStream`), not per session."""
-        if not self.detection.text_repeats or event.field != "text":
-            return None
-        stream = self._streams.get(event.part_id)
-        if stream is None:
-            # Its first update was missed (we connected mid-part): judge it from here on.
-            stream = self._stream(event.part_id, "text")
-        found = stream.feed(event.delta)
-        if found is None:
+        finding = self.texts.delta(event)
+        if finding is None:
             return None
         session = self._seen(event.session_id, event.directory)
-        finding = TextPassage(stream.kind, found.units, found.repetitions, found.chunk)
         return self._decide(session, event.session_id, finding, event.part_id)
-
-    def _stream(self, part_id: str, kind: str) -> TextStream:
-        streams = self._streams
-        if len(streams) >= MAX_STREAMING_PARTS:
-            del streams[next(iter(streams))]
-        stream = streams[part_id] = TextStream(kind, self.detection.text_repeats)
-        return stream
 
     def _text_part(self, part: TextPart) -> Intervene | None:
         held = self._sessions.get(part.session_id)
@@ -974,14 +761,8 @@ class Tracker:
             and not part.text.startswith(MARKS)
         ):
             held.held = None  # a person wrote: the hold is over
-        if not part.ended:
-            if part.started and self.detection.text_repeats and part.part_id not in self._streams:
-                self._stream(part.part_id, part.kind)
-            return None
-        stream = self._streams.pop(part.part_id, None)
-        if stream is not None and stream.found is not None:
-            self.chunks_after_detection += stream.chunks - stream.found.chunk
-        if not self._text_rules:
+        self.texts.part(part)
+        if not part.ended or not self._text_rules:
             return None
         session = self._sessions.get(part.session_id)
         for rule in self._text_rules:
@@ -1000,102 +781,13 @@ class Tracker:
         part_id: str,
         rearm: bool = True,
     ) -> Intervene:
-        """The one way a finding becomes a decision, whichever rule found it.
-
-        One loop, one intervention: a finding of the same calls as the intervention that
-        stands in this run, while it is being stopped or within the same model step (a burst
-        of identical calls in one step is one loop), is that intervention again (`DEFER`):
-        its call is refused where it asks, and the ladder does not climb. A new loop, or the
-        same one in a later step after a refusal or a nudge, climbs.
-        """
-        # Only loops of repeated calls name their calls (by digest): text, progress and
-        # budget findings name none to refuse again, and are never the same loop.
-        repeats = isinstance(finding, CallCycle | EndlessWait | FailureRun | DoomLoop)
-        found_on = session.call(part_id)
-        refused = found_on is not None and _own_refusal(found_on.error)
-        loop: frozenset[int] | None = None
-        if repeats:
-            if rearm:
-                loop = frozenset(session.block(finding.shape()[0]))
-                failed = found_on if isinstance(finding, FailureRun) else None
-                how = None if failed is None else _failure(failed)
-                if how is not None:
-                    loop |= {how}  # and how it failed: that failure is the loop too
-            else:
-                loop = session.armed
-        # Later updates of the parts already recorded must not fire again, so the history
-        # and the rules' state start over; the calls in flight stay to keep recognising those
-        # parts, and their outcomes (the abort ends them in error) are not taken. Under
-        # input+output no call is recorded before its outcome: none is cut.
-        session.restart()
-        if self._record_at_running:
-            for call in (session.in_flight or {}).values():
-                advance(call, CallEvent.CUT)
-        acted = session.acted
-        if loop and acted is not None and acted.same(loop, session.step):
-            return dataclasses.replace(
-                acted.decision,
-                part_id=part_id,
-                call_index=session.calls,
-                plan=Plan.DEFER,
-                refused=refused,
-            )
-        if repeats:
-            runs = self.detection.armed_runs
-            if rearm:
-                session.arm(tuple(loop or ()), finding, runs)
-            else:
-                session.armed_runs = runs  # armed again for this run and the next
-        session.intervened_part = part_id
-        prior = session.interventions
-        session.interventions += 1
-        detection = self.detection
-        step = rung(detection.on_loop, detection.max_interventions, detection.first_action, prior)
-        if step.plan == Plan.NUDGE and isinstance(finding, RunawayCall | TextPassage):
-            # A nudge is read at the model's next step, which a call that does not end, or a
-            # part that repeats itself until its token limit, does not reach: only the abort
-            # stops these, whatever the first action.
-            step = dataclasses.replace(step, action=Action.STOP, plan=Plan.STOP)
-        if step.plan == Plan.NUDGE:
-            feedback = nudge_text(finding, prior + 1)
-        else:
-            feedback = feedback_text(finding, step.hold, prior + 1, session.outcomes)
-        refusal = rejection_text(finding, step.hold, prior + 1, session.outcomes)
-        decision = Intervene(
-            session_id=session_id,
-            directory=session.directory or self._default_directory,
-            finding=finding,
-            part_id=part_id,
-            call_index=session.calls,
-            prior_interventions=prior,
-            hold=step.hold,
-            escalated=step.escalated,
-            feedback=feedback,
-            action=step.action,
-            plan=step.plan,
-            refusal=refusal,
-            run=session.runs,
-            prior_outcomes=session.outcomes,
-            refused=refused,
-        )
-        if loop:
-            session.acted = Acted(decision, loop, session.step)
-        return decision
+        directory = self._default_directory
+        return decide(session, session_id, finding, part_id, self.detection, directory, rearm)
 
 
 _FINISHED = ("completed", "error")
 _RECORDS = (Step.RECORD, Step.RECORD_TAKE)
 _TAKES = (Step.TAKE, Step.RECORD_TAKE)
-
-
-def _own_refusal(error: object) -> bool:
-    """Whether a call's error is the plugin's own refusal (no monitor answered it)."""
-    return isinstance(error, str) and error.startswith(OWN_REFUSAL)
-
-
-def _failure(call: Call) -> int | None:
-    """How a finished call failed (`failure_digest`), None if it did not."""
-    return failure_digest(call.tool, call.status, call.output, call.error, call.metadata)
 
 
 def _judged(decision: Intervene | None) -> Judged:

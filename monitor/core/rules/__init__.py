@@ -29,7 +29,7 @@ for outcomes, and a re-sent one nothing in the rules that do not read them.
 
 A next rule is one module here with a class that follows `CallRule` or `TextRule`, made from
 its own settings; one field of `Detection`, one finding class (monitor/core/findings.py), and
-one line in `rules_of` (monitor/core/tracker.py) that makes it from that field, or leaves it
+one line in `rules_of` (monitor/core/detection.py) that makes it from that field, or leaves it
 out when the setting turns it off.
 """
 

@@ -1,0 +1,163 @@
+"""The plan: how a finding becomes a decision (`decide`), whichever rule found it.
+
+From the finding and what the session's record says (the intervention that stands for this
+run, the ladder's rung, whether the plugin asks, whether its own rule refused the call) to
+one `Intervene` with its plan, its feedback and its refusal text. What the shell does with
+it is the intervention's life (monitor/core/intervention.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from monitor.core.calls import CallEvent, advance
+from monitor.core.decisions import Action, Intervene, Plan
+from monitor.core.detection import Detection
+from monitor.core.feedback import (
+    OWN_REFUSAL,
+    feedback_text,
+    nudge_text,
+    refusal_after_text,
+    rejection_text,
+)
+from monitor.core.findings import (
+    CallCycle,
+    DoomLoop,
+    EndlessWait,
+    FailureRun,
+    Finding,
+    RunawayCall,
+    TextPassage,
+)
+from monitor.core.ladder import rung
+from monitor.core.rules.failure import failure_digest
+from monitor.core.session import Acted, Call, SessionRecord
+
+__all__ = ["decide", "failed_as", "own_refusal", "refused", "withhold"]
+
+
+def decide(
+    session: SessionRecord,
+    session_id: str,
+    finding: Finding,
+    part_id: str,
+    detection: Detection,
+    directory: str | None,
+    rearm: bool = True,
+) -> Intervene:
+    """The one way a finding becomes a decision, whichever rule found it.
+
+    One loop, one intervention: a finding of the same calls as the intervention that
+    stands in this run, while it is being stopped or within the same model step (a burst
+    of identical calls in one step is one loop), is that intervention again (`DEFER`):
+    its call is refused where it asks, and the ladder does not climb. A new loop, or the
+    same one in a later step after a refusal or a nudge, climbs.
+    """
+    # Only loops of repeated calls name their calls (by digest): text, progress and
+    # budget findings name none to refuse again, and are never the same loop.
+    repeats = isinstance(finding, CallCycle | EndlessWait | FailureRun | DoomLoop)
+    found_on = session.call(part_id)
+    refused = found_on is not None and own_refusal(found_on.error)
+    loop: frozenset[int] | None = None
+    if repeats:
+        if rearm:
+            loop = frozenset(session.block(finding.shape()[0]))
+            failed = found_on if isinstance(finding, FailureRun) else None
+            how = None if failed is None else failed_as(failed)
+            if how is not None:
+                loop |= {how}  # and how it failed: that failure is the loop too
+        else:
+            loop = session.armed
+    # Later updates of the parts already recorded must not fire again, so the history
+    # and the rules' state start over; the calls in flight stay to keep recognising those
+    # parts, and their outcomes (the abort ends them in error) are not taken. Under
+    # input+output no call is recorded before its outcome: none is cut.
+    session.restart()
+    if detection.match == "input":
+        for call in (session.in_flight or {}).values():
+            advance(call, CallEvent.CUT)
+    acted = session.acted
+    if loop and acted is not None and acted.same(loop, session.step):
+        return dataclasses.replace(
+            acted.decision,
+            part_id=part_id,
+            call_index=session.calls,
+            plan=Plan.DEFER,
+            refused=refused,
+        )
+    if repeats:
+        runs = detection.armed_runs
+        if rearm:
+            session.arm(tuple(loop or ()), finding, runs)
+        else:
+            session.armed_runs = runs  # armed again for this run and the next
+    session.intervened_part = part_id
+    prior = session.interventions
+    session.interventions += 1
+    step = rung(detection.on_loop, detection.max_interventions, detection.first_action, prior)
+    if step.plan == Plan.NUDGE and isinstance(finding, RunawayCall | TextPassage):
+        # A nudge is read at the model's next step, which a call that does not end, or a
+        # part that repeats itself until its token limit, does not reach: only the abort
+        # stops these, whatever the first action.
+        step = dataclasses.replace(step, action=Action.STOP, plan=Plan.STOP)
+    if step.plan == Plan.NUDGE:
+        feedback = nudge_text(finding, prior + 1)
+    else:
+        feedback = feedback_text(finding, step.hold, prior + 1, session.outcomes)
+    refusal = rejection_text(finding, step.hold, prior + 1, session.outcomes)
+    decision = Intervene(
+        session_id=session_id,
+        directory=session.directory or directory,
+        finding=finding,
+        part_id=part_id,
+        call_index=session.calls,
+        prior_interventions=prior,
+        hold=step.hold,
+        escalated=step.escalated,
+        feedback=feedback,
+        action=step.action,
+        plan=step.plan,
+        refusal=refusal,
+        run=session.runs,
+        prior_outcomes=session.outcomes,
+        refused=refused,
+    )
+    if loop:
+        session.acted = Acted(decision, loop, session.step)
+    return decision
+
+
+def refused(session: SessionRecord, decision: Intervene) -> Intervene:
+    """`decision`, its call refused by the plugin's own rule: this intervention's block."""
+    refused = dataclasses.replace(decision, refused=True)
+    if session.acted is not None and session.acted.decision is decision:
+        session.acted.decision = refused  # its outcome is reported for this one
+    return refused
+
+
+def withhold(session: SessionRecord, decision: Intervene) -> Intervene | None:
+    """A refusal decided after its call ran (the failure it repeats came back, the check
+    that shows no progress, the step that spent the budget), in a session whose plugin
+    asks before every call: nothing is left to refuse, but the session's next call is, in
+    band, with this feedback, and the run goes on (`Tracker.judge`, `Tracker._awaits_refusal`). Kept
+    for that call (None to carry out now); the run ending first releases it
+    (`Tracker.end_run`). A stop or a hold still stops the run; one pending refusal at a time."""
+    if decision.plan is not Plan.REFUSE or not session.plugin or session.pending is not None:
+        return decision
+    refusal = refusal_after_text(
+        decision.finding, decision.prior_interventions + 1, decision.prior_outcomes
+    )
+    pending = session.pending = dataclasses.replace(decision, refusal=refusal)
+    if session.acted is not None and session.acted.decision is decision:
+        session.acted.decision = pending  # its outcome is reported for this one
+    return None
+
+
+def own_refusal(error: object) -> bool:
+    """Whether a call's error is the plugin's own refusal (no monitor answered it)."""
+    return isinstance(error, str) and error.startswith(OWN_REFUSAL)
+
+
+def failed_as(call: Call) -> int | None:
+    """How a finished call failed (`failure_digest`), None if it did not."""
+    return failure_digest(call.tool, call.status, call.output, call.error, call.metadata)
