@@ -70,7 +70,8 @@ async def test_slow_server_delays_but_never_aborts_twice():
     with capture_logs() as logs, loop_clock() as clock:
         running = await start(fake, timing)
         server, watch, _ = running
-        await wait_for(fake.live_connected.is_set)
+        # The resync's reads go first: they need the pool the test is about to take.
+        await wait_for(lambda: events(logs, "stream.resynced"))
         http = watch.api._http
         limit = http.connector.limit
 

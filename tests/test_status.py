@@ -119,9 +119,9 @@ def test_status_without_a_monitor_exits_69(capsys):
 async def test_status_of_10000_sessions_is_bounded_cached_and_rate_limited():
     import time
 
+    from monitor.core.status_view import STATUS_SESSIONS_MAX
     from monitor.shell import metrics as metrics_module
     from monitor.shell.metrics import STATUS_RATE
-    from monitor.shell.watch import STATUS_SESSIONS_MAX
 
     settings = load_settings(
         {"url": "http://127.0.0.1:9", "metrics_addr": "127.0.0.1:0"}, {}, isatty=False

@@ -605,7 +605,7 @@ async def test_escalation_counts_the_interventions_of_an_earlier_monitor():
 async def test_resync_of_many_directories_asks_concurrently_within_the_bound():
     import dataclasses
 
-    from monitor.shell.watch import RESYNC_CONCURRENCY
+    from monitor.shell.resync import RESYNC_CONCURRENCY
 
     @dataclasses.dataclass
     class Slow(FakeOpencode):

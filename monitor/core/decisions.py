@@ -40,7 +40,7 @@ class Action(enum.StrEnum):
     `nudge` posts the feedback as a `noReply` message and lets the call and the run go on;
     `block` stops the call before it runs (the plugin throws, the permission request is
     refused) and lets the run go on (found after its call ran: the session's next call,
-    `Tracker._withhold`), or, where no call can be blocked, stops the run as `stop` does;
+    `plan.withhold`), or, where no call can be blocked, stops the run as `stop` does;
     `stop` aborts the run, then posts the feedback. A hold is a `stop` whose
     feedback waits for a person (`Intervene.hold`).
     """
@@ -51,7 +51,7 @@ class Action(enum.StrEnum):
 
 
 class Plan(enum.StrEnum):
-    """What the shell does about a decision, made in the core (`Tracker._decide`): the shell
+    """What the shell does about a decision, made in the core (`plan.decide`): the shell
     carries it out by the channel it has and never works it out again.
 
     Where the loop's call asks first (the plugin, a permission request) it is refused with

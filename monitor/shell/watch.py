@@ -15,10 +15,10 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TextIO, TypeVar
+from typing import Protocol, TextIO, TypeVar
 
 import aiohttp
 import structlog
@@ -27,8 +27,6 @@ from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
 from monitor.core.budget import Budget
 from monitor.core.decisions import Deadline, Intervene, Outcome, Plan
-from monitor.core.export import current_run, export_frames, feedback_count, held_in
-from monitor.core.feedback import clean_tool_name
 from monitor.core.frames import encode_sse
 from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, RequestRefused
 from monitor.core.profile import transparent_tools
@@ -36,9 +34,8 @@ from monitor.core.resync import (
     directories_to_ask,
     finished_calls,
     missed_by_stream,
-    plan_resync,
-    recent_sessions,
 )
+from monitor.core.status_view import sessions_status
 from monitor.core.tracker import Detection, Fed, Tracker
 from monitor.errors import ConfigError, ServerError, SessionGone
 from monitor.shell.acting import POLL_S as TAKEOVER_POLL_S
@@ -62,6 +59,7 @@ from monitor.shell.diagnosis import directory_known
 from monitor.shell.logs import LoopErrors, Throttle, configure_logging
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
+from monitor.shell.resync import Resync, bounded
 from monitor.shell.stream import (
     READ_BUFSIZE,
     READ_TIMEOUT_S,
@@ -80,10 +78,6 @@ DRAIN_S = 3.0
 WEBHOOK_DRAIN_S = 1.0
 MALFORMED_LOG_EVERY_S = 10.0
 REFUSED_LOG_EVERY_S = 10.0
-# /status lists at most this many sessions (its totals count them all), so its body stays
-# small and quick to build whatever the server runs.
-STATUS_SESSIONS_MAX = 100
-DIRECTORY_MAX = 256
 # While runs are under way, a stream that brought no event but heartbeats for SILENCE_S is
 # checked against the server (its busy sessions, their finished calls) every SILENCE_S / 2,
 # and dropped, so resynced, when the server has what the stream did not bring. At most
@@ -94,13 +88,6 @@ SILENCE_S = 30.0
 OWN_REFUSAL_WAIT_S = 1.0
 CHECK_SESSIONS_MAX = 64
 QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
-# Requests a resync has under way at once: 10,000 directories asked one by one took 4.8 s;
-# all at once would take every connection of the pool from the aborts.
-RESYNC_CONCURRENCY = 16
-# An idle session is read back (at start, up to --max-sessions of them) from its newest this
-# many messages: its recent interventions and whether it is held are there, and a whole record
-# can be megabytes.
-RECENT_HISTORY = 200
 
 
 def log_fields(detection: Detection) -> dict[str, object]:
@@ -119,23 +106,6 @@ def log_fields(detection: Detection) -> dict[str, object]:
 
 
 T = TypeVar("T")
-
-
-async def bounded(calls: Iterable[Awaitable[T]], limit: int = RESYNC_CONCURRENCY) -> list[T]:
-    """Await `calls` at most `limit` at a time, their results in order; the first failure
-    cancels the rest and is raised."""
-    gate = asyncio.Semaphore(limit)
-
-    async def one(call: Awaitable[T]) -> T:
-        async with gate:
-            return await call
-
-    tasks = [asyncio.ensure_future(one(call)) for call in calls]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for task in tasks:
-            task.cancel()
 
 
 def http_session(settings: Settings) -> aiohttp.ClientSession:
@@ -467,6 +437,16 @@ class Watch:
                 clock=self.timing.clock,
                 plugin_elsewhere=self._plugin_elsewhere,
             )
+            self.resync = Resync(
+                self.api,
+                self.tracker,
+                settings,
+                self.scope.only_session,
+                self.interventions,
+                self._carry_out,
+                self._take,
+                self._deadline,
+            )
             stream = self._stream = EventStream(
                 http,
                 stream_url(settings.url, settings.directory),
@@ -635,30 +615,6 @@ class Watch:
             state = "reconnecting"
         else:
             state = "connecting"
-        views = self.tracker.sessions_view()
-        states = {
-            view.session_id: "held" if view.held else ("busy" if view.busy else "idle")
-            for view in views
-        }
-        # Bounded whatever the count: held sessions first, then busy ones, then idle ones.
-        shown = [
-            view
-            for rank in ("held", "busy", "idle")
-            for view in views
-            if states[view.session_id] == rank
-        ][:STATUS_SESSIONS_MAX]
-        sessions = [
-            {
-                "session_id": view.session_id,
-                "directory": None
-                if view.directory is None
-                else clean_tool_name(view.directory, DIRECTORY_MAX),
-                "state": states[view.session_id],
-                "run_calls": view.run_calls,
-                "interventions": view.interventions,
-            }
-            for view in shown
-        ]
         return {
             "version": __version__,
             "url": public_url(self.settings.url),
@@ -672,14 +628,7 @@ class Watch:
                 # Which server the last connect found, and so which API and stream.
                 "server": None if self.server is None else self.server.describe(),
             },
-            "totals": {
-                "sessions": len(views),
-                "busy": sum(state == "busy" for state in states.values()),
-                "held": sum(view.held for view in views),
-                "interventions": sum(view.interventions for view in views),
-            },
-            "sessions": sessions,
-            "sessions_omitted": len(views) - len(sessions),
+            **sessions_status(self.tracker.sessions_view()),
             "plugins": {
                 "endpoint": None if self.plugin_server is None else self._plugin_address(),
                 "refused": self.plugin_stats.refused,
@@ -739,35 +688,6 @@ class Watch:
             stream=public_url(url),
             changed=before is not None,
         )
-
-    async def _replay_engine_sessions(self, sessions: Iterable[str]) -> tuple[int, set[str]]:
-        """New-engine sessions keep their events: what came while we were away is read from
-        each one's last durable seq on and fed as if live (the adapter drops what the stream
-        brings again). Of `sessions` (those running before or busy now, as the classic
-        read-back), the new-engine ones we followed. How many events, and the sessions
-        whose history could not be read: those are read back from their messages instead."""
-        adapter = self.tracker.adapter
-        asked = [(s, after) for s in sessions if (after := adapter.last_seq(s)) is not None]
-        failed: set[str] = set()
-
-        async def history(session_id: str, after: int) -> list[dict[str, Any]]:
-            try:
-                return await self.api.history(session_id, after)
-            except SessionGone:
-                self.tracker.forget(session_id)
-            except ServerError as exc:
-                # Issue 33: a history answering 500 lost the calls made while we were away,
-                # and with them a loop they completed; the message list still has them.
-                log.warning("session.replay_failed", session_id=session_id, error=str(exc))
-                failed.add(session_id)
-            return []
-
-        # Read at once, concurrently, then fed in order: the stream's frames wait meanwhile.
-        answers = await bounded(history(session_id, after) for session_id, after in asked)
-        for events in answers:
-            for event in events:
-                self._take(self.tracker.feed(event))
-        return sum(map(len, answers)), failed
 
     async def _on_connect(self) -> None:
         self._say_server()
@@ -855,139 +775,9 @@ class Watch:
         self.notifier.status(f"reconnecting: {reason}")
 
     async def _resync(self, first: bool) -> None:
-        """Events missed while away are gone: rebuild every run from the server's record.
-
-        `monitor.core.resync` plans it; this asks the server and carries the plan out.
-        """
+        """Events missed while away are gone: rebuild every run from the server's record
+        (`monitor.shell.resync`), unless the followed session is gone."""
         if not await self.scope.still_there(self.api):
             self._stop.set()
             return
-        tracker = self.tracker
-        directories = list(directories_to_ask(tracker.running(), self.settings.directory))
-        busy: dict[str, str | None] = {}
-        try:
-            answers = await bounded(self.api.busy_sessions(where) for where in directories)
-            for directory, sessions in zip(directories, answers, strict=True):
-                busy.update(dict.fromkeys(sessions, directory))
-        except ServerError as exc:
-            # Without an answer we cannot tell finished runs from live ones: keep them all.
-            log.warning("stream.resync_failed", error=str(exc))
-            return
-        only = self.scope.only_session
-        plan = plan_resync(
-            busy,
-            tracker.known(),
-            None if only is None else {only},
-            [session_id for session_id in busy if self.interventions.acting_on(session_id)],
-        )
-        running = tracker.running()
-        # A refusal that waited in a run found over is released to be carried out late.
-        self._carry_out(Fed(tuple(tracker.end_runs(plan.end_runs))))
-        # Read back at once, concurrently: the stream's frames wait in the socket meanwhile.
-        # A new-engine session we followed is replayed from its last seq instead.
-        replayed, unreplayed = await self._replay_engine_sessions({*running, *busy})
-        read_back = [
-            (s, w)
-            for s, w in plan.read_back
-            if tracker.adapter.last_seq(s) is None or s in unreplayed
-        ]
-        seeded = sum(await bounded(self._seed(session, where) for session, where in read_back))
-        pending = await self._read_back_permissions(
-            directories_to_ask(busy, self.settings.directory)
-        )
-        held = await self._read_back_held(busy, first)
-        log.info(
-            "stream.resynced",
-            busy=len(busy),
-            seeded=seeded,
-            replayed=replayed,
-            pending_permissions=pending,
-            held=held,
-        )
-
-    async def _read_back_held(self, busy: dict[str, str | None], first: bool) -> int:
-        """Held sessions are idle, so the busy ones' read-back misses them: read back those we
-        hold (a person may have written while we were away) and, at start, the most recently
-        updated sessions, as many as the session table holds (held before a restart, or with
-        an earlier process's interventions the ladder must count). How many are held."""
-        candidates = {
-            session_id: where
-            for session_id, where in self.tracker.held().items()
-            if session_id not in busy and not self.interventions.acting_on(session_id)
-        }
-        if first and self.scope.only_session is None:
-            try:
-                listed = await self.api.sessions(self.settings.directory)
-            except ServerError as exc:
-                log.warning("session.list_failed", error=str(exc))
-                listed = []
-            for session_id, where in recent_sessions(
-                listed, self.settings.max_sessions, self.settings.directory
-            ).items():
-                if session_id not in busy:
-                    candidates.setdefault(session_id, where)
-        await bounded(self._read_hold(session, where) for session, where in candidates.items())
-        return self.tracker.held_sessions
-
-    async def _read_hold(self, session_id: str, directory: str | None) -> None:
-        """Whether an idle session waits for a person, and how often it was intervened in,
-        from its messages: an idle session that a restart found between two loops continues
-        the ladder where it was."""
-        try:
-            messages = await self.api.messages(session_id, directory, last=RECENT_HISTORY)
-        except SessionGone:
-            self.tracker.forget(session_id)
-            return
-        except ServerError as exc:
-            log.warning("session.read_back_failed", session_id=session_id, error=str(exc))
-            return
-        held, interventions = held_in(messages), feedback_count(messages)
-        if held or interventions or session_id in self.tracker.held():
-            self.tracker.seed(session_id, (), directory, interventions, held)
-
-    async def _read_back_permissions(self, directories: Iterable[str | None]) -> int:
-        """The stream does not replay permission requests made while we were away: read the
-        pending ones back (after the runs are seeded, so a loop's call is known as one) and
-        answer them under the same rules. Their number."""
-        if self.tracker.detection.permissions == "off":
-            return 0
-        count = 0
-        for directory in directories:
-            try:
-                requests = await self.api.pending_permissions(directory)
-            except ServerError as exc:
-                log.warning("permission.read_back_failed", error=str(exc))
-                continue
-            for request in requests:
-                frame = {"type": "permission.asked", "properties": request}
-                if directory is not None:
-                    frame = {"directory": directory, "payload": frame}
-                fed = self.tracker.feed(frame)
-                count += fed.event_type == "permission.asked" and fed.malformed is None
-                self._carry_out(fed)
-        return count
-
-    async def _seed(self, session_id: str, directory: str | None) -> int:
-        """Seed one busy session's current run from its messages; 1 if it was seeded."""
-        try:
-            messages = await self.api.messages(session_id, directory)
-        except SessionGone:
-            self.tracker.forget(session_id)
-            return 0
-        except ServerError as exc:
-            log.warning("session.seed_failed", session_id=session_id, error=str(exc))
-            return 0
-        frames = list(export_frames(current_run(messages)))
-        decisions = self.tracker.seed(
-            session_id, frames, directory, feedback_count(messages), held_in(messages)
-        )
-        log.info(
-            "session.seeded",
-            session_id=session_id,
-            calls=sum(isinstance(frame, dict) for frame in frames),
-            loop=bool(decisions),
-        )
-        for deadline in self.tracker.read_back_deadlines(session_id):
-            self._deadline(deadline)
-        self._carry_out(Fed(tuple(decisions)))
-        return 1
+        await self.resync.run(first)

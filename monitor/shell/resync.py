@@ -1,0 +1,243 @@
+"""After every connect: the resync. Events missed while away are gone, so every run is
+rebuilt from the server's record (`monitor.core.resync` plans it; this asks the server and
+carries the plan out): the busy sessions read back, new-engine sessions replayed from their
+history, pending permission requests answered, held sessions read again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+import structlog
+
+from monitor.config import Settings
+from monitor.core.decisions import Deadline
+from monitor.core.export import current_run, export_frames, feedback_count, held_in
+from monitor.core.fed import Fed
+from monitor.core.resync import directories_to_ask, plan_resync, recent_sessions
+from monitor.core.tracker import Tracker
+from monitor.errors import ServerError, SessionGone
+from monitor.shell.actions import Interventions
+from monitor.shell.api_v2 import EngineAPI
+
+__all__ = ["RECENT_HISTORY", "RESYNC_CONCURRENCY", "Resync", "bounded"]
+
+log = structlog.get_logger("monitor.shell.resync")
+
+T = TypeVar("T")
+
+# Requests a resync has under way at once: 10,000 directories asked one by one took 4.8 s;
+# all at once would take every connection of the pool from the aborts.
+RESYNC_CONCURRENCY = 16
+# An idle session is read back (at start, up to --max-sessions of them) from its newest this
+# many messages: its recent interventions and whether it is held are there, and a whole record
+# can be megabytes.
+RECENT_HISTORY = 200
+
+
+async def bounded(calls: Iterable[Awaitable[T]], limit: int = RESYNC_CONCURRENCY) -> list[T]:
+    """Await `calls` at most `limit` at a time, their results in order; the first failure
+    cancels the rest and is raised."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Awaitable[T]) -> T:
+        async with gate:
+            return await call
+
+    tasks = [asyncio.ensure_future(one(call)) for call in calls]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+class Resync:
+    """One monitor's resync; `carry_out`, `take` and `deadline` are the watch's own paths
+    for what the read-back decides (so it is logged, counted and carried out as live)."""
+
+    def __init__(
+        self,
+        api: EngineAPI,
+        tracker: Tracker,
+        settings: Settings,
+        only_session: str | None,
+        interventions: Interventions,
+        carry_out: Callable[[Fed], None],
+        take: Callable[[Fed], None],
+        deadline: Callable[[Deadline], None],
+    ) -> None:
+        self._api = api
+        self._tracker = tracker
+        self._settings = settings
+        self._only_session = only_session
+        self._interventions = interventions
+        self._carry_out = carry_out
+        self._take = take
+        self._deadline = deadline
+
+    async def _replay_engine_sessions(self, sessions: Iterable[str]) -> tuple[int, set[str]]:
+        """New-engine sessions keep their events: what came while we were away is read from
+        each one's last durable seq on and fed as if live (the adapter drops what the stream
+        brings again). Of `sessions` (those running before or busy now, as the classic
+        read-back), the new-engine ones we followed. How many events, and the sessions
+        whose history could not be read: those are read back from their messages instead."""
+        adapter = self._tracker.adapter
+        asked = [(s, after) for s in sessions if (after := adapter.last_seq(s)) is not None]
+        failed: set[str] = set()
+
+        async def history(session_id: str, after: int) -> list[dict[str, Any]]:
+            try:
+                return await self._api.history(session_id, after)
+            except SessionGone:
+                self._tracker.forget(session_id)
+            except ServerError as exc:
+                # Issue 33: a history answering 500 lost the calls made while we were away,
+                # and with them a loop they completed; the message list still has them.
+                log.warning("session.replay_failed", session_id=session_id, error=str(exc))
+                failed.add(session_id)
+            return []
+
+        # Read at once, concurrently, then fed in order: the stream's frames wait meanwhile.
+        answers = await bounded(history(session_id, after) for session_id, after in asked)
+        for events in answers:
+            for event in events:
+                self._take(self._tracker.feed(event))
+        return sum(map(len, answers)), failed
+
+    async def run(self, first: bool) -> None:
+        """Events missed while away are gone: rebuild every run from the server's record.
+
+        `monitor.core.resync` plans it; this asks the server and carries the plan out.
+        """
+        tracker = self._tracker
+        directories = list(directories_to_ask(tracker.running(), self._settings.directory))
+        busy: dict[str, str | None] = {}
+        try:
+            answers = await bounded(self._api.busy_sessions(where) for where in directories)
+            for directory, sessions in zip(directories, answers, strict=True):
+                busy.update(dict.fromkeys(sessions, directory))
+        except ServerError as exc:
+            # Without an answer we cannot tell finished runs from live ones: keep them all.
+            log.warning("stream.resync_failed", error=str(exc))
+            return
+        only = self._only_session
+        plan = plan_resync(
+            busy,
+            tracker.known(),
+            None if only is None else {only},
+            [session_id for session_id in busy if self._interventions.acting_on(session_id)],
+        )
+        running = tracker.running()
+        # A refusal that waited in a run found over is released to be carried out late.
+        self._carry_out(Fed(tuple(tracker.end_runs(plan.end_runs))))
+        # Read back at once, concurrently: the stream's frames wait in the socket meanwhile.
+        # A new-engine session we followed is replayed from its last seq instead.
+        replayed, unreplayed = await self._replay_engine_sessions({*running, *busy})
+        read_back = [
+            (s, w)
+            for s, w in plan.read_back
+            if tracker.adapter.last_seq(s) is None or s in unreplayed
+        ]
+        seeded = sum(await bounded(self._seed(session, where) for session, where in read_back))
+        pending = await self._read_back_permissions(
+            directories_to_ask(busy, self._settings.directory)
+        )
+        held = await self._read_back_held(busy, first)
+        log.info(
+            "stream.resynced",
+            busy=len(busy),
+            seeded=seeded,
+            replayed=replayed,
+            pending_permissions=pending,
+            held=held,
+        )
+
+    async def _read_back_held(self, busy: dict[str, str | None], first: bool) -> int:
+        """Held sessions are idle, so the busy ones' read-back misses them: read back those we
+        hold (a person may have written while we were away) and, at start, the most recently
+        updated sessions, as many as the session table holds (held before a restart, or with
+        an earlier process's interventions the ladder must count). How many are held."""
+        candidates = {
+            session_id: where
+            for session_id, where in self._tracker.held().items()
+            if session_id not in busy and not self._interventions.acting_on(session_id)
+        }
+        if first and self._only_session is None:
+            try:
+                listed = await self._api.sessions(self._settings.directory)
+            except ServerError as exc:
+                log.warning("session.list_failed", error=str(exc))
+                listed = []
+            for session_id, where in recent_sessions(
+                listed, self._settings.max_sessions, self._settings.directory
+            ).items():
+                if session_id not in busy:
+                    candidates.setdefault(session_id, where)
+        await bounded(self._read_hold(session, where) for session, where in candidates.items())
+        return self._tracker.held_sessions
+
+    async def _read_hold(self, session_id: str, directory: str | None) -> None:
+        """Whether an idle session waits for a person, and how often it was intervened in,
+        from its messages: an idle session that a restart found between two loops continues
+        the ladder where it was."""
+        try:
+            messages = await self._api.messages(session_id, directory, last=RECENT_HISTORY)
+        except SessionGone:
+            self._tracker.forget(session_id)
+            return
+        except ServerError as exc:
+            log.warning("session.read_back_failed", session_id=session_id, error=str(exc))
+            return
+        held, interventions = held_in(messages), feedback_count(messages)
+        if held or interventions or session_id in self._tracker.held():
+            self._tracker.seed(session_id, (), directory, interventions, held)
+
+    async def _read_back_permissions(self, directories: Iterable[str | None]) -> int:
+        """The stream does not replay permission requests made while we were away: read the
+        pending ones back (after the runs are seeded, so a loop's call is known as one) and
+        answer them under the same rules. Their number."""
+        if self._tracker.detection.permissions == "off":
+            return 0
+        count = 0
+        for directory in directories:
+            try:
+                requests = await self._api.pending_permissions(directory)
+            except ServerError as exc:
+                log.warning("permission.read_back_failed", error=str(exc))
+                continue
+            for request in requests:
+                frame = {"type": "permission.asked", "properties": request}
+                if directory is not None:
+                    frame = {"directory": directory, "payload": frame}
+                fed = self._tracker.feed(frame)
+                count += fed.event_type == "permission.asked" and fed.malformed is None
+                self._carry_out(fed)
+        return count
+
+    async def _seed(self, session_id: str, directory: str | None) -> int:
+        """Seed one busy session's current run from its messages; 1 if it was seeded."""
+        try:
+            messages = await self._api.messages(session_id, directory)
+        except SessionGone:
+            self._tracker.forget(session_id)
+            return 0
+        except ServerError as exc:
+            log.warning("session.seed_failed", session_id=session_id, error=str(exc))
+            return 0
+        frames = list(export_frames(current_run(messages)))
+        decisions = self._tracker.seed(
+            session_id, frames, directory, feedback_count(messages), held_in(messages)
+        )
+        log.info(
+            "session.seeded",
+            session_id=session_id,
+            calls=sum(isinstance(frame, dict) for frame in frames),
+            loop=bool(decisions),
+        )
+        for deadline in self._tracker.read_back_deadlines(session_id):
+            self._deadline(deadline)
+        self._carry_out(Fed(tuple(decisions)))
+        return 1
