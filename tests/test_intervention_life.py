@@ -129,13 +129,14 @@ RECORD = run_record("ses_1", 4, prefix="prt_")  # the loop's calls, nothing of a
 def test_a_loop_found_is_checked_aborted_then_told_after_a_stagger() -> None:
     found, turn = life.found(loop(Plan.STOP), dry_run=False)
     assert found is not None
-    assert [event for event, _ in outcomes(turn)] == ["loop.detected"]
+    [(event, detected)] = outcomes(turn)
+    assert (event, detected["plan"], detected["channel"]) == ("loop.detected", "stop", "abort")
     assert turn.command == ReadRecent(found.decision, life.RECENT_MESSAGES, 0.0)
     turn = found.feed(Read(RECORD))
     assert turn == Turn((), Abort("ses_1", "/w"))
     turn = found.feed(Sent(Result.OK, ms=7.5))
     fields = only_outcome(turn)
-    assert (fields["outcome"], fields["abort_ms"], fields["plan"]) == ("aborted", 7.5, "stop")
+    assert (fields["outcome"], fields["abort_ms"], fields["channel"]) == ("aborted", 7.5, "abort")
     assert turn.command == ReadRecent(found.decision, life.RECENT_MESSAGES, staggered=True)
     turn = found.feed(Read(RECORD))
     assert turn.command == Post("ses_1", "/w", MARK + "held", False, "prt_4")
@@ -269,7 +270,8 @@ def request(plan: Plan = Plan.REFUSE, wait: float = 0.0, **changes: object) -> R
 def test_a_refused_request_is_the_whole_intervention_of_a_block() -> None:
     found, turn = life.request(request())
     assert found is not None
-    assert outcomes(turn)[0][1]["request_id"] == "per_1"
+    [(_, detected)] = outcomes(turn)
+    assert (detected["request_id"], detected["channel"]) == ("per_1", "permission")
     assert turn.command == Answer(request())
     turn = found.feed(Sent(Result.OK, ms=3.0))
     fields = only_outcome(turn)
@@ -353,11 +355,8 @@ def test_what_needs_no_command_is_decided_at_once() -> None:
     blocked, turn = life.refused_call(loop(), via="plugin", call_id="call_4")
     assert blocked is None
     [(_, detected), (_, fields)] = outcomes(turn)
-    assert (detected["via"], fields["outcome"], fields["call_id"]) == (
-        "plugin",
-        "blocked",
-        "call_4",
-    )
+    said = (detected["via"], detected["channel"], fields["outcome"], fields["call_id"])
+    assert said == ("plugin", "plugin", "blocked", "call_4")
     [(_, seen), (_, fields)] = outcomes(life.standby(loop(), acting_pid=42))
     assert (seen["standby"], fields["outcome"], fields["acting_pid"]) == (True, "standby", 42)
     again = outcomes(life.found(loop(Plan.DEFER), dry_run=False)[1])

@@ -651,6 +651,11 @@ def _immediately(decision: Intervene, outcome: Outcome, **fields: object) -> Dec
     )
 
 
+def _at_once(decision: Intervene, outcome: Outcome, **fields: object) -> Turn:
+    """A loop whose outcome is known as it is handed over: its two lines."""
+    return Turn((_detected(decision, **fields), _immediately(decision, outcome, **fields)))
+
+
 def _begin(life: Intervention, detected: Logged) -> tuple[Intervention, Turn]:
     return life, Turn((detected,), life.command())
 
@@ -664,11 +669,14 @@ def found(decision: Intervene, dry_run: bool, reads: int = 1) -> tuple[Intervent
         return refused_call(decision, via="plugin_rule", dry_run=dry_run)
     if decision.plan == Plan.DEFER:
         return None, again(decision)
-    detected = _detected(decision)
     if dry_run:
-        return None, Turn((detected, _immediately(decision, Outcome.DRY_RUN)))
-    state = S.NUDGE_CHECK if decision.plan == Plan.NUDGE else S.CHECK
-    return _begin(Intervention(decision, state, reads=reads), detected)
+        return None, _at_once(decision, Outcome.DRY_RUN, channel="none")
+    # A refusal planned for a call that asked no one (no plugin, no permission request, or
+    # found after it ran) is carried out by the abort: `channel` says so, in both lines.
+    nudge = decision.plan == Plan.NUDGE
+    fields: dict[str, object] = {"channel": "nudge" if nudge else "abort"}
+    life = Intervention(decision, S.NUDGE_CHECK if nudge else S.CHECK, reads=reads, fields=fields)
+    return _begin(life, _detected(decision, **fields))
 
 
 def refused_call(
@@ -680,13 +688,13 @@ def refused_call(
     fields = _present({"via": via, "call_id": call_id})
     if decision.plan == Plan.DEFER:
         return None, again(decision, **fields)
-    detected = _detected(decision, **fields)
+    fields["channel"] = "plugin"
     if decision.plan not in _STOPS:
-        return None, Turn((detected, _immediately(decision, Outcome.BLOCKED, **fields)))
+        return None, _at_once(decision, Outcome.BLOCKED, **fields)
     if dry_run:
-        return None, Turn((detected, _immediately(decision, Outcome.DRY_RUN, **fields)))
+        return None, _at_once(decision, Outcome.DRY_RUN, **{**fields, "channel": "none"})
     life = Intervention(decision, S.CHECK, ours=True, fields=fields)
-    return _begin(life, detected)
+    return _begin(life, _detected(decision, **fields))
 
 
 def request(reply: Reply) -> tuple[Intervention | None, Turn]:
@@ -698,10 +706,10 @@ def request(reply: Reply) -> tuple[Intervention | None, Turn]:
         return None, Turn()
     if decision.plan == Plan.DEFER:
         return None, again(decision, request_id=reply.request_id)
-    fields: dict[str, object] = {"request_id": reply.request_id}
+    fields: dict[str, object] = {"request_id": reply.request_id, "channel": "permission"}
     state = S.GRACE if reply.wait else S.REPLY
     life = Intervention(decision, state, stagger=False, reply=reply, fields=fields)
-    return _begin(life, _detected(decision, request_id=reply.request_id))
+    return _begin(life, _detected(decision, **fields))
 
 
 def standby(decision: Intervene, acting_pid: int | None) -> Turn:
@@ -709,9 +717,6 @@ def standby(decision: Intervene, acting_pid: int | None) -> Turn:
     logged, and left to it."""
     if decision.plan == Plan.DEFER:
         return again(decision, standby=True)
-    return Turn(
-        (
-            _detected(decision, standby=True),
-            _immediately(decision, Outcome.STANDBY, acting_pid=acting_pid),
-        )
-    )
+    detected = _detected(decision, standby=True, channel="none")
+    outcome = _immediately(decision, Outcome.STANDBY, channel="none", acting_pid=acting_pid)
+    return Turn((detected, outcome))
