@@ -9,6 +9,7 @@ new engine (1.18.33) is tested in tests/test_real_engine.py.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from structlog.testing import capture_logs
 from monitor.core.feedback import MARK
 from monitor.shell import api_v2
 from monitor.testing import FakeOpencode, engine_call, engine_event, frames, play
-from tests.harness import loop_frames, start, stop, wait_for
+from tests.harness import loop_frames, start, stop, wait_for, watching
 
 S = "ses_s1"
 READ = {"path": "README.md"}
@@ -300,3 +301,31 @@ async def test_a_run_that_ended_before_the_outage_is_not_replayed() -> None:
         await stop(*running)
     assert fake.of("history") == []
     assert events(logs, "stream.resynced")[1]["replayed"] == 0
+
+
+async def test_two_monitors_of_a_new_engine_server_give_one_intervention_per_loop(
+    tmp_path: Path,
+) -> None:
+    # Issue 33: two monitors of one new-engine server, one loop: one interrupt, one feedback.
+    # The second is the first's standby (the role is the same on either engine).
+    fake = FakeOpencode(generation=2)
+    fake.streams = [fake.live, fake.live]
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    with capture_logs() as logs:
+        first, first_task = watching(server, roles=tmp_path)
+        await wait_for(lambda: events(logs, "monitor.acting"))
+        second, second_task = watching(server, roles=tmp_path)
+        await wait_for(lambda: events(logs, "monitor.standby"))
+        await wait_for(lambda: len(events(logs, "stream.resynced")) == 2)
+        await fake.push(frames(*reads(1, 4, 1)))
+        await wait_for(lambda: len(events(logs, "intervention.outcome")) == 2)
+        await wait_for(lambda: events(logs, "feedback.sent"))
+        for watch, task in ((second, second_task), (first, first_task)):
+            watch.stop()
+            assert await asyncio.wait_for(task, 5) == 0
+    await server.close()
+    outcomes = sorted(o["outcome"] for o in events(logs, "intervention.outcome"))
+    assert outcomes == ["aborted", "standby"]
+    assert fake.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
+    assert len(events(logs, "feedback.sent")) == 1
