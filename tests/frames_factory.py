@@ -252,3 +252,18 @@ SHARED_PLACES = [
     _REPO.parent.parent / "shared",
     Path("/work/shared"),
 ]
+
+
+def engine_record(calls: int, args: Any = None) -> list[dict[str, Any]]:
+    """A session's messages in 2.0's form, oldest first: a prompt, then `calls` identical
+    reads (`args`, by default 2.x's `{"path": "README.md"}`), one assistant message each
+    (`msg_N`, call `call_N`, as `monitor.testing.engine_call` names them)."""
+    args = {"path": "README.md"} if args is None else args
+    messages: list[dict[str, Any]] = [{"id": "msg_0", "type": "user", "text": "go"}]
+    for n in range(1, calls + 1):
+        tool = {"type": "tool", "id": f"call_{n}", "name": "read"}
+        state = {"status": "completed", "input": args}
+        messages.append(
+            {"id": f"msg_{n}", "type": "assistant", "content": [{**tool, "state": state}]}
+        )
+    return messages

@@ -20,25 +20,13 @@ from monitor.exits import EX_NOINPUT, EX_UNAVAILABLE
 from monitor.kit.sandbox import free_loopback_port
 from monitor.shell.attach import attach
 from monitor.testing import FakeOpencode, engine_call, engine_event, frames, play
+from tests.frames_factory import engine_record
 from tests.harness import FAST, wait_for
 
 S = "ses_s1"
 WHERE = "/w"
 READ = {"path": "README.md"}
 SESSION = {"id": S, "projectID": "prj", "title": "looping", "location": {"directory": WHERE}}
-
-
-def record(calls: int) -> list[dict[str, Any]]:
-    """The session's messages in 2.0's form, oldest first: a prompt, then `calls` identical
-    reads, one assistant message each (`msg_N`, call `call_N`, as `engine_call` names them)."""
-    messages: list[dict[str, Any]] = [{"id": "msg_0", "type": "user", "text": "go"}]
-    for n in range(1, calls + 1):
-        tool = {"type": "tool", "id": f"call_{n}", "name": "read"}
-        state = {"status": "completed", "input": READ}
-        messages.append(
-            {"id": f"msg_{n}", "type": "assistant", "content": [{**tool, "state": state}]}
-        )
-    return messages
 
 
 def reads(first: int, last: int) -> list[dict[str, Any]]:
@@ -63,7 +51,9 @@ async def attaching(
 
 
 async def test_attached_to_a_2_0_session_mid_run_it_stops_the_loop_and_ends_with_it() -> None:
-    fake = FakeOpencode(generation=2, sessions=[SESSION], messages={S: record(2)}, busy={S: {}})
+    fake = FakeOpencode(
+        generation=2, sessions=[SESSION], messages={S: engine_record(2)}, busy={S: {}}
+    )
     fake.streams = [fake.live]
     with capture_logs() as logs:
         server, task = await attaching(fake)

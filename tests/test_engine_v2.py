@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 from monitor.core.feedback import MARK
 from monitor.shell import api_v2
 from monitor.testing import FakeOpencode, engine_call, engine_event, frames, play
+from tests.frames_factory import engine_record
 from tests.harness import loop_frames, start, stop, wait_for, watching
 
 S = "ses_s1"
@@ -105,19 +106,6 @@ async def test_the_gap_an_overflow_left_is_filled_by_replay_and_counted_once() -
     assert events(logs, "stream.resynced")[1]["replayed"] == 6
 
 
-def record(calls: int) -> list[dict[str, Any]]:
-    """The session's messages in 2.0's form, oldest first: a prompt, then `calls` identical
-    reads, one assistant message each (`msg_N`, call `call_N`, as `engine_call` names them)."""
-    messages: list[dict[str, Any]] = [{"id": "msg_0", "type": "user", "text": "go"}]
-    for n in range(1, calls + 1):
-        tool = {"type": "tool", "id": f"call_{n}", "name": "read"}
-        state = {"status": "completed", "input": READ}
-        messages.append(
-            {"id": f"msg_{n}", "type": "assistant", "content": [{**tool, "state": state}]}
-        )
-    return messages
-
-
 async def test_a_history_that_fails_falls_back_on_the_messages_and_the_loop_is_stopped() -> None:
     # Issue 33: with the history answering 500 after a reconnect, the calls made while the
     # stream was down were lost, and the loop they completed was never interrupted.
@@ -131,7 +119,7 @@ async def test_a_history_that_fails_falls_back_on_the_messages_and_the_loop_is_s
         await wait_for(lambda: events(logs, "stream.resynced"))
         await fake.push(frames(*history[:6]))
         await wait_for(lambda: running[1].status()["stream"]["frames"] >= 6)  # type: ignore[index]
-        fake.messages[S] = record(4)  # calls 3 and 4 come while the stream is down
+        fake.messages[S] = engine_record(4)  # calls 3 and 4 come while the stream is down
         fake.close()
         await wait_for(lambda: fake.of("prompt"))
         await stop(*running)

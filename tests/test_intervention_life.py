@@ -199,7 +199,7 @@ def test_a_nudge_is_posted_without_reply_and_the_run_goes_on() -> None:
     found, _ = life.found(loop(Plan.NUDGE), dry_run=False)
     assert found is not None and found.state == State.NUDGE_CHECK
     turn = found.feed(Read(RECORD, run_over=True))
-    assert only_outcome(turn)["outcome"] == "nudged"
+    assert (only_outcome(turn)["outcome"], only_outcome(turn)["channel"]) == ("nudged", "nudge")
     found.feed(Read(RECORD))
     assert found.command() == Post("ses_1", "/w", MARK + "held", True, "prt_4")
 
