@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from monitor.core.budget import BudgetBook
 from monitor.core.calls import CallEvent, CallState, Step, advance
@@ -30,6 +31,7 @@ from monitor.core.events import (
     PartDelta,
     PermissionAsked,
     PermissionReplied,
+    SessionDeleted,
     SessionDiff,
     SessionIdle,
     SessionSeen,
@@ -159,6 +161,20 @@ class Tracker:
         # Updates the call table placed nowhere: `late` (after their run ended) and
         # `unexpected`, by step.
         self.stray: Counter[Step] = Counter()
+        # What each kind of event (a tool part aside) does to the sessions: one look-up, not a
+        # chain of type tests, on every frame.
+        self._handlers: dict[type, Callable[[Any, str], Fed]] = {
+            PartDelta: self._on_delta,
+            SessionSeen: self._on_seen,
+            MessageUsage: self._usage,
+            UserMessage: self._on_user,
+            SessionDiff: self._on_diff,
+            TextPart: self._on_text,
+            SessionIdle: self._on_idle,
+            PermissionAsked: self._on_asked,
+            PermissionReplied: self._on_replied,
+            SessionDeleted: self._on_deleted,
+        }
 
     def feed_data(self, data: str) -> Fed:
         """Take the data of one SSE event, as read from the stream or a recording."""
@@ -423,65 +439,71 @@ class Tracker:
         label, event = self.adapter.parse(frame)
         if event is None:
             return _QUIET[label]
-        # Every typed frame comes this way: the kinds are tried in the order of how often the
-        # server sends them (deltas, tool and session updates), the rare ones last.
         if isinstance(event, Malformed):
             return self._malformed(label, event.reason)
         if isinstance(event, FileEdited):  # names no session, only its directory
             self._files_edited(event.directory or self._default_directory)
             return _QUIET[label]
-        if self._check_ids:
+        if self._check_ids:  # the daemon acts on ids: they go into request paths
             if not is_session_id(event.session_id):
                 return self._malformed(label, f"{label}: sessionID is not of the shape ses_...")
             if isinstance(event, PermissionAsked) and not is_permission_id(event.request_id):
                 return self._malformed(label, f"{label}: id is not of the shape per_...")
         if self.only_session is not None and event.session_id != self.only_session:
             return _QUIET[label]
-        if isinstance(event, PartDelta):
-            decision = self._delta(event)
-            return _QUIET[label] if decision is None else Fed((decision,), label)
-        if isinstance(event, ToolPart):
+        if isinstance(event, ToolPart):  # the one kind a read-back seeds
             return self._tool_part(event, seeding, label)
-        if isinstance(event, SessionSeen):
-            seen = self._seen(event.session_id, event.directory)
-            if event.busy:
-                self._begin(seen)
-            self._budgets.session(event.session_id, event.parent_id)
+        return self._handlers[type(event)](event, label)
+
+    def _on_delta(self, event: PartDelta, label: str) -> Fed:
+        decision = self._delta(event)
+        return _QUIET[label] if decision is None else Fed((decision,), label)
+
+    def _on_seen(self, event: SessionSeen, label: str) -> Fed:
+        seen = self._seen(event.session_id, event.directory)
+        if event.busy:
+            self._begin(seen)
+        self._budgets.session(event.session_id, event.parent_id)
+        return _QUIET[label]
+
+    def _on_user(self, event: UserMessage, label: str) -> Fed:
+        # A held session waits for a person; which message is theirs, its text tells.
+        asked = self._sessions.get(event.session_id)
+        if asked is not None and asked.held is not None:
+            asked.held = event.message_id
+        return _QUIET[label]
+
+    def _on_diff(self, event: SessionDiff, label: str) -> Fed:
+        diffed = self._sessions.get(event.session_id)
+        if diffed is not None and diffed.running:
+            diffed.state(SIGNALS, Signals).diffed(event.digest)
+        return _QUIET[label]
+
+    def _on_text(self, event: TextPart, label: str) -> Fed:
+        decision = self._text_part(event)
+        return _QUIET[label] if decision is None else Fed((decision,), label)
+
+    def _on_idle(self, event: SessionIdle, label: str) -> Fed:
+        self._seen(event.session_id, event.directory)
+        released = self.end_run(event.session_id)
+        return _QUIET[label] if released is None else Fed((released,), label)
+
+    def _on_asked(self, event: PermissionAsked, label: str) -> Fed:
+        if self._gate.mode == "off":
             return _QUIET[label]
-        if isinstance(event, MessageUsage):
-            return self._usage(event, label)
-        if isinstance(event, UserMessage):
-            # A held session waits for a person; which message is theirs, its text tells.
-            asked = self._sessions.get(event.session_id)
-            if asked is not None and asked.held is not None:
-                asked.held = event.message_id
-            return _QUIET[label]
-        if isinstance(event, SessionDiff):
-            diffed = self._sessions.get(event.session_id)
-            if diffed is not None and diffed.running:
-                diffed.state(SIGNALS, Signals).diffed(event.digest)
-            return _QUIET[label]
-        if isinstance(event, TextPart):
-            decision = self._text_part(event)
-            return _QUIET[label] if decision is None else Fed((decision,), label)
-        if isinstance(event, SessionIdle):
-            self._seen(event.session_id, event.directory)
-            released = self.end_run(event.session_id)
-            return _QUIET[label] if released is None else Fed((released,), label)
-        if isinstance(event, PermissionAsked):
-            if self._gate.mode == "off":
-                return _QUIET[label]
-            session = self._seen(event.session_id, event.directory)
-            reply = self._gate.asked(
-                session, event, self.directory_of(event.session_id), self._doom_loop
-            )
-            return _QUIET[label] if reply is None else Fed(event_type=label, replies=(reply,))
-        if isinstance(event, PermissionReplied):
-            replied = self._sessions.get(event.session_id)
-            if replied is not None:
-                self._gate.replied(replied, event)
-            return _QUIET[label]
-        # The one kind left: `session.deleted`.
+        session = self._seen(event.session_id, event.directory)
+        reply = self._gate.asked(
+            session, event, self.directory_of(event.session_id), self._doom_loop
+        )
+        return _QUIET[label] if reply is None else Fed(event_type=label, replies=(reply,))
+
+    def _on_replied(self, event: PermissionReplied, label: str) -> Fed:
+        replied = self._sessions.get(event.session_id)
+        if replied is not None:
+            self._gate.replied(replied, event)
+        return _QUIET[label]
+
+    def _on_deleted(self, event: SessionDeleted, label: str) -> Fed:
         self.forget(event.session_id)
         return Fed(event_type=label, deleted=event.session_id)
 
@@ -560,70 +582,38 @@ class Tracker:
             # The model step the call is of (one assistant message): the plugin's question
             # names none, and is taken to be of the latest step the stream showed.
             session.step = part.message_id
-        call = session.call(part.part_id)
+        running = part.status == "running"
         finished = part.status in _FINISHED
-        late = None
-        claimable = part.call_id is not None and part.status != "pending"
-        if call is None and session.plugin and claimable:
-            # The plugin asked about it first: the same call, recorded already.
-            assert part.call_id is not None
-            call = session.claim(part.part_id, part.call_id, part.tool)
-            if call is not None and follows and part.status == "running":
-                self._gate.started(session, call, part)
+        call = self._claimed(session, part, follows)
         if (
             call is None
             and seeding is None
             and session.pending is not None
-            and part.status == "running"
+            and running
             and part.call_id is not None
             and not transparent
         ):
             return self._awaits_refusal(session, part, label)
-        if call is None and part.status == "running" and follows:
+        if call is None and running and follows:
             call = self._identify_part(part)
             session.start(call)
             self._gate.started(session, call, part)
-        elif call is not None and call.key is not None and finished:
-            # The gate sees the update first: a call must be known before its loop is decided.
-            late = self._gate.finished(session, call, live=seeding is None)
-        elif call is not None and call.loop is not None and finished:
-            late = call.loop  # the plugin never asked (it fell open): stop the run after all
-        if call is not None and call.state is CallState.LATE:
-            late = None  # its run is over: nothing of it is stopped any more
-        awaited = self._awaiting_end.pop(part.part_id, None) if finished else None
-        if awaited is not None:
-            late = awaited  # the loop found at this call's start, handed over however it ended
-        if late is not None and own_refusal(part.error):
-            # Unless the plugin's own rule refused the call: that is the loop's block.
-            late = refused(session, late)
+        late = self._late(session, call, part, live=seeding is None) if finished else None
         # Its first `running` update on the stream: from now its time bound runs (`runaway`).
         starts = (
-            part.status == "running"
+            running
             and seeding is None
             and (call is None or call.state in (CallState.NEW, CallState.ASKED))
         )
         decision = None if transparent else self._call(session, call, part, seeding)
         if decision is not None and finished and seeding is None and not decision.refused:
             decision = withhold(session, decision)
-        nudge = None
-        waiting: Deadline | None = None
         call = call or session.call(part.part_id)  # `_call` made it, if it was new
-        if decision is not None and part.status == "running" and call is not None:
-            if decision.plan == Plan.NUDGE:
-                nudge, decision = decision, None  # the call runs: nothing to refuse
-            elif (
-                seeding is None
-                and session.plugin
-                and call.call_id is not None
-                and call.request is None
-            ):
-                # The plugin's request for this call is on its way: it blocks the call.
-                call.loop, decision = decision, None
-            elif seeding is None and self._own_refusal_wait and call.request is None:
-                # A plugin asking nobody may be refusing it: its end says, within the wait.
-                self._awaiting_end[part.part_id], decision = decision, None
-                waiting = Deadline(part.session_id, part.part_id, self._own_refusal_wait, loop=True)
-        if part.status == "running" and follows:
+        nudge: Intervene | None = None
+        deadlines: tuple[Deadline, ...] = ()
+        if decision is not None and running and call is not None:
+            decision, nudge, deadlines = self._held_back(session, call, part, decision, seeding)
+        if running and follows:
             now = self._gate.decide(
                 part.session_id, session, call, decision, self.directory_of(part.session_id)
             )
@@ -631,13 +621,10 @@ class Tracker:
             now = decision
         if finished and seeding is None:
             session.finish(part.part_id)  # done with: a read-back keeps it for its duplicates
-        deadlines: tuple[Deadline, ...] = ()
         if starts and call is not None and not transparent:
             bound = call_bound(part.tool, part.input, self.detection.call_seconds)
             if bound is not None:
-                deadlines = (Deadline(part.session_id, part.part_id, bound),)
-        if waiting is not None:
-            deadlines += (waiting,)
+                deadlines = (Deadline(part.session_id, part.part_id, bound), *deadlines)
         if isinstance(now, Reply):
             done = tuple(d for d in (late, nudge) if d is not None)
             return Fed(done, label, replies=(now,), deadlines=deadlines)
@@ -645,6 +632,64 @@ class Tracker:
         if decisions or deadlines:
             return Fed(decisions, label, deadlines=deadlines)
         return _QUIET[label]
+
+    def _claimed(self, session: SessionRecord, part: ToolPart, follows: bool) -> Call | None:
+        """The call this update is of, if known: recorded from the stream, or from the
+        plugin's question, which came first (the same call, claimed now by its part id)."""
+        call = session.call(part.part_id)
+        if call is not None or not session.plugin:
+            return call
+        if part.call_id is None or part.status == "pending":
+            return None
+        call = session.claim(part.part_id, part.call_id, part.tool)
+        if call is not None and follows and part.status == "running":
+            self._gate.started(session, call, part)
+        return call
+
+    def _late(
+        self, session: SessionRecord, call: Call | None, part: ToolPart, live: bool
+    ) -> Intervene | None:
+        """The loop a finished call still owes: found before it ran but not refused."""
+        late = None
+        if call is not None and call.key is not None:
+            # The gate sees the update first: a call must be known before its loop is decided.
+            late = self._gate.finished(session, call, live=live)
+        elif call is not None and call.loop is not None:
+            late = call.loop  # the plugin never asked (it fell open): stop the run after all
+        if call is not None and call.state is CallState.LATE:
+            late = None  # its run is over: nothing of it is stopped any more
+        awaited = self._awaiting_end.pop(part.part_id, None)
+        if awaited is not None:
+            late = awaited  # the loop found at this call's start, handed over however it ended
+        if late is not None and own_refusal(part.error):
+            # Unless the plugin's own rule refused the call: that is the loop's block.
+            late = refused(session, late)
+        return late
+
+    def _held_back(
+        self,
+        session: SessionRecord,
+        call: Call,
+        part: ToolPart,
+        decision: Intervene,
+        seeding: _Seeding | None,
+    ) -> tuple[Intervene | None, Intervene | None, tuple[Deadline, ...]]:
+        """A loop found as its call starts running: what is decided now, the nudge to send
+        (the call runs), and the wait for the call's end, instead of acting at once."""
+        if decision.plan == Plan.NUDGE:
+            return None, decision, ()  # the call runs: nothing to refuse
+        if seeding is not None or call.request is not None:
+            return decision, None, ()
+        if session.plugin and call.call_id is not None:
+            # The plugin's request for this call is on its way: it blocks the call.
+            call.loop = decision
+            return None, None, ()
+        if self._own_refusal_wait:
+            # A plugin asking nobody may be refusing it: its end says, within the wait.
+            self._awaiting_end[part.part_id] = decision
+            wait = Deadline(part.session_id, part.part_id, self._own_refusal_wait, loop=True)
+            return None, None, (wait,)
+        return decision, None, ()
 
     def _awaits_refusal(self, session: SessionRecord, part: ToolPart, label: str) -> Fed:
         """The stream carries the session's next call before the plugin asks about it (they
