@@ -40,6 +40,11 @@ def sessions(count: int) -> list[str]:
     return [f"ses_{n:04d}" for n in range(count)]
 
 
+def waiting(connector: aiohttp.BaseConnector) -> list[asyncio.Future[None]]:
+    """The requests waiting for a pooled connection: aiohttp's queue of their futures."""
+    return [future for queue in connector._waiters.values() for future in queue]
+
+
 # -- 1. a slow server with many loops at once ------------------------------------------------
 
 
@@ -84,10 +89,24 @@ async def test_slow_server_delays_but_never_aborts_twice():
         await wait_for(lambda: len(fake.of("hold")) >= limit - 1)  # the stream holds one
         await fake.push(b"".join(loop_frames(s, 4) for s in ids))
         await wait_for(lambda: len(events(logs, "loop.detected")) == len(ids))
-        # Queued for longer than three attempts timed out from the start would take.
-        await asyncio.sleep(4 * timing.retry.timeout)
-        assert fake.of("abort") == []
+        # Every loop's first request (the look at the record before acting) waits for a
+        # connection, beside the one taker the pool had no room for.
+        await wait_for(lambda: len(waiting(http.connector)) == len(ids) + 1)
+        queued = waiting(http.connector)
+        # Queued for longer than three attempts timed out from the start would take: the
+        # clock moves that far at once, and the step is over when a marker timer due at its
+        # end has fired (the loop runs due timers in order). A timeout that counted the wait
+        # would have taken its request out of the queue (its retry queued a new one).
         clock.freeze()
+        clock.advance(4 * timing.retry.timeout)
+        loop = asyncio.get_running_loop()
+        stepped = loop.create_future()
+        loop.call_at(clock.time(), stepped.set_result, None)
+        await settle(stepped.done)
+        timed_out = [request for request in queued if request.done()]
+        assert not timed_out, f"{len(timed_out)} requests timed out waiting for a connection"
+        assert waiting(http.connector) == queued
+        assert fake.of("abort") == []
         pool_taken.set()
         await settle(lambda: fake.of("abort") or settled())
         clock.advance(0.3)
