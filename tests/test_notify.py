@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from monitor.kit.poll import until
 from monitor.shell import notify
 from monitor.shell.notify import Notifier, encode, socket_address, watchdog_interval, watchdog_pings
 
@@ -37,6 +38,11 @@ def abstract_listener() -> Iterator[tuple[socket.socket, str]]:
         yield sock, "@" + name
 
 
+# What the test itself sends to the socket to learn that the reader has read everything
+# sent before it; not a field systemd knows, and never kept among the arrivals.
+MARKER = b"TEST_MARKER=1"
+
+
 class Arrivals:
     """Datagrams with their arrival times, read by a thread.
 
@@ -47,6 +53,7 @@ class Arrivals:
     def __init__(self, sock: socket.socket) -> None:
         self.received: list[tuple[float, bytes]] = []
         self._sock = sock
+        self._marked = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, daemon=True)
 
@@ -57,7 +64,18 @@ class Arrivals:
                 data = self._sock.recv(4096)
             except TimeoutError:
                 continue
-            self.received.append((time.monotonic(), data))
+            if data == MARKER:
+                self._marked.set()
+            else:
+                self.received.append((time.monotonic(), data))
+
+    async def read_all(self) -> None:
+        """Wait until every datagram sent so far has been read: send a marker after them
+        and wait for it (a datagram socket hands them over in the order they were sent)."""
+        self._marked.clear()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+            sender.sendto(MARKER, self._sock.getsockname())
+        await until(self._marked.is_set, 5, 0.01, "the reader to read the marker")
 
     def __enter__(self) -> Arrivals:
         self._thread.start()
@@ -245,7 +263,7 @@ async def test_pings_arrive_at_half_the_watchdog_period(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.05)  # let the reader collect the last ping
+        await arrivals.read_all()  # the last ping too
 
     times = arrivals.times()
     # Pings at 0, 0.1, ... 0.5 s; a loaded CI machine may lose or bunch one.
@@ -262,11 +280,13 @@ async def test_blocked_event_loop_stops_the_pings(listener: tuple[socket.socket,
 
     with Arrivals(sock) as arrivals:
         task = asyncio.create_task(watchdog_pings(notifier, 0.05))
-        await asyncio.sleep(0.2)
+        await until(lambda: arrivals.received, 5, 0.01, "a ping before the block")
         blocked_from = time.monotonic()
         time.sleep(0.5)  # blocking the loop is what is under test
         blocked_until = time.monotonic()
-        await asyncio.sleep(0.2)
+        # The positive sign that every ping of the block, had there been one, was read: a
+        # ping read after it (the socket hands them over in order).
+        await until(lambda: arrivals.times()[-1] >= blocked_until, 5, 0.01, "a later ping")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
