@@ -10,6 +10,7 @@ import pwd
 import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -59,6 +60,23 @@ async def open_idle(port: int, count: int) -> list[asyncio.StreamWriter]:
     return [writer for writer in opened if writer is not None]
 
 
+async def refused_after_all(port: int) -> float:
+    """Wait until the monitor has accepted every connection made to `port` so far: it
+    answers one more, made after them (it accepts them in the order they came); how many it
+    had turned away over its cap by then, as its /metrics says."""
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with http.get(f"http://127.0.0.1:{port}/metrics") as response:
+            assert response.status == 200
+            text = await response.text()
+    [count] = [
+        line.split()[-1]
+        for line in text.splitlines()
+        if line.startswith('opencode_loop_monitor_http_refused_total{reason="connections"}')
+    ]
+    return float(count)
+
+
 async def test_loop_is_aborted_with_the_metrics_port_flooded_by_idle_connections(
     tmp_path: Path,
 ) -> None:
@@ -85,7 +103,8 @@ async def test_loop_is_aborted_with_the_metrics_port_flooded_by_idle_connections
         monitor.start()
         await monitor.wait_event("stream.resynced")
         idle = await open_idle(port, IDLE_CONNECTIONS)
-        await asyncio.sleep(0.5)  # the monitor accepts them all meanwhile
+        # The loops below meet the flood: the monitor has accepted it all, over its cap.
+        assert await refused_after_all(port) > 0
         # Three loops at once: their aborts need connections of their own, not only the one
         # the resync left in the pool.
         sessions = [f"ses_flood{n}" for n in range(3)]
