@@ -7,8 +7,6 @@ messages and tool parts) and the monitor's JSON log.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from monitor.kit.poll import until
@@ -105,9 +103,7 @@ async def test_other_sessions_ignored_and_deletion_exits_0(opencode_server, star
     await client.prompt_async(other["id"], script([READ], 8))
     messages = await client.wait_idle(other["id"], 60)
     assert len(tool_parts(messages)) == 8 and user_count(messages) == 1  # nobody stopped it
-    await asyncio.sleep(0.3)
     assert monitor.process.poll() is None
-    assert monitor.events("loop.detected") == []
 
     async with http.delete(
         f"{opencode_server.url}/session/{followed['id']}",
@@ -117,6 +113,9 @@ async def test_other_sessions_ignored_and_deletion_exits_0(opencode_server, star
     assert await monitor.wait_exit(10) == 0
     assert [r["session_id"] for r in monitor.events("attach.session_deleted")] == [followed["id"]]
     assert monitor.events("monitor.stopped")
+    # The deletion came on the stream after the other session's run: the monitor read that
+    # whole run, and found nothing to act on.
+    assert monitor.events("loop.detected") == []
 
 
 async def test_unknown_session_exits_66(opencode_server, start_monitor):
