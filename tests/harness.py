@@ -218,6 +218,26 @@ async def seen_idle(
     await until(idle, timeout, 0.05, what=f"the monitor to see session {session_id} idle")
 
 
+# The flags `seen_through` needs: /status on a port of the system's choosing.
+STATUS_FLAGS = ("--metrics-addr", "127.0.0.1:0")
+
+
+async def seen_through(
+    monitor: MonitorProcess, server: OpencodeServer, http: aiohttp.ClientSession
+) -> None:
+    """The positive sign a test waits for before asserting that nothing came of what the
+    server did so far: a marker session is made and runs once (text, no call); the server
+    has carried it out (a run that an earlier request started would have begun by then),
+    and the monitor (started with `STATUS_FLAGS`) shows the marker on /status. The server
+    sends one stream, in order, so the monitor has read every frame sent before it."""
+    [listening] = await monitor.wait_event("metrics.listening")
+    client = server.client(http)
+    marker = await client.create_session("marker")
+    await client.prompt_async(marker["id"], script([("read", READ)], 0))
+    await client.wait_idle(marker["id"], 60)
+    await seen_idle(http, f"{listening['host']}:{listening['port']}", marker["id"])
+
+
 async def opencode_run(
     server: OpencodeServer, binary: Path, prompt: str, *flags: str
 ) -> tuple[int, str]:

@@ -17,7 +17,14 @@ from monitor.core.feedback import MARK
 from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
-from tests.harness import assistant_texts, opencode_run, start_watching, user_texts
+from tests.harness import (
+    STATUS_FLAGS,
+    assistant_texts,
+    opencode_run,
+    seen_through,
+    start_watching,
+    user_texts,
+)
 
 pytestmark = pytest.mark.real_server
 
@@ -159,12 +166,15 @@ async def test_approve_runs_every_call_of_a_session_that_never_loops(
 
 
 async def test_under_gate_alone_requests_stay_pending(asking_server, start_monitor, http):
-    monitor = await start_watching(start_monitor, asking_server, "--permissions", "gate")
+    monitor = await start_watching(
+        start_monitor, asking_server, "--permissions", "gate", *STATUS_FLAGS
+    )
     client = asking_server.client(http)
     session = await client.create_session("nobody answers")
     await client.prompt_async(session["id"], script([APPEND], 3))
     await until(lambda: pending(http, asking_server), 30, 0.1, "a permission request")
-    await asyncio.sleep(1.5)
+    # The monitor has read the request: an answer it decided on then went out at once.
+    await seen_through(monitor, asking_server, http)
     [request] = await pending(http, asking_server)
     assert request["sessionID"] == session["id"] and request["permission"] == "bash"
     assert session["id"] in await client.status()  # still waiting for someone
@@ -243,15 +253,17 @@ async def test_doom_loop_is_refused_at_once_under_approve(doom_server, start_mon
 
 
 async def test_opencode_run_without_auto_refuses_the_first_call_and_ends(
-    asking_server, opencode_bin, start_monitor
+    asking_server, opencode_bin, start_monitor, http
 ):
     """`opencode run` rejects every request at once, with no message: the run ends at the
     first call, before any loop can form; the monitor has nothing to stop."""
-    monitor = await start_watching(start_monitor, asking_server, "--permissions", "gate")
+    monitor = await start_watching(
+        start_monitor, asking_server, "--permissions", "gate", *STATUS_FLAGS
+    )
     code, output = await opencode_run(asking_server, opencode_bin, script([APPEND], 4))
     assert "auto-rejecting" in output and code == 0
     assert lines_written(asking_server) == 0
-    await asyncio.sleep(0.5)
+    await seen_through(monitor, asking_server, http)  # the monitor has read the whole run
     assert monitor.events("loop.detected") == []
 
 

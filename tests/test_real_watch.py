@@ -16,8 +16,10 @@ from monitor.kit.sandbox import free_loopback_port, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
 from tests.harness import (
     MODEL_DELAY,
+    STATUS_FLAGS,
     assistant_texts,
     seen_idle,
+    seen_through,
     start_watching,
     user_texts,
     watch_args,
@@ -136,14 +138,18 @@ async def test_dry_run_leaves_the_loop_running(opencode_server, start_monitor, h
 
 
 async def test_third_intervention_holds(opencode_server, start_monitor, http, measure_overshoot):
-    monitor = await start_watching(start_monitor, opencode_server, "--max-interventions", "2")
+    monitor = await start_watching(
+        start_monitor, opencode_server, "--max-interventions", "2", *STATUS_FLAGS
+    )
     client = opencode_server.client(http)
     session = await client.create_session("stubborn")
     await client.prompt_async(
         session["id"], script([READ], 20, delay=MODEL_DELAY, after_feedback="loop")
     )
     await monitor.wait_event("feedback.sent", count=3, timeout=90)
-    await asyncio.sleep(1.5)  # a held session must stay quiet: nothing may start
+    # A held session must stay quiet: nothing may start. A run the held feedback started
+    # would have begun before one asked for after it ends (its calls, or it busy, show).
+    await seen_through(monitor, opencode_server, http)
     assert session["id"] not in await client.status()
     messages = await client.messages(session["id"])
     outcomes = [(d["outcome"], d["escalated"]) for d in monitor.events("intervention.outcome")]
