@@ -398,15 +398,18 @@ async def test_max_sessions_is_a_setting():
         loop_frames("ses_s1", 2) + loop_frames("ses_s2", 1) + loop_frames("ses_s1", 2, "/w", "q")
     )
     aborts = {}
-    for bound in (1, 2):
+    for bound, loops in ((1, 0), (2, 1)):
         fake = FakeOpencode(streams=[play(stream)])
         with capture_logs() as logs:
             running = await start(fake, max_sessions=bound)
             watch = running[1]
             await wait_for(lambda w=watch: w._stream is not None and w._stream.frames == 16)
-            await asyncio.sleep(0.1)
+            # Each frame is decided on as it is read: a loop was found by now, or none was;
+            # the intervention of one that was is over when its outcome is logged.
+            await wait_for(lambda n=loops: len(events(logs, "intervention.outcome")) >= n)
             await stop(*running)
         assert events(logs, "monitor.started")[0]["max_sessions"] == bound
+        assert len(events(logs, "loop.detected")) == loops
         aborts[bound] = [r.path for r in fake.of("abort")]
     assert aborts == {1: [], 2: ["/session/ses_s1/abort"]}
 
