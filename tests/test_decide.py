@@ -631,6 +631,65 @@ async def test_no_request_breaks_metrics_or_status(folder) -> None:
         await stop(server, watch, task)
 
 
+ODD_BUT_WELL_FORMED = {
+    "NaN": {"x": float("nan")},
+    "infinities": {"x": float("inf"), "y": float("-inf")},
+    "overflow": {"x": 1e308 * 10},  # 1e400 in the text sent: json.dumps writes Infinity
+    "nested 256 deep": {"x": json.loads("[" * 256 + "]" * 256)},  # the plugin's own bound
+    "control characters": {"command": "echo \x00\x1b[31m\u202e\r\n", "\x07": "\x7f"},
+    "lone surrogates": {"\ud800": ["\udfff"], "command": "echo \udc80"},
+}
+
+
+async def test_odd_but_well_formed_calls_are_judged_and_metrics_and_status_answer_after_each(
+    folder,
+) -> None:
+    # Issue 33 (done when): every odd but well-formed question is judged, not refused (its
+    # call would run judged by the plugin's own rule only), and neither /metrics nor /status
+    # breaks on what it left behind. Four identical calls of each: the 4th is refused.
+    from monitor.testing import FakeOpencode
+    from tests.harness import start, stop
+
+    fake = FakeOpencode()
+    fake.streams = [fake.live]
+    path = folder / "plugin.sock"
+    with structlog.testing.capture_logs() as logs:
+        server, watch, task = await start(fake, metrics_addr="127.0.0.1:0", plugin_socket=str(path))
+        try:
+            # After the first resync, which finds these sessions idle and would end their runs.
+            await wait_for(lambda: any(e["event"] == "stream.resynced" for e in logs))
+            await wait_for(lambda: watch.plugin_server is not None and watch.metrics_server)
+            verdicts = await ask_each(path, watch.metrics_server.port)
+        finally:
+            await stop(server, watch, task)
+    assert verdicts == {name: ["allow"] * 3 + ["block"] for name in ODD_BUT_WELL_FORMED}
+    assert watch.plugin_stats.refused == 0
+    [entry] = watch.plugin_stats.view()
+    assert (entry["requests"], entry["blocked"]) == (4 * len(ODD_BUT_WELL_FORMED), 6)
+
+
+async def ask_each(path: Path, port: int) -> dict[str, list[str]]:
+    """Asks four identical calls of each ODD_BUT_WELL_FORMED case, each case its own session,
+    and reads /metrics and /status after each case (both must answer 200); the verdicts."""
+    verdicts: dict[str, list[str]] = {}
+    plugin = aiohttp.ClientSession(connector=aiohttp.UnixConnector(str(path)))
+    async with plugin, aiohttp.ClientSession() as http:
+        for n, (name, args) in enumerate(ODD_BUT_WELL_FORMED.items()):
+            session = CALL["session_id"][:-2] + f"{n:02d}"
+            for call in range(4):
+                odd = {"session_id": session, "call_id": f"c{call}", "args": args}
+                body = json.dumps({**CALL, **odd})
+                async with plugin.post("http://localhost/v1/decide", data=body, headers=JSON) as r:
+                    assert r.status == 200, (name, await r.text())
+                    verdicts.setdefault(name, []).append((await r.json())["verdict"])
+            # Once a case: /status answers 20 requests a second, the rest get 429.
+            for page in ("metrics", "status"):
+                async with http.get(f"http://127.0.0.1:{port}/{page}") as r:
+                    assert r.status == 200, (name, page)
+                    await r.read()
+    return verdicts
+
+
 async def test_a_request_the_plugin_gave_up_on_is_not_judged(folder):
     # A daemon that was stalled (SIGSTOP) reads requests whose plugin stopped waiting: the
     # call ran. Judging it now would act on calls that already ran.

@@ -175,6 +175,38 @@ async def test_a_classic_and_a_new_engine_session_looping_at_once_are_each_stopp
     assert outcomes[old]["part_id"] == tool_parts(old_messages)[3]["id"]
 
 
+async def test_two_monitors_of_the_new_engine_give_each_of_six_loops_one_feedback(
+    opencode_server, start_monitor, engine
+):
+    """Issue 33: with two monitors of one server, one new-engine loop in six got two
+    feedback messages. The second is the first's standby: six loops at once, each interrupted
+    once and told once, by the acting monitor alone."""
+    acting = await start_watching(start_monitor, opencode_server)
+    standby = await start_watching(start_monitor, opencode_server)
+    assert acting.events("monitor.acting") and standby.events("monitor.standby")
+    sessions = [await engine.create_session() for _ in range(6)]
+    await asyncio.gather(
+        *(engine.prompt(s, script([READ], 12, delay=MODEL_DELAY)) for s in sessions)
+    )
+    records = await asyncio.gather(
+        *(engine.wait_answered(s, 120, user_messages=2) for s in sessions)
+    )
+    await standby.wait_event("intervention.outcome", count=6, timeout=60)
+    for session, messages in zip(sessions, records, strict=True):
+        users = user_texts(messages)
+        assert len(users) == 2 and "1 call (read) repeated 4 times" in users[1], session
+    outcomes = acting.events("intervention.outcome")
+    assert sorted((o["session_id"], o["outcome"], o["call_index"]) for o in outcomes) == sorted(
+        (s, "aborted", 4) for s in sessions
+    )
+    assert len(acting.events("feedback.sent")) == 6
+    left = standby.events("intervention.outcome")
+    assert sorted((o["session_id"], o["outcome"]) for o in left) == sorted(
+        (s, "standby") for s in sessions
+    )
+    assert standby.events("feedback.sent") == standby.events("feedback.deferred") == []
+
+
 class CuttableProxy:
     """A TCP proxy on loopback in front of the server: `cut` drops every connection and
     refuses new ones until `mend`, as a network outage would."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import shutil
+import signal
 import socket
 import tempfile
 from pathlib import Path
@@ -18,12 +19,13 @@ import pytest
 
 from monitor.core.feedback import HOLD_NOTE, MARK, OWN_REFUSAL
 from monitor.kit.poll import until
-from monitor.kit.sandbox import OpencodeServer, tool_parts
+from monitor.kit.sandbox import OpencodeServer, free_loopback_port, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
 from monitor.shell.decide import PluginEndpoint, socket_name
 from tests.harness import (
     APPEND,
     opencode_run,
+    seen_idle,
     stalled_through_a_loop,
     start_watching,
     user_texts,
@@ -249,19 +251,50 @@ async def test_a_failure_loop_is_refused_at_its_next_call_and_a_calm_session_run
         start_monitor, plugin_server, "--plugin-socket", str(socket_path)
     )
     client = plugin_server.client(http)
-    # Four failures, then the call the refusal waits for; the model answers after it.
-    failing = [("bash", {"command": f"ls missing-{n}", "description": "look"}) for n in range(5)]
     fine = [("bash", {"command": f"echo {n} >> ok.txt", "description": "note"}) for n in range(6)]
     loop = await client.create_session("failures")
     calm = await client.create_session("calm")
-    await client.prompt_async(loop["id"], script(failing, 5, delay=0.3))
+    await client.prompt_async(loop["id"], script(FAILING, 5, delay=0.3))
     await client.prompt_async(calm["id"], script(fine, 6, delay=0.1))
     calm_messages = await client.wait_idle(calm["id"], 60)
     loop_messages = await client.wait_idle(loop["id"], 60)
-    [outcome] = await monitor.wait_event("intervention.outcome")
-    assert (outcome["session_id"], outcome["rule"]) == (loop["id"], "failure")
-    assert (outcome["outcome"], outcome["via"], outcome["call_index"]) == ("blocked", "plugin", 4)
-    parts = tool_parts(loop_messages)
+    await failure_loop_refused_in_band(monitor, loop["id"], loop_messages)
+    statuses = [p["state"]["status"] for p in tool_parts(calm_messages)]
+    assert statuses == ["completed"] * 6
+    ok = (plugin_server.project / "ok.txt").read_text().split()
+    assert ok == [str(n) for n in range(6)]
+
+
+async def outcomes_of(monitor: MonitorProcess, session_id: str) -> list[dict]:
+    """The session's intervention outcomes, once the monitor logged at least one."""
+
+    def of_session(records: list) -> list:
+        return [
+            r
+            for r in records
+            if r.get("event") == "intervention.outcome" and r.get("session_id") == session_id
+        ]
+
+    return of_session(await monitor.wait_for(of_session))
+
+
+# Four failures, then the call the refusal waits for; the model answers after it.
+FAILING = [("bash", {"command": f"ls missing-{n}", "description": "look"}) for n in range(5)]
+
+
+async def failure_loop_refused_in_band(
+    monitor: MonitorProcess, session_id: str, messages: list[dict]
+) -> None:
+    """Asserts that the `failure` rule found the loop of FAILING on the 4th failure's outcome
+    and the plugin's question refused the 5th call with the feedback, the run going on (no
+    abort, no feedback message: the model answered in the same run)."""
+
+    [outcome] = await outcomes_of(monitor, session_id)
+    assert outcome["rule"] == "failure"
+    assert (outcome["outcome"], outcome.get("via"), outcome["call_index"]) == (
+        "blocked", "plugin", 4,
+    )  # fmt: skip
+    parts = tool_parts(messages)
     assert [p["state"]["status"] for p in parts] == ["completed"] * 4 + ["error"]
     assert [p["state"]["metadata"]["exit"] for p in parts[:4]] == [2] * 4
     assert parts[4]["state"]["input"]["command"] == "ls missing-4"  # refused, never ran
@@ -270,15 +303,11 @@ async def test_a_failure_loop_is_refused_at_its_next_call_and_a_calm_session_run
         "the same error 4 times in a row (bash)"
     )
     # No abort, no feedback message: the model read the refusal and answered in this run.
-    assert [m["info"]["role"] for m in loop_messages].count("user") == 1
-    assert all(m["info"].get("error") is None for m in loop_messages)
-    last = loop_messages[-1]["parts"]
+    assert [m["info"]["role"] for m in messages].count("user") == 1
+    assert all(m["info"].get("error") is None for m in messages)
+    last = messages[-1]["parts"]
     assert [p["text"] for p in last if p["type"] == "text"] == [DEFAULT_ANSWER]
-    assert monitor.events("feedback.sent") == []
-    statuses = [p["state"]["status"] for p in tool_parts(calm_messages)]
-    assert statuses == ["completed"] * 6
-    ok = (plugin_server.project / "ok.txt").read_text().split()
-    assert ok == [str(n) for n in range(6)]
+    assert [s for s in monitor.events("feedback.sent") if s["session_id"] == session_id] == []
 
 
 async def test_daemon_restarted_mid_run_calls_run_while_down_and_the_loop_is_caught_once_back(
@@ -363,14 +392,7 @@ async def test_two_monitors_with_the_plugin_intervene_once_per_loop_and_the_stan
             assert all(m["info"].get("error") is None for m in messages), n
             assert len(user_texts(messages)) == 1, n
 
-            def of_session(records: list, sid: str = session["id"]) -> list:
-                return [
-                    r
-                    for r in records
-                    if r.get("event") == "intervention.outcome" and r.get("session_id") == sid
-                ]
-
-            outcome = of_session(await by.wait_for(of_session))
+            outcome = await outcomes_of(by, session["id"])
             assert [(o["outcome"], o["call_index"]) for o in outcome] == [("blocked", 4)], n
 
         loops = 6
@@ -440,6 +462,63 @@ async def test_a_burst_in_one_step_is_one_intervention_and_the_next_loop_is_refu
     assert [o["interventions"] for o in monitor.events("intervention.outcome")] == [1, 2]
     assert all(m["info"].get("error") is None for m in messages)  # nothing aborted
     assert [p["text"] for p in messages[-1]["parts"] if p["type"] == "text"] == [DEFAULT_ANSWER]
+
+
+async def test_after_a_stall_and_a_parallel_burst_a_failure_loop_is_still_refused_in_band(
+    plugin_server, start_monitor, http, socket_path
+):
+    """Issue 33's sequence. The monitor stalled (SIGSTOP) while a session makes 3 calls: the
+    plugin's questions time out, it lets the calls run and counts them. Resumed, one model
+    step asks for 5 identical appends at once: 5 questions in flight together, where each
+    carried the same count and each answer took it back (the count fell below zero, and the
+    daemon refused every later question with 400 fell_open). Then another session's failure
+    loop: its 5th call is refused in band by the daemon's answer, not aborted, and the server's
+    log has no question the monitor refused."""
+    address = f"127.0.0.1:{free_loopback_port()}"
+    monitor = await start_watching(
+        start_monitor, plugin_server, "--plugin-socket", str(socket_path),
+        "--metrics-addr", address,
+    )  # fmt: skip
+    client = plugin_server.client(http)
+    distinct = [
+        ("bash", {"command": f"echo {n} >> stall.txt", "description": "note"}) for n in range(3)
+    ]
+    stalled = await client.create_session("stalled")
+    assert monitor.process is not None
+    monitor.process.send_signal(signal.SIGSTOP)
+    try:
+        await client.prompt_async(stalled["id"], script(distinct, 3))
+        await client.wait_idle(stalled["id"], 60)
+    finally:
+        monitor.process.send_signal(signal.SIGCONT)
+    assert (plugin_server.project / "stall.txt").read_text().split() == ["0", "1", "2"]
+    log = plugin_server.log_path.read_text()
+    assert f"{FELL_OPEN} {socket_path} (TimeoutError" in log and stalled["id"] in log
+    await seen_idle(http, address, stalled["id"])  # resumed: it read what it missed
+
+    burst = await client.create_session("burst")
+    await client.prompt_async(burst["id"], script([APPEND] * 5, 5, parallel=5))
+    burst_messages = await client.wait_idle(burst["id"], 60)
+    assert lines(plugin_server) == ["x", "x", "x"]  # the burst's 4th and 5th were refused
+    assert [p["state"]["status"] for p in tool_parts(burst_messages)].count("error") == 2
+    assert [(o["outcome"], o.get("via")) for o in await outcomes_of(monitor, burst["id"])] == [
+        ("blocked", "plugin")
+    ]
+
+    loop = await client.create_session("failures")
+    await client.prompt_async(loop["id"], script(FAILING, 5, delay=0.3))
+    await failure_loop_refused_in_band(monitor, loop["id"], await client.wait_idle(loop["id"], 60))
+
+    # Every question of the plugin was answered: none refused (the old "refused: 400
+    # fell_open must be an integer from 0 to 1000000"), none fell open after the stall.
+    log = plugin_server.log_path.read_text()
+    assert "refused:" not in log and log.count(FELL_OPEN) == 1
+    assert monitor.events("plugin.refused") == []
+    async with http.get(f"http://{address}/status") as response:
+        plugins = (await response.json())["plugins"]
+    assert plugins["refused"] == 0
+    # The 3 calls let through during the stall, each reported once.
+    assert [d["fell_open"] for d in plugins["directories"]] == [3]
 
 
 # As test_real_life's stopped monitor: the stop must stay within the 25 s read limit.
