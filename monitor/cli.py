@@ -35,6 +35,8 @@ from monitor.exits import (
     EX_USAGE,
 )
 
+__all__ = ["COMMANDS", "EPILOG", "WATCH_EPILOG", "main"]
+
 PROG = "opencode-loop-monitor"
 # 128 + SIGINT, what a shell reports for a program stopped with Ctrl-C.
 

@@ -9,6 +9,21 @@ from __future__ import annotations
 
 import os
 
+__all__ = [
+    "EX_CONFIG",
+    "EX_DETECTED",
+    "EX_FAILED",
+    "EX_INTERRUPTED",
+    "EX_MISJUDGED",
+    "EX_NOINPUT",
+    "EX_NOT_INSTALLED",
+    "EX_OK",
+    "EX_OTHER_SERVER",
+    "EX_PIPE",
+    "EX_UNAVAILABLE",
+    "EX_USAGE",
+]
+
 EX_OK = os.EX_OK
 EX_DETECTED = 1  # replay --fail-on-detect, and a loop was detected
 EX_MISJUDGED = 1  # evaluate: a labelled trace was missed, caught early or late, or a false alarm

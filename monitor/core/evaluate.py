@@ -16,6 +16,18 @@ from dataclasses import dataclass
 from monitor.core.findings import RULES
 from monitor.errors import InputError
 
+__all__ = [
+    "Label",
+    "LabelError",
+    "Result",
+    "all_right",
+    "legit_firings",
+    "parse_label",
+    "set_table",
+    "table",
+    "trace_line",
+]
+
 _LABEL = re.compile(r"^:\s*expect\s+(?:(legit)|loop\s+at\s+(\d+))\s*$")
 
 

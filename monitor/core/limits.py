@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+__all__ = ["DetectionError", "HISTORY_FLOOR", "check_history", "derived_history"]
+
 # The history the defaults were measured with (docs/detection.md): a derived history is never
 # shorter, so settings that fit in it see exactly what the measurements saw.
 HISTORY_FLOOR = 32

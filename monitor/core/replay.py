@@ -30,6 +30,18 @@ from monitor.core.tracker import Detection, Tracker
 from monitor.errors import InputError
 from monitor.exits import EX_DETECTED, EX_OK, EX_USAGE
 
+__all__ = [
+    "FileReplay",
+    "Format",
+    "RecordingError",
+    "Totals",
+    "bounded_lines",
+    "exit_status",
+    "progress_text",
+    "replay_lines",
+    "sniff_format",
+]
+
 _SSE_FIELDS = frozenset({"data", "event", "id", "retry"})
 
 

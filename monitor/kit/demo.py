@@ -56,6 +56,8 @@ from monitor.shell.notify import Notifier
 from monitor.shell.stream import READ_BUFSIZE, stream_timeout, stream_url
 from monitor.shell.watch import Watch
 
+__all__ = ["DRY_RUN_ANSWER", "Printer", "run_demo", "watching_line"]
+
 PREFIX = "opencode-loop-monitor demo"
 LOG_NAME = "demo-monitor.log"
 

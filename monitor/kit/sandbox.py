@@ -32,6 +32,23 @@ from monitor.shell.decide import PluginEndpoint
 from monitor.shell.plugin_install import FILE_NAME as PLUGIN_FILE
 from monitor.shell.plugin_install import render as render_plugin
 
+__all__ = [
+    "InstallError",
+    "MODEL_ID",
+    "NEVER_ASK",
+    "NPM_PACKAGE",
+    "OPENCODE_VERSION",
+    "OpencodeServer",
+    "ProjectClient",
+    "SandboxError",
+    "ServerStartError",
+    "default_cache_dir",
+    "find_or_install_bun",
+    "find_or_install_opencode",
+    "free_loopback_port",
+    "tool_parts",
+]
+
 OPENCODE_VERSION = "1.18.33"
 NPM_PACKAGE = f"opencode-ai@{OPENCODE_VERSION}"
 # The Bun inside that opencode: the plugin's tests run on the runtime that runs the plugin.

@@ -43,6 +43,8 @@ from monitor.errors import (
 from monitor.shell.backoff import Backoff
 from monitor.shell.diagnosis import refused_credentials
 
+__all__ = ["OpencodeAPI", "Retry", "basic_auth_header", "path_segment", "session_path"]
+
 
 @dataclass(frozen=True, slots=True)
 class Retry:

@@ -50,6 +50,8 @@ from monitor.errors import (
 )
 from monitor.shell.api import OpencodeAPI, Retry, path_segment, session_path
 
+__all__ = ["EngineAPI", "ServerKind"]
+
 # Pages of a session's missed events read after a reconnect, at most, and their size (the
 # server's maximum): a session that ran longer than this while we were away is read back up
 # to there, the rest comes live.

@@ -32,6 +32,8 @@ from monitor.shell.diagnosis import diagnose_error
 from monitor.shell.logs import configure_logging
 from monitor.shell.watch import Timing, Watch, http_session
 
+__all__ = ["OneSession", "attach", "run_attach", "warn_if_followed"]
+
 log = structlog.get_logger("monitor.attach")
 
 PROG = "opencode-loop-monitor"

@@ -40,6 +40,15 @@ from monitor.shell.diagnosis import (
     refused_credentials,
 )
 
+__all__ = [
+    "EventStream",
+    "READ_BUFSIZE",
+    "READ_TIMEOUT_S",
+    "RECONNECT",
+    "stream_timeout",
+    "stream_url",
+]
+
 log = structlog.get_logger("monitor.shell.stream")
 
 # The `stream.diagnosis` problem of a 401 (or 407) after the stream has worked.
