@@ -22,6 +22,7 @@ from monitor.config import (
     Settings,
     settings_for,
 )
+from monitor.core.limits import DetectionError
 from monitor.errors import (
     ConfigError,
     CredentialsRefused,
@@ -31,6 +32,7 @@ from monitor.errors import (
     SessionGone,
 )
 from monitor.exits import EX_CONFIG
+from monitor.kit.sandbox import SandboxError
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "hunter2-Zq9!secret"
@@ -159,6 +161,12 @@ def test_config_error_while_running_exits_78(run_watch, capsys: pytest.CaptureFi
             "server error: GET /session/ses_1: not found (404)",
         ),
         (Refused("GET /path: refused (403)", 403), 69, "server error: GET /path: refused (403)"),
+        (
+            DetectionError("history", 8, 40, (("max_period", 10), ("repeats", 4)), "to see"),
+            78,
+            "config error: history must be at least 40 = max_period 10 * repeats 4 to see, not 8",
+        ),
+        (SandboxError("server was never started"), 1, "error: server was never started"),
     ],
 )
 def test_each_kind_of_error_ends_the_command_in_one_line_with_its_status(

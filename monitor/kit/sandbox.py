@@ -25,7 +25,7 @@ from typing import Any, Self
 
 import aiohttp
 
-from monitor.errors import ServerError
+from monitor.errors import MonitorError, ServerError
 from monitor.kit.poll import until
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.decide import PluginEndpoint
@@ -67,7 +67,7 @@ LOG_TAIL_BYTES = 4000
 Process = tuple[int, int, int, str]  # pid, ppid, pgid, state letter
 
 
-class SandboxError(Exception):
+class SandboxError(MonitorError):
     """The sandbox could not provide a working OpenCode server."""
 
 
