@@ -67,6 +67,7 @@ class _Unanswered(ServerAway):
 
 # What may pass: worth another try, or a look whether it arrived.
 _TRANSIENT = (_Failing, ServerAway)
+_SESSION_ROUTE = re.compile(r"(?:/api)?/session/([^/]+)(?:/|$)")
 
 
 def _names_session(path: str) -> bool:
@@ -74,9 +75,6 @@ def _names_session(path: str) -> bool:
     only there does a 404 mean the session is gone; elsewhere it is the route's own answer."""
     route = _SESSION_ROUTE.match(path)
     return route is not None and is_session_id(unquote(route.group(1)))
-
-
-_SESSION_ROUTE = re.compile(r"(?:/api)?/session/([^/]+)(?:/|$)")
 
 
 def basic_auth_header(user: str, password: str) -> dict[str, str]:
