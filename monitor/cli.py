@@ -25,8 +25,17 @@ from monitor.config import (
     settings_for,
     unknown_variables,
 )
-from monitor.errors import ConfigError
-from monitor.exits import EX_CONFIG, EX_INTERRUPTED, EX_OK
+from monitor.errors import ConfigError, LocalError, MonitorError, ServerError
+from monitor.exits import (
+    EX_CONFIG,
+    EX_FAILED,
+    EX_INTERRUPTED,
+    EX_OK,
+    EX_UNAVAILABLE,
+    EX_USAGE,
+)
+
+__all__ = ["COMMANDS", "EPILOG", "WATCH_EPILOG", "main"]
 
 PROG = "opencode-loop-monitor"
 # 128 + SIGINT, what a shell reports for a program stopped with Ctrl-C.
@@ -598,6 +607,16 @@ def _check_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None
     parser.error(f"unknown command {word!r}{hint}; the commands: {', '.join(names)}")
 
 
+# Each kind of `MonitorError` (monitor/errors.py), how it is named and the exit status it
+# ends the command with; the first that fits.
+_KINDS: tuple[tuple[type[MonitorError], str, int], ...] = (
+    (ConfigError, "config error", EX_CONFIG),  # no restart: the setting must change
+    (LocalError, "input error", EX_USAGE),  # a file given to the command
+    (ServerError, "server error", EX_UNAVAILABLE),  # the server failed or is away
+    (MonitorError, "error", EX_FAILED),
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -616,8 +635,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             vars(args), os.environ, isatty=sys.stdout.isatty(), uses=command.uses
         )
         return command.run(settings, args)
-    except ConfigError as error:
-        print(f"{PROG}: config error: {error}", file=sys.stderr)
-        return EX_CONFIG
+    except MonitorError as error:
+        # A command that knows better has said it already; what reaches here is said in one
+        # line, with the exit status of its kind, never as a traceback.
+        label, status = next(k[1:] for k in _KINDS if isinstance(error, k[0]))
+        print(f"{PROG}: {label}: {error}", file=sys.stderr)
+        return status
     except KeyboardInterrupt:
         return EX_INTERRUPTED

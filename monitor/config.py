@@ -41,6 +41,25 @@ from monitor.core.rules.revisit import WINDOW as REVISIT_WINDOW
 from monitor.core.rules.runaway import LINES as RUNAWAY_LINES
 from monitor.errors import ConfigError
 
+__all__ = [
+    "ApiChoice",
+    "Group",
+    "ListenAddress",
+    "SERVER_PASSWORD_VAR",
+    "SERVER_USERNAME_VAR",
+    "SETTINGS",
+    "SETTINGS_BY_NAME",
+    "Setting",
+    "Settings",
+    "detection_of",
+    "guard_of",
+    "is_loopback",
+    "load_settings",
+    "public_url",
+    "settings_for",
+    "unknown_variables",
+]
+
 # Which OpenCode API the monitor speaks (`--api`): see monitor/shell/api_v2.py.
 ApiChoice = Literal["auto", "1", "2"]
 

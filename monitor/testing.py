@@ -19,6 +19,16 @@ from typing import Any
 
 from aiohttp import web
 
+__all__ = [
+    "FakeOpencode",
+    "Received",
+    "engine_call",
+    "engine_event",
+    "frames",
+    "no_headers",
+    "play",
+]
+
 StreamScript = Callable[[web.Request, web.StreamResponse], Awaitable[None]]
 
 

@@ -135,6 +135,21 @@ async def test_a_session_a_2_0_server_does_not_have_exits_66(capsys: Any) -> Non
     assert capsys.readouterr().err.startswith(f"opencode-loop-monitor: session {missing} not found")
 
 
+async def test_an_id_of_another_shape_is_not_found_and_never_sent(capsys: Any) -> None:
+    # Issue 30: no 404 came, so it is a MalformedId, not SessionGone; said as "not found".
+    fake = FakeOpencode(generation=2, sessions=[SESSION])
+    server, task = await attaching(fake, "ses_../../global/dispose")
+    url = str(server.make_url("")).rstrip("/")
+    try:
+        code = await asyncio.wait_for(task, 5)
+    finally:
+        await server.close()
+    assert code == EX_NOINPUT and fake.requests == []
+    assert capsys.readouterr().err == (
+        f"opencode-loop-monitor: session ses_../../global/dispose not found on {url}\n"
+    )
+
+
 async def test_a_port_nothing_listens_on_is_said_in_plain_words(capsys: Any) -> None:
     # Issue 32: `attach` printed `cannot look up session ...: ClientConnectorError` where
     # `watch` says what a wrong port means; now the same sentence.

@@ -22,8 +22,17 @@ from monitor.config import (
     Settings,
     settings_for,
 )
-from monitor.errors import ConfigError
+from monitor.core.limits import DetectionError
+from monitor.errors import (
+    ConfigError,
+    CredentialsRefused,
+    InputError,
+    Refused,
+    ServerAway,
+    SessionGone,
+)
 from monitor.exits import EX_CONFIG
+from monitor.kit.sandbox import SandboxError
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "hunter2-Zq9!secret"
@@ -130,6 +139,46 @@ def test_config_error_while_running_exits_78(run_watch, capsys: pytest.CaptureFi
     assert capsys.readouterr().err == (
         "opencode-loop-monitor: config error: server rejected the credentials for user opencode\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "line"),
+    [
+        (
+            CredentialsRefused("GET /path", "check the password"),
+            78,
+            "config error: GET /path: check the password",
+        ),
+        (InputError("r.sse: not a recording"), 2, "input error: r.sse: not a recording"),
+        (
+            ServerAway("POST /session/ses_1/abort: ClientOSError"),
+            69,
+            "server error: POST /session/ses_1/abort: ClientOSError",
+        ),
+        (
+            SessionGone("GET /session/ses_1: not found (404)"),
+            69,
+            "server error: GET /session/ses_1: not found (404)",
+        ),
+        (Refused("GET /path: refused (403)", 403), 69, "server error: GET /path: refused (403)"),
+        (
+            DetectionError("history", 8, 40, (("max_period", 10), ("repeats", 4)), "to see"),
+            78,
+            "config error: history must be at least 40 = max_period 10 * repeats 4 to see, not 8",
+        ),
+        (SandboxError("server was never started"), 1, "error: server was never started"),
+    ],
+)
+def test_each_kind_of_error_ends_the_command_in_one_line_with_its_status(
+    run_watch, capsys: pytest.CaptureFixture[str], error: Exception, status: int, line: str
+) -> None:
+    # Issue 30: a ServerError that reached the command line ended it with a traceback.
+    def failing(settings: Settings) -> int:
+        raise error
+
+    run_watch(failing)
+    assert main(["watch"]) == status
+    assert capsys.readouterr().err == f"opencode-loop-monitor: {line}\n"
 
 
 # (setting, value as text, part of the message) — each is tried as a flag, a variable and a

@@ -223,3 +223,94 @@ def test_the_executor_check_sees_a_branch_on_a_plan(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     assert decides(source) == ["actions.py:2 .plan", "actions.py:2 Plan"]
+
+
+# Each module's face: `__all__` names what other modules (and users) take from it, so the next
+# reader knows what is supported; a name no other module takes is the module's own.
+def faces(top: Path = PACKAGE) -> dict[str, list[str] | None]:
+    """Each module's `__all__` as its source writes it (None: it has none). `__main__` is run,
+    never imported, and a private `_x.py` is all its package's own."""
+    found: dict[str, list[str] | None] = {}
+    for path in sorted(top.rglob("*.py")):
+        if path.name == "__main__.py" or (path.name.startswith("_") and path.stem != "__init__"):
+            continue
+        found[module_name(path, top)] = next(
+            (
+                [ast.literal_eval(item) for item in node.value.elts]
+                for node in ast.parse(path.read_text(encoding="utf-8")).body
+                if isinstance(node, ast.Assign | ast.AnnAssign)
+                and isinstance(node.value, ast.List)
+                and any(
+                    isinstance(target, ast.Name) and target.id == "__all__"
+                    for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                )
+            ),
+            None,
+        )
+    return found
+
+
+def taken(path: Path, top: Path, modules: set[str]) -> set[tuple[str, str]]:
+    """(module, name) for every name `path` takes from another module of the package:
+    `from m import name`, and `alias.name` where `import m as alias` or `from p import m`."""
+    aliases: dict[str, str] = {}
+    found = set()
+    for _, module, names in imports(path, top):
+        for name in names:
+            if f"{module}.{name}" in modules:
+                aliases[name] = f"{module}.{name}"
+            elif module in modules:
+                found.add((module, name))
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in modules})
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+        ):
+            found.add((aliases[node.value.id], node.attr))
+    return {(module, name) for module, name in found if module != module_name(path, top)}
+
+
+def faceless(top: Path = PACKAGE) -> list[str]:
+    """Modules without `__all__`, and names one module takes from another that are not in
+    the other's `__all__`."""
+    face = faces(top)
+    modules = {module_name(path, top) for path in top.rglob("*.py")}
+    missing = [f"{module} has no __all__" for module, names in face.items() if names is None]
+    for path in sorted(top.rglob("*.py")):
+        for module, name in sorted(taken(path, top, modules)):
+            if name not in (face.get(module) or ()) and module in face:
+                where = path.relative_to(top.parent)
+                missing.append(f"{where} takes {name} from {module}, not in its __all__")
+    return missing
+
+
+def test_every_module_names_its_face_and_every_name_taken_is_in_it() -> None:
+    assert faceless() == []
+
+
+def test_the_face_check_sees_a_module_without_all_and_a_name_left_out(tmp_path: Path) -> None:
+    top = tmp_path / "monitor"
+    (top / "core").mkdir(parents=True)
+    files = {
+        "__init__.py": "__all__: list[str] = []\n",
+        "__main__.py": "from monitor.core.a import run\n",
+        "core/__init__.py": "",
+        "core/_private.py": "X = 1\n",
+        "core/a.py": '__all__ = ["run"]\ndef run(): ...\ndef helper(): ...\nLIMIT = 1\n',
+        "core/b.py": (
+            "__all__ = []\nfrom monitor.core.a import run, helper\nfrom . import a\n"
+            "import monitor.core.a as same\nprint(a.LIMIT, same.run)\n"
+        ),
+    }
+    for name, source in files.items():
+        (top / name).write_text(source, encoding="utf-8")
+    assert faceless(top) == [
+        "monitor.core has no __all__",
+        "monitor/core/b.py takes LIMIT from monitor.core.a, not in its __all__",
+        "monitor/core/b.py takes helper from monitor.core.a, not in its __all__",
+    ]

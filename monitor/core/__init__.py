@@ -7,3 +7,5 @@ record per session), `rules` (one module per loop rule), `findings` (what a rule
 plans what to read back after a reconnect; `export` turns a session's messages into the frames
 the stream would have carried; `replay` and `evaluate` run the tracker over recordings.
 """
+
+__all__: list[str] = []

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from monitor.core.events import MessageUsage
 from monitor.core.findings import BudgetSpent
 
+__all__ = ["Budget", "BudgetBook"]
+
 MEASURES = ("steps", "tokens", "cost")
 
 

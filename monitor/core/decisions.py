@@ -14,6 +14,8 @@ from typing import Literal
 
 from monitor.core.findings import Finding, Rule, TextPassage, fields
 
+__all__ = ["Action", "Deadline", "Intervene", "Outcome", "Plan", "Reply"]
+
 
 class Outcome(enum.StrEnum):
     """How one intervention ended (`intervention.outcome`)."""

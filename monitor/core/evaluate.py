@@ -14,11 +14,24 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from monitor.core.findings import RULES
+from monitor.errors import InputError
+
+__all__ = [
+    "Label",
+    "LabelError",
+    "Result",
+    "all_right",
+    "legit_firings",
+    "parse_label",
+    "set_table",
+    "table",
+    "trace_line",
+]
 
 _LABEL = re.compile(r"^:\s*expect\s+(?:(legit)|loop\s+at\s+(\d+))\s*$")
 
 
-class LabelError(ValueError):
+class LabelError(InputError, ValueError):
     """The trace has no usable label; the message is safe to print."""
 
 

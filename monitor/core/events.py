@@ -12,6 +12,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = [
+    "Event",
+    "FileEdited",
+    "KNOWN_EVENT_TYPES",
+    "MALFORMED",
+    "Malformed",
+    "MessageUsage",
+    "NO_DIFF",
+    "OTHER",
+    "PartDelta",
+    "PermissionAsked",
+    "PermissionReplied",
+    "SessionDeleted",
+    "SessionDiff",
+    "SessionIdle",
+    "SessionSeen",
+    "TextPart",
+    "ToolPart",
+    "UserMessage",
+    "parse_event",
+    "usage_total",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class ToolPart:

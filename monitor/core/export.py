@@ -12,6 +12,17 @@ from typing import Any
 from monitor.core.events import Malformed
 from monitor.core.feedback import MARKS, OWN_REFUSAL, is_hold_feedback
 
+__all__ = [
+    "answered",
+    "current_run",
+    "export_frames",
+    "feedback_count",
+    "feedback_delivered",
+    "held_in",
+    "intervened",
+    "tool_parts",
+]
+
 
 def _info(message: object) -> dict[str, Any] | None:
     info = message.get("info") if isinstance(message, dict) else None

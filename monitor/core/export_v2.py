@@ -17,6 +17,8 @@ from typing import Any
 
 from monitor.core.profile import server_call
 
+__all__ = ["classic_messages"]
+
 
 def classic_messages(page: object, session_id: str) -> list[dict[str, Any]]:
     """The messages of one answer (its `data`, newest first) as 1.x `{info, parts}`, oldest

@@ -36,6 +36,7 @@ __all__ = [
     "feedback_text",
     "is_hold_feedback",
     "nudge_text",
+    "refusal_after_text",
     "rejection_text",
 ]
 

@@ -16,6 +16,26 @@ import unicodedata
 from dataclasses import dataclass
 from typing import ClassVar
 
+__all__ = [
+    "BudgetSpent",
+    "CallCycle",
+    "DoomLoop",
+    "EndlessWait",
+    "FailureRun",
+    "Finding",
+    "NoProgress",
+    "RULES",
+    "Revisit",
+    "Rule",
+    "RunawayCall",
+    "SearchCircles",
+    "TOOL_NAME_MAX",
+    "TextPassage",
+    "TextSteps",
+    "clean_tool_name",
+    "fields",
+]
+
 # Longer than any real tool name (MCP tools are `server_tool`), short enough to carry no
 # paragraph of instructions.
 TOOL_NAME_MAX = 64

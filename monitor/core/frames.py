@@ -11,6 +11,15 @@ import json
 import json.scanner
 from collections.abc import Callable, Iterable, Iterator
 
+__all__ = [
+    "FrameError",
+    "MAX_LINE_BYTES",
+    "SSEChunkDecoder",
+    "decode_frame",
+    "encode_sse",
+    "iter_sse_data",
+]
+
 # A tool output can be large (a whole file read), but a frame beyond this is not something
 # the server sends: refuse it rather than hold it in memory.
 MAX_FRAME_BYTES = 16 * 1024 * 1024

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+__all__ = ["is_permission_id", "is_session_id"]
+
 _BASE62 = "[0-9A-Za-z]{1,64}"
 SESSION_ID = re.compile(f"ses_{_BASE62}")
 PERMISSION_ID = re.compile(f"per_{_BASE62}")

@@ -13,6 +13,8 @@ from typing import Literal
 
 from monitor.core.decisions import Action, Plan
 
+__all__ = ["FirstAction", "OnLoop", "rung"]
+
 OnLoop = Literal["resume", "hold"]
 FirstAction = Literal["nudge", "block", "stop"]
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from monitor.errors import ConfigError
+
+__all__ = ["DetectionError", "HISTORY_FLOOR", "check_history", "derived_history"]
+
 # The history the defaults were measured with (docs/detection.md): a derived history is never
 # shorter, so settings that fit in it see exactly what the measurements saw.
 HISTORY_FLOOR = 32
@@ -16,8 +20,8 @@ HISTORY_FLOOR = 32
 SINGLE_CALL_REPEATS = 4
 
 
-class DetectionError(ValueError):
-    """Detection settings that do not fit each other.
+class DetectionError(ConfigError, ValueError):
+    """Detection settings that do not fit each other (a `ConfigError` wherever it is raised).
 
     `field` is the setting to change, `minimum` the least value that fits, `needs` the
     settings that set that minimum (each with its value), and `why` what the minimum is for.

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+__all__ = ["TextPattern"]
+
 
 class TextPattern:
     """One pattern, compiled twice: `of(text)` is the one to run on `text`."""

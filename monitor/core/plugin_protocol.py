@@ -40,6 +40,27 @@ from typing import Any, Literal
 
 from monitor.core.ids import is_session_id
 
+__all__ = [
+    "ALLOW",
+    "DECIDE_PATH",
+    "FellOpen",
+    "MAX_BODY",
+    "Nonces",
+    "PROOF_HEADER",
+    "PluginCall",
+    "PluginVerdict",
+    "RequestRefused",
+    "Signature",
+    "answer_proof",
+    "block",
+    "check_head",
+    "check_signature",
+    "question_mac",
+    "read_body",
+    "signed",
+    "too_large",
+]
+
 VERSION = "v1"
 DECIDE_PATH = f"/{VERSION}/decide"
 # A `write` call carries the whole file it writes; 1 MiB holds any a model sends in one call,

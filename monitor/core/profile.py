@@ -30,6 +30,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal
 
+__all__ = ["Profile", "ignored_args", "server_call", "transparent_tools"]
+
 Profile = Literal["opencode", "none"]
 
 OPENCODE_TRANSPARENT_TOOLS = frozenset({"todowrite", "todoread"})

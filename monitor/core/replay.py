@@ -27,7 +27,20 @@ from monitor.core.export import export_frames
 from monitor.core.findings import fields
 from monitor.core.frames import MAX_LINE_BYTES, iter_sse_data
 from monitor.core.tracker import Detection, Tracker
+from monitor.errors import InputError
 from monitor.exits import EX_DETECTED, EX_OK, EX_USAGE
+
+__all__ = [
+    "FileReplay",
+    "Format",
+    "RecordingError",
+    "Totals",
+    "bounded_lines",
+    "exit_status",
+    "progress_text",
+    "replay_lines",
+    "sniff_format",
+]
 
 _SSE_FIELDS = frozenset({"data", "event", "id", "retry"})
 
@@ -38,7 +51,7 @@ class Format(enum.Enum):
     EXPORT = "export"
 
 
-class RecordingError(ValueError):
+class RecordingError(InputError, ValueError):
     """The file is not a recording we can read; the message is safe to print."""
 
 

@@ -22,6 +22,15 @@ from dataclasses import dataclass
 
 from monitor.core.export import current_run, tool_parts
 
+__all__ = [
+    "ResyncPlan",
+    "directories_to_ask",
+    "finished_calls",
+    "missed_by_stream",
+    "plan_resync",
+    "recent_sessions",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class ResyncPlan:

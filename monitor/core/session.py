@@ -34,6 +34,21 @@ from monitor.core.patterns import TextPattern
 from monitor.core.runs import RunState
 from monitor.core.signature import canonical_signature, signature_digest
 
+__all__ = [
+    "Acted",
+    "Call",
+    "MAX_ASKS",
+    "MAX_IN_FLIGHT",
+    "MAX_REQUESTS",
+    "PLUGIN_PART",
+    "RecentMap",
+    "Request",
+    "SessionRecord",
+    "bounded_put",
+    "call_digest",
+    "outcome_digest",
+]
+
 K = TypeVar("K")
 V = TypeVar("V")
 

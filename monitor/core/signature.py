@@ -13,6 +13,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+__all__ = ["canonical_signature", "signature_digest"]
+
 _dump_scalar: Callable[[Any], str] = json.JSONEncoder(
     ensure_ascii=False, allow_nan=True, separators=(",", ":")
 ).encode

@@ -83,7 +83,6 @@ __all__ = [
     "Tracker",
 ]
 
-
 # Most frames change nothing the shell must act on: one shared result per event type, so the
 # hot path allocates nothing for them.
 _QUIET = {label: Fed(event_type=label) for label in (*KNOWN_EVENT_TYPES, OTHER, MALFORMED)}

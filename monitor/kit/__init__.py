@@ -4,3 +4,5 @@ and the one polling helper (`poll`). The stand-in server is `monitor.testing`.
 
 Not part of the guard: nothing in `monitor.core` or `monitor.shell` imports it.
 """
+
+__all__: list[str] = []

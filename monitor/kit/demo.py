@@ -35,7 +35,7 @@ import aiohttp
 
 from monitor.config import Settings
 from monitor.core.frames import FrameError, SSEChunkDecoder, decode_frame
-from monitor.errors import ServerError
+from monitor.errors import MonitorError, ServerError
 from monitor.exits import EX_FAILED, EX_OK
 from monitor.kit.poll import until
 from monitor.kit.sandbox import (
@@ -55,6 +55,8 @@ from monitor.shell.logs import configure_logging
 from monitor.shell.notify import Notifier
 from monitor.shell.stream import READ_BUFSIZE, stream_timeout, stream_url
 from monitor.shell.watch import Watch
+
+__all__ = ["DRY_RUN_ANSWER", "Printer", "run_demo", "watching_line"]
 
 PREFIX = "opencode-loop-monitor demo"
 LOG_NAME = "demo-monitor.log"
@@ -83,7 +85,7 @@ SUMMARY_WIDTH = 60
 FEEDBACK_WIDTH = 200
 
 
-class DemoError(Exception):
+class DemoError(MonitorError):
     """The demo could not show the monitor at work; the message says why."""
 
 

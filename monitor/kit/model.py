@@ -24,6 +24,8 @@ from monitor.kit.scripted_model import (
     ToolCall,
 )
 
+__all__ = ["DEFAULT_PORT", "MODEL_ID", "PROVIDER", "provider_block", "run_model", "step_line"]
+
 PROG = "opencode-loop-monitor model"
 PROVIDER = "loop-monitor"
 MODEL = "looper"

@@ -33,6 +33,8 @@ from monitor.kit.sandbox import (
 )
 from monitor.kit.scripted_model import ModelRequest, ScriptedModel, find_script, script
 
+__all__: list[str] = []
+
 PROG = "python -m monitor.kit.playground"
 # What `opencode run` sends: read a file, list the folder, again and again (12 calls).
 PATTERN = [("read", {"filePath": "README.md"}), ("bash", {"command": "ls"})]

@@ -12,6 +12,8 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
 
+__all__ = ["until"]
+
 T = TypeVar("T")
 
 

@@ -25,12 +25,29 @@ from typing import Any, Self
 
 import aiohttp
 
-from monitor.errors import ServerError
+from monitor.errors import MonitorError, ServerError
 from monitor.kit.poll import until
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.decide import PluginEndpoint
 from monitor.shell.plugin_install import FILE_NAME as PLUGIN_FILE
 from monitor.shell.plugin_install import render as render_plugin
+
+__all__ = [
+    "InstallError",
+    "MODEL_ID",
+    "NEVER_ASK",
+    "NPM_PACKAGE",
+    "OPENCODE_VERSION",
+    "OpencodeServer",
+    "ProjectClient",
+    "SandboxError",
+    "ServerStartError",
+    "default_cache_dir",
+    "find_or_install_bun",
+    "find_or_install_opencode",
+    "free_loopback_port",
+    "tool_parts",
+]
 
 OPENCODE_VERSION = "1.18.33"
 NPM_PACKAGE = f"opencode-ai@{OPENCODE_VERSION}"
@@ -50,7 +67,7 @@ LOG_TAIL_BYTES = 4000
 Process = tuple[int, int, int, str]  # pid, ppid, pgid, state letter
 
 
-class SandboxError(Exception):
+class SandboxError(MonitorError):
     """The sandbox could not provide a working OpenCode server."""
 
 

@@ -44,6 +44,21 @@ from typing import Any, Literal, Self
 
 from aiohttp import web
 
+__all__ = [
+    "DEFAULT_ANSWER",
+    "ModelRequest",
+    "ON_DEMAND_ANSWER",
+    "ParallelCalls",
+    "ScriptedModel",
+    "Text",
+    "ToolCall",
+    "UNSCRIPTED_ANSWER",
+    "decide",
+    "find_script",
+    "on_demand_script",
+    "script",
+]
+
 DEFAULT_ANSWER = "Understood. I will stop repeating and change approach."
 UNSCRIPTED_ANSWER = "Scripted session"
 # What a prompt in words gets from a model served on demand: the demo's loop (read a file,

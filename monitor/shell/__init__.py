@@ -5,3 +5,5 @@
 `metrics` and `logs` tell systemd, Prometheus and the journal how it goes; `replay` runs the
 core over recordings, offline.
 """
+
+__all__: list[str] = []

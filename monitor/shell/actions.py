@@ -27,8 +27,8 @@ from monitor.core import intervention as life
 from monitor.core.decisions import Intervene, Outcome, Reply
 from monitor.core.due import DueWork
 from monitor.core.intervention import Command, Happened, Intervention, Result, Sent, Turn
-from monitor.errors import ConfigError, ServerError, SessionGone
-from monitor.shell.api import OpencodeAPI, ServerAway
+from monitor.errors import ConfigError, ServerAway, ServerError, SessionGone
+from monitor.shell.api import OpencodeAPI
 
 __all__ = ["STAGGER_S", "Interventions", "random_stagger"]
 

@@ -9,9 +9,10 @@ connection is ours: waiting for one of the pool's connections behind a slow serv
 request, it never times it out (a timed-out request the server already had would be sent
 twice).
 
-Redirects are never followed: a 3xx is a `ServerError` that says so. A 404 means the
-session is gone (`SessionGone`), a 401 means our credentials are wrong
-(`ConfigError`, never retried), anything else is a `ServerError`. Only ids and status codes
+Redirects are never followed: a 3xx is a `ServerError` that says so. A 404 of a session's
+own route means the session is gone (`SessionGone`); of any other route it is `Refused` with
+status 404. A 401 means our credentials are wrong (`CredentialsRefused`, a `ConfigError`,
+never retried), anything else is a `ServerError` (monitor/errors.py). Only ids and status codes
 go into errors. Ids are checked against OpenCode's shapes (`monitor.core.ids`) and every
 path segment is percent-encoded, dots included, so no id can reach another endpoint.
 """
@@ -20,19 +21,29 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import aiohttp
 from yarl import URL
 
 from monitor.core.export import feedback_delivered
 from monitor.core.ids import is_permission_id, is_session_id
-from monitor.errors import ConfigError, ServerError, SessionGone
+from monitor.errors import (
+    CredentialsRefused,
+    MalformedId,
+    Refused,
+    ServerAway,
+    ServerError,
+    SessionGone,
+)
 from monitor.shell.backoff import Backoff
 from monitor.shell.diagnosis import refused_credentials
+
+__all__ = ["OpencodeAPI", "Retry", "basic_auth_header", "path_segment", "session_path"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,42 +53,28 @@ class Retry:
     timeout: float = 10.0
 
 
-class _Transient(ServerError):
-    """A failure that may pass; the server may or may not have taken the request."""
-
-
-class ServerAway(_Transient):
-    """No answer from the server at all, after retries: it may be down or restarting. What
-    was being done is worth finishing once it is back (`monitor.core.due`)."""
+class _Failing(ServerError):
+    """A 5xx: a failure that may pass; the server may or may not have taken the request."""
 
 
 class _NotSent(ServerAway):
     """The connection was never made: the server surely did not get the request."""
 
 
-class _NoAnswer(ServerAway):
+class _Unanswered(ServerAway):
     """Sent, and no answer came (timeout, dropped connection): the server may still act."""
 
 
-class Refused(ServerError):
-    """The server refused the request (a 4xx other than 401 and 404): `status` says which."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
+# What may pass: worth another try, or a look whether it arrived.
+_TRANSIENT = (_Failing, ServerAway)
+_SESSION_ROUTE = re.compile(r"(?:/api)?/session/([^/]+)(?:/|$)")
 
 
-class CredentialsRefused(ConfigError):
-    """A 401: our credentials are wrong. `reason` says which case and what to check, without
-    the request it came on (`detect` says it as the stream does)."""
-
-    def __init__(self, what: str, reason: str) -> None:
-        super().__init__(f"{what}: {reason}")
-        self.reason = reason
-
-
-class MalformedId(ServerError):
-    """An id that is not of OpenCode's shape; no request was made with it."""
+def _names_session(path: str) -> bool:
+    """Whether `path` is a session's own route (`/session/ses_...`, `/api/session/ses_...`):
+    only there does a 404 mean the session is gone; elsewhere it is the route's own answer."""
+    route = _SESSION_ROUTE.match(path)
+    return route is not None and is_session_id(unquote(route.group(1)))
 
 
 def basic_auth_header(user: str, password: str) -> dict[str, str]:
@@ -200,7 +197,9 @@ class OpencodeAPI:
             # Not idempotent: a second copy of an answer that arrived would meet a 404, which
             # reads as "someone answered first".
             await self._call("POST", path, directory, body, idempotent=False)
-        except SessionGone:
+        except Refused as exc:
+            if exc.status != 404:
+                raise
             return False
         return True
 
@@ -280,7 +279,7 @@ class OpencodeAPI:
         while True:
             try:
                 return await self._once(method, path, params, body)
-            except _Transient as exc:
+            except _TRANSIENT as exc:
                 once_only = not idempotent and not isinstance(exc, _NotSent)
                 attempt += 1
                 if attempt >= self._retry.attempts or (once_only and arrived is None):
@@ -291,12 +290,12 @@ class OpencodeAPI:
                 assert arrived is not None
                 if await arrived():
                     return None
-                if isinstance(exc, _NoAnswer):
+                if isinstance(exc, _Unanswered):
                     await self._look_for(arrived, attempt, exc)
                     return None
 
     async def _look_for(
-        self, arrived: Callable[[], Awaitable[bool]], attempt: int, failure: _NoAnswer
+        self, arrived: Callable[[], Awaitable[bool]], attempt: int, failure: _Unanswered
     ) -> None:
         while True:
             attempt += 1
@@ -341,10 +340,10 @@ class OpencodeAPI:
                 if response.status == 401:
                     sent = aiohttp.hdrs.AUTHORIZATION in self._http.headers
                     raise CredentialsRefused(what, refused_credentials(401, sent))
-                if response.status == 404:
+                if response.status == 404 and _names_session(path):
                     raise SessionGone(f"{what}: not found (404)")
                 if response.status >= 500:
-                    raise _Transient(f"{what}: server error {response.status}")
+                    raise _Failing(f"{what}: server error {response.status}")
                 if response.status >= 400:
                     raise Refused(f"{what}: refused ({response.status})", response.status)
                 if response.status >= 300:
@@ -358,4 +357,4 @@ class OpencodeAPI:
             # The cause is kept for a diagnosis in plain words (monitor/shell/diagnosis.py).
             raise _NotSent(f"{what}: {type(exc).__name__}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _NoAnswer(f"{what}: {type(exc).__name__}") from None
+            raise _Unanswered(f"{what}: {type(exc).__name__}") from None

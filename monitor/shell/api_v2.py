@@ -40,16 +40,17 @@ from monitor.core.export import feedback_delivered
 from monitor.core.export_v2 import classic_messages
 from monitor.core.ids import is_permission_id
 from monitor.core.session import bounded_put
-from monitor.errors import ConfigError, ServerError, SessionGone
-from monitor.shell.api import (
+from monitor.errors import (
+    ConfigError,
     CredentialsRefused,
     MalformedId,
-    OpencodeAPI,
     Refused,
-    Retry,
-    path_segment,
-    session_path,
+    ServerError,
+    SessionGone,
 )
+from monitor.shell.api import OpencodeAPI, Retry, path_segment, session_path
+
+__all__ = ["EngineAPI", "ServerKind"]
 
 # Pages of a session's missed events read after a reconnect, at most, and their size (the
 # server's maximum): a session that ran longer than this while we were away is read back up
@@ -150,7 +151,7 @@ class EngineAPI(OpencodeAPI):
                 async with asyncio.timeout(self.api_read_s):
                     await self._once("GET", "/api/health", None, None)
                 engine = True
-            except (SessionGone, Refused):
+            except Refused:
                 engine = False
             except TimeoutError:
                 # Hung: the kind found before holds for this connect (Watch._locate).
@@ -168,7 +169,7 @@ class EngineAPI(OpencodeAPI):
         try:
             # Asked once: a server that does not answer is the stream's to report.
             health = await self._once("GET", "/global/health", None, None)
-        except (SessionGone, Refused):
+        except Refused:
             return None
         version = health.get("version") if isinstance(health, dict) else None
         return version if isinstance(version, str) else "unknown"

@@ -24,13 +24,15 @@ from monitor.config import Settings, public_url
 from monitor.core.export import feedback_count
 from monitor.core.ids import is_session_id
 from monitor.core.tracker import Fed
-from monitor.errors import ServerError, SessionGone
+from monitor.errors import MalformedId, ServerError, SessionGone
 from monitor.exits import EX_NOINPUT, EX_UNAVAILABLE
 from monitor.shell.api import OpencodeAPI
 from monitor.shell.api_v2 import EngineAPI
 from monitor.shell.diagnosis import diagnose_error
 from monitor.shell.logs import configure_logging
 from monitor.shell.watch import Timing, Watch, http_session
+
+__all__ = ["OneSession", "attach", "run_attach", "warn_if_followed"]
 
 log = structlog.get_logger("monitor.attach")
 
@@ -84,7 +86,7 @@ async def look_up(settings: Settings, session_id: str) -> Found:
     # The server answers 500 (1.x) or 400 (`/api`), not 404, for an id that is not an
     # OpenCode session id; and an id of another shape is never sent at all.
     if not is_session_id(session_id):
-        raise SessionGone("not an OpenCode session id")
+        raise MalformedId("not an OpenCode session id")
     engines: dict[str, int] = {}
     async with http_session(settings) as http:
         api = EngineAPI(
@@ -133,7 +135,7 @@ async def warn_if_followed(api: OpencodeAPI, session_id: str, directory: str) ->
 async def attach(settings: Settings, session_id: str, timing: Timing = Timing()) -> int:
     try:
         found = await look_up(settings, session_id)
-    except SessionGone:
+    except (SessionGone, MalformedId):
         url = public_url(settings.url)
         print(f"{PROG}: session {session_id} not found on {url}", file=sys.stderr)
         return EX_NOINPUT

@@ -10,6 +10,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+__all__ = ["Backoff"]
+
 
 @dataclass(frozen=True, slots=True)
 class Backoff:

@@ -58,6 +58,23 @@ from monitor.core.plugin_protocol import (
 from monitor.errors import ConfigError
 from monitor.shell.listener import Limits, Listening, listen_tcp, listen_unix, trust
 
+__all__ = [
+    "DecideServer",
+    "EndpointTaken",
+    "MAX_CONNECTIONS",
+    "PluginEndpoint",
+    "PluginStats",
+    "UNASKED_AFTER_S",
+    "UNASKED_CHECK_S",
+    "Unasked",
+    "open_folder",
+    "plugin_endpoint",
+    "private_dir",
+    "read_or_create_token",
+    "socket_name",
+    "state_dir",
+]
+
 log = structlog.get_logger("monitor.shell.decide")
 
 Judge = Callable[[PluginCall], PluginVerdict]

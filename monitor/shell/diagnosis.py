@@ -17,6 +17,14 @@ import aiohttp
 
 from monitor.config import SERVER_PASSWORD_VAR, SERVER_USERNAME_VAR
 
+__all__ = [
+    "Diagnosis",
+    "diagnose_error",
+    "diagnose_status",
+    "directory_known",
+    "refused_credentials",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class Diagnosis:

@@ -35,6 +35,8 @@ from monitor.shell.replay import read_lines
 if TYPE_CHECKING:
     from monitor.config import Settings
 
+__all__ = ["evaluate_paths", "replay_run", "run_evaluate"]
+
 PROG = "opencode-loop-monitor evaluate"
 
 

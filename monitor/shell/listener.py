@@ -22,6 +22,8 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+__all__ = ["BACKLOG", "Limits", "Listening", "listen_tcp", "listen_unix", "trust"]
+
 BACKLOG = 64
 
 

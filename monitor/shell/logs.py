@@ -24,6 +24,8 @@ import structlog
 
 from monitor.core.feedback import clean_tool_name
 
+__all__ = ["LoopErrors", "Throttle", "configure_logging"]
+
 LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,

@@ -36,6 +36,18 @@ from monitor.core.findings import RULES, clean_tool_name
 from monitor.shell.listener import Limits, Listening, listen_tcp
 from monitor.shell.stream import READ_TIMEOUT_S
 
+__all__ = [
+    "INTERVENTION_OUTCOMES",
+    "MAX_CONNECTIONS",
+    "MAX_DIRECTORIES",
+    "Metrics",
+    "MetricsServer",
+    "STATUS_RATE",
+    "readiness",
+    "start_metrics_server",
+    "wall_time",
+]
+
 PREFIX = "opencode_loop_monitor_"
 
 # A `_created` series beside every counter doubles what a scrape reads and says only when

@@ -19,6 +19,8 @@ import socket
 from collections.abc import Mapping
 from typing import NoReturn
 
+__all__ = ["Notifier", "encode", "socket_address", "watchdog_interval", "watchdog_pings"]
+
 
 def encode(fields: Mapping[str, str | int]) -> bytes:
     """The datagram carrying ``fields``, one ``KEY=VALUE`` line each.

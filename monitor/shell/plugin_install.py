@@ -26,6 +26,8 @@ from monitor.shell.decide import (
     socket_name,
 )
 
+__all__ = ["FILE_NAME", "install", "installed_endpoint", "render", "status", "uninstall"]
+
 FILE_NAME = "opencode-loop-monitor.ts"
 # The one line of the shipped file that install rewrites (earlier releases spelled out its
 # type: a file of theirs is read too, so it can be uninstalled).

@@ -31,6 +31,8 @@ from monitor.exits import EX_PIPE
 if TYPE_CHECKING:
     from monitor.config import Settings
 
+__all__ = ["Progress", "read_lines", "replay_files", "run_replay"]
+
 PROG = "opencode-loop-monitor replay"
 
 PROGRESS_INTERVAL_S = 0.2  # at most five redraws a second: drawing must not cost the replay

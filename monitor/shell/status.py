@@ -19,6 +19,8 @@ from monitor.config import ListenAddress, Settings
 from monitor.errors import ConfigError
 from monitor.exits import EX_OK, EX_UNAVAILABLE
 
+__all__ = ["render_status", "run_status"]
+
 TIMEOUT_S = 5.0
 # Where `status` asks when no metrics_addr is set: the documented `--metrics-addr`.
 DEFAULT_ADDRESS = ListenAddress("127.0.0.1", 9464)

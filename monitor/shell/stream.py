@@ -40,6 +40,15 @@ from monitor.shell.diagnosis import (
     refused_credentials,
 )
 
+__all__ = [
+    "EventStream",
+    "READ_BUFSIZE",
+    "READ_TIMEOUT_S",
+    "RECONNECT",
+    "stream_timeout",
+    "stream_url",
+]
+
 log = structlog.get_logger("monitor.shell.stream")
 
 # The `stream.diagnosis` problem of a 401 (or 407) after the stream has worked.
@@ -87,8 +96,10 @@ class _NotAStream(Exception):
         self.diagnosis = diagnosis
 
 
-class _NoAnswer(Exception):
-    """The server took the request and sent no answer in time: still starting, say."""
+class _NoHeaders(Exception):
+    """The stream's request was taken and no answer (not even its headers) came in time:
+    the server is still starting, say. Not the API's `_Unanswered`: a stream is asked again
+    and again, so this one only names the reconnect's reason."""
 
 
 class _NoFrame(Exception):
@@ -96,7 +107,7 @@ class _NoFrame(Exception):
 
 
 def _reason(exc: BaseException) -> str:
-    if isinstance(exc, (_NotAStream, _NoAnswer, _NoFrame)):
+    if isinstance(exc, (_NotAStream, _NoHeaders, _NoFrame)):
         return str(exc)
     if isinstance(exc, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
         return "read timeout"
@@ -233,7 +244,7 @@ class EventStream:
             async with asyncio.timeout(self._answer_limit):
                 response = await request
         except TimeoutError:
-            raise _NoAnswer(f"no answer for {self._answer_limit:g} s") from None
+            raise _NoHeaders(f"no answer for {self._answer_limit:g} s") from None
         async with response:
             status, content_type = response.status, response.content_type
             if status in (401, 407):

@@ -24,6 +24,8 @@ from monitor.core.feedback import earlier_by_name
 from monitor.shell.api import OpencodeAPI
 from monitor.shell.webhook import notification
 
+__all__ = ["REFUSAL_INTERVAL_S", "Toasts", "toast_body"]
+
 log = structlog.get_logger("monitor.shell.toast")
 
 # The outcomes a person at the TUI should hear of, and how loud.

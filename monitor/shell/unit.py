@@ -15,6 +15,8 @@ from pathlib import Path
 
 from monitor.config import public_url
 
+__all__ = ["INSTALLED_BINARY", "render", "this_install"]
+
 SCRIPT = "opencode-loop-monitor"
 # Where the system units, and the shipped copy of this one, expect the console script.
 INSTALLED_BINARY = f"/opt/{SCRIPT}/bin/{SCRIPT}"

@@ -70,6 +70,8 @@ from monitor.shell.stream import (
 from monitor.shell.toast import Toasts
 from monitor.shell.webhook import Delivery, Webhook
 
+__all__ = ["Timing", "Watch", "http_session", "run_watch"]
+
 log = structlog.get_logger("monitor.shell.watch")
 
 # SIGTERM to exit must stay under 5 s: in-flight aborts get this long to finish.

@@ -35,6 +35,8 @@ from monitor.core.decisions import Intervene, Outcome
 from monitor.core.feedback import clean_tool_name
 from monitor.shell.backoff import Backoff
 
+__all__ = ["Delivery", "Webhook", "notification"]
+
 log = structlog.get_logger("monitor.shell.webhook")
 
 _SAID: dict[Outcome, str] = {

@@ -41,6 +41,8 @@ from monitor.core.events import TextPart
 from monitor.core.findings import Finding
 from monitor.core.session import Call, SessionRecord
 
+__all__ = ["CallRule", "TextRule"]
+
 
 class CallRule(Protocol):
     """A rule over a session's tool calls."""

@@ -47,6 +47,8 @@ from monitor.core.rules.facts import (
 from monitor.core.rules.failure import failed
 from monitor.core.session import Call, SessionRecord
 
+__all__ = ["CirclesRule", "WINDOW", "found_nothing", "looks"]
+
 NAME = "circles"
 WINDOW = 12
 MEMORY = 64

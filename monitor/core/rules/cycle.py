@@ -17,6 +17,8 @@ from monitor.core.findings import CallCycle, EndlessWait, Finding
 from monitor.core.rules.waiting import answers_in_progress, waits_by_command
 from monitor.core.session import Call, SessionRecord
 
+__all__ = ["Cycle", "CycleRule", "detect_cycle", "window_size"]
+
 MIN_WINDOW = 16
 
 

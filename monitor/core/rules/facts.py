@@ -32,6 +32,21 @@ from monitor.core.events import NO_DIFF
 from monitor.core.findings import Finding
 from monitor.core.session import Call, SessionRecord
 
+__all__ = [
+    "COMMAND_EDGE",
+    "OutcomeRule",
+    "SIGNALS",
+    "Signals",
+    "TEXT_EDGE",
+    "changes_files",
+    "named",
+    "remember",
+    "rule_args",
+    "run_state",
+    "server_changed",
+    "tool_is",
+]
+
 S = TypeVar("S")
 
 SIGNALS = "signals"

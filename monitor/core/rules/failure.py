@@ -24,6 +24,8 @@ from monitor.core.rules.facts import run_state
 from monitor.core.session import Call, SessionRecord
 from monitor.core.signature import signature_digest
 
+__all__ = ["FailureRule", "FailureRun", "failed", "failure_digest", "normalize"]
+
 # Only the head and tail of a long output are compared: errors sit at either end, and the
 # cost per call must not grow with the output.
 _EDGE = 2048

@@ -47,6 +47,8 @@ from monitor.core.findings import Finding, NoProgress
 from monitor.core.rules.facts import OutcomeRule, remember, run_state, server_changed
 from monitor.core.session import Call, SessionRecord, outcome_digest
 
+__all__ = ["NoProgressRule", "is_keystroke"]
+
 NAME = "no_progress"
 MAX_CHECKS = 12
 MAX_ADDED = 64

@@ -31,6 +31,8 @@ from monitor.core.rules.facts import OutcomeRule, named, remember, run_state, se
 from monitor.core.rules.waiting import answers_in_progress, waits_by_command
 from monitor.core.session import Call, SessionRecord
 
+__all__ = ["RevisitRule", "WINDOW"]
+
 NAME = "revisit"
 WINDOW = 16
 MEMORY = 64

@@ -37,6 +37,8 @@ from monitor.core.calls import CallState
 from monitor.core.findings import Finding, RunawayCall
 from monitor.core.session import Call, SessionRecord
 
+__all__ = ["GRACE_S", "LINES", "RunawayRule", "SERVER_BASH_S", "call_bound", "repeats"]
+
 NAME = "runaway"
 LINES = 20
 # Enough of the output's end to hold `LINES` lines of a typical length; a longer line is no

@@ -33,6 +33,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+__all__ = ["MAX_BLOCK", "MAX_UNIT", "TextLoop", "TextStream", "text_digest"]
+
 MAX_UNIT = 512  # characters of one unit held at most; a longer unit is cut
 MAX_BLOCK = 32  # units in the longest repeated passage looked for
 

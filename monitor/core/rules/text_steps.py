@@ -25,6 +25,8 @@ from monitor.core.rules.failure import failed
 from monitor.core.rules.text import text_digest
 from monitor.core.session import Call, SessionRecord
 
+__all__ = ["StepsRule"]
+
 NAME = "text_steps"
 # Every failure is the same outcome here: a model that writes the same words before call
 # after call that fails learns nothing new from them, whatever each error says.

@@ -15,6 +15,8 @@ from typing import Any
 
 from monitor.core.patterns import TextPattern
 
+__all__ = ["answers_in_progress", "waits_by_command"]
+
 _WAITING_COMMAND = re.compile(
     r"\bsleep\s+\d|\bwatch\b|--watch\b|\bwait\b|\buntil\b|\bhealth|\bpoll|\btail\s+-[a-zA-Z]*f",
     re.IGNORECASE,
