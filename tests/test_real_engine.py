@@ -225,6 +225,30 @@ class CuttableProxy:
             await self._server.wait_closed()
 
 
+async def test_a_shell_call_that_never_ends_on_the_new_engine_is_stopped_past_its_bound(
+    opencode_server, start_monitor, engine
+):
+    # Issue 33: 1.18.33 sends nothing while a new-engine bash call runs (no re-sent update
+    # with its output, which catches a classic one as it streams), so a `while true` there
+    # went on unflagged; the call's time bound, started at its `tool.called`, stops it.
+    forever = ("bash", {"command": "while true; do sleep 0.2; done", "description": "wait"})
+    monitor = await start_watching(start_monitor, opencode_server, "--call-seconds", "3")
+    session = await engine.create_session()
+    await engine.prompt(session, script([forever], 1, delay=MODEL_DELAY))
+    messages = await engine.wait_answered(session, 90, user_messages=2)
+
+    [part] = tool_parts(messages)
+    assert (part["tool"], part["state"]["status"]) == ("bash", "error")  # interrupted
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["rule"], outcome["part_id"], outcome["outcome"]) == (
+        "runaway",
+        part["id"],
+        "aborted",
+    )
+    assert "one bash call was still running after 3 s" in user_texts(messages)[1]
+    assert len(monitor.events("feedback.sent")) == 1
+
+
 async def test_a_loop_whose_stream_is_cut_is_stopped_once_after_the_reconnect(
     opencode_server, start_monitor, engine
 ):
