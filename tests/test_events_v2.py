@@ -241,6 +241,45 @@ def test_shell_failures_of_the_new_engine_differ_by_what_they_printed() -> None:
     assert parts[2].output == "boom\nCommand exited with code 1."
 
 
+def stored_failing(n: int, message: str) -> dict[str, Any]:
+    """The n-th 2.x shell call failing, as `GET /api/session/{id}/message` keeps it
+    (tests/recordings/engine/new-engine-read-bash.messages.json)."""
+    state = {
+        "status": "completed",
+        "input": {"command": f"python check.py --case {n}"},
+        "content": [
+            {"type": "text", "text": message},
+            {"type": "text", "text": "Command exited with code 1."},
+        ],
+        "structured": {"exit": 1, "truncated": False},
+    }
+    tool = {"type": "tool", "id": f"call_{n}", "name": "shell", "state": state}
+    return {"id": f"msg_{n}", "type": "assistant", "content": [tool]}
+
+
+def test_shell_failures_read_back_from_the_new_engine_differ_by_what_they_printed() -> None:
+    # Issue 33: read back (a restart, `attach`, a failed replay), a stored result kept no
+    # output, so only the exit status was compared: six different failures were "the same
+    # failure", as on the stream before.
+    def seeded(messages: list[str]) -> list[tuple[str, int]]:
+        record = [{"id": "msg_u", "type": "user", "text": "go"}]
+        record += [stored_failing(n, message) for n, message in enumerate(messages, 1)]
+        newest_first = {"data": list(reversed(record))}
+        frames = list(export_frames(classic_messages(newest_first, S)))
+        return [(d.part_id, d.call_index) for d in Tracker().seed(S, frames, "/w")]
+
+    errors = [
+        "NameError: name 'parse' is not defined\n",
+        "ImportError: cannot import name 'Reader'\n",
+        "TypeError: unsupported operand type(s) for +: 'int' and 'str'\n",
+        "KeyError: 'config'\n",
+        "AttributeError: 'NoneType' object has no attribute 'split'\n",
+        "SyntaxError: unexpected EOF while parsing\n",
+    ]
+    assert seeded(errors) == []
+    assert seeded(["ValueError: bad input\n"] * 6) == [("msg_4:call_4", 4)]
+
+
 def test_a_failed_call_carries_its_message_as_the_error() -> None:
     adapter = Adapter()
     adapter.parse(engine_event("session.tool.input.started", S, {"callID": "c", "name": "read"}))
