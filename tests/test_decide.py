@@ -124,9 +124,10 @@ async def test_a_fell_open_count_out_of_range_never_costs_the_call_its_judgement
         ("POST", "/v2/decide", JSON, json.dumps(CALL).encode(), 404,
          "unsupported protocol version in /v2/decide"),
         ("GET", "/v1/decide", {}, b"", 405, "takes POST"),
-        # Deeper than the interpreter's stack: a 500 and a traceback before issue 25.
+        # Deeper than the interpreter's stack: a 500 and a traceback before issue 25; read
+        # since issue 33 (monitor.core.deep_json), and not an object.
         ("POST", "/v1/decide", JSON, b"[" * 100_000 + b"]" * 100_000, 400,
-         "body is nested too deep"),
+         "body must be a JSON object"),
     ],
 )  # fmt: skip
 async def test_bad_requests_refused_and_nothing_judged(
@@ -706,7 +707,8 @@ MALFORMED = [
     ("args a list", "application/json", body_of({**CALL, "args": ["echo"]}), 400),
     ("args null", "application/json", body_of({**CALL, "args": None}), 400),
     ("wrong encoding", "application/json", body_of(CALL).replace(b"echo", b"\xe9cho"), 400),
-    ("nested past the parser", "application/json", b"[" * 100_000 + b"]" * 100_000, 400),
+    ("truncated past the parser's depth", "application/json",
+     body_of(CALL)[:-1] + b', "x": ' + b"[" * 100_000 + b"]" * 99_999 + b"}", 400),
     ("wrong content type", "text/plain", body_of(CALL), 415),
     ("no content type", "", body_of(CALL), 415),
     ("over the size limit", "application/json", body_of({**CALL, "args": {"c": "x" * MAX_BODY}}),
@@ -726,6 +728,7 @@ ODD = [
     ("control characters", {"tool": "bash\x00\x1b[31m", "args": {"command": "\x07\r\n\x7f"}}),
     ("NaN and Infinity", {"args": {"a": float("nan"), "b": float("inf"), "c": -float("inf")}}),
     ("deep nesting", {"args": {"deep": DEEP}}),
+    ("nesting past the parser's depth", {"args": {"deep": "DEEP"}}),
     ("huge numbers", {"args": {"big": 10**4000, "bigger": "HUGE", "tiny": 1e-320}}),
     ("unknown extra fields", {"model": "x", "extra": {"nested": [1, 2]}, "version": 3}),
     ("fell_open below zero", {"fell_open": -5}),
@@ -743,7 +746,9 @@ def odd_body(odd: dict) -> bytes:
     if odd.get("call_id", "") is None:
         del body["call_id"]
     # 5,000 digits: past what int() parses by default (4,300).
-    return json.dumps(body).replace('"HUGE"', "9" * 5000).encode()
+    # 100,000 levels: past what `json.loads` reads (RecursionError at about 1,000).
+    deep = "[" * 100_000 + '{"x": NaN}' + "]" * 100_000
+    return json.dumps(body).replace('"HUGE"', "9" * 5000).replace('"DEEP"', deep).encode()
 
 
 async def test_every_malformed_body_is_answered_and_every_odd_one_judged(

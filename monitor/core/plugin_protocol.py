@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from monitor.core import deep_json
 from monitor.core.ids import is_session_id
 
 VERSION = "v1"
@@ -134,12 +135,15 @@ def read_body(body: bytes) -> PluginCall | RequestRefused:
     if len(body) > MAX_BODY:
         return too_large()
     try:
-        data = json.loads(body, parse_int=_number)
+        try:
+            data = json.loads(body, parse_int=_number)
+        except RecursionError:
+            # Nested deeper than `json.loads` recurses: odd, still JSON (and only a holder
+            # of the socket or the token gets this far).
+            text = body.decode(json.detect_encoding(body), "surrogatepass")
+            data = deep_json.loads(text, parse_int=_number)
     except (ValueError, UnicodeDecodeError) as exc:
         return RequestRefused(400, f"body is not JSON: {exc}")
-    except RecursionError:
-        # Arrays nested deeper than the interpreter's stack: no call of a model is.
-        return RequestRefused(400, "body is nested too deep")
     return _call(data)
 
 
