@@ -249,6 +249,41 @@ async def test_a_shell_call_that_never_ends_on_the_new_engine_is_stopped_past_it
     assert len(monitor.events("feedback.sent")) == 1
 
 
+def failing(command: str) -> tuple[str, dict[str, str]]:
+    return ("bash", {"command": command, "description": "look"})
+
+
+async def test_six_different_failures_on_the_new_engine_are_left_alone_six_alike_stopped(
+    opencode_server, start_monitor, engine
+):
+    # Issue 33: a new-engine bash call that fails is a success whose content blocks say
+    # what it printed; read as no text, six different failures (ordinary debugging) were
+    # "the same failure" at call 4, where a classic session's are left alone.
+    debugging = [
+        failing(f"ls {name}") for name in ("alpha", "beta", "gamma", "delta", "eps", "zeta")
+    ]
+    monitor = await start_watching(start_monitor, opencode_server)
+    session = await engine.create_session()
+    await engine.prompt(session, script(debugging, 6, delay=MODEL_DELAY))
+    messages = await engine.wait_answered(session, 90)
+    parts = tool_parts(messages)
+    assert [p["state"]["metadata"]["exit"] for p in parts] == [2] * 6
+    assert len(user_texts(messages)) == 1
+    # The same error six times, each command another: stopped at the 4th. Its run comes
+    # after the first on the stream, so it is also the sign the first was read.
+    same = [failing(f"ls {flag} nosuch") for flag in ("", "-a", "-l", "-1", "-d", "-F")]
+    looping = await engine.create_session()
+    await engine.prompt(looping, script(same, 6, delay=MODEL_DELAY))
+    messages = await engine.wait_answered(looping, 90, user_messages=2)
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["session_id"], outcome["rule"], outcome["call_index"]) == (
+        looping,
+        "failure",
+        4,
+    )
+    assert outcome["part_id"] == tool_parts(messages)[3]["id"]
+
+
 async def test_a_loop_whose_stream_is_cut_is_stopped_once_after_the_reconnect(
     opencode_server, start_monitor, engine
 ):
