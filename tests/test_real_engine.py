@@ -249,6 +249,33 @@ async def test_a_shell_call_that_never_ends_on_the_new_engine_is_stopped_past_it
     assert len(monitor.events("feedback.sent")) == 1
 
 
+async def test_a_new_engine_call_running_when_the_watch_starts_is_stopped_past_its_bound(
+    opencode_server, start_monitor, engine
+):
+    # Begun before the monitor (a restart): read back from the session's record still
+    # running, it gets its bound from the read-back (1.18.33 names a running call's state
+    # `running` there too); never seen on the stream, it would run on.
+    forever = ("bash", {"command": "while true; do sleep 0.2; done", "description": "wait"})
+    session = await engine.create_session()
+    await engine.prompt(session, script([forever], 1, delay=MODEL_DELAY))
+
+    async def running() -> bool:
+        parts = tool_parts(await engine.messages(session))
+        return bool(parts) and parts[0]["state"]["status"] == "running"
+
+    await until(running, 60, interval=0.05, what="the call to run")
+    monitor = await start_watching(start_monitor, opencode_server, "--call-seconds", "3")
+    messages = await engine.wait_answered(session, 90, user_messages=2)
+    [part] = tool_parts(messages)
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["rule"], outcome["part_id"], outcome["outcome"]) == (
+        "runaway",
+        part["id"],
+        "aborted",
+    )
+    assert "one bash call was still running after 3 s" in user_texts(messages)[1]
+
+
 def failing(command: str) -> tuple[str, dict[str, str]]:
     return ("bash", {"command": command, "description": "look"})
 
