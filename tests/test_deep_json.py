@@ -48,6 +48,11 @@ def test_nesting_past_the_recursion_limit_is_read() -> None:
     for _ in range(depth):
         value = value["a"]
     assert value == 7
+    mixed = loads('[{"k\\"ey": ' * depth + "null" + "}]" * depth)  # an escaped key each
+    for _ in range(depth):
+        [mixed] = mixed
+        mixed = mixed['k"ey']
+    assert mixed is None
     assert loads("9" * 5000, parse_int=float) == math.inf
 
 
