@@ -317,3 +317,26 @@ async def test_two_monitors_of_a_new_engine_server_give_one_intervention_per_loo
     assert outcomes == ["aborted", "standby"]
     assert fake.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
     assert len(events(logs, "feedback.sent")) == 1
+
+
+async def test_a_shell_call_that_never_ends_is_interrupted_past_its_bound() -> None:
+    # Issue 33: the new engine sends nothing while a shell call runs (no progress with its
+    # output, as 1.x re-sends `running`), so only the time bound started at `tool.called`
+    # can catch a `while true` there.
+    forever = {"command": "while true; do echo y; done"}
+    started = engine_call(S, 1, "shell", forever, 1, "/w")[:2]
+    fake = FakeOpencode(generation=2, streams=[play(frames(*started))], busy={S: {}})
+    with capture_logs() as logs:
+        running = await start(fake, call_seconds=1)
+        await wait_for(lambda: fake.of("prompt"))
+        await stop(*running)
+    [outcome] = events(logs, "intervention.outcome")
+    assert (outcome["rule"], outcome["part_id"], outcome["outcome"]) == (
+        "runaway",
+        "msg_1:call_1",
+        "aborted",
+    )
+    assert fake.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
+    assert (
+        "one bash call was still running after 1 s" in fake.of("prompt")[0].body["prompt"]["text"]
+    )

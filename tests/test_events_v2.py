@@ -211,6 +211,17 @@ def test_four_identical_2_0_calls_are_a_loop() -> None:
     assert loops_found(tracker, frames)[0] == ("msg_3:call_3", 4)
 
 
+# Six different failures: ordinary debugging, never "the same failure".
+DEBUGGING = [
+    "NameError: name 'parse' is not defined\n",
+    "ImportError: cannot import name 'Reader'\n",
+    "TypeError: unsupported operand type(s) for +: 'int' and 'str'\n",
+    "KeyError: 'config'\n",
+    "AttributeError: 'NoneType' object has no attribute 'split'\n",
+    "SyntaxError: unexpected EOF while parsing\n",
+]
+
+
 def shell_failing(n: int, message: str) -> list[dict]:
     """The n-th 2.x shell call, failing: 2.x ends a non-zero exit as a success whose content
     blocks say so (../shared/opencode/V2-NOTES.md)."""
@@ -227,15 +238,7 @@ def test_shell_failures_of_the_new_engine_differ_by_what_they_printed() -> None:
     # Issue 33: 6 calls each failing with a different error (ordinary debugging) were "the
     # same failure" at call 4 on the new engine, where the classic engine left them alone:
     # the failure rule read the content blocks as no text at all.
-    errors = [
-        "NameError: name 'parse' is not defined\n",
-        "ImportError: cannot import name 'Reader'\n",
-        "TypeError: unsupported operand type(s) for +: 'int' and 'str'\n",
-        "KeyError: 'config'\n",
-        "AttributeError: 'NoneType' object has no attribute 'split'\n",
-        "SyntaxError: unexpected EOF while parsing\n",
-    ]
-    debugging = [f for n, error in enumerate(errors) for f in shell_failing(n, error)]
+    debugging = [f for n, error in enumerate(DEBUGGING) for f in shell_failing(n, error)]
     assert loops_found(Tracker(), debugging) == []
     same = [f for n in range(6) for f in shell_failing(n, "ValueError: bad input\n")]
     assert loops_found(Tracker(), same)[0] == ("msg_3:call_3", 4)
@@ -243,6 +246,37 @@ def test_shell_failures_of_the_new_engine_differ_by_what_they_printed() -> None:
     parts = [adapter.parse(f)[1] for f in shell_failing(0, "boom\n")]
     assert isinstance(parts[2], ToolPart)
     assert parts[2].output == "boom\nCommand exited with code 1."
+
+
+def stored_failing(n: int, message: str) -> dict[str, Any]:
+    """The n-th 2.x shell call failing, as `GET /api/session/{id}/message` keeps it
+    (tests/recordings/engine/new-engine-read-bash.messages.json)."""
+    state = {
+        "status": "completed",
+        "input": {"command": f"python check.py --case {n}"},
+        "content": [
+            {"type": "text", "text": message},
+            {"type": "text", "text": "Command exited with code 1."},
+        ],
+        "structured": {"exit": 1, "truncated": False},
+    }
+    tool = {"type": "tool", "id": f"call_{n}", "name": "shell", "state": state}
+    return {"id": f"msg_{n}", "type": "assistant", "content": [tool]}
+
+
+def test_shell_failures_read_back_from_the_new_engine_differ_by_what_they_printed() -> None:
+    # Issue 33: read back (a restart, `attach`, a failed replay), a stored result kept no
+    # output, so only the exit status was compared: six different failures were "the same
+    # failure", as on the stream before.
+    def seeded(messages: list[str]) -> list[tuple[str, int]]:
+        record = [{"id": "msg_u", "type": "user", "text": "go"}]
+        record += [stored_failing(n, message) for n, message in enumerate(messages, 1)]
+        newest_first = {"data": list(reversed(record))}
+        frames = list(export_frames(classic_messages(newest_first, S)))
+        return [(d.part_id, d.call_index) for d in Tracker().seed(S, frames, "/w")]
+
+    assert seeded(DEBUGGING) == []
+    assert seeded(["ValueError: bad input\n"] * 6) == [("msg_4:call_4", 4)]
 
 
 def test_a_failed_call_carries_its_message_as_the_error() -> None:

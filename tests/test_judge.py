@@ -189,3 +189,18 @@ def test_a_hold_after_two_refusals_counts_them_as_refusals():
     assert (refused.prior_outcomes, again.prior_outcomes) == ((), (Outcome.BLOCKED,))
     assert hold.hold and hold.prior_outcomes == (Outcome.BLOCKED, Outcome.BLOCKED)
     assert "looped 3 times (before this one: 2 calls refused; this run is stopped)" in hold.feedback
+
+
+def test_a_question_without_a_usable_call_id_is_allowed_and_its_call_counted_once():
+    # Issue 33: reports never cost a decision, and a call id the daemon cannot use is taken
+    # as unknown. The stream's update of that call cannot be told to be the same call, so
+    # the call is left to the stream (recorded once there, not twice): its loop is stopped
+    # when the call ends, as for any call no plugin asked about.
+    tracker = Tracker()
+    decisions = []
+    for n in range(1, 5):
+        assert tracker.judge(PluginCall(S, None, "bash", APPEND, "/p")) == Judged()
+        decisions += feed(tracker, updates(f"prt_{n}"))
+    assert tracker.sessions_view()[0].run_calls == 4
+    [decision] = decisions
+    assert (decision.part_id, decision.call_index) == ("prt_4", 4)

@@ -257,6 +257,90 @@ class CuttableProxy:
             await self._server.wait_closed()
 
 
+async def test_a_shell_call_that_never_ends_on_the_new_engine_is_stopped_past_its_bound(
+    opencode_server, start_monitor, engine
+):
+    # Issue 33: 1.18.33 sends nothing while a new-engine bash call runs (no re-sent update
+    # with its output, which catches a classic one as it streams), so a `while true` there
+    # went on unflagged; the call's time bound, started at its `tool.called`, stops it.
+    monitor = await start_watching(start_monitor, opencode_server, "--call-seconds", "3")
+    session = await engine.create_session()
+    await engine.prompt(session, script([FOREVER], 1, delay=MODEL_DELAY))
+    messages = await engine.wait_answered(session, 90, user_messages=2)
+    stopped_past_3_s(monitor, messages)
+    assert len(monitor.events("feedback.sent")) == 1
+
+
+# A bash call that never ends and prints nothing.
+FOREVER = ("bash", {"command": "while true; do sleep 0.2; done", "description": "wait"})
+
+
+def stopped_past_3_s(monitor: Any, messages: list[dict[str, Any]]) -> None:
+    """The session's one call was interrupted as a runaway and the model told why."""
+    [part] = tool_parts(messages)
+    assert (part["tool"], part["state"]["status"]) == ("bash", "error")  # interrupted
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["rule"], outcome["part_id"], outcome["outcome"]) == (
+        "runaway",
+        part["id"],
+        "aborted",
+    )
+    assert "one bash call was still running after 3 s" in user_texts(messages)[1]
+
+
+async def test_a_new_engine_call_running_when_the_watch_starts_is_stopped_past_its_bound(
+    opencode_server, start_monitor, engine
+):
+    # Begun before the monitor (a restart): read back from the session's record still
+    # running, it gets its bound from the read-back (1.18.33 names a running call's state
+    # `running` there too); never seen on the stream, it would run on.
+    session = await engine.create_session()
+    await engine.prompt(session, script([FOREVER], 1, delay=MODEL_DELAY))
+
+    async def running() -> bool:
+        parts = tool_parts(await engine.messages(session))
+        return bool(parts) and parts[0]["state"]["status"] == "running"
+
+    await until(running, 60, interval=0.05, what="the call to run")
+    monitor = await start_watching(start_monitor, opencode_server, "--call-seconds", "3")
+    stopped_past_3_s(monitor, await engine.wait_answered(session, 90, user_messages=2))
+
+
+def failing(command: str) -> tuple[str, dict[str, str]]:
+    return ("bash", {"command": command, "description": "look"})
+
+
+async def test_six_different_failures_on_the_new_engine_are_left_alone_six_alike_stopped(
+    opencode_server, start_monitor, engine
+):
+    # Issue 33: a new-engine bash call that fails is a success whose content blocks say
+    # what it printed; read as no text, six different failures (ordinary debugging) were
+    # "the same failure" at call 4, where a classic session's are left alone.
+    debugging = [
+        failing(f"ls {name}") for name in ("alpha", "beta", "gamma", "delta", "eps", "zeta")
+    ]
+    monitor = await start_watching(start_monitor, opencode_server)
+    session = await engine.create_session()
+    await engine.prompt(session, script(debugging, 6, delay=MODEL_DELAY))
+    messages = await engine.wait_answered(session, 90)
+    parts = tool_parts(messages)
+    assert [p["state"]["metadata"]["exit"] for p in parts] == [2] * 6
+    assert len(user_texts(messages)) == 1
+    # The same error six times, each command another: stopped at the 4th. Its run comes
+    # after the first on the stream, so it is also the sign the first was read.
+    same = [failing(f"ls {flag} nosuch") for flag in ("", "-a", "-l", "-1", "-d", "-F")]
+    looping = await engine.create_session()
+    await engine.prompt(looping, script(same, 6, delay=MODEL_DELAY))
+    messages = await engine.wait_answered(looping, 90, user_messages=2)
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["session_id"], outcome["rule"], outcome["call_index"]) == (
+        looping,
+        "failure",
+        4,
+    )
+    assert outcome["part_id"] == tool_parts(messages)[3]["id"]
+
+
 async def test_a_loop_whose_stream_is_cut_is_stopped_once_after_the_reconnect(
     opencode_server, start_monitor, engine
 ):

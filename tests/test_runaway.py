@@ -14,7 +14,7 @@ from monitor.core.decisions import Deadline
 from monitor.core.export import export_frames
 from monitor.core.rules.runaway import GRACE_S, SERVER_BASH_S, call_bound
 from monitor.core.tracker import SEED, Detection, Fed, Tracker
-from monitor.testing import FakeOpencode, frames, play
+from monitor.testing import FakeOpencode, engine_call, frames, play
 from tests import frames_factory as ff
 from tests.frames_factory import call, envelope
 from tests.harness import FAST, events, watched_until
@@ -92,6 +92,28 @@ async def test_the_shell_stops_a_call_still_running_past_its_bound() -> None:
     [prompt] = fake.of("prompt_async")
     text = prompt.body["parts"][0]["text"]  # type: ignore[index]
     assert "one bash call was still running after 1 s" in text
+
+
+def test_a_new_engine_call_gets_its_bound_from_tool_called() -> None:
+    # Issue 33: the new engine sends nothing while a shell call runs (no re-sent `running`
+    # with its output, which the other half of the rule reads), so its bound, started at
+    # `tool.called`, is all that ends a `while true` there.
+    tracker = Tracker(Detection())
+    forever = {"command": "while true; do echo y; done", "timeout": 5_000}
+    started, called, succeeded = engine_call(SES, 1, "shell", forever, 1)
+    assert [f.deadlines for f in fed(tracker, [started, called])] == [
+        (),
+        (Deadline(SES, "msg_1:call_1", 5 + GRACE_S),),  # its own timeout, as a 1.x bash call's
+    ]
+    decision = tracker.overdue(Deadline(SES, "msg_1:call_1", 5 + GRACE_S))
+    assert decision is not None
+    assert (decision.rule, decision.part_id) == ("runaway", "msg_1:call_1")
+    assert decision.finding.describe() == "one bash call was still running after 35 s"
+    # One that ended first is nothing.
+    tracker = Tracker(replace(Detection(), call_seconds=60))
+    [deadline] = [d for f in fed(tracker, [started, called, succeeded]) for d in f.deadlines]
+    assert deadline == Deadline(SES, "msg_1:call_1", 60)
+    assert tracker.overdue(deadline) is None
 
 
 def test_a_runaway_is_stopped_also_where_the_first_action_is_a_nudge() -> None:

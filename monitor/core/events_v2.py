@@ -269,8 +269,8 @@ def _tool(
     name, args = server_call(tool, raw)
     output = error = metadata = None
     if status == "completed":
+        output = result_output(data)
         structured = data.get("structured")
-        output = _text_of(data.get("content")) or structured or data.get("result")
         metadata = structured if isinstance(structured, dict) else None
     elif status == "error":
         failure = data.get("error")
@@ -316,6 +316,14 @@ def _kept(raw: object, part_id: str) -> object:
         elif isinstance(item, list):
             stack.extend(item)
     return raw
+
+
+def result_output(result: dict[str, Any]) -> object:
+    """A finished call's output as a 1.x call's: its content blocks' text, else its
+    structured result, else `result`. The stream's `tool.success` and a stored message's tool
+    state (core/export_v2.py) say it alike, and both must read alike: the failure rule
+    compares outputs, and a read-back that kept none made six different failures one."""
+    return _text_of(result.get("content")) or result.get("structured") or result.get("result")
 
 
 def _text_of(content: object) -> object:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from monitor.core.events_v2 import result_output
 from monitor.core.profile import server_call
 
 __all__ = ["classic_messages"]
@@ -65,6 +66,8 @@ def _tool(item: dict[str, Any], message_id: str, session_id: str) -> dict[str, A
     error = state.get("error")
     if isinstance(error, dict):
         state["error"] = error.get("message", error)
+    if state.get("status") == "completed" and "output" not in state:
+        state["output"] = result_output(state)
     structured = state.get("structured")
     if isinstance(structured, dict):
         state.setdefault("metadata", structured)  # the shell's `exit`, as 1.x keeps it

@@ -8,8 +8,13 @@ moves the bytes.
 
 Request body (JSON object): `session_id` (ses_...), `call_id` (the model's call id, not unique
 across steps), `tool`, `args` (an object), `directory` (the server's project, absolute),
-`fell_open` (calls the plugin let run unasked since its last answered request; optional, and
-only a report: a count out of range is taken for 0, never refused).
+`fell_open` (calls the plugin let run unasked since its last answered request; optional).
+Reports never cost a decision: only a missing or malformed `session_id`, `tool` or `args`
+refuses the question. Any other field that cannot be used (`call_id`, `directory` or
+`fell_open` of the wrong type or out of range) is taken as unknown (None, a count of 0) and
+named in `PluginCall.unusable`, which the shell logs once per field; fields this version does
+not know are ignored (a newer plugin's). A number past what `int` parses (over 4,300 digits)
+is read as a float, not refused.
 Answer: `{"verdict": "allow"}` or `{"verdict": "block", "feedback": TEXT}`.
 
 On loopback TCP, where any local user can listen on the port while the daemon is down, a
@@ -38,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from monitor.core import deep_json
 from monitor.core.ids import is_session_id
 
 __all__ = [
@@ -85,11 +91,13 @@ class PluginCall:
     """One tool call about to run, as the plugin saw it in `tool.execute.before`."""
 
     session_id: str
-    call_id: str
+    call_id: str | None  # None: unknown (not sent, or not a usable call id)
     tool: str
     args: Mapping[str, Any]
-    directory: str
+    directory: str | None  # None: unknown
     fell_open: int = 0
+    # The optional fields sent but not usable, taken as unknown: a report, never a refusal.
+    unusable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,13 +156,26 @@ def read_body(body: bytes) -> PluginCall | RequestRefused:
     if len(body) > MAX_BODY:
         return too_large()
     try:
-        data = json.loads(body)
+        try:
+            data = json.loads(body, parse_int=_number)
+        except RecursionError:
+            # Nested deeper than `json.loads` recurses: odd, still JSON (and only a holder
+            # of the socket or the token gets this far).
+            text = body.decode(json.detect_encoding(body), "surrogatepass")
+            data = deep_json.loads(text, parse_int=_number)
     except (ValueError, UnicodeDecodeError) as exc:
         return RequestRefused(400, f"body is not JSON: {exc}")
-    except RecursionError:
-        # Arrays nested deeper than the interpreter's stack: no call of a model is.
-        return RequestRefused(400, "body is nested too deep")
     return _call(data)
+
+
+def _number(digits: str) -> int | float:
+    """A JSON integer: past the interpreter's limit on the digits `int` converts (a
+    ValueError, which read as 'not JSON'), a float: a huge number in a call's arguments is
+    odd, not malformed."""
+    try:
+        return int(digits)
+    except ValueError:
+        return float(digits)
 
 
 def too_large() -> RequestRefused:
@@ -233,24 +254,26 @@ class Nonces:
 def _call(data: object) -> PluginCall | RequestRefused:
     if not isinstance(data, dict):
         return RequestRefused(400, "body must be a JSON object")
-    unknown = sorted(set(data) - set(PluginCall.__slots__))
-    if unknown:
-        return RequestRefused(400, f"unknown field(s): {', '.join(unknown)}")
     session_id = data.get("session_id")
     if not isinstance(session_id, str) or not is_session_id(session_id):
         return RequestRefused(400, "session_id must be an OpenCode session id (ses_...)")
-    for name in ("call_id", "tool"):
-        value = data.get(name)
-        if not isinstance(value, str) or not value or len(value) > MAX_ID:
-            return RequestRefused(400, f"{name} must be a string of 1 to {MAX_ID} characters")
+    tool = data.get("tool")
+    if not isinstance(tool, str) or not _is_id(tool):
+        return RequestRefused(400, f"tool must be a string of 1 to {MAX_ID} characters")
     args = data.get("args")
     if not isinstance(args, dict):
         return RequestRefused(400, "args must be a JSON object")
+    unusable = []
+    call_id = data.get("call_id")
+    if not isinstance(call_id, str) or not _is_id(call_id):
+        call_id = None
+        unusable.append("call_id")
     directory = data.get("directory")
-    if not isinstance(directory, str) or not directory.startswith("/"):
-        return RequestRefused(400, "directory must be an absolute path")
-    if len(directory) > MAX_DIRECTORY:
-        return RequestRefused(400, f"directory longer than {MAX_DIRECTORY} characters")
+    if not (
+        isinstance(directory, str) and directory.startswith("/") and len(directory) <= MAX_DIRECTORY
+    ):
+        directory = None
+        unusable.append("directory")
     fell_open = data.get("fell_open", 0)
     if (
         not isinstance(fell_open, int)
@@ -260,14 +283,12 @@ def _call(data: object) -> PluginCall | RequestRefused:
         # Only a report for the metrics: a count out of range (an older plugin's, which could
         # fall below zero) must not cost the call its judgement. Counted as nothing.
         fell_open = 0
-    return PluginCall(
-        session_id=session_id,
-        call_id=data["call_id"],
-        tool=data["tool"],
-        args=args,
-        directory=directory,
-        fell_open=fell_open,
-    )
+        unusable.append("fell_open")
+    return PluginCall(session_id, call_id, tool, args, directory, fell_open, tuple(unusable))
+
+
+def _is_id(value: str) -> bool:
+    return 0 < len(value) <= MAX_ID
 
 
 class FellOpen:

@@ -229,7 +229,10 @@ class Tracker:
         """
         session = self._seen(asked.session_id, asked.directory)
         session.plugin = True
-        if asked.tool in self._transparent:
+        if asked.tool in self._transparent or asked.call_id is None:
+            # With no call id (a plugin's that was unusable) the stream's update of this call
+            # cannot be told to be the same call: recorded now, it would count twice. The
+            # stream records it, as a call no plugin asked about (its loop stops the run).
             return Judged()
         seen = session.unasked(asked.call_id, asked.tool)
         if seen is not None:

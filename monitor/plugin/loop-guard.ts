@@ -62,8 +62,8 @@ const TOOL_NAME_MAX = 64
 // whatever a model (or a hostile tool) sends: wide or deep arguments took 0.6-2.7 s a call
 // here, in the hook every call waits on. Past MAX_VALUES values, MAX_DEPTH levels or
 // MAX_CHARS characters the rest is not read: the text ends with CUT, and such a call is not
-// asked about (the daemon refuses a question over its MAX_BODY, 1 MiB, and could not parse
-// one nested that deep), its own rule judges it on the part read.
+// asked about (the daemon refuses a question over its MAX_BODY, 1 MiB, and reads one nested
+// deeper than json.loads does a hundred times slower), its own rule judges it on the part read.
 export const MAX_VALUES = 10_000
 export const MAX_DEPTH = 256
 export const MAX_CHARS = 1 << 20
@@ -428,8 +428,9 @@ export function makeJudge(
     // calls, and the total fall below zero. Given back if the daemon did not count them.
     const reported = fellOpen
     fellOpen = 0
-    // Arguments past the bound are not sent: the daemon could not take them (413, or nested
-    // deeper than it parses), and writing them out would cost what the bound saves.
+    // Arguments past the bound are not sent: the daemon could not take them (413) or only
+    // slowly (nested past what json.loads reads), and writing them out would cost what the
+    // bound saves.
     const verdict: Verdict = cut
       ? { fellOpen: `the arguments of this ${cleanToolName(tool)} call are too large to ask about` }
       : await ask(

@@ -337,9 +337,10 @@ class PluginStats:
         self.refused = 0
         self._fell_open = FellOpen(MAX_DIRECTORIES)
 
-    def label(self, directory: str) -> str:
+    def label(self, directory: str | None) -> str:
         # Cleaned: a label Prometheus cannot encode (a lone surrogate) would break /metrics.
-        label = clean_tool_name(directory, DIRECTORY_MAX)
+        # Not a path: no project's directory is called so.
+        label = "unknown" if directory is None else clean_tool_name(directory, DIRECTORY_MAX)
         if label in self.by_directory or len(self.by_directory) < MAX_DIRECTORIES:
             return label
         return "other"
@@ -440,6 +441,7 @@ class DecideServer:
         self._on_late = on_late
         self._token: str | None = None
         self._nonces = Nonces()
+        self._unusable_said: set[str] = set()  # the fields `plugin.report_unusable` named
         self._runner: web.AppRunner | None = None
         self._listening: Listening | None = None
         self.port: int | None = None
@@ -505,6 +507,7 @@ class DecideServer:
                     self._on_late(parsed)
                     return self._proven(web.json_response(ALLOW.to_json()), signature)
                 if isinstance(parsed, PluginCall):
+                    self._say_unusable(parsed)
                     trust(request)
                     return self._proven(self._answer(parsed), signature)
                 refused = parsed
@@ -514,6 +517,15 @@ class DecideServer:
         # a kept-alive connection (another user's flood of wrong tokens, say).
         answer.force_close()
         return answer
+
+    def _say_unusable(self, call: PluginCall) -> None:
+        """Log once per field that a plugin sends one it cannot use (taken as unknown, the
+        call judged all the same): a plugin of another version, or a bug of its, to be
+        fixed there; every question would repeat it."""
+        new = [name for name in call.unusable if name not in self._unusable_said]
+        if new:
+            self._unusable_said.update(new)
+            log.warning("plugin.report_unusable", fields=new, session_id=call.session_id)
 
     def _signature(self, request: web.Request) -> Signature | None:
         if self._token is None:
