@@ -17,6 +17,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+__all__ = ["loads"]
+
 # The json module's own string reader (C): escapes, surrogates and strictness as it reads
 # them. Public in json.decoder, though its stubs leave it out.
 _scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
