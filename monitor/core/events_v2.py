@@ -100,6 +100,35 @@ def engine_name(kind: str) -> str | None:
     return None
 
 
+def session_of(frame: object) -> tuple[str | None, str | None]:
+    """The session a decoded frame of either generation is about and the directory it came
+    from (None where it does not say), without the adapter's state: the shell asks it while
+    a resync runs, to hold only the frames of the sessions it rebuilds (a 2.x frame parsed
+    early would move its session's seq past the replay that must come first)."""
+    if not isinstance(frame, dict):
+        return None, None
+    data = frame.get("data")
+    if data is not None and "properties" not in frame:  # an `/api` envelope
+        location = frame.get("location")
+        where = location.get("directory") if isinstance(location, dict) else None
+    else:
+        payload = frame.get("payload")
+        event = payload if isinstance(payload, dict) else frame
+        where = frame.get("directory")
+        if event.get("type") == "sync":
+            sync = event.get("syncEvent")
+            data = sync.get("data") if isinstance(sync, dict) else None
+        else:
+            _, parsed = parse_event(frame)
+            if parsed is not None and not isinstance(parsed, Malformed):
+                return getattr(parsed, "session_id", None), getattr(parsed, "directory", None)
+            data = event.get("properties")  # a 2.x event on a 1.x stream
+    session_id = data.get("sessionID") if isinstance(data, dict) else None
+    if not isinstance(session_id, str) or not session_id:
+        return None, None
+    return session_id, _directory(where)
+
+
 class _Session:
     """What the adapter keeps of one new-engine session."""
 

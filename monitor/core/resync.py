@@ -58,6 +58,19 @@ def askable(directory: str | None) -> bool:
     return True
 
 
+def waits_on(
+    directory: str | None, asked: Collection[str | None], configured: str | None
+) -> tuple[str | None, ...]:
+    """The directory whose answer a session unknown at the connect waits for, when its
+    frames come during the resync: its own, if asked, else the configured one's (the
+    server's own directory, which may list it busy); () when neither is asked. Busy
+    there, it is read back before its frames are fed; else they are fed at once."""
+    for where in (directory, configured):
+        if where in asked:
+            return (where,)
+    return ()
+
+
 def plan_resync(
     busy: Mapping[str, str | None],
     known: Mapping[str, str | None],
