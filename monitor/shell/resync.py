@@ -201,10 +201,11 @@ class Resync:
             return where, sessions
 
         def asks() -> Iterator[Awaitable[tuple[str | None, set[str]]]]:
-            todo = dict.fromkeys(waiting.asked)
-            while todo:
-                where = next((w for w in waiting.urgent() if w in todo), next(iter(todo)))
-                del todo[where]
+            order, done = iter(waiting.asked), set[str | None]()
+            while len(done) < len(waiting.asked):
+                urgent = [w for w in waiting.urgent() if w not in done]
+                where = urgent[0] if urgent else next(w for w in order if w not in done)
+                done.add(where)
                 yield ask(where)
 
         busy: dict[str, str | None] = {}
