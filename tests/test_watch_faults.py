@@ -644,8 +644,9 @@ async def test_a_stop_goes_ahead_of_the_resyncs_reads_within_their_bound():
     with capture_logs() as logs:
         server, watch, task = await start(fake, patient)
         try:
-            # The second connect's status reads are held until the loop's abort came.
-            await wait_for(lambda: fake.of("abort"), timeout=60)
+            # The second connect's status reads are held until the loop's abort and its
+            # feedback came (the feedback is posted after a check read of its own).
+            await wait_for(lambda: fake.of("prompt_async"), timeout=60)
             held = len(events(logs, "stream.resynced"))
             fake.gate.set()
             await wait_for(lambda: len(events(logs, "stream.resynced")) == 2, timeout=60)
@@ -656,9 +657,9 @@ async def test_a_stop_goes_ahead_of_the_resyncs_reads_within_their_bound():
     assert len({r.query.get("directory") for r in asked}) == 201
     assert fake.most == RESYNC_CONCURRENCY
     # The loop that came during the resync was stopped while its reads were held.
-    [abort] = fake.of("abort")
-    assert abort.session_id == "ses_x" and held == 1
-    assert abort.at < max(r.at for r in asked)
+    [abort], [feedback] = fake.of("abort"), fake.of("prompt_async")
+    assert abort.session_id == feedback.session_id == "ses_x" and held == 1
+    assert abort.at < feedback.at < max(r.at for r in asked)
 
 
 def heartbeats_after(chunk: bytes, every: float = 0.05):
