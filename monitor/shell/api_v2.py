@@ -316,16 +316,31 @@ class EngineAPI(OpencodeAPI):
         return 2 if newest else 1
 
     async def busy_sessions(self, directory: str | None) -> set[str]:
-        busy = await super().busy_sessions(directory) if self.server.classic else set()
+        busy: set[str] = set()
+        for _, read in self.busy_reads():
+            busy |= await read(directory)
+        return busy
+
+    def busy_reads(self) -> list[tuple[int, Callable[[str | None], Awaitable[set[str]]]]]:
+        """The reads of which sessions are busy, each with the engine it answers for: the
+        classic one first, so that a hung `/api` read holds up no classic session."""
+        reads: list[tuple[int, Callable[[str | None], Awaitable[set[str]]]]] = []
+        if self.server.classic:
+            reads.append((1, super().busy_sessions))
         if self.server.engine:
-            active = await self._read("/api/session/active", _where(directory))
-            data = active.get("data") if isinstance(active, dict) else None
-            if not isinstance(data, dict):
-                raise ServerError("/api/session/active did not answer {data: {...}}")
-            for session_id in data:
-                if isinstance(session_id, str):
-                    busy.add(session_id)
-                    bounded_put(self._active, session_id, None, ACTIVE_REMEMBERED)
+            reads.append((2, self._engine_busy))
+        return reads
+
+    async def _engine_busy(self, directory: str | None) -> set[str]:
+        active = await self._read("/api/session/active", _where(directory))
+        data = active.get("data") if isinstance(active, dict) else None
+        if not isinstance(data, dict):
+            raise ServerError("/api/session/active did not answer {data: {...}}")
+        busy = set()
+        for session_id in data:
+            if isinstance(session_id, str):
+                busy.add(session_id)
+                bounded_put(self._active, session_id, None, ACTIVE_REMEMBERED)
         return busy
 
     async def pending_permissions(self, directory: str | None) -> list[dict[str, Any]]:

@@ -77,9 +77,10 @@ class Waiting:
         self._held = set(known)
         self.asked = list(asked)
         self._configured = configured
-        self._on: dict[str | None, set[str]] = {}  # a directory's answer: who waits for it
+        # A directory's answer for an engine: who waits for it.
+        self._on: dict[tuple[str | None, int], set[str]] = {}
         self._frames: dict[str, list[object]] = {}  # by session, in order
-        self.answered: set[str | None] = set()
+        self.answered: set[tuple[str | None, int]] = set()
         self.busy: set[str] = set()  # in the directories answered so far
         self.live: set[str] = set()
 
@@ -93,13 +94,15 @@ class Waiting:
             frame: object = decode_frame(data)
         except FrameError as exc:
             return Malformed(str(exc))
-        session_id, directory = session_of(frame)
+        session_id, directory, engine = session_of(frame)
         if session_id is None or session_id in self.live:
             return frame
         frames = self._frames.get(session_id)
         if frames is None:
             if session_id not in self._held:
-                on = waits_on(directory, self.asked, self._configured)
+                on = [
+                    (where, engine) for where in waits_on(directory, self.asked, self._configured)
+                ]
                 if not on or (on[0] in self.answered and session_id not in self.busy):
                     self.live.add(session_id)
                     return frame
@@ -111,15 +114,16 @@ class Waiting:
         frames.append(frame)
         return None
 
-    def urgent(self) -> Collection[str | None]:
+    def urgent(self) -> list[str | None]:
         """The directories whose answer sessions wait for: asked first."""
-        return self._on.keys()
+        return [where for where, _ in self._on]
 
-    def answer(self, directory: str | None, busy: Collection[str]) -> set[str]:
-        """`directory` answered `busy`: the sessions that waited for it."""
-        self.answered.add(directory)
+    def answer(self, directory: str | None, engine: int, busy: Collection[str]) -> set[str]:
+        """`directory` answered `busy` for `engine` (2: the new one, whose sessions' frames
+        are 2.x): the sessions of that engine that waited for it."""
+        self.answered.add((directory, engine))
         self.busy.update(busy)
-        return self._on.pop(directory, set())
+        return self._on.pop((directory, engine), set())
 
     def free(self, session_id: str) -> list[object]:
         """The session's frames, to feed now; from here on its frames go on at once."""
@@ -191,13 +195,18 @@ class Resync:
 
         async def ask(where: str | None) -> tuple[str | None, set[str]]:
             nonlocal seeded
-            sessions = await self._api.busy_sessions(where)
+            sessions: set[str] = set()
             only = self._only_session
-            for session_id in waiting.answer(where, sessions):
-                if session_id in sessions and only in (None, session_id):
-                    if not self._interventions.acting_on(session_id):
-                        seeded += await self._seed(session_id, where)
-                self._feed(waiting.free(session_id))
+            # Each engine's answer frees its own sessions: a hung `/api` read holds up no
+            # classic one (what a session speaks, its frames say).
+            for engine, read in self._api.busy_reads():
+                found = await read(where)
+                sessions |= found
+                for session_id in waiting.answer(where, engine, found):
+                    if session_id in found and only in (None, session_id):
+                        if not self._interventions.acting_on(session_id):
+                            seeded += await self._seed(session_id, where)
+                    self._feed(waiting.free(session_id))
             return where, sessions
 
         def asks() -> Iterator[Awaitable[tuple[str | None, set[str]]]]:
