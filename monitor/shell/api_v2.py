@@ -59,12 +59,12 @@ HISTORY_PAGE = 100
 ACTIVE_REMEMBERED = 10_000
 HISTORY_PAGES = 50
 # The longest a read of `/api` may take, retries included, whatever the server does (hung, or
-# dribbling bytes, which a read timeout never ends). The resync asks `/api` while the new
-# stream's frames wait, those of classic sessions too: a hung `GET /api/session/active`
-# kept a classic loop from being stopped for 14 s, a hung `/api/health` added 10 s to
-# every connect. Its answers come in milliseconds once warm, but a real 1.18.33's first `/api`
-# read on a loaded machine took over 2 s (attach's look-up failed on it in the suite): the
-# bound is for a server that does not answer, not for one that is slow.
+# dribbling bytes, which a read timeout never ends). The resync asks `/api` while the frames
+# of the new-engine sessions it rebuilds wait (a hung `GET /api/session/active` once held a
+# classic loop's too, for 14 s); a hung `/api/health` added 10 s to every connect. Its
+# answers come in milliseconds once warm, but a real 1.18.33's first `/api` read on a loaded
+# machine took over 2 s (attach's look-up failed on it in the suite): the bound is for a
+# server that does not answer, not for one that is slow.
 API_READ_S = 10.0
 
 
