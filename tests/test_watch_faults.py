@@ -160,6 +160,25 @@ async def test_a_run_under_way_at_start_is_read_back():
     assert (detected["part_id"], detected["call_index"]) == ("q1", 4)
 
 
+async def test_a_run_found_busy_mid_resync_counts_a_call_read_back_and_streamed_once():
+    # A session unknown at the connect: its frames wait for its directory's answer, the run
+    # is read back (3 reads), then its frames are fed: call 3 again (counted once), then 4.
+    streamed = [envelope(f, "/w") for f in call("ses_s1", "p3", "read", ff.READ)]
+    fake = FakeOpencode(
+        streams=[play(frames(*streamed) + loop_frames("ses_s1", 1, prefix="q"))],
+        busy={"ses_s1": {"type": "busy"}},
+        messages={"ses_s1": ff.run_record("ses_s1", 3)},
+    )
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("abort"))
+        await stop(*running)
+    [seeded] = events(logs, "session.seeded")
+    assert seeded["calls"] == 3
+    [detected] = events(logs, "loop.detected")
+    assert (detected["part_id"], detected["call_index"]) == ("q1", 4)
+
+
 async def test_a_session_being_stopped_is_not_read_back():
     fake = FakeOpencode(
         streams=[play(loop_frames("ses_s1", 4), then="end"), play()], delays={"abort": 0.3}
