@@ -166,10 +166,12 @@ class Resync:
     def hold(self) -> None:
         """At the connect, before any frame is read: the frames of the sessions the resync
         may rebuild wait from now on (`Waiting`)."""
-        tracker, configured = self._tracker, self._settings.directory
-        self.waiting = Waiting(
-            tracker.known(), directories_to_ask(tracker.running(), configured), configured
-        )
+        self.waiting = self._waiting(self._tracker.known())
+
+    def _waiting(self, held: Iterable[str]) -> Waiting:
+        configured = self._settings.directory
+        asked = directories_to_ask(self._tracker.running(), configured)
+        return Waiting(held, asked, configured)
 
     def release(self) -> None:
         """The resync is done (or failed): the frames that waited are fed."""
@@ -256,8 +258,9 @@ class Resync:
 
         `monitor.core.resync` plans it; this asks the server and carries the plan out.
         """
-        tracker, waiting = self._tracker, self.waiting
-        assert waiting is not None, "a resync runs between `hold` and `release`"
+        tracker = self._tracker
+        # Outside a connect (`hold`), as a test may run it, no frame waits.
+        waiting = self.waiting or self._waiting(())
         try:
             busy, seeded = await self._busy(waiting)
         except ServerError as exc:
