@@ -146,6 +146,8 @@ async def test_a_hung_api_read_keeps_no_classic_loop_waiting(monkeypatch, hung: 
             await wait_for(fake.live_connected.is_set)
             await fake.push(loop_frames("ses_c1", 4))
             await wait_for(lambda: fake.of("abort"))
+            if hung == "active":  # the abort no longer waits for the resync to fail
+                await wait_for(lambda: events(logs, "stream.resync_failed"))
             await stop(*running)
     finally:
         held.set()
@@ -155,6 +157,42 @@ async def test_a_hung_api_read_keeps_no_classic_loop_waiting(monkeypatch, hung: 
         assert failed["error"] == "GET /api/session/active: no answer within 0.3 s"
     else:
         assert events(logs, "stream.resync_failed") == []
+
+
+async def test_a_classic_loop_is_stopped_while_the_api_read_of_its_directory_hangs(
+    monkeypatch,
+) -> None:
+    # Issue 33: the resync's `GET /api/session/active` hung (its bound, API_READ_S, made
+    # long here) holds only the new engine's sessions: a classic session unknown at the
+    # connect waits only for the classic `/session/status` answer of its directory.
+    import dataclasses
+
+    from tests.harness import FAST
+
+    monkeypatch.setattr(api_v2, "API_READ_S", 60)
+    # No other bound ends the wait meanwhile: not the stream's silence, not a read's.
+    patient = dataclasses.replace(
+        FAST, read_timeout=60, retry=dataclasses.replace(FAST.retry, timeout=60)
+    )
+    held = asyncio.Event()
+    fake = FakeOpencode(generation=3, holds={"active": held})
+    fake.streams = [fake.live]
+    with capture_logs() as logs:
+        running = await start(fake, patient)
+        try:
+            await wait_for(fake.live_connected.is_set)
+            await fake.push(loop_frames("ses_c1", 4))
+            await wait_for(lambda: fake.of("abort"))
+            resynced_then = len(events(logs, "stream.resynced"))
+            held.set()
+            await wait_for(lambda: events(logs, "stream.resynced"))
+        finally:
+            held.set()
+            await stop(*running)
+    assert [r.path for r in fake.of("abort")] == ["/session/ses_c1/abort"]
+    # Stopped before the hung read answered: the resync had not ended, nor failed.
+    assert resynced_then == 0 and events(logs, "stream.resync_failed") == []
+    assert fake.of("active")[0].at < fake.of("abort")[0].at
 
 
 async def test_replayed_events_the_stream_brings_again_are_not_counted_twice() -> None:

@@ -65,3 +65,85 @@ def test_a_directory_that_cannot_be_asked_is_left_out_and_its_runs_kept():
     assert directories_to_ask({"a": odd, "b": "/y"}, None) == {"/y", None}
     plan = plan_resync(busy={}, known={"a": odd, "b": "/y"}, follows=None, acting_on=[])
     assert plan == ResyncPlan(end_runs=("b",), read_back=())
+
+
+def test_a_session_unknown_at_the_connect_waits_for_its_own_directory_or_the_configured_one():
+    from monitor.core.resync import waits_on
+
+    assert waits_on("/a", {"/a", None}, None) == ("/a",)
+    assert waits_on("/elsewhere", {"/a", None}, None) == (None,)
+    assert waits_on(None, {"/proj"}, "/proj") == ("/proj",)
+    assert waits_on("/elsewhere", {"/a"}, "/proj") == ()
+
+
+def test_the_session_and_directory_of_a_frame_of_either_generation():
+    from monitor.core.events_v2 import session_of
+    from monitor.testing import engine_event
+    from tests.frames_factory import call, envelope
+
+    running = call("ses_a", "p1", "read", {})[0]
+    assert session_of(envelope(running, "/w")) == ("ses_a", "/w", 1)
+    assert session_of(running) == ("ses_a", None, 1)
+    called = engine_event("session.tool.called", "ses_b", {"callID": "c"}, seq=3, directory="/v")
+    assert session_of(called) == ("ses_b", "/v", 2)
+    sync = {
+        "directory": "/v",
+        "payload": {"type": "sync", "syncEvent": {**called, "type": "session.next.tool.called.1"}},
+    }
+    assert session_of(sync) == ("ses_b", "/v", 2)
+    assert session_of(envelope({"type": "server.heartbeat", "properties": {}}, "/w")) == (
+        None,
+        None,
+        1,
+    )
+    assert session_of([1]) == (None, None, 1)
+
+
+def test_frames_wait_only_for_what_the_resync_reads_of_their_session():
+    import json
+
+    from monitor.shell.resync import Waiting
+    from tests.frames_factory import call, envelope
+
+    def data(session: str, directory: str) -> str:
+        return json.dumps(envelope(call(session, "p1", "read", {})[0], directory))
+
+    waiting = Waiting(["ses_known"], ["/a", "/b", None], None)
+    # Known at the connect: waits for the whole resync.
+    assert waiting.admit(data("ses_known", "/a")) is None
+    # Unknown, its directory asked: waits for that answer, which is asked first.
+    assert waiting.admit(data("ses_new", "/a")) is None
+    assert waiting.admit(data("ses_idle", "/b")) is None
+    assert set(waiting.urgent()) == {"/a", "/b"}
+    # Unknown, in a directory nobody asks but the server's own is: waits for that one.
+    assert waiting.admit(data("ses_far", "/far")) is None
+    # Its directory answered, not busy there: its frames go on, and the next at once.
+    assert waiting.answer("/b", 1, set()) == {"ses_idle"}
+    assert len(waiting.free("ses_idle")) == 1
+    assert waiting.admit(data("ses_idle", "/b")) is not None
+    # Busy there: read back (by the resync), then freed the same way.
+    assert waiting.answer("/a", 1, {"ses_new"}) == {"ses_new"}
+    assert len(waiting.free("ses_new")) == 1
+    # A session first seen after its directory answered busy waits with the known ones.
+    waiting.answer(None, 1, {"ses_late"})
+    assert waiting.admit(data("ses_late", "/c")) is None
+    assert waiting.live == {"ses_idle", "ses_new"}
+    assert len(waiting.rest()) == 3  # ses_known, ses_far, ses_late
+    assert waiting.admit("{not json") is not None  # a malformed frame is fed to be counted
+
+
+def test_each_engines_answer_frees_only_the_sessions_that_speak_it():
+    import json
+
+    from monitor.shell.resync import Waiting
+    from monitor.testing import engine_event
+    from tests.frames_factory import call, envelope
+
+    classic = json.dumps(envelope(call("ses_c", "p1", "read", {})[0], "/a"))
+    new = json.dumps(engine_event("session.tool.called", "ses_n", {"callID": "c"}, 1, "/a"))
+    waiting = Waiting([], ["/a"], None)
+    assert waiting.admit(classic) is None and waiting.admit(new) is None
+    # The classic answer came, the `/api` one has not (hung, say): only ses_c goes on.
+    assert waiting.answer("/a", 1, set()) == {"ses_c"}
+    assert waiting.urgent() == ["/a"]
+    assert waiting.answer("/a", 2, {"ses_n"}) == {"ses_n"}

@@ -160,6 +160,25 @@ async def test_a_run_under_way_at_start_is_read_back():
     assert (detected["part_id"], detected["call_index"]) == ("q1", 4)
 
 
+async def test_a_run_found_busy_mid_resync_counts_a_call_read_back_and_streamed_once():
+    # A session unknown at the connect: its frames wait for its directory's answer, the run
+    # is read back (3 reads), then its frames are fed: call 3 again (counted once), then 4.
+    streamed = [envelope(f, "/w") for f in call("ses_s1", "p3", "read", ff.READ)]
+    fake = FakeOpencode(
+        streams=[play(frames(*streamed) + loop_frames("ses_s1", 1, prefix="q"))],
+        busy={"ses_s1": {"type": "busy"}},
+        messages={"ses_s1": ff.run_record("ses_s1", 3)},
+    )
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("abort"))
+        await stop(*running)
+    [seeded] = events(logs, "session.seeded")
+    assert seeded["calls"] == 3
+    [detected] = events(logs, "loop.detected")
+    assert (detected["part_id"], detected["call_index"]) == ("q1", 4)
+
+
 async def test_a_session_being_stopped_is_not_read_back():
     fake = FakeOpencode(
         streams=[play(loop_frames("ses_s1", 4), then="end"), play()], delays={"abort": 0.3}
@@ -602,7 +621,7 @@ async def test_escalation_counts_the_interventions_of_an_earlier_monitor():
     assert fake.of("prompt_async")[0].body["noReply"] is True
 
 
-async def test_resync_of_many_directories_asks_concurrently_within_the_bound():
+async def test_a_stop_goes_ahead_of_the_resyncs_reads_within_their_bound():
     import dataclasses
 
     from monitor.shell.resync import RESYNC_CONCURRENCY
@@ -611,16 +630,24 @@ async def test_resync_of_many_directories_asks_concurrently_within_the_bound():
     class Slow(FakeOpencode):
         under_way: int = 0
         most: int = 0
+        # Once the second connect has asked /d0 (where the loop's session may be busy),
+        # its other status reads wait for the gate: set once the abort came.
+        gate: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+        asked_d0: bool = False
 
         async def _status(self, request):
             self.under_way += 1
             self.most = max(self.most, self.under_way)
+            if self.connections > 1 and request.query.get("directory") == "/d0":
+                self.asked_d0 = True
+            elif self.asked_d0:
+                await self.gate.wait()
             await asyncio.sleep(0.02)
             self.under_way -= 1
             return await super()._status(request)
 
     # A call under way in each of 200 directories, then the stream ends: the resync asks
-    # every one of them (and the configured one); a loop comes while it runs.
+    # every one of them (and the configured one); the new stream's first frames are a loop.
     first = [
         envelope(f, f"/d{n}") for n in range(200) for f in call(f"ses_d{n}", "p", "read", {})[:2]
     ]
@@ -636,16 +663,22 @@ async def test_resync_of_many_directories_asks_concurrently_within_the_bound():
     with capture_logs() as logs:
         server, watch, task = await start(fake, patient)
         try:
-            await wait_for(lambda: fake.of("abort"), timeout=60)
+            # The second connect's status reads are held until the loop's abort and its
+            # feedback came (the feedback is posted after a check read of its own).
+            await wait_for(lambda: fake.of("prompt_async"), timeout=60)
+            held = len(events(logs, "stream.resynced"))
+            fake.gate.set()
+            await wait_for(lambda: len(events(logs, "stream.resynced")) == 2, timeout=60)
         finally:
             await stop(server, watch, task)
-    asked = [r for r in fake.of("status") if r.at > fake.requests[0].at]
+    second = fake.requests.index(fake.of("event")[1])
+    asked = [r for r in fake.requests[second:] if r.path == "/session/status"]
     assert len({r.query.get("directory") for r in asked}) == 201
     assert fake.most == RESYNC_CONCURRENCY
-    # The loop that came during the resync was fed after it, and caught.
-    [abort] = fake.of("abort")
-    assert abort.session_id == "ses_x" and abort.at > max(r.at for r in asked)
-    assert len(events(logs, "stream.resynced")) == 2
+    # The loop that came during the resync was stopped while its reads were held.
+    [abort], [feedback] = fake.of("abort"), fake.of("prompt_async")
+    assert abort.session_id == feedback.session_id == "ses_x" and held == 1
+    assert abort.at < feedback.at < max(r.at for r in asked)
 
 
 def heartbeats_after(chunk: bytes, every: float = 0.05):

@@ -102,6 +102,43 @@ def engine_name(kind: str) -> str | None:
     return None
 
 
+def session_of(frame: object) -> tuple[str | None, str | None, int]:
+    """The session a decoded frame of either generation is about, the directory it came from
+    (None where it does not say) and the engine it speaks (2: the new one), without the
+    adapter's state: the shell asks it while a resync runs, to hold only the frames of the
+    sessions it rebuilds (a 2.x frame parsed early would move its session's seq past the
+    replay that must come first)."""
+    if not isinstance(frame, dict):
+        return None, None, 1
+    data = frame.get("data")
+    if data is not None and "properties" not in frame:  # an `/api` envelope
+        location = frame.get("location")
+        where = location.get("directory") if isinstance(location, dict) else None
+    else:
+        payload = frame.get("payload")
+        event = payload if isinstance(payload, dict) else frame
+        where = frame.get("directory")
+        kind = event.get("type")
+        if kind == "sync":
+            sync = event.get("syncEvent")
+            if not isinstance(sync, dict) or not isinstance(name := sync.get("type"), str):
+                return None, None, 1
+            if engine_name(name.rsplit(".", 1)[0]) is None:
+                return None, None, 1  # a 1.x stored event: the adapter takes its live copy
+            data = sync.get("data")
+        elif isinstance(kind, str) and engine_name(kind) is not None:
+            data = event.get("properties")
+        else:
+            _, parsed = parse_event(frame)
+            if parsed is None or isinstance(parsed, Malformed):
+                return None, None, 1
+            return getattr(parsed, "session_id", None), getattr(parsed, "directory", None), 1
+    session_id = data.get("sessionID") if isinstance(data, dict) else None
+    if not isinstance(session_id, str) or not session_id:
+        return None, None, 2
+    return session_id, _directory(where), 2
+
+
 class _Session:
     """What the adapter keeps of one new-engine session."""
 

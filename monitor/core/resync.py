@@ -3,10 +3,11 @@
 The stream does not replay what happened while we were away (OpenCode ignores
 `Last-Event-ID`), so after every connect the shell asks the server which sessions are busy
 and reads their current runs back. This module decides, from data only, where to ask and
-what to do with the answer; `monitor.shell.watch` makes the requests.
+what to do with the answer; `monitor.shell.resync` makes the requests.
 
-The shell connects the stream before it asks, and asks before it reads the first frame, so
-nothing that happens meanwhile is lost (it waits in the socket). Busy is asked before the
+The shell connects the stream before it asks, so nothing that happens meanwhile is lost:
+the frames of a session being rebuilt wait until it is (`waits_on` says what a session
+unknown at the connect waits for), the others are fed at once. Busy is asked before the
 messages are read: a run that ends in between still leaves its `session.idle` on the stream,
 which ends the read-back run; the other order could take a finished run for a current one.
 
@@ -65,6 +66,19 @@ def askable(directory: str | None) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def waits_on(
+    directory: str | None, asked: Collection[str | None], configured: str | None
+) -> tuple[str | None, ...]:
+    """The directory whose answer a session unknown at the connect waits for, when its
+    frames come during the resync: its own, if asked, else the configured one's (the
+    server's own directory, which may list it busy); () when neither is asked. Busy
+    there, it is read back before its frames are fed; else they are fed at once."""
+    for where in (directory, configured):
+        if where in asked:
+            return (where,)
+    return ()
 
 
 def plan_resync(

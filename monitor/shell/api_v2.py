@@ -60,12 +60,12 @@ HISTORY_PAGE = 100
 ACTIVE_REMEMBERED = 10_000
 HISTORY_PAGES = 50
 # The longest a read of `/api` may take, retries included, whatever the server does (hung, or
-# dribbling bytes, which a read timeout never ends). The resync asks `/api` while the new
-# stream's frames wait, those of classic sessions too: a hung `GET /api/session/active`
-# kept a classic loop from being stopped for 14 s, a hung `/api/health` added 10 s to
-# every connect. Its answers come in milliseconds once warm, but a real 1.18.33's first `/api`
-# read on a loaded machine took over 2 s (attach's look-up failed on it in the suite): the
-# bound is for a server that does not answer, not for one that is slow.
+# dribbling bytes, which a read timeout never ends). The resync asks `/api` while the frames
+# of the new-engine sessions it rebuilds wait (a hung `GET /api/session/active` once held a
+# classic loop's too, for 14 s); a hung `/api/health` added 10 s to every connect. Its
+# answers come in milliseconds once warm, but a real 1.18.33's first `/api` read on a loaded
+# machine took over 2 s (attach's look-up failed on it in the suite): the bound is for a
+# server that does not answer, not for one that is slow.
 API_READ_S = 10.0
 
 
@@ -317,16 +317,31 @@ class EngineAPI(OpencodeAPI):
         return 2 if newest else 1
 
     async def busy_sessions(self, directory: str | None) -> set[str]:
-        busy = await super().busy_sessions(directory) if self.server.classic else set()
+        busy: set[str] = set()
+        for _, read in self.busy_reads():
+            busy |= await read(directory)
+        return busy
+
+    def busy_reads(self) -> list[tuple[int, Callable[[str | None], Awaitable[set[str]]]]]:
+        """The reads of which sessions are busy, each with the engine it answers for: the
+        classic one first, so that a hung `/api` read holds up no classic session."""
+        reads: list[tuple[int, Callable[[str | None], Awaitable[set[str]]]]] = []
+        if self.server.classic:
+            reads.append((1, super().busy_sessions))
         if self.server.engine:
-            active = await self._read("/api/session/active", _where(directory))
-            data = active.get("data") if isinstance(active, dict) else None
-            if not isinstance(data, dict):
-                raise ServerError("/api/session/active did not answer {data: {...}}")
-            for session_id in data:
-                if isinstance(session_id, str):
-                    busy.add(session_id)
-                    bounded_put(self._active, session_id, None, ACTIVE_REMEMBERED)
+            reads.append((2, self._engine_busy))
+        return reads
+
+    async def _engine_busy(self, directory: str | None) -> set[str]:
+        active = await self._read("/api/session/active", _where(directory))
+        data = active.get("data") if isinstance(active, dict) else None
+        if not isinstance(data, dict):
+            raise ServerError("/api/session/active did not answer {data: {...}}")
+        busy = set()
+        for session_id in data:
+            if isinstance(session_id, str):
+                busy.add(session_id)
+                bounded_put(self._active, session_id, None, ACTIVE_REMEMBERED)
         return busy
 
     async def pending_permissions(self, directory: str | None) -> list[dict[str, Any]]:

@@ -7,22 +7,25 @@ history, pending permission requests answered, held sessions read again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from typing import Any, TypeVar
 
 import structlog
 
 from monitor.config import Settings
 from monitor.core.decisions import Deadline
+from monitor.core.events import Malformed
+from monitor.core.events_v2 import session_of
 from monitor.core.export import current_run, export_frames, feedback_count, held_in
 from monitor.core.fed import Fed
-from monitor.core.resync import directories_to_ask, plan_resync, recent_sessions
+from monitor.core.frames import FrameError, decode_frame
+from monitor.core.resync import directories_to_ask, plan_resync, recent_sessions, waits_on
 from monitor.core.tracker import Tracker
 from monitor.errors import ServerError, SessionGone
 from monitor.shell.actions import Interventions
 from monitor.shell.api_v2 import EngineAPI
 
-__all__ = ["RECENT_HISTORY", "RESYNC_CONCURRENCY", "Resync", "bounded"]
+__all__ = ["RECENT_HISTORY", "RESYNC_CONCURRENCY", "Resync", "Waiting", "bounded"]
 
 log = structlog.get_logger("monitor.shell.resync")
 
@@ -39,19 +42,99 @@ RECENT_HISTORY = 200
 
 async def bounded(calls: Iterable[Awaitable[T]], limit: int = RESYNC_CONCURRENCY) -> list[T]:
     """Await `calls` at most `limit` at a time, their results in order; the first failure
-    cancels the rest and is raised."""
-    gate = asyncio.Semaphore(limit)
+    cancels the rest and is raised. `limit` workers take the calls one by one, so 10,000
+    calls cost `limit` tasks, and a generator's calls are made only when their turn comes."""
+    results: dict[int, T] = {}
+    pending = enumerate(calls)  # one iterator: each call is taken by one worker
 
-    async def one(call: Awaitable[T]) -> T:
-        async with gate:
-            return await call
+    async def worker() -> None:
+        for index, call in pending:
+            results[index] = await call
 
-    tasks = [asyncio.ensure_future(one(call)) for call in calls]
+    workers = [asyncio.ensure_future(worker()) for _ in range(limit)]
     try:
-        return list(await asyncio.gather(*tasks))
+        await asyncio.gather(*workers)
     finally:
-        for task in tasks:
+        for task in workers:
             task.cancel()
+    return [results[index] for index in range(len(results))]
+
+
+class Waiting:
+    """While a resync runs, the frames of the sessions it rebuilds wait, each session's in
+    order, and every other session's go to the tracker at once: a loop they complete is
+    stopped ahead of the resync's bulk reads (issue 33: 3.1 s behind 10,001 status reads).
+
+    The sessions known at the connect wait for the whole resync (it ends, reads back or
+    replays them), as do those it `claim`s. A session unknown at the connect waits only for
+    the answer of the directory it may be busy in (`waits_on`), which the resync asks first:
+    busy there, it is read back before its frames are fed; else they are fed at once. A
+    session fed during the resync is `live`: the stream follows it, no resync ends its run."""
+
+    def __init__(
+        self, known: Iterable[str], asked: Iterable[str | None], configured: str | None
+    ) -> None:
+        self._held = set(known)
+        self.asked = list(asked)
+        self._configured = configured
+        # A directory's answer for an engine: who waits for it.
+        self._on: dict[tuple[str | None, int], set[str]] = {}
+        self._frames: dict[str, list[object]] = {}  # by session, in order
+        self.answered: set[tuple[str | None, int]] = set()
+        self.busy: set[str] = set()  # in the directories answered so far
+        self.live: set[str] = set()
+
+    def claim(self, sessions: Iterable[str]) -> None:
+        """From now on these sessions' frames wait too (their record is about to be read)."""
+        self._held.update(sessions)
+
+    def admit(self, data: str) -> object | None:
+        """The decoded frame to feed now, or None when it waits."""
+        try:
+            frame: object = decode_frame(data)
+        except FrameError as exc:
+            return Malformed(str(exc))
+        session_id, directory, engine = session_of(frame)
+        if session_id is None or session_id in self.live:
+            return frame
+        frames = self._frames.get(session_id)
+        if frames is None:
+            if session_id not in self._held:
+                on = [
+                    (where, engine) for where in waits_on(directory, self.asked, self._configured)
+                ]
+                if not on or (on[0] in self.answered and session_id not in self.busy):
+                    self.live.add(session_id)
+                    return frame
+                if on[0] in self.answered:
+                    self._held.add(session_id)  # found busy: read back with the others
+                else:
+                    self._on.setdefault(on[0], set()).add(session_id)
+            frames = self._frames[session_id] = []
+        frames.append(frame)
+        return None
+
+    def urgent(self) -> list[str | None]:
+        """The directories whose answer sessions wait for: asked first."""
+        return [where for where, _ in self._on]
+
+    def answer(self, directory: str | None, engine: int, busy: Collection[str]) -> set[str]:
+        """`directory` answered `busy` for `engine` (2: the new one, whose sessions' frames
+        are 2.x): the sessions of that engine that waited for it."""
+        self.answered.add((directory, engine))
+        self.busy.update(busy)
+        return self._on.pop((directory, engine), set())
+
+    def free(self, session_id: str) -> list[object]:
+        """The session's frames, to feed now; from here on its frames go on at once."""
+        self.live.add(session_id)
+        return self._frames.pop(session_id, [])
+
+    def rest(self) -> list[object]:
+        """Every frame still waiting, each session's in order (the resync is over)."""
+        frames = [frame for waited in self._frames.values() for frame in waited]
+        self._frames.clear()
+        return frames
 
 
 class Resync:
@@ -77,6 +160,69 @@ class Resync:
         self._carry_out = carry_out
         self._take = take
         self._deadline = deadline
+        # Set from the connect until the resync is done (`hold`, `release`).
+        self.waiting: Waiting | None = None
+
+    def hold(self) -> None:
+        """At the connect, before any frame is read: the frames of the sessions the resync
+        may rebuild wait from now on (`Waiting`)."""
+        self.waiting = self._waiting(self._tracker.known())
+
+    def _waiting(self, held: Iterable[str]) -> Waiting:
+        configured = self._settings.directory
+        asked = directories_to_ask(self._tracker.running(), configured)
+        return Waiting(held, asked, configured)
+
+    def release(self) -> None:
+        """The resync is done (or failed): the frames that waited are fed."""
+        waiting, self.waiting = self.waiting, None
+        self._feed(() if waiting is None else waiting.rest())
+
+    def _feed(self, frames: Iterable[object]) -> None:
+        for frame in frames:
+            self._take(self._tracker.feed(frame))
+
+    def _claim(self, sessions: Iterable[str]) -> None:
+        if self.waiting is not None:
+            self.waiting.claim(sessions)
+
+    def _live(self) -> set[str]:
+        return set() if self.waiting is None else self.waiting.live
+
+    async def _busy(self, waiting: Waiting) -> tuple[dict[str, str | None], int]:
+        """Which sessions are busy, by directory, the directories sessions wait for asked
+        first; a session that waited is read back (when busy) and then followed live. Also
+        how many were read back."""
+        seeded = 0
+
+        async def ask(where: str | None) -> tuple[str | None, set[str]]:
+            nonlocal seeded
+            sessions: set[str] = set()
+            only = self._only_session
+            # Each engine's answer frees its own sessions: a hung `/api` read holds up no
+            # classic one (what a session speaks, its frames say).
+            for engine, read in self._api.busy_reads():
+                found = await read(where)
+                sessions |= found
+                for session_id in waiting.answer(where, engine, found):
+                    if session_id in found and only in (None, session_id):
+                        if not self._interventions.acting_on(session_id):
+                            seeded += await self._seed(session_id, where)
+                    self._feed(waiting.free(session_id))
+            return where, sessions
+
+        def asks() -> Iterator[Awaitable[tuple[str | None, set[str]]]]:
+            order, done = iter(waiting.asked), set[str | None]()
+            while len(done) < len(waiting.asked):
+                urgent = [w for w in waiting.urgent() if w not in done]
+                where = urgent[0] if urgent else next(w for w in order if w not in done)
+                done.add(where)
+                yield ask(where)
+
+        busy: dict[str, str | None] = {}
+        for where, sessions in await bounded(asks()):
+            busy.update(dict.fromkeys(sessions, where))
+        return busy, seeded
 
     async def _replay_engine_sessions(self, sessions: Iterable[str]) -> tuple[int, set[str]]:
         """New-engine sessions keep their events: what came while we were away is read from
@@ -100,7 +246,7 @@ class Resync:
                 failed.add(session_id)
             return []
 
-        # Read at once, concurrently, then fed in order: the stream's frames wait meanwhile.
+        # Read concurrently, within the bound, then fed in order: the sessions' frames wait.
         answers = await bounded(history(session_id, after) for session_id, after in asked)
         for events in answers:
             for event in events:
@@ -113,35 +259,40 @@ class Resync:
         `monitor.core.resync` plans it; this asks the server and carries the plan out.
         """
         tracker = self._tracker
-        directories = list(directories_to_ask(tracker.running(), self._settings.directory))
-        busy: dict[str, str | None] = {}
+        # Outside a connect (`hold`), as a test may run it, no frame waits.
+        waiting = self.waiting or self._waiting(())
         try:
-            answers = await bounded(self._api.busy_sessions(where) for where in directories)
-            for directory, sessions in zip(directories, answers, strict=True):
-                busy.update(dict.fromkeys(sessions, directory))
+            busy, seeded = await self._busy(waiting)
         except ServerError as exc:
             # Without an answer we cannot tell finished runs from live ones: keep them all.
             log.warning("stream.resync_failed", error=str(exc))
             return
         only = self._only_session
+        live = waiting.live
         plan = plan_resync(
             busy,
-            tracker.known(),
+            # A session the stream has followed since the connect: its run is its own to end.
+            {s: w for s, w in tracker.known().items() if s not in live},
             None if only is None else {only},
-            [session_id for session_id in busy if self._interventions.acting_on(session_id)],
+            [s for s in busy if s in live or self._interventions.acting_on(s)],
         )
-        running = tracker.running()
+        # Their records are read from now on: their frames wait, so the read-back comes
+        # first (what the stream brought before is in the record, and counts once).
+        self._claim(session for session, _ in plan.read_back)
+        running = {s: w for s, w in tracker.running().items() if s not in live}
         # A refusal that waited in a run found over is released to be carried out late.
         self._carry_out(Fed(tuple(tracker.end_runs(plan.end_runs))))
-        # Read back at once, concurrently: the stream's frames wait in the socket meanwhile.
-        # A new-engine session we followed is replayed from its last seq instead.
-        replayed, unreplayed = await self._replay_engine_sessions({*running, *busy})
+        # Read back concurrently, within the bound; the frames of these sessions wait. A
+        # new-engine session we followed is replayed from its last seq instead.
+        replayed, unreplayed = await self._replay_engine_sessions(
+            {*running, *(s for s in busy if s not in live)}
+        )
         read_back = [
             (s, w)
             for s, w in plan.read_back
             if tracker.adapter.last_seq(s) is None or s in unreplayed
         ]
-        seeded = sum(await bounded(self._seed(session, where) for session, where in read_back))
+        seeded += sum(await bounded(self._seed(session, where) for session, where in read_back))
         pending = await self._read_back_permissions(
             directories_to_ask(busy, self._settings.directory)
         )
@@ -171,11 +322,14 @@ class Resync:
             except ServerError as exc:
                 log.warning("session.list_failed", error=str(exc))
                 listed = []
+            live = self._live()
             for session_id, where in recent_sessions(
                 listed, self._settings.max_sessions, self._settings.directory
             ).items():
-                if session_id not in busy:
+                # One the stream followed meanwhile runs: a person wrote, it is not held.
+                if session_id not in busy and session_id not in live:
                     candidates.setdefault(session_id, where)
+        self._claim(candidates)
         await bounded(self._read_hold(session, where) for session, where in candidates.items())
         return self._tracker.held_sessions
 

@@ -11,8 +11,8 @@ Bytes are no proof of life: a proxy or a broken server can keep a connection bus
 comments. So the read limit is also kept on frames: a connection that brings no frame (the
 server's heartbeat is one) for the read limit is dropped as `no frame`. And the resync that
 runs at each connect does not stop the reading: frames that come meanwhile are read off the
-socket and held, then fed in order once the resync is done (feeding them earlier would let
-the stream's view of a run race the server's record of it).
+socket and handed on at once; the watch holds those of the sessions the resync rebuilds
+(`monitor.shell.resync.Waiting`) and feeds the others, so a stop goes ahead of bulk reads.
 
 The stream is decoded in whatever chunks have arrived rather than line by line: at tens of
 thousands of frames a second, a coroutine round trip per line cost more than decoding the
@@ -266,8 +266,8 @@ class EventStream:
             decoder = SSEChunkDecoder()
             self._response = response
             try:
-                backlog = await self._read_while(self._on_connect(), response.content, decoder)
-                await self._read_frames(response.content, decoder, backlog)
+                await self._read_while(self._on_connect(), response.content, decoder)
+                await self._read_frames(response.content, decoder)
             finally:
                 self._response = None
 
@@ -279,11 +279,11 @@ class EventStream:
 
     async def _read_while(
         self, work: Awaitable[None], content: aiohttp.StreamReader, decoder: SSEChunkDecoder
-    ) -> list[str]:
-        """Run `work`, reading frames meanwhile; the frames read, to be fed after it."""
+    ) -> None:
+        """Run `work`, reading frames and handing them on meanwhile."""
         task = asyncio.ensure_future(work)
         read: asyncio.Future[bytes] | None = None
-        backlog: list[str] = []
+        on_frame = self._on_frame
         try:
             while not task.done():
                 if read is None:
@@ -295,9 +295,10 @@ class EventStream:
                     if not chunk:  # the stream ended: what came still counts
                         await task
                         break
-                    backlog += decoder.feed(chunk)
+                    for data in decoder.feed(chunk):
+                        self.frames += 1
+                        on_frame(data)
             task.result()  # its failure is this connection's
-            return backlog
         finally:
             # A read not yet answered leaves its bytes in the buffer for the next one.
             for pending in (read, task):
@@ -306,13 +307,8 @@ class EventStream:
                     # Until it has unwound, the reader still counts as waiting.
                     await asyncio.gather(pending, return_exceptions=True)
 
-    async def _read_frames(
-        self, content: aiohttp.StreamReader, decoder: SSEChunkDecoder, backlog: list[str]
-    ) -> None:
+    async def _read_frames(self, content: aiohttp.StreamReader, decoder: SSEChunkDecoder) -> None:
         on_frame = self._on_frame
-        for data in backlog:
-            self.frames += 1
-            on_frame(data)
         loop = asyncio.get_running_loop()
         limit = self._read_limit
         deadline = asyncio.timeout(limit)

@@ -502,7 +502,11 @@ class Watch:
     def _on_frame(self, data: str) -> None:
         if self._record is not None:
             self._write_record(self._record, data)
-        self._take(self.tracker.feed_data(data))
+        waiting = self.resync.waiting
+        if waiting is None:
+            self._take(self.tracker.feed_data(data))
+        elif (frame := waiting.admit(data)) is not None:
+            self._take(self.tracker.feed(frame))
 
     def _take(self, fed: Fed) -> None:
         """Carry out and count what one frame fed to the tracker did."""
@@ -692,6 +696,14 @@ class Watch:
         )
 
     async def _on_connect(self) -> None:
+        # Before anything awaits: frames of the sessions the resync rebuilds wait for it.
+        self.resync.hold()
+        try:
+            await self._connected()
+        finally:
+            self.resync.release()
+
+    async def _connected(self) -> None:
         self._say_server()
         self._last_event_at = self.timing.clock()
         self.notifier.status("streaming events")
