@@ -62,7 +62,7 @@ from monitor.core.events import (
 from monitor.core.profile import server_call
 from monitor.core.session import RecentMap
 
-__all__ = ["Adapter", "engine_name", "result_output"]
+__all__ = ["Adapter", "engine_name", "result_output", "session_of"]
 
 # The 1.18.33 names of 2.0's events, by the part that differs.
 _V1_18_PREFIXES = (("session.next.", "session."), ("permission.v2.", "permission."))

@@ -30,6 +30,7 @@ __all__ = [
     "missed_by_stream",
     "plan_resync",
     "recent_sessions",
+    "waits_on",
 ]
 
 
