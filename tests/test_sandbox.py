@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from monitor.errors import ServerError
 from monitor.kit.poll import until
 from monitor.kit.sandbox import (
+    LISTENING,
     InstallError,
     OpencodeServer,
     ServerStartError,
@@ -300,6 +302,45 @@ async def test_a_server_that_exits_at_once_fails_start_with_its_log(
         async with server:
             pass
     assert server.pid is None
+
+
+# A stand-in for `opencode serve`: it listens at once but, like the real one starting, takes
+# requests only once it has said so; a request that came before is written to `early`.
+SLOW_START = """\
+import http.server, os, sys, threading, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+said = threading.Event()
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if not said.is_set():
+            open("early", "a").write(self.path + "\\n")
+        said.wait()
+        body = b'{"directory": "/project"}' if self.path.startswith("/path") else b"[]"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+time.sleep(1.0)
+said.set()
+print(f"opencode server listening on http://127.0.0.1:{port}", flush=True)
+time.sleep(3600)
+"""
+
+
+async def test_start_asks_only_once_the_server_says_it_listens(
+    tmp_path: Path, scripted_model: ScriptedModel
+) -> None:
+    binary = tmp_path / "opencode"
+    binary.write_text(f"#!{sys.executable}\n{SLOW_START}")
+    binary.chmod(0o755)
+    async with OpencodeServer(binary, scripted_model.url) as server:
+        assert server.directory == "/project"
+        assert LISTENING in server.log_path.read_bytes()
+        early = server.project / "early"
+        assert not early.exists(), early.read_text()
 
 
 def test_opencode_bin_overrides_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

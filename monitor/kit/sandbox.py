@@ -8,6 +8,7 @@ REST client (`monitor.shell.api.OpencodeAPI`).
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -33,6 +34,7 @@ from monitor.shell.plugin_install import FILE_NAME as PLUGIN_FILE
 from monitor.shell.plugin_install import render as render_plugin
 
 __all__ = [
+    "LISTENING",
     "InstallError",
     "MODEL_ID",
     "NEVER_ASK",
@@ -59,6 +61,9 @@ START_TIMEOUT = 60.0
 # A loaded machine (2 cores, a plugin loading) can take seconds to answer the first request
 # even once it answers at all: at 0.5 s a try, no try ever succeeded there.
 READY_TRY_TIMEOUT = 5.0
+# What opencode serve prints once it takes requests ("opencode server listening on URL").
+LISTENING = b"server listening on"
+LISTENING_WAIT = 20.0
 # After a session has run, opencode 1.18.33 often outlives SIGTERM by seconds; its data is
 # thrown away with the sandbox, so it gets little time before SIGKILL.
 STOP_GRACE = 1.5
@@ -322,9 +327,10 @@ class OpencodeServer:
             self._prepare_root()
         if self.port is None:
             self.port = free_loopback_port()
+        begun = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._process = self._spawn()
         try:
-            await self._wait_ready()
+            await self._wait_ready(begun)
         except BaseException:
             await self.stop()
             raise
@@ -410,15 +416,23 @@ class OpencodeServer:
                 start_new_session=True,
             )
 
-    async def _wait_ready(self) -> None:
+    async def _wait_ready(self, begun: int) -> None:
+        """Until the server answers; `begun`: where this start's lines begin in its log."""
         # A request sent while the server is still starting may never be answered, so each
-        # try gets a short timeout of its own and no retries: the next poll is the retry.
+        # try gets a short timeout of its own and no retries: the next poll is the retry. The
+        # first try waits for the line that says the server listens (about 1.5 s on a quiet
+        # machine): one sent before it sat out its whole timeout, and every start took 7 s
+        # instead of 2. A server that never prints it is asked all the same after a while.
+        loop = asyncio.get_running_loop()
+        ask_anyway = loop.time() + LISTENING_WAIT
         async with aiohttp.ClientSession() as http:
             once = Retry(attempts=1, timeout=READY_TRY_TIMEOUT)
             api = OpencodeAPI(http, self.url, retry=once, headers=self.headers)
 
             async def answers() -> bool:
                 self._raise_if_exited()
+                if not self._said_listening(begun) and loop.time() < ask_anyway:
+                    return False
                 try:
                     await api.sessions(None)
                 except ServerError:
@@ -432,6 +446,14 @@ class OpencodeServer:
             # Up now: the usual timeout and retries, a busy machine may answer slowly.
             api = OpencodeAPI(http, self.url, headers=self.headers)
             self._directory = await api.server_directory()
+
+    def _said_listening(self, begun: int) -> bool:
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(begun)
+                return LISTENING in log.read()
+        except OSError:
+            return False
 
     def _raise_if_exited(self) -> None:
         if self._process is not None and self._process.poll() is not None:
