@@ -118,18 +118,44 @@ def test_frames_wait_only_for_what_the_resync_reads_of_their_session():
     # Unknown, in a directory nobody asks but the server's own is: waits for that one.
     assert waiting.admit(data("ses_far", "/far")) is None
     # Its directory answered, not busy there: its frames go on, and the next at once.
-    assert waiting.answer("/b", 1, set()) == {"ses_idle"}
-    assert len(waiting.free("ses_idle")) == 1
+    assert waiting.answer("/b", 1, set()) == ["ses_idle"]
+    assert len(waiting.free(["ses_idle"])) == 1
     assert waiting.admit(data("ses_idle", "/b")) is not None
     # Busy there: read back (by the resync), then freed the same way.
-    assert waiting.answer("/a", 1, {"ses_new"}) == {"ses_new"}
-    assert len(waiting.free("ses_new")) == 1
+    assert waiting.answer("/a", 1, {"ses_new"}) == ["ses_new"]
+    assert len(waiting.free(["ses_new"])) == 1
     # A session first seen after its directory answered busy waits with the known ones.
     waiting.answer(None, 1, {"ses_late"})
     assert waiting.admit(data("ses_late", "/c")) is None
     assert waiting.live == {"ses_idle", "ses_new"}
     assert len(waiting.rest()) == 3  # ses_known, ses_far, ses_late
     assert waiting.admit("{not json") is not None  # a malformed frame is fed to be counted
+
+
+def test_frames_let_go_together_are_fed_in_the_streams_order_across_sessions():
+    import json
+
+    from monitor.shell.resync import Waiting
+    from tests.frames_factory import call, envelope
+
+    def data(session: str, part: str) -> str:
+        return json.dumps(envelope(call(session, part, "read", {})[0], "/w"))
+
+    waiting = Waiting(["ses_known"], ["/w"], None)
+    sent = [("ses_b", "p1"), ("ses_a", "p2"), ("ses_known", "p3"), ("ses_b", "p4"), ("ses_a", "p5")]
+    for session, part in sent:
+        assert waiting.admit(data(session, part)) is None
+    # First come first: ses_b's first frame came before ses_a's.
+    assert waiting.answer("/w", 1, set()) == ["ses_b", "ses_a"]
+    freed = waiting.free(["ses_b", "ses_a"])
+    parts = [frame["payload"]["properties"]["part"]["id"] for frame in freed]  # type: ignore[index]
+    assert parts == [
+        "p1",
+        "p2",
+        "p4",
+        "p5",
+    ]  # the stream's order, not one session's after the other
+    assert len(waiting.rest()) == 1  # ses_known's, at the end of the resync
 
 
 def test_each_engines_answer_frees_only_the_sessions_that_speak_it():
@@ -144,6 +170,6 @@ def test_each_engines_answer_frees_only_the_sessions_that_speak_it():
     waiting = Waiting([], ["/a"], None)
     assert waiting.admit(classic) is None and waiting.admit(new) is None
     # The classic answer came, the `/api` one has not (hung, say): only ses_c goes on.
-    assert waiting.answer("/a", 1, set()) == {"ses_c"}
+    assert waiting.answer("/a", 1, set()) == ["ses_c"]
     assert waiting.urgent() == ["/a"]
-    assert waiting.answer("/a", 2, {"ses_n"}) == {"ses_n"}
+    assert waiting.answer("/a", 2, {"ses_n"}) == ["ses_n"]

@@ -7,6 +7,8 @@ history, pending permission requests answered, held sessions read again.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -77,9 +79,13 @@ class Waiting:
         self._held = set(known)
         self.asked = list(asked)
         self._configured = configured
-        # A directory's answer for an engine: who waits for it.
-        self._on: dict[tuple[str | None, int], set[str]] = {}
-        self._frames: dict[str, list[object]] = {}  # by session, in order
+        # A directory's answer for an engine: who waits for it, in the order they came.
+        self._on: dict[tuple[str | None, int], dict[str, None]] = {}
+        # By session, each frame with its place on the stream: frames let go together are
+        # fed in the stream's order, also across sessions (which one a bounded table
+        # forgets first, a parent seen before its child, depend on it).
+        self._frames: dict[str, list[tuple[int, object]]] = {}
+        self._arrived = itertools.count()
         self.answered: set[tuple[str | None, int]] = set()
         self.busy: set[str] = set()  # in the directories answered so far
         self.live: set[str] = set()
@@ -109,32 +115,37 @@ class Waiting:
                 if on[0] in self.answered:
                     self._held.add(session_id)  # found busy: read back with the others
                 else:
-                    self._on.setdefault(on[0], set()).add(session_id)
+                    self._on.setdefault(on[0], {})[session_id] = None
             frames = self._frames[session_id] = []
-        frames.append(frame)
+        frames.append((next(self._arrived), frame))
         return None
 
     def urgent(self) -> list[str | None]:
         """The directories whose answer sessions wait for: asked first."""
         return [where for where, _ in self._on]
 
-    def answer(self, directory: str | None, engine: int, busy: Collection[str]) -> set[str]:
+    def answer(self, directory: str | None, engine: int, busy: Collection[str]) -> list[str]:
         """`directory` answered `busy` for `engine` (2: the new one, whose sessions' frames
-        are 2.x): the sessions of that engine that waited for it."""
+        are 2.x): the sessions of that engine that waited for it, first come first."""
         self.answered.add((directory, engine))
         self.busy.update(busy)
-        return self._on.pop((directory, engine), set())
+        return list(self._on.pop((directory, engine), {}))
 
-    def free(self, session_id: str) -> list[object]:
-        """The session's frames, to feed now; from here on its frames go on at once."""
-        self.live.add(session_id)
-        return self._frames.pop(session_id, [])
+    def free(self, sessions: Iterable[str]) -> list[object]:
+        """The sessions' frames, to feed now in the stream's order; from here on their
+        frames go on at once."""
+        self.live.update(sessions)
+        return _in_order(self._frames.pop(session_id, []) for session_id in sessions)
 
     def rest(self) -> list[object]:
-        """Every frame still waiting, each session's in order (the resync is over)."""
-        frames = [frame for waited in self._frames.values() for frame in waited]
+        """Every frame still waiting, in the stream's order (the resync is over)."""
+        frames = _in_order(self._frames.values())
         self._frames.clear()
         return frames
+
+
+def _in_order(waited: Iterable[list[tuple[int, object]]]) -> list[object]:
+    return [frame for _, frame in heapq.merge(*waited, key=lambda item: item[0])]
 
 
 class Resync:
@@ -204,11 +215,12 @@ class Resync:
             for engine, read in self._api.busy_reads():
                 found = await read(where)
                 sessions |= found
-                for session_id in waiting.answer(where, engine, found):
+                waited = waiting.answer(where, engine, found)
+                for session_id in waited:
                     if session_id in found and only in (None, session_id):
                         if not self._interventions.acting_on(session_id):
                             seeded += await self._seed(session_id, where)
-                    self._feed(waiting.free(session_id))
+                self._feed(waiting.free(waited))
             return where, sessions
 
         def asks() -> Iterator[Awaitable[tuple[str | None, set[str]]]]:
