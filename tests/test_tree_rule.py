@@ -190,6 +190,24 @@ def test_another_tree_is_not_held_back_by_the_first() -> None:
     assert (first.session_id, other.session_id) == (ROOT, "ses_other")
 
 
+def test_a_book_too_small_for_the_tree_forgets_it_and_never_raises() -> None:
+    """`max_sessions` 1: each account pushes the one before out (the child's, the parent's
+    count): what is forgotten is not counted, and nothing fails."""
+    tracker = Tracker(Detection(max_sessions=1, tree_depth=1, tree_fanout=1))
+    frames = [subagent("ses_a", ROOT), subagent("ses_b", ROOT), subagent("ses_c", "ses_b")]
+    assert feed_all(tracker, frames) == []
+
+
+def test_a_cycle_of_parents_is_cut() -> None:
+    tracker = Tracker(Detection(tree_depth=1))
+    frames = [subagent("ses_x", "ses_y"), subagent("ses_y", "ses_z"), subagent("ses_z", "ses_x")]
+    decisions = feed_all(tracker, frames)
+    # ses_z's ancestors: ses_x, ses_y, and ses_z again, where the walk stops.
+    assert [(d.session_id, d.finding.measure, d.finding.count) for d in decisions] == [
+        ("ses_y", "depth", 2)
+    ]
+
+
 def test_sessions_without_a_parent_are_never_a_tree_finding() -> None:
     tracker = Tracker(Detection(tree_depth=1, tree_fanout=1))
     frames = [

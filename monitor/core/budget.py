@@ -119,10 +119,10 @@ class BudgetBook:
         accounts[session_id] = account
         return account
 
-    def session(self, session_id: str, parent_id: str | None) -> TreeShape | None:
+    def session(self, session_id: str, parent_id: str | None) -> tuple[TreeShape, str] | None:
         """A session's parent, from each `session.created` / `session.updated`; the shape
-        its tree took past `depth` or `fanout` if this is its first sighting with a parent
-        (rule `tree`, at most once per tree until its root's run ends)."""
+        its tree took past `depth` or `fanout` if this is its first sighting with a parent,
+        with the tree's root (rule `tree`, at most once per tree until its root's run ends)."""
         if parent_id is None or parent_id == session_id:
             return None
         account = self._touch(session_id)
@@ -132,7 +132,8 @@ class BudgetBook:
             return None
         parent = self._accounts.get(parent_id) or self._touch(parent_id)
         parent.children += 1
-        chain = self._ancestors(session_id)
+        # From its parent up (the parent's account may have pushed the session's own out).
+        chain = [parent_id, *self._ancestors(parent_id, {session_id, parent_id})]
         found = None
         if self.depth and len(chain) > self.depth:
             found = TreeShape("depth", len(chain), self.depth, session_id, parent_id)
@@ -144,12 +145,12 @@ class BudgetBook:
         if root.tripped:
             return None
         root.tripped = True
-        return found
+        return found, chain[-1]
 
-    def _ancestors(self, session_id: str) -> list[str]:
-        """The session's parent, its parent's, ... up to the root (cycles cut)."""
+    def _ancestors(self, session_id: str, seen: set[str]) -> list[str]:
+        """The session's parent, its parent's, ... up to the root (cycles cut: none of
+        `seen`)."""
         chain: list[str] = []
-        seen = {session_id}
         current = session_id
         while True:
             account = self._accounts.get(current)

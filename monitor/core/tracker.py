@@ -469,12 +469,12 @@ class Tracker:
         seen = self._seen(event.session_id, event.directory)
         if event.busy:
             self._begin(seen)
-        shape = self._budgets.session(event.session_id, event.parent_id)
-        if shape is None:
+        tripped = self._budgets.session(event.session_id, event.parent_id)
+        if tripped is None:
             return _QUIET[label]
         # Rule `tree`: the tree is stopped at its root, whichever child tripped it; the book
         # keeps it to one intervention while that one is under way (until the root's run ends).
-        root_id = self._budgets.root(event.session_id)
+        shape, root_id = tripped
         root = self._seen(root_id, None)
         if root.directory is None:
             root.directory = event.directory
