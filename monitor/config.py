@@ -689,6 +689,28 @@ class Settings:
             core=True,
         )
     )
+    tree_depth: int = field(
+        metadata=_row(
+            _count_or_off(1),
+            "levels of subagents below a session that its tree may grow to: a new subagent "
+            "session deeper than this stops the tree at its root (0: off)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
+    tree_fanout: int = field(
+        metadata=_row(
+            _count_or_off(1),
+            "subagent sessions one session may start in one run: one more stops the tree at "
+            "its root (0: off)",
+            Group.DETECTION,
+            metavar="N",
+            core=True,
+            seed_fixed=True,
+        )
+    )
     max_sessions: int = field(
         metadata=_row(
             _integer(1),

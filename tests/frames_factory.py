@@ -84,6 +84,14 @@ def created(session: str, directory: str) -> dict:
     }
 
 
+def subagent(
+    session: str, parent: str, kind: str = "session.created", directory: str = "/p"
+) -> dict:
+    """A session whose `info.parentID` names its parent (`session.created` or `.updated`)."""
+    info = {"id": session, "parentID": parent, "directory": directory}
+    return envelope({"type": kind, "properties": {"info": info}}, directory)
+
+
 def envelope(frame: dict, directory: str = "/home/dev/project") -> dict:
     return {"directory": directory, "project": "global", "payload": frame}
 

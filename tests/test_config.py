@@ -80,6 +80,8 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "call_seconds": 0,
         "run_budget": {"steps": None, "tokens": None, "cost": None},
         "tree_budget": {"steps": None, "tokens": None, "cost": None},
+        "tree_depth": 3,
+        "tree_fanout": 20,
         "max_sessions": 10_000,
         "dry_run": False,
         "on_loop": "resume",

@@ -91,6 +91,7 @@ revisit           4      0      0             0  26, 29, 17, 20
 circles           2      0      0             0  11, 12
 runaway           1      0      0             0  2
 budget            0      0      0             0  -
+tree              0      0      0             0  -
 doom_loop         0      0      0             0  -
 total: 33 loops, 33 caught at the labelled call, 0 early or late, 0 missed; 27 legit, 0 false alarms
 """

@@ -575,6 +575,8 @@ async def test_started_log_lists_the_detection_settings():
         "call_seconds": 0,
         "run_budget": "off",
         "tree_budget": "off",
+        "tree_depth": 3,
+        "tree_fanout": 20,
         "permissions": "gate",
         "permission_grace": 30.0,
     }

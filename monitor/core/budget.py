@@ -1,4 +1,5 @@
-"""Rule `budget`: what a run, or a session with its subagents, may spend in steps, tokens and cost.
+"""Rules `budget` and `tree`: what a run, or a session with its subagents, may spend in steps,
+tokens and cost, and how deep and wide a tree of subagent sessions may grow.
 
 Pure accounting, no I/O; the tracker feeds it from the stream:
 
@@ -18,6 +19,12 @@ limit fires once per run, a tree's once, each on the update that reaches it: the
 stops that session's run with feedback that asks for a summary of what is done and left
 (one more step); with `on_loop = "hold"` the session then waits for a person.
 
+Rule `tree` reads the same parents: when a session with a parent is first seen, its depth
+(its ancestors: a child of the root is at depth 1) and its parent's children started in the
+parent's current run (`end_run` of the parent starts that count over) are checked against
+`depth` and `fanout` (0: off); see docs/detection.md, "Subagent trees". A tree is stopped once
+while that intervention is under way: later trips in it are nothing until its root's run ends.
+
 Memory: one account per session that sent usage or has a parent (its parent id, the last
 message's id and totals, two spends of four numbers), at most `max_sessions`, the least
 recently touched forgotten first (its tree's spend with it, if it was the root).
@@ -28,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from monitor.core.events import MessageUsage
-from monitor.core.findings import BudgetSpent
+from monitor.core.findings import BudgetSpent, TreeShape
 
 __all__ = ["Budget", "BudgetBook"]
 
@@ -69,7 +76,7 @@ class _Spend:
 
 
 class _Account:
-    __slots__ = ("parent", "message", "tokens", "cost", "run", "tree")
+    __slots__ = ("parent", "message", "tokens", "cost", "run", "tree", "children", "tripped")
 
     def __init__(self) -> None:
         self.parent: str | None = None
@@ -78,16 +85,25 @@ class _Account:
         self.cost = 0.0
         self.run: _Spend | None = None
         self.tree: _Spend | None = None  # only on a root: the whole tree's spend
+        self.children = 0  # children started in the current run (rule `tree`)
+        self.tripped = False  # only on a root: its tree's shape is being stopped
 
 
 class BudgetBook:
     """Every session's spend; `message` says what an update spent and which budget it reached."""
 
     def __init__(
-        self, run: Budget = Budget(), tree: Budget = Budget(), max_sessions: int = 10_000
+        self,
+        run: Budget = Budget(),
+        tree: Budget = Budget(),
+        max_sessions: int = 10_000,
+        depth: int = 0,
+        fanout: int = 0,
     ) -> None:
         self.run_budget = run
         self.tree_budget = tree
+        self.depth = depth
+        self.fanout = fanout
         self._limited = bool(run) or bool(tree)
         self.max_sessions = max_sessions
         # Oldest first; the least recently touched account goes when it is full.
@@ -103,9 +119,47 @@ class BudgetBook:
         accounts[session_id] = account
         return account
 
-    def session(self, session_id: str, parent_id: str | None) -> None:
-        if parent_id is not None and parent_id != session_id:
-            self._touch(session_id).parent = parent_id
+    def session(self, session_id: str, parent_id: str | None) -> tuple[TreeShape, str] | None:
+        """A session's parent, from each `session.created` / `session.updated`; the shape
+        its tree took past `depth` or `fanout` if this is its first sighting with a parent,
+        with the tree's root (rule `tree`, at most once per tree until its root's run ends)."""
+        if parent_id is None or parent_id == session_id:
+            return None
+        account = self._touch(session_id)
+        first = account.parent is None
+        account.parent = parent_id
+        if not first or not (self.depth or self.fanout):
+            return None
+        parent = self._accounts.get(parent_id) or self._touch(parent_id)
+        parent.children += 1
+        # From its parent up (the parent's account may have pushed the session's own out).
+        chain = [parent_id, *self._ancestors(parent_id, {session_id, parent_id})]
+        found = None
+        if self.depth and len(chain) > self.depth:
+            found = TreeShape("depth", len(chain), self.depth, session_id, parent_id)
+        elif self.fanout and parent.children > self.fanout:
+            found = TreeShape("fanout", parent.children, self.fanout, session_id, parent_id)
+        if found is None:
+            return None
+        root = self._accounts.get(chain[-1]) or self._touch(chain[-1])
+        if root.tripped:
+            return None
+        root.tripped = True
+        return found, chain[-1]
+
+    def _ancestors(self, session_id: str, seen: set[str]) -> list[str]:
+        """The session's parent, its parent's, ... up to the root (cycles cut: none of
+        `seen`)."""
+        chain: list[str] = []
+        current = session_id
+        while True:
+            account = self._accounts.get(current)
+            parent = None if account is None else account.parent
+            if parent is None or parent in seen:
+                return chain
+            chain.append(parent)
+            seen.add(parent)
+            current = parent
 
     def root(self, session_id: str) -> str:
         """The top of the session's tree, as far as the parents are known (cycles cut)."""
@@ -123,6 +177,8 @@ class BudgetBook:
         account = self._accounts.get(session_id)
         if account is not None:
             account.run = None
+            account.children = 0
+            account.tripped = False
 
     def forget(self, session_id: str) -> None:
         self._accounts.pop(session_id, None)

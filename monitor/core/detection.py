@@ -9,7 +9,7 @@ from typing import Literal
 
 from monitor.core.budget import Budget
 from monitor.core.ladder import FirstAction, OnLoop
-from monitor.core.limits import check_history, derived_history
+from monitor.core.limits import check_history, check_tree, derived_history
 from monitor.core.permissions import PermissionMode
 from monitor.core.profile import Profile
 from monitor.core.rules import CallRule, TextRule
@@ -72,6 +72,10 @@ class Detection:
     # Budgets (monitor/core/budget.py): per run, and per session with its subagents.
     run_budget: Budget = Budget()
     tree_budget: Budget = Budget()
+    # Subagent trees (rule `tree`, monitor/core/budget.py): a new session more than this many
+    # levels below its root, or a parent's child past this many in one run; 0 turns one off.
+    tree_depth: int = 3
+    tree_fanout: int = 20
 
     # How the server's permission requests are answered (monitor.core.permissions); "off"
     # leaves them all to others, and every loop to the abort.
@@ -83,6 +87,7 @@ class Detection:
             derived = derived_history(self.max_period, self.repeats, self.wait_calls)
             object.__setattr__(self, "history", derived)  # frozen: set once, here
         check_history(self.history, self.max_period, self.repeats, self.wait_calls)
+        check_tree(self.tree_depth, self.tree_fanout)
 
 
 # Exactly the seed's behaviour: exact arguments, periods 1-4 repeated 3 times, a single call
@@ -99,6 +104,8 @@ SEED = Detection(
     circles=0,
     runaway_updates=0,
     call_seconds=-1.0,
+    tree_depth=0,
+    tree_fanout=0,
 )
 
 

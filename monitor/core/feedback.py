@@ -22,6 +22,7 @@ from monitor.core.findings import (
     SearchCircles,
     TextPassage,
     TextSteps,
+    TreeShape,
     clean_tool_name,
 )
 
@@ -94,6 +95,12 @@ _BUDGET_ADVICE = (
     "blocks it, so that a person can decide whether to give this task more."
 )
 
+_TREE_ADVICE = (
+    "Do not start more subagents for this: a subagent that hands the same task to another "
+    "subagent does not finish it. Do what is left yourself, or write a short summary of what "
+    "the subagents found and what blocks the task."
+)
+
 
 def _found(finding: Finding) -> tuple[str, str]:
     """What the rule saw, in the words the model reads, and the advice that goes with it."""
@@ -122,6 +129,10 @@ def _found(finding: Finding) -> tuple[str, str]:
         ), _RUNAWAY_ADVICE
     if isinstance(finding, BudgetSpent):
         return f"your run was stopped because {finding.describe()}.", _BUDGET_ADVICE
+    if isinstance(finding, TreeShape):
+        return (
+            f"your run was stopped because your subagents ran away: {finding.describe()}."
+        ), _TREE_ADVICE
     if isinstance(finding, FailureRun):
         return (
             "a repeated failure was detected and your run was stopped at this call: "

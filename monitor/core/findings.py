@@ -32,6 +32,7 @@ __all__ = [
     "TOOL_NAME_MAX",
     "TextPassage",
     "TextSteps",
+    "TreeShape",
     "clean_tool_name",
     "fields",
 ]
@@ -54,6 +55,7 @@ class Rule(enum.StrEnum):
     CIRCLES = "circles"
     RUNAWAY = "runaway"
     BUDGET = "budget"
+    TREE = "tree"
     # The server's own check, seen as its `doom_loop` permission request.
     DOOM_LOOP = "doom_loop"
 
@@ -295,6 +297,38 @@ def _amount(measure: str, value: float) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class TreeShape:
+    """A session tree grew past its shape as `child`, a new subagent session, appeared:
+    `measure` "depth", it is `count` levels below its root (a child of the root is at depth
+    1); "fanout", it is the `count`-th child its parent `parent` started in one run. `limit`
+    is the most allowed."""
+
+    rule: ClassVar[Rule] = Rule.TREE
+    measure: str
+    count: int
+    limit: int
+    child: str
+    parent: str
+
+    def describe(self) -> str:
+        """`subagent session ses_x is at depth 4 (more than 3 levels of subagents)`;
+        `session ses_p started 21 children in one run (more than 20), the last ses_x`."""
+        child = clean_tool_name(self.child)
+        if self.measure == "depth":
+            return (
+                f"subagent session {child} is at depth {self.count} "
+                f"(more than {self.limit} levels of subagents)"
+            )
+        return (
+            f"session {clean_tool_name(self.parent)} started {self.count} children in one run "
+            f"(more than {self.limit} subagent sessions), the last {child}"
+        )
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return 1, self.count, ()
+
+
+@dataclass(frozen=True, slots=True)
 class DoomLoop:
     """The server's `doom_loop` check: the last `calls` calls of one message, of `tool`, were
     identical, and it asked permission to go on."""
@@ -321,6 +355,7 @@ Finding = (
     | SearchCircles
     | RunawayCall
     | BudgetSpent
+    | TreeShape
     | DoomLoop
 )
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from monitor.errors import ConfigError
 
-__all__ = ["DetectionError", "HISTORY_FLOOR", "check_history", "derived_history"]
+__all__ = ["DetectionError", "HISTORY_FLOOR", "check_history", "check_tree", "derived_history"]
 
 # The history the defaults were measured with (docs/detection.md): a derived history is never
 # shorter, so settings that fit in it see exactly what the measurements saw.
@@ -71,3 +71,10 @@ def check_history(history: int, max_period: int, repeats: int, wait_calls: int) 
     for minimum, needs, why in history_needs(max_period, repeats, wait_calls):
         if history < minimum:
             raise DetectionError("history", history, minimum, needs, why)
+
+
+def check_tree(depth: int, fanout: int) -> None:
+    """Raise DetectionError for a limit of the `tree` rule below 0 (0 turns it off)."""
+    for field, value in (("tree_depth", depth), ("tree_fanout", fanout)):
+        if value < 0:
+            raise DetectionError(field, value, 0, (), "(0: off)")

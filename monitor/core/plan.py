@@ -28,6 +28,7 @@ from monitor.core.findings import (
     Finding,
     RunawayCall,
     TextPassage,
+    TreeShape,
 )
 from monitor.core.ladder import rung
 from monitor.core.rules.failure import failure_digest
@@ -99,6 +100,10 @@ def decide(
         # A nudge is read at the model's next step, which a call that does not end, or a
         # part that repeats itself until its token limit, does not reach: only the abort
         # stops these, whatever the first action.
+        step = dataclasses.replace(step, action=Action.STOP, plan=Plan.STOP)
+    elif step.plan in (Plan.NUDGE, Plan.REFUSE) and isinstance(finding, TreeShape):
+        # The root waits on its subagents' `task` call, which ends only when they do: no
+        # next step reads a nudge and no next call can be refused. The abort stops the tree.
         step = dataclasses.replace(step, action=Action.STOP, plan=Plan.STOP)
     if step.plan == Plan.NUDGE:
         feedback = nudge_text(finding, prior + 1)

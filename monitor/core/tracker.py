@@ -146,7 +146,11 @@ class Tracker:
         self._gate = PermissionGate(detection.permissions, detection.permission_grace)
         # Spend by session and by session tree (a tree spans sessions, so it is not a record's).
         self._budgets = BudgetBook(
-            detection.run_budget, detection.tree_budget, detection.max_sessions
+            detection.run_budget,
+            detection.tree_budget,
+            detection.max_sessions,
+            detection.tree_depth,
+            detection.tree_fanout,
         )
         self.malformed: Counter[str] = Counter()
         # Sessions taken in since the start (one forgotten and seen again counts twice).
@@ -465,8 +469,16 @@ class Tracker:
         seen = self._seen(event.session_id, event.directory)
         if event.busy:
             self._begin(seen)
-        self._budgets.session(event.session_id, event.parent_id)
-        return _QUIET[label]
+        tripped = self._budgets.session(event.session_id, event.parent_id)
+        if tripped is None:
+            return _QUIET[label]
+        # Rule `tree`: the tree is stopped at its root, whichever child tripped it; the book
+        # keeps it to one intervention while that one is under way (until the root's run ends).
+        shape, root_id = tripped
+        root = self._seen(root_id, None)
+        if root.directory is None:
+            root.directory = event.directory
+        return Fed((self._decide(root, root_id, shape, event.session_id),), label)
 
     def _on_user(self, event: UserMessage, label: str) -> Fed:
         # A held session waits for a person; which message is theirs, its text tells.
