@@ -270,6 +270,11 @@ def view(n: int) -> list[dict]:
     return tool("read", {"filePath": "Big.java", "offset": 100 * n}, f"lines {100 * n}-")
 
 
+def window(offset: int, limit: int) -> list[dict]:
+    """Lines `offset` to `offset + limit` of one file, each window's own text."""
+    return tool("read", {"filePath": "Big.java", "offset": offset, "limit": limit}, f"{offset}")
+
+
 # Five files read over and over, each round in another order: no block repeats back to back.
 SHUFFLED = [f"r{k}" for order in ("01234", "31402", "24130", "40321", "13042") * 4 for k in order]
 
@@ -291,6 +296,14 @@ def read(name: str, output: str = "text") -> list[dict]:
         ([s for i in range(30) for s in (read("file"), edit(i))], None),
         # polling: the wait rule's, with its allowance
         ([bash("sleep 5 && gh run view 1", "status: queued", 0)] * 19, None),
+        # a window that creeps back and forth over lines 100-172 (issue 31): no two of the
+        # first 23 reads are the same call, each reads mostly lines read before; the first
+        # reads new lines, every later one is a revisit, the 12th at call 1 + 12
+        ([window(100 + (7 * i) % 23, 50) for i in range(30)], ("revisit", 13)),
+        # paging on through a file, 50 lines at a time: new lines each time
+        ([window(50 * i, 50) for i in range(40)], None),
+        # the same creeping window with an edit between each: what was read may differ now
+        ([s for i in range(30) for s in (window(100 + (7 * i) % 23, 50), edit(i))], None),
     ],
 )
 def test_revisit(steps: list[list[dict]], expected: tuple[str, int] | None) -> None:

@@ -98,6 +98,10 @@ def rule_args(tool: str, args: Any) -> dict[str, Any] | None:
     timeout = args.get("timeout")
     if isinstance(timeout, int | float) and not isinstance(timeout, bool):
         kept["timeout"] = timeout
+    for key in ("offset", "limit"):  # the window of a `read` (revisit's creeping reads)
+        value = args.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            kept[key] = value
     for key in _TEXTS:
         text = args.get(key)
         if isinstance(text, str):

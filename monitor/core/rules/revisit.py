@@ -7,6 +7,12 @@ nothing new. A call is a *revisit* when the same call (`Call.digest`) came back 
 `Call.outcome` earlier in the run (within the last `MEMORY` distinct calls) and nothing
 changed files since then. `revisits` of the last `WINDOW` calls are a loop.
 
+A `read` (with a `limit`) of lines the run already read from the same file, nothing changed
+since, is a revisit too, whatever its `offset` and `limit`: at least `COVERED` of its window
+was in the windows read before (a window that creeps or slides back and forth over the same lines;
+paging on through a file reads new lines each time and is none). At most `FILES` files'
+windows are kept, as merged ranges.
+
 Position-dependent calls (`scroll_down`, `goto`) are the same call each time; their outcome
 tells the views apart, so a scroll through a file is no revisit until it wraps around.
 
@@ -36,12 +42,16 @@ __all__ = ["RevisitRule", "WINDOW"]
 NAME = "revisit"
 WINDOW = 16
 MEMORY = 64
+# A window that much inside what was read before reads (almost) nothing new.
+COVERED = 0.8
+FILES = 16
+RANGES = 16  # apart, of one file
 
 
 class Seen:
     """One run's remembered (call, outcome) digests since the last change, and the window."""
 
-    __slots__ = ("seen", "next", "bits", "calls", "signals", "tools")
+    __slots__ = ("seen", "next", "bits", "calls", "signals", "tools", "windows")
 
     def __init__(self) -> None:
         self.seen = array("I")  # a ring of at most MEMORY, 32 bits each
@@ -50,10 +60,41 @@ class Seen:
         self.calls = 0
         self.signals = 0  # `server_changes` at the previous call
         self.tools: list[str] | None = None  # tools of the revisits, for the finding
+        self.windows: dict[str, list[tuple[int, int]]] = {}  # lines read, by file
 
     def clear(self) -> None:
         del self.seen[:]
         self.next = 0
+        self.windows.clear()
+
+    def reread(self, path: str, start: int, end: int) -> bool:
+        """Whether lines `start` to `end` of `path` were mostly read before; they are now."""
+        ranges = self.windows.pop(path, [])
+        before = sum(max(0, min(end, b) - max(start, a)) for a, b in ranges)
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted([*ranges, (start, end)]):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        self.windows[path] = merged[-RANGES:]  # the newest file last
+        while len(self.windows) > FILES:
+            del self.windows[next(iter(self.windows))]
+        return before >= COVERED * (end - start)
+
+
+def _window(call: Call) -> tuple[str, int, int] | None:
+    """The file and lines a `read` reads, or None for any other call."""
+    args = call.args
+    if call.tool != "read" or not isinstance(args, dict):
+        return None
+    # Without a limit the lines read depend on the file's length, which the call does not say.
+    path, offset, limit = args.get("filePath"), args.get("offset", 0), args.get("limit")
+    if not isinstance(path, str) or not isinstance(offset, int) or not isinstance(limit, int):
+        return None
+    if offset < 0 or limit <= 0:
+        return None
+    return path, offset, offset + limit
 
 
 def _waits(call: Call) -> bool:
@@ -85,7 +126,9 @@ class RevisitRule(OutcomeRule):
             pair = hash((call.digest, outcome)) & 0xFFFFFFFF
             seen = state.seen
             # A wait (a poll answered "in progress") is `wait`'s, with its larger allowance.
-            revisit = pair in seen and not _waits(call)
+            window = _window(call)
+            reread = window is not None and state.reread(*window)
+            revisit = (pair in seen or reread) and not _waits(call)
             if not revisit and pair not in seen:
                 state.next = remember(seen, state.next, pair, self.memory)
         state.bits = ((state.bits << 1) | revisit) & ((1 << WINDOW) - 1)
