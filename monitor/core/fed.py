@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from monitor.core.decisions import Deadline, Intervene, Reply
-from monitor.core.events import OTHER
+from monitor.core.events import KNOWN_EVENT_TYPES, MALFORMED, OTHER
 from monitor.core.plugin_protocol import ALLOW, PluginVerdict
 
-__all__ = ["Fed", "Judged", "SessionView"]
+__all__ = ["QUIET", "Fed", "Judged", "SessionView"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +29,11 @@ class Fed:
     replies: tuple[Reply, ...] = ()
     spent: tuple[str | None, int, float] | None = None
     deadlines: tuple[Deadline, ...] = ()  # calls that started running: their time bounds
+
+
+# Most frames change nothing the shell must act on: one shared result per event type, so the
+# hot path allocates nothing for them.
+QUIET = {label: Fed(event_type=label) for label in (*KNOWN_EVENT_TYPES, OTHER, MALFORMED)}
 
 
 @dataclass(frozen=True, slots=True)

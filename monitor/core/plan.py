@@ -138,9 +138,10 @@ def withhold(session: SessionRecord, decision: Intervene) -> Intervene | None:
     """A refusal decided after its call ran (the failure it repeats came back, the check
     that shows no progress, the step that spent the budget), in a session whose plugin
     asks before every call: nothing is left to refuse, but the session's next call is, in
-    band, with this feedback, and the run goes on (`Tracker.judge`, `Tracker._awaits_refusal`). Kept
-    for that call (None to carry out now); the run ending first releases it
-    (`Tracker.end_run`). A stop or a hold still stops the run; one pending refusal at a time."""
+    band, with this feedback, and the run goes on (`Tracker.judge`,
+    `ToolUpdates._awaits_refusal`). Kept for that call (None to carry out now); the run
+    ending first releases it (`Tracker.end_run`). A stop or a hold still stops the run; one
+    pending refusal at a time."""
     if decision.plan is not Plan.REFUSE or not session.plugin or session.pending is not None:
         return decision
     refusal = refusal_after_text(

@@ -333,7 +333,7 @@ class SessionRecord:
         # A plugin asks before this session's calls run: a loop seen on the stream first
         # waits for its request (the plugin blocks it) instead of being aborted.
         self.plugin = False
-        # Whether a run is under way (monitor/core/runs.py); only `Tracker` moves it.
+        # Whether a run is under way (monitor/core/runs.py); only the tracker moves it.
         self.run = RunState.IDLE
         # Runs ended so far, as a decision's `run` names its own.
         self.runs = 0

@@ -1,0 +1,434 @@
+"""A tool call's updates, from the stream, a read-back or the plugin's question, through the
+call table (monitor/core/calls.py) to the rules, and where and when a loop they complete is
+handed over.
+
+`Tracker` owns the sessions and every other kind of event; it hands each tool part here
+(`update`), with the plugin's questions (`judge`) and the time bounds that passed
+(`overdue`). This part of the policy keeps, beside the records it shares with the tracker
+and the permission gate, only what is its own: the rules each kind of update asks, the part
+ids it gives the plugin's calls, the loops waiting for their call's end, the stray updates.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable
+from typing import Protocol
+
+from monitor.core.calls import CallEvent, CallState, Step, advance
+from monitor.core.decisions import Deadline, Intervene, Plan, Reply
+from monitor.core.detection import Detection
+from monitor.core.events import ToolPart
+from monitor.core.fed import QUIET, Fed, Judged
+from monitor.core.findings import FailureRun, Finding, RunawayCall
+from monitor.core.permissions import PermissionGate
+from monitor.core.plan import failed_as, own_refusal, refused, withhold
+from monitor.core.plugin_protocol import ALLOW, PluginCall, block
+from monitor.core.profile import ignored_args, transparent_tools
+from monitor.core.rules import CallRule
+from monitor.core.rules.facts import rule_args
+from monitor.core.rules.runaway import call_bound
+from monitor.core.runs import RunEvent, run_advance
+from monitor.core.session import PLUGIN_PART, Call, RecentMap, SessionRecord, call_digest
+
+__all__ = ["Seeding", "ToolUpdates"]
+
+
+class Seeding:
+    """State of one `Tracker.seed` call: whether it has decided yet."""
+
+    __slots__ = ("decided",)
+
+    def __init__(self) -> None:
+        self.decided = False
+
+
+class Decide(Protocol):
+    """The tracker's one way from a finding to a decision (`plan.decide`)."""
+
+    def __call__(
+        self,
+        session: SessionRecord,
+        session_id: str,
+        finding: Finding,
+        part_id: str,
+        rearm: bool = True,
+    ) -> Intervene: ...
+
+
+class ToolUpdates:
+    """Takes tool call updates for `Tracker`; see `update` and `judge`."""
+
+    def __init__(
+        self,
+        detection: Detection,
+        call_rules: list[CallRule],
+        sessions: RecentMap[str, SessionRecord],
+        gate: PermissionGate,
+        seen: Callable[[str, str | None], SessionRecord],
+        decide: Decide,
+        directory_of: Callable[[str], str | None],
+        route: Callable[[str], int],
+        own_refusal_wait: float,
+    ) -> None:
+        self._detection = detection
+        self._sessions = sessions
+        self._gate = gate
+        # The tracker's: they count a session taken in, and make a decision, in one place.
+        self._seen = seen
+        self._decide = decide
+        self._directory_of = directory_of
+        self._route = route
+        # The rules that read each kind of update, by (recorded, finished), in their order
+        # (`StepsRule` is a text rule of the tracker's too: one object, one state).
+        self._call_rules = {
+            (recorded, finished): [
+                rule
+                for rule in call_rules
+                if (recorded and rule.reads_recorded)
+                or (finished and rule.reads_finished)
+                or (not (recorded or finished) and rule.reads_running)
+            ]
+            for recorded in (False, True)
+            for finished in (False, True)
+        }
+        self._ignore_args = ignored_args(detection.profile, detection.ignore_args)
+        self._transparent = transparent_tools(detection.profile, detection.ignore_tools)
+        self._record_at_running = detection.match == "input"
+        # A monitor no plugin asks (`attach`) may follow sessions whose plugin refuses the
+        # loop's call by its own rule, after the stream showed the call running: a loop found
+        # at a call's start waits this long (0: not at all) for that call's end, to tell the
+        # plugin's refusal (this monitor's block, `Intervene.refused`) from a call that runs.
+        self._own_refusal_wait = own_refusal_wait
+        # Those loops, by the part id of their call, until its end or the wait is over: one
+        # or the other hands each over, also when the run ended meanwhile (someone stopped
+        # it: the shell finds it over), so no decision goes unlogged.
+        self._awaiting_end: dict[str, Intervene] = {}
+        # Part ids of ours for the calls the plugin asks about before the stream carries them.
+        self._plugin_parts = itertools.count(1)
+        # Updates the call table placed nowhere: `late` (after their run ended) and
+        # `unexpected`, by step.
+        self.stray: Counter[Step] = Counter()
+
+    def overdue(self, deadline: Deadline) -> Intervene | None:
+        """The time bound of a call (`Deadline.wait`) has passed: the time as an event. A call
+        still running ran away (rule `runaway`); one that ended, or that an intervention is
+        stopping already, is nothing."""
+        if deadline.loop:
+            # No refusal came: the call runs, its loop is stopped as any other (None: its
+            # end came first and took the loop with it).
+            return self._awaiting_end.pop(deadline.part_id, None)
+        session = self._sessions.get(deadline.session_id)
+        call = None if session is None else session.call(deadline.part_id)
+        if session is None or call is None or call.state is not CallState.RUNNING:
+            return None
+        finding = RunawayCall(call.tool, seconds=deadline.wait)
+        return self._decide(session, deadline.session_id, finding, deadline.part_id)
+
+    def judge(self, asked: PluginCall) -> Judged:
+        """The plugin asks whether a call may run (its `tool.execute.before` hook).
+
+        The call is recorded once, under the same identity and rules as a call seen on the
+        stream, whichever of the two comes first (they race): asked first, it is recorded now
+        under a part id of ours and the stream's updates are matched to it later (session,
+        call id and tool, oldest first: call ids repeat across steps); seen first, the loop it
+        completed waited for this request (`Call.loop`) and is answered now. A blocked call
+        never runs: its `error` update feeds no rule.
+        """
+        session = self._seen(asked.session_id, asked.directory)
+        session.plugin = True
+        if asked.tool in self._transparent or asked.call_id is None:
+            # With no call id (a plugin's that was unusable) the stream's update of this call
+            # cannot be told to be the same call: recorded now, it would count twice. The
+            # stream records it, as a call no plugin asked about (its loop stops the run).
+            return Judged()
+        seen = session.unasked(asked.call_id, asked.tool)
+        if seen is not None:
+            seen.call_id = None  # the plugin asks once per call
+            advance(seen, CallEvent.ASK)
+            decision, seen.loop = seen.loop, None
+            return _judged(decision)
+        part_id = f"{PLUGIN_PART}{next(self._plugin_parts)}"
+        call = self._identify(part_id, asked.tool, asked.args, asked.call_id)
+        advance(call, CallEvent.ASK)
+        session.start(call)
+        pending, session.pending = session.pending, None
+        if pending is not None:
+            # The call a refusal waited for: refused, never recorded (its history started
+            # over with that decision), its updates feed no rule.
+            advance(call, CallEvent.CUT)
+            return _judged(pending)
+        if not self._record_at_running:
+            return Judged()  # recorded at its outcome, from the stream
+        session.calls += 1
+        session.run = run_advance(session.run, RunEvent.BEGIN)[0]
+        session.record(call.recorded_as, call.tool, self._detection.history)
+        return _judged(self._rules(session, call, True, False, asked.session_id, part_id, True))
+
+    def read_back_deadlines(self, session_id: str) -> tuple[Deadline, ...]:
+        """The time bounds of the session's calls read back still running (`seed`): a call
+        that started while we were away (a restart, a reconnect) gets its bound from now, as
+        when it started is not known; without it a call that never ends, begun before a
+        restart, would never be stopped."""
+        session = self._sessions.get(session_id)
+        if session is None or session.in_flight is None:
+            return ()
+        seconds = self._detection.call_seconds
+        bounds = (
+            (call.part_id, call_bound(call.tool, call.args, seconds))
+            for call in session.in_flight.values()
+            if call.state is CallState.RUNNING
+        )
+        return tuple(Deadline(session_id, part, wait) for part, wait in bounds if wait is not None)
+
+    def update(self, part: ToolPart, seeding: Seeding | None, label: str) -> Fed:
+        """One update of a tool part, live (`seeding` None) or read back: the call's life
+        moves on, and a loop it completes is handed over now or made to wait (`_claimed`,
+        `_late`, `_held_back`)."""
+        transparent = part.tool in self._transparent
+        follows = self._gate.follows(part)
+        if transparent and not follows:
+            return QUIET[label]
+        session = self._seen(part.session_id, part.directory)
+        if part.message_id is not None:
+            # The model step the call is of (one assistant message): the plugin's question
+            # names none, and is taken to be of the latest step the stream showed.
+            session.step = part.message_id
+        running = part.status == "running"
+        finished = part.status in _FINISHED
+        call = self._claimed(session, part, follows)
+        if (
+            call is None
+            and seeding is None
+            and session.pending is not None
+            and running
+            and part.call_id is not None
+            and not transparent
+        ):
+            return self._awaits_refusal(session, part, label)
+        if call is None and running and follows:
+            call = self._identify_part(part)
+            session.start(call)
+            self._gate.started(session, call, part)
+        late = self._late(session, call, part, live=seeding is None) if finished else None
+        # Its first `running` update on the stream: from now its time bound runs (`runaway`).
+        starts = (
+            running
+            and seeding is None
+            and (call is None or call.state in (CallState.NEW, CallState.ASKED))
+        )
+        decision = None if transparent else self._call(session, call, part, seeding)
+        if decision is not None and finished and seeding is None and not decision.refused:
+            decision = withhold(session, decision)
+        call = call or session.call(part.part_id)  # `_call` made it, if it was new
+        nudge: Intervene | None = None
+        deadlines: tuple[Deadline, ...] = ()
+        if decision is not None and running and call is not None:
+            decision, nudge, deadlines = self._held_back(session, call, part, decision, seeding)
+        if running and follows:
+            now = self._gate.decide(
+                part.session_id,
+                session,
+                call,
+                decision,
+                self._directory_of(part.session_id),
+                self._route(part.session_id),
+            )
+        else:
+            now = decision
+        if finished and seeding is None:
+            session.finish(part.part_id)  # done with: a read-back keeps it for its duplicates
+        if starts and call is not None and not transparent:
+            bound = call_bound(part.tool, part.input, self._detection.call_seconds)
+            if bound is not None:
+                deadlines = (Deadline(part.session_id, part.part_id, bound), *deadlines)
+        if isinstance(now, Reply):
+            done = tuple(d for d in (late, nudge) if d is not None)
+            return Fed(done, label, replies=(now,), deadlines=deadlines)
+        decisions = tuple(d for d in (late, nudge, now) if d is not None)
+        if decisions or deadlines:
+            return Fed(decisions, label, deadlines=deadlines)
+        return QUIET[label]
+
+    def _claimed(self, session: SessionRecord, part: ToolPart, follows: bool) -> Call | None:
+        """The call this update is of, if known: recorded from the stream, or from the
+        plugin's question, which came first (the same call, claimed now by its part id)."""
+        call = session.call(part.part_id)
+        if call is not None or not session.plugin:
+            return call
+        if part.call_id is None or part.status == "pending":
+            return None
+        call = session.claim(part.part_id, part.call_id, part.tool)
+        if call is not None and follows and part.status == "running":
+            self._gate.started(session, call, part)
+        return call
+
+    def _late(
+        self, session: SessionRecord, call: Call | None, part: ToolPart, live: bool
+    ) -> Intervene | None:
+        """The loop a finished call still owes: found before it ran but not refused."""
+        late = None
+        if call is not None and call.key is not None:
+            # The gate sees the update first: a call must be known before its loop is decided.
+            late = self._gate.finished(session, call, live=live)
+        elif call is not None and call.loop is not None:
+            late = call.loop  # the plugin never asked (it fell open): stop the run after all
+        if call is not None and call.state is CallState.LATE:
+            late = None  # its run is over: nothing of it is stopped any more
+        awaited = self._awaiting_end.pop(part.part_id, None)
+        if awaited is not None:
+            late = awaited  # the loop found at this call's start, handed over however it ended
+        if late is not None and own_refusal(part.error):
+            # Unless the plugin's own rule refused the call: that is the loop's block.
+            late = refused(session, late)
+        return late
+
+    def _held_back(
+        self,
+        session: SessionRecord,
+        call: Call,
+        part: ToolPart,
+        decision: Intervene,
+        seeding: Seeding | None,
+    ) -> tuple[Intervene | None, Intervene | None, tuple[Deadline, ...]]:
+        """A loop found as its call starts running: what is decided now, the nudge to send
+        (the call runs), and the wait for the call's end, instead of acting at once."""
+        if decision.plan == Plan.NUDGE:
+            return None, decision, ()  # the call runs: nothing to refuse
+        if seeding is not None or call.request is not None:
+            return decision, None, ()
+        if session.plugin and call.call_id is not None:
+            # The plugin's request for this call is on its way: it blocks the call.
+            call.loop = decision
+            return None, None, ()
+        if self._own_refusal_wait:
+            # A plugin asking nobody may be refusing it: its end says, within the wait.
+            self._awaiting_end[part.part_id] = decision
+            wait = Deadline(part.session_id, part.part_id, self._own_refusal_wait, loop=True)
+            return None, None, (wait,)
+        return decision, None, ()
+
+    def _awaits_refusal(self, session: SessionRecord, part: ToolPart, label: str) -> Fed:
+        """The stream carries the session's next call before the plugin asks about it (they
+        race), while a refusal waits for it: not recorded; the plugin's question, when it
+        comes, is refused with it (`judge` finds it unasked, `Call.loop`), and should the
+        call end unasked (the plugin fell open), the run is stopped then, as for any loop."""
+        call = self._identify_part(part)
+        session.start(call)
+        advance(call, CallEvent.RUN)
+        advance(call, CallEvent.CUT)
+        call.loop, session.pending = session.pending, None
+        return QUIET[label]
+
+    def _call(
+        self, session: SessionRecord, call: Call | None, part: ToolPart, seeding: Seeding | None
+    ) -> Intervene | None:
+        """Take a tool call's update: move it through its life (monitor/core/calls.py) and do
+        what that says: record it, take its outcome, ask the rules."""
+        finished = part.status in _FINISHED
+        if not finished and part.status != "running":
+            return None  # `pending`: no input yet; its `running` update will come
+        if seeding is None:
+            event = CallEvent.FINISH if finished else CallEvent.RUN
+        else:
+            # The shell connects the stream before it reads the messages back, so nothing
+            # that happens in between is lost; an update made in that gap then reaches us
+            # twice, in the messages and on the stream, and must count once: every part read
+            # back stays in flight, also a finished one, and its later updates are repeats.
+            event = CallEvent.READ_FINISH if finished else CallEvent.READ_RUN
+        if call is None:
+            call = self._identify_part(part)
+            session.start(call)
+        step = advance(call, event)
+        if step is Step.AGAIN and event is CallEvent.RUN and call.state is CallState.RUNNING:
+            # bash re-sends `running` while it streams output: only `runaway` reads those
+            if not self._call_rules[False, False]:
+                return None
+            call.metadata = part.metadata
+            return self._rules(session, call, False, False, part.session_id, part.part_id, True)
+        record = step in _RECORDS
+        outcome = step in _TAKES
+        if not self._record_at_running:
+            record = outcome  # under input+output a call is recorded with its outcome
+        if not (record or outcome):
+            if step in (Step.LATE, Step.UNEXPECTED):
+                self.stray[step] += 1
+            return None
+        if outcome:
+            call.finished(part.status, part.output, part.error, part.metadata)
+        if record:
+            session.calls += 1
+            session.run = run_advance(session.run, RunEvent.BEGIN)[0]
+            if seeding is not None:
+                if seeding.decided:
+                    # A run that looped several times before we came is stopped once, at the
+                    # first call where `watch` would have stopped it; later calls are counted
+                    # (positions stay call numbers) but not recorded.
+                    return None
+                if part.part_id == session.intervened_part:
+                    # The run read back is the one we just stopped, its feedback not stored
+                    # yet: the same loop must not be acted on twice.
+                    session.restart()
+                    seeding.decided = True
+                    return None
+            if not self._record_at_running:
+                call.recorded_as = hash((call.digest, call.outcome))
+            session.record(call.recorded_as, call.tool, self._detection.history)
+        return self._rules(
+            session, call, record, outcome, part.session_id, part.part_id, seeding is None
+        )
+
+    def _rules(
+        self,
+        session: SessionRecord,
+        call: Call,
+        record: bool,
+        outcome: bool,
+        session_id: str,
+        part_id: str,
+        live: bool,
+    ) -> Intervene | None:
+        """Ask the rules about a call just recorded or finished; the first finding decides.
+
+        A call of the loop stopped last (`SessionRecord.armed`) is that loop again at once:
+        a model that ignores the feedback gets no fresh budget of repetitions. Not for calls
+        read back (`live` False): those were seen, and judged, before.
+        """
+        armed, finding = session.armed, session.armed_finding
+        if live and armed is not None and finding is not None:
+            if (record and call.digest in armed) or (
+                # A stopped failure loop repeats as its failure, whatever the arguments.
+                outcome and isinstance(finding, FailureRun) and failed_as(call) in armed
+            ):
+                return self._decide(session, session_id, finding, part_id, rearm=False)
+        for rule in self._call_rules[record, outcome]:
+            found = rule.call(session, call, record, outcome)
+            if found is not None:
+                return self._decide(session, session_id, found, part_id)
+        return None
+
+    def _identify(self, part_id: str, tool: str, args: object, call_id: str | None) -> Call:
+        """A call's identity, made once: its arguments after the profile, and their digest;
+        the same for a call the plugin sends and one the stream carries."""
+        dropped = self._ignore_args.get(tool)
+        if dropped and isinstance(args, dict):
+            args = {key: value for key, value in args.items() if key not in dropped}
+        return Call(part_id, tool, call_digest(tool, args), rule_args(tool, args), call_id)
+
+    def _identify_part(self, part: ToolPart) -> Call:
+        return self._identify(part.part_id, part.tool, part.input, part.call_id)
+
+
+_FINISHED = ("completed", "error")
+_RECORDS = (Step.RECORD, Step.RECORD_TAKE)
+_TAKES = (Step.TAKE, Step.RECORD_TAKE)
+
+
+def _judged(decision: Intervene | None) -> Judged:
+    """The plugin's answer for a call that completes `decision`'s loop (None: no loop)."""
+    if decision is None:
+        return Judged()
+    if decision.plan == Plan.NUDGE:
+        return Judged(ALLOW, decision)
+    return Judged(block(decision.refusal), decision)
