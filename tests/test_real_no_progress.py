@@ -49,42 +49,41 @@ async def run(server: OpencodeServer, http, title: str, pattern: list[Call]):
 async def test_edits_of_other_lines_of_one_file_with_the_same_check_result_are_refused_in_band(
     plugin_server, start_monitor, http, socket_path
 ):
-    """Read calc.py (OpenCode edits only a file read in the session), run the check, then edit
-    `ak = 0` to `ak = 1` for k = 0, 1, ... each followed by the check again. The first edit
-    is a file new to the run (the check's count starts over from it), every later one the
-    same file again: the check's 5th rerun after it (call 12) completes the loop, and the
-    next call (call 13, the edit of a5) is refused in band and never applied."""
+    """Run the check, then edit `ak = 0` to `ak = 1` for k = 0, 1, ... each followed by the
+    check again. The first edit is a file new to the run (the check's count starts over from
+    it), every later one the same file again: the check's 5th rerun (call 11) completes the
+    loop, and the next call (call 12, the edit of a5) is refused in band, never applied."""
     (plugin_server.project / "check.py").write_text(CHECK_PY)
     (plugin_server.project / "calc.py").write_text(CALC_PY)
     monitor = await start_watching(
         start_monitor, plugin_server, "--plugin-socket", str(socket_path)
     )
     check = bash("python3 check.py")
-    pattern = [("read", {"filePath": "calc.py"}), check]
+    pattern = [check]
     for k in range(5):
         pattern += [edit("calc.py", f"a{k} = 0", f"a{k} = 1"), check]
-    pattern += [edit("calc.py", "a5 = 0", "a5 = 1")]  # the 13th: refused, never applied
+    pattern += [edit("calc.py", "a5 = 0", "a5 = 1")]  # the 12th: refused, never applied
     session, messages = await run(plugin_server, http, "same file, other lines", pattern)
 
     parts = tool_parts(messages)
     assert [(p["tool"], p["state"]["status"]) for p in parts] == [
-        ("read", "completed"),
         *[("bash", "completed"), ("edit", "completed")] * 5,
         ("bash", "completed"),
         ("edit", "error"),
     ], monitor.output()
     checks = [p for p in parts if p["tool"] == "bash"]
-    # The check ran 6 times (calls 2, 4, ..., 12), failing the same way every time.
+    # The check ran 6 times (calls 1, 3, ..., 11), failing the same way every time.
     assert [(c["state"]["output"], c["state"]["metadata"]["exit"]) for c in checks] == [
         (f"{ERROR}\n", 1)
     ] * 6
     [detected] = monitor.events("loop.detected")
     assert (detected["session_id"], detected["rule"]) == (session["id"], "no_progress")
-    assert detected["call_index"] == 12  # the check's 5th rerun: its 6th run, call 12
+    assert detected["call_index"] == 11  # the check's 5th rerun (its 6th run)
+    assert detected["part_id"] == checks[5]["id"]
     assert detected["finding"] == "the same result from bash 5 times, with 4 changes in between"
 
-    refused = parts[12]
-    assert refused["state"]["input"] == pattern[12][1]
+    refused = parts[11]
+    assert refused["state"]["input"] == pattern[11][1]
     error = refused["state"]["error"]
     assert error.startswith(REFUSED + "the same result from bash 5 times"), error
     assert "check that they reach what it runs" in error
@@ -93,7 +92,7 @@ async def test_edits_of_other_lines_of_one_file_with_the_same_check_result_are_r
     )  # a0-a4 edited, a5 never
     [outcome] = monitor.events("intervention.outcome")
     assert (outcome["session_id"], outcome["rule"]) == (session["id"], "no_progress")
-    assert (outcome["outcome"], outcome["via"], outcome["call_index"]) == ("blocked", "plugin", 12)
+    assert (outcome["outcome"], outcome["via"], outcome["call_index"]) == ("blocked", "plugin", 11)
     # In band: no abort, no feedback message; the model read the refusal and answered.
     assert len(user_texts(messages)) == 1
     assert all(m["info"].get("error") is None for m in messages)
@@ -118,7 +117,7 @@ async def test_edits_of_three_files_in_turn_with_the_same_unrelated_check_are_le
     )
     [listening] = await monitor.wait_event("metrics.listening")
     lint = bash("python3 lint.py")
-    pattern: list[Call] = [("read", {"filePath": f"m{m}.py"}) for m in range(3)]
+    pattern: list[Call] = []
     for i in range(todos):
         pattern += [edit(f"m{i % 3}.py", f"# TODO {i}: validate", f"check_{i}(value)"), lint]
     session, messages = await run(plugin_server, http, "one TODO after another", pattern)
