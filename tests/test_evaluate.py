@@ -46,6 +46,7 @@ test-edit-test-progress.sse                      legit        -                 
 tests-after-distinct-edits.sse                   legit        -                  ok
 w-circles-empty-finds.sse                        loop at 11   circles at 11      caught
 w-circles-missing-symbol.sse                     loop at 12   circles at 12      caught
+w-circles-same-filter.sse                        loop at 7    circles at 7       caught
 w-cycle-of-6.sse                                 loop at 18   cycle at 18        caught
 w-cycle-of-8.sse                                 loop at 20   revisit at 20      caught
 w-failure-edit-old-string-not-found.sse          loop at 4    failure at 4       caught
@@ -69,8 +70,10 @@ w-legit-status-answered-in-progress.sse          legit        -                 
 w-legit-three-failures-then-fix.sse              legit        -                  ok
 w-legit-todo-between-different-reads.sse         legit        -                  ok
 w-legit-wait-for-server.sse                      legit        -                  ok
+w-no-progress-debugger-quit.sse                  loop at 14   no_progress at 14  caught
 w-no-progress-failures-between-edits.sse         loop at 10   no_progress at 10  caught
 w-no-progress-rewrites-own-change.sse            loop at 10   no_progress at 10  caught
+w-no-progress-same-file-other-lines.sse          loop at 11   no_progress at 11  caught
 w-pair-cycle.sse                                 loop at 6    cycle at 6         caught
 w-relabelled-task.sse                            loop at 4    cycle at 4         caught
 w-runaway-while-true.sse                         loop at 2    runaway at 2       caught
@@ -86,18 +89,18 @@ failure           7      0      0             0  4, 4, 4, 4, 4, 4, 4
 wait              2      0      0             0  20, 20
 text_repeat       3      0      0             0  29, 72, 33
 text_steps        1      0      0             0  8
-no_progress       4      0      0             0  10, 10, 10, 10
+no_progress       6      0      0             0  10, 10, 14, 10, 10, 11
 revisit           4      0      0             0  26, 29, 17, 20
-circles           2      0      0             0  11, 12
+circles           3      0      0             0  11, 12, 7
 runaway           1      0      0             0  2
 budget            0      0      0             0  -
 tree              0      0      0             0  -
 doom_loop         0      0      0             0  -
-total: 33 loops, 33 caught at the labelled call, 0 early or late, 0 missed; 27 legit, 0 false alarms
+total: 36 loops, 36 caught at the labelled call, 0 early or late, 0 missed; 27 legit, 0 false alarms
 """
 
 SEED_TOTAL = (
-    "total: 33 loops, 4 caught at the labelled call, 2 early or late, 27 missed; "
+    "total: 36 loops, 4 caught at the labelled call, 2 early or late, 30 missed; "
     "27 legit, 5 false alarms"
 )
 

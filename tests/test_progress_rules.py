@@ -15,7 +15,7 @@ from monitor.config import load_settings
 from monitor.core.budget import Budget
 from monitor.core.events import MessageUsage, parse_event
 from monitor.core.plugin_protocol import PluginCall
-from monitor.core.rules.circles import found_nothing, looks
+from monitor.core.rules.circles import filter_of, found_nothing, looks
 from monitor.core.rules.facts import COMMAND_EDGE, TEXT_EDGE, changes_files, rule_args
 from monitor.core.rules.no_progress import is_keystroke
 from monitor.core.rules.runaway import repeats
@@ -152,6 +152,60 @@ def change(path: str, old: str, new: str) -> list[dict]:
             + [change("b.py", "# TODO", "done()"), bash("pytest")]
             + [s for i in range(4, 12) for s in (edit(i), bash("pytest"))],
             ("no_progress", 18),
+        ),
+        # a different line of one module each time, the script's output the same (issue 31):
+        # the first edit is a file new to the run, then the same file again and again: caught
+        # on the script's 5th rerun
+        (
+            [bash("python3 repro.py", "ValueError: bad total")]
+            + [
+                s
+                for i in range(8)
+                for s in (
+                    change("calc.py", f"a{i} = 0", f"a{i} = 1"),
+                    bash("python3 repro.py", "ValueError: bad total"),
+                )
+            ],
+            ("no_progress", 11),
+        ),
+        # several edits of one file between the reruns, each different: the same
+        (
+            [
+                s
+                for i in range(6)
+                for s in (
+                    change("calc.py", f"a{i} = 0", f"a{i} = 1"),
+                    change("calc.py", f"b{i} = 0", f"b{i} = 1"),
+                    bash("pytest", "ValueError: bad total"),
+                )
+            ],
+            ("no_progress", 15),
+        ),
+        # edit, run the test under the debugger (the same prompt), `quit` (the same answer)
+        (
+            [
+                s
+                for i in range(8)
+                for s in (
+                    change("calc.py", f"a{i} = 0", f"a{i} = 1"),
+                    bash("python -m pytest --pdb test_calc.py", "> test_calc.py(4)\n(Pdb)", 0),
+                    bash("quit", "Exit: Quitting debugger", 0),
+                )
+            ],
+            ("no_progress", 14),
+        ),
+        # two files edited in turn, the other one's own lines each time: the same work
+        (
+            [
+                s
+                for i in range(8)
+                for s in (
+                    change(f"{'ab'[i % 2]}.py", f"a{i} = 0", f"a{i} = 1"),
+                    change(f"{'ab'[(i + 1) % 2]}.py", f"b{i} = 0", f"b{i} = 1"),
+                    bash("pytest", "ValueError: bad total"),
+                )
+            ],
+            ("no_progress", 15),
         ),
         # an interrupt after different launches, changes between: no check
         (
@@ -333,7 +387,7 @@ def grep(pattern: str, output: str = "No files found") -> list[dict]:
     ("steps", "expected"),
     [
         # ten different searches, all empty (silent successes and silent failures)
-        ([bash(f"find . -name '*{i}*' | grep x", "", i % 2) for i in range(12)], ("circles", 10)),
+        ([bash(f"find . -name '*{i}*' -type f", "", i % 2) for i in range(12)], ("circles", 10)),
         # the tools' own "nothing found"
         ([grep(f"Symbol{i}") for i in range(12)], ("circles", 10)),
         # a trio that comes back the same, with empty searches between
@@ -344,6 +398,25 @@ def grep(pattern: str, output: str = "No files found") -> list[dict]:
                 for s in (grep("Sym"), read("a.py", "A"), read("b.py", "B"), grep(f"S{i}"))
             ],
             ("circles", 12),
+        ),
+        # different searches through one filter that drops every hit (issue 31): the 6th
+        ([bash(f"find . -name '*{i}*' | grep -v test", "", 1) for i in range(10)], ("circles", 6)),
+        # ... whatever comes between, if nothing found anything through it
+        (
+            [
+                s
+                for i in range(8)
+                for s in (bash(f"grep -rn 'k{i}' src | grep -v test", "", 1), read(f"r{i}.py"))
+            ],
+            ("circles", 11),
+        ),
+        # the filter lets hits through now and then: it is not what empties the searches
+        (
+            [
+                bash(f"grep -rn 'k{i}' src | head -5", "" if i % 3 else f"src/a.py:{i}: k", i % 3)
+                for i in range(20)
+            ],
+            None,
         ),
         # nine misses of twelve: searching, not yet circling
         ([grep(f"S{i}") if i % 4 else grep(f"T{i}", f"a.py:{i}: T") for i in range(40)], None),
@@ -357,6 +430,31 @@ def grep(pattern: str, output: str = "No files found") -> list[dict]:
 )
 def test_circles(steps: list[list[dict]], expected: tuple[str, int] | None) -> None:
     assert first(Tracker(CIRCLES), steps) == expected
+
+
+@pytest.mark.parametrize(
+    ("command", "stage"),
+    [
+        ("find . -name '*x*' | grep -v test", "grep -v test"),
+        ("grep -rn x src |  grep  -v   test ", "grep -v test"),
+        ("grep -E 'a|b' src", None),
+        ('grep "a\\"|b" src', None),
+        ("make || true", None),
+        ("find . | xargs grep -l 'a|b'", "xargs grep -l 'a|b'"),
+    ],
+)
+def test_the_filter_of_a_search_is_its_pipes_last_stage(command: str, stage: str | None) -> None:
+    digest = None if stage is None else hash(stage) & 0xFFFFFFFF
+    assert filter_of("bash", {"command": command}) == digest
+
+
+def test_searches_through_one_filter_name_it_in_the_finding() -> None:
+    tracker = Tracker(CIRCLES)
+    steps = [bash(f"find . -name '*{i}*' | grep -v test", "", 1) for i in range(6)]
+    [decision] = [d for frames in steps for f in frames for d in tracker.feed(f).decisions]
+    assert decision.finding.describe() == (
+        "6 searches (bash) through the same filter found nothing"
+    )
 
 
 def test_circles_names_its_tools_and_window() -> None:

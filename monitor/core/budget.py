@@ -163,15 +163,8 @@ class BudgetBook:
 
     def root(self, session_id: str) -> str:
         """The top of the session's tree, as far as the parents are known (cycles cut)."""
-        seen = {session_id}
-        current = session_id
-        while True:
-            account = self._accounts.get(current)
-            parent = None if account is None else account.parent
-            if parent is None or parent in seen:
-                return current
-            seen.add(parent)
-            current = parent
+        chain = self._ancestors(session_id, {session_id})
+        return chain[-1] if chain else session_id
 
     def end_run(self, session_id: str) -> None:
         account = self._accounts.get(session_id)

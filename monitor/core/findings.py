@@ -221,16 +221,21 @@ class Revisit:
 @dataclass(frozen=True, slots=True)
 class SearchCircles:
     """`fruitless` of the last `window` calls were searches (of `tools`) that came back empty,
-    failing or with what the run had already seen, with no file changed."""
+    failing or with what the run had already seen, with no file changed; or (`filtered`)
+    `fruitless` searches through one filter each found nothing."""
 
     rule: ClassVar[Rule] = Rule.CIRCLES
     fruitless: int
     window: int
     tools: tuple[str, ...]
+    filtered: bool = False
 
     def describe(self) -> str:
-        """`10 of the last 12 calls (bash) were searches that found nothing new`."""
+        """`10 of the last 12 calls (bash) were searches that found nothing new`; `6 searches (bash)
+        through the same filter found nothing`."""
         names = ", ".join(clean_tool_name(tool) for tool in self.tools)
+        if self.filtered:
+            return f"{self.fruitless} searches ({names}) through the same filter found nothing"
         return (
             f"{self.fruitless} of the last {self.window} calls ({names}) were searches that "
             "found nothing new"

@@ -209,6 +209,35 @@ TRACES: dict[str, tuple[str, list[Call]]] = {
             )
         ],
     ),
+    # Issue 31: a different line of one module each time, never a line an earlier edit
+    # added, and the reproduction script printing the same error after each: the same file
+    # worked on again and again is no step somewhere new; `no_progress` at its 5th rerun.
+    "w-no-progress-same-file-other-lines": (
+        "loop at 11",
+        [fails("python3 repro.py", "ValueError: total 41 != 42")]
+        + [
+            c
+            for n in range(8)
+            for c in (
+                edit("src/calc.py", f"    a{n} = round(a{n})", f"    a{n} = int(a{n})"),
+                fails("python3 repro.py", "ValueError: total 41 != 42"),
+            )
+        ],
+    ),
+    # Issue 31: edit, run the test under the debugger (it stops at the same prompt), `quit`
+    # (answered the same): the debugger's run is the check; `no_progress` at its 5th run.
+    "w-no-progress-debugger-quit": (
+        "loop at 14",
+        [
+            c
+            for n in range(8)
+            for c in (
+                edit("src/calc.py", f"    b{n} = 0", f"    b{n} = 1"),
+                sh("python -m pytest --pdb tests/test_calc.py", "> tests/test_calc.py(9)\n(Pdb)"),
+                sh("quit", "Exit: Quitting debugger"),
+            )
+        ],
+    ),
     # Different launches, each interrupted with a keystroke (`C-c`, answered `^C`), with
     # changes between: the interrupt checks nothing, so it is no repeated check.
     "w-legit-interrupt-after-launches": (
@@ -325,6 +354,27 @@ TRACES: dict[str, tuple[str, list[Call]]] = {
         + [sh("find . -path ./node_modules -prune -o -name '*handler*' -print | grep -v test")]
         + [fails("grep -rln 'HandlerFactory' --include=*.py .", "", 1)] * 1
         + [sh("find src -type f -newer setup.py | grep handler")],
+    ),
+    # Issue 31: different `find` / `grep` searches, each ending in the same filter, which
+    # drops every hit (the files it wants are all under tests/): each prints nothing; the
+    # agent recovered only at the 11th. `circles` at the 6th search through the filter.
+    "w-circles-same-filter": (
+        "loop at 7",
+        [sh("ls", "src\ntests\nsetup.py")]
+        + [
+            sh(f"{search} | grep -v tests")
+            for search in (
+                "find . -name '*fixture*'",
+                "grep -rln 'def make_client' .",
+                "find . -name 'conftest.py'",
+                "grep -rln 'pytest.fixture' .",
+                "find . -path '*fixtures*'",
+                "grep -rn 'client =' . --include=*.py",
+                "find . -name '*client*'",
+                "grep -rln 'TestClient' .",
+                "find . -name '*factory*'",
+            )
+        ],
     ),
     # Searches for a symbol that does not exist: the same trio (a grep that finds nothing, a
     # glob and a read that bring back what they brought before) again and again, other empty

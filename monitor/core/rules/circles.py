@@ -19,6 +19,12 @@ that are not searches take their place in the window without counting; a call th
 files, or the server's change signals (`session.diff`, `file.edited`), empty the window and
 the memory of answers: what was searched for may be there now.
 
+A family of searches through one filter is circling sooner: `SAME_FILTER` (6) bash searches
+since the last change whose pipe ends in the same stage (`... | grep -v test`) that each
+found nothing, with no search through it finding anything between (issue 31: nine different
+`find`/`grep` commands, each ending in the filter that removed every hit). On the shared real
+corpus no run has more than 3 such searches through one filter (4 to 6 would fire on none).
+
 Signals read: each finished call's tool, arguments (the bash command), status, exit status,
 output and `outcome`. Memory per run: at most `MEMORY` 32-bit outcome digests in an array
 (256 bytes at 64) and the window as two int bitmasks, made at the run's first search that
@@ -47,7 +53,7 @@ from monitor.core.rules.facts import (
 from monitor.core.rules.failure import failed
 from monitor.core.session import Call, SessionRecord
 
-__all__ = ["CirclesRule", "WINDOW", "found_nothing", "looks"]
+__all__ = ["CirclesRule", "SAME_FILTER", "WINDOW", "filter_of", "found_nothing", "looks"]
 
 NAME = "circles"
 WINDOW = 12
@@ -86,6 +92,11 @@ _NOTHING = TextPattern(
 )
 # Enough of an answer's start to hold its first line's verdict.
 _HEAD = 512
+# Empty searches through one filter that are a loop, and the filters remembered at once.
+SAME_FILTER = 6
+MAX_FILTERS = 8
+# A shell command's tokens: quoted strings (a `|` in them is no pipe), `||`, `|`, the rest.
+_TOKENS = re.compile(r"'[^']*'|\"(?:\\.|[^\"\\])*\"|\|\||\||[^'\"|]+|['\"]")
 
 
 def looks(tool: str, args: Any) -> bool:
@@ -101,10 +112,22 @@ def found_nothing(output: Any) -> bool:
     return not head or _NOTHING.of(head).match(head) is not None
 
 
+def filter_of(tool: str, args: Any) -> int | None:
+    """A digest of the last stage of a bash command's pipe (its filter), or None without one."""
+    if tool != "bash" or not isinstance(args, dict) or not isinstance(args.get("command"), str):
+        return None
+    tokens = _TOKENS.findall(args["command"])
+    if "|" not in tokens:
+        return None
+    last = len(tokens) - 1 - tokens[::-1].index("|")
+    stage = " ".join("".join(tokens[last + 1 :]).split())
+    return hash(stage) & 0xFFFFFFFF if stage else None
+
+
 class Searches:
     """One run's fruitless-search window and the answers seen since the last change."""
 
-    __slots__ = ("bits", "misses", "calls", "seen", "oldest", "signals", "tools")
+    __slots__ = ("bits", "misses", "calls", "seen", "oldest", "signals", "tools", "filters")
 
     def __init__(self) -> None:
         self.bits = 0  # bit i: the i-th newest call was a fruitless search
@@ -114,11 +137,27 @@ class Searches:
         self.oldest = 0
         self.signals = 0  # `server_changes` at the previous call
         self.tools: list[str] | None = None  # tools of the fruitless searches, for the finding
+        # Empty searches through each filter since the last change (made at the first).
+        self.filters: dict[int, int] | None = None
 
     def clear(self) -> None:
         self.bits = self.misses = self.calls = self.oldest = 0
         del self.seen[:]
-        self.tools = None
+        self.tools = self.filters = None
+
+    def through(self, stage: int, missed: bool) -> int:
+        """How many searches through the filter `stage` found nothing since the last change
+        and the last that found something through it, this one counted."""
+        filters = self.filters
+        if filters is None:
+            filters = self.filters = {}
+        if not missed:
+            filters.pop(stage, None)
+            return 0
+        if stage not in filters and len(filters) >= MAX_FILTERS:
+            del filters[next(iter(filters))]
+        filters[stage] = filters.get(stage, 0) + 1
+        return filters[stage]
 
 
 class CirclesRule(OutcomeRule):
@@ -154,12 +193,17 @@ class CirclesRule(OutcomeRule):
         state.bits = ((state.bits << 1) | fruitless) & ((1 << WINDOW) - 1)
         state.misses = ((state.misses << 1) | missed) & ((1 << WINDOW) - 1)
         state.calls = min(state.calls + 1, WINDOW)
+        stage = filter_of(call.tool, call.args) if search else None
+        through = 0 if stage is None else state.through(stage, missed)
         if not fruitless:
             return None
         state.tools = named(state.tools, call.tool)
         count = state.bits.bit_count()
-        if count < self.fruitless or not state.misses:
+        if through >= SAME_FILTER:
+            found = SearchCircles(through, through, tuple(state.tools), filtered=True)
+        elif count >= self.fruitless and state.misses:
+            found = SearchCircles(count, state.calls, tuple(state.tools))
+        else:
             return None
-        found = SearchCircles(count, state.calls, tuple(state.tools))
         state.clear()
         return found

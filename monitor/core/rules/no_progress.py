@@ -17,12 +17,16 @@ sent to a running program (`C-c`, answered `^C`) or an empty command: it checks 
 
 Which changes count: in the real loops the agent rewrites its own earlier, unverified change
 (an edit whose `oldString` holds lines an earlier edit of the same file added, or a file it
-wrote written again) or flips between two versions (the same thing: the flip's old text is
-what the previous edit added). An edit whose place is known and holds none of the run's own
-added lines is a step somewhere new: progress, so every check's count starts over (one TODO
-after another while an unrelated check keeps printing the same). A change whose place is
-unknown (a bash command that writes, SWE-agent's line-range `edit`, a patch, the server's
-signals) counts as before.
+wrote written again), flips between two versions (the same thing: the flip's old text is
+what the previous edit added), or keeps editing the same file, other lines each time, while
+the check's result stays the same (issue 31: 13 different edits of one module, 13 identical
+outputs of one script). So an edit of known place counts when it rewrites the run's own
+lines or touches a file the edits before the check's previous run touched too. An edit of
+known place that does neither (a file the previous stretch of edits left alone) is a step
+somewhere new: progress, so every check's count starts over (one TODO after another in
+turn over three files while an unrelated check keeps printing the same). A change whose
+place is unknown (a bash command that writes, SWE-agent's line-range `edit`, a patch, the
+server's signals) counts as before.
 
 Signals read: each finished call's `digest`, `outcome`, tool and arguments (for
 `changes_files`; an edit's `filePath`, `oldString`, `newString`, a write's `content`), and
@@ -31,7 +35,8 @@ directory: `server_changes`), each counted as a change.
 `todo.updated` is not progress. Memory: at most `MAX_CHECKS` checks per run, the least
 recently run forgotten first, packed in one array (24 bytes a check, 288 bytes when full),
 made at the first check or change of the run; the lines the run's edits added, as 32-bit
-digests of (file, line), at most `MAX_ADDED` in a ring (320 bytes full); cost per finished
+digests of (file, line), at most `MAX_ADDED` in a ring (320 bytes full); the files edited
+since the last check and in the stretch before it, at most `MAX_FILES` each; cost per finished
 call: a search of
 at most 36 machine words (in C), and for an edit one hash per line of its old and new text
 (at most `MAX_EDIT_LINES` each).
@@ -52,6 +57,7 @@ __all__ = ["NoProgressRule", "is_keystroke"]
 NAME = "no_progress"
 MAX_CHECKS = 12
 MAX_ADDED = 64
+MAX_FILES = 16
 MAX_EDIT_LINES = 512
 # A keystroke sent to a running program (tmux's names: `C-c`, `M-x`, `Enter`; or `^C`).
 _KEYSTROKE = re.compile(r"(?:(?:[CM]-\S|\^[A-Z@\\\]^_]|Enter|Escape|Tab)\s*)+")
@@ -72,7 +78,7 @@ class Checks:
     """One run's checks, packed in one array, three words a check: its digest, its outcome
     and its counters."""
 
-    __slots__ = ("changes", "signals", "checks", "added", "oldest")
+    __slots__ = ("changes", "signals", "checks", "added", "oldest", "files", "before")
 
     def __init__(self) -> None:
         self.changes = 0  # changing calls and server change signals seen so far
@@ -82,28 +88,41 @@ class Checks:
         # and of (file, None) for each file edited (made at the first such edit).
         self.added: array[int] | None = None
         self.oldest = 0
+        # The files edited (digests of (file, None)) since the last check, and in the stretch
+        # of edits before it: the same file edited again is the same work going on.
+        self.files: tuple[int, ...] = ()
+        self.before: tuple[int, ...] = ()
 
-    def rewrites(self, tool: str, args: Any) -> bool:
-        """Whether a change rewrites the run's own earlier change (or its place is unknown);
-        notes what it adds."""
+    def checked(self) -> None:
+        """A check ran: the edits since the previous one are the stretch before it now."""
+        if self.files:
+            self.before, self.files = self.files, ()
+
+    def counts(self, tool: str, args: Any) -> bool:
+        """Whether a change goes on with the same work (it rewrites the run's own earlier
+        change, edits a file the previous stretch edited, or its place is unknown) rather than
+        stepping somewhere new; notes what it adds and where."""
         pieces = _pieces(tool, args)
         if pieces is None:
             return True
         added = self.added
         if added is None:
             added = self.added = array("I")
-        rewrite = False
+        same = False
         for path, old, new in pieces:
             edited = _digest(path, None)
             old_lines = _lines(path, old)
             if old is None:  # a whole file written again rewrites what the run did there
-                rewrite |= edited in added
+                same |= edited in added
             else:
-                rewrite |= any(line in added for line in old_lines)
+                same |= any(line in added for line in old_lines)
+            same |= edited in self.before
+            if edited not in self.files and len(self.files) < MAX_FILES:
+                self.files += (edited,)
             for digest in (_lines(path, new) - old_lines) | {edited}:
                 if digest not in added:
                     self.oldest = remember(added, self.oldest, digest, MAX_ADDED)
-        return rewrite
+        return same
 
 
 def _digest(path: str, line: str | None) -> int:
@@ -184,13 +203,14 @@ class NoProgressRule(OutcomeRule):
         if server_changed(session, state):
             state.changes += 1
         if changes:
-            if state.rewrites(call.tool, call.args):
+            if state.counts(call.tool, call.args):
                 state.changes += 1
             else:
                 del state.checks[:]  # a step somewhere new: every check starts over
             return None
         if checks_nothing:
             return None
+        state.checked()
         now = state.changes & _MASK
         checks = state.checks
         index = _find(checks, call.digest)
