@@ -86,16 +86,33 @@ def _calls(tools: tuple[str, ...], repetitions: int) -> str:
     return f"{calls} ({names}) repeated {repetitions} times"
 
 
+class _Kind:
+    """What a kind of finding allows the plan (`plan.decide`), said by the finding itself
+    rather than by lists of kinds where it is used."""
+
+    __slots__ = ()
+    # It names calls (by digest) that are the loop: they are refused again, and the same
+    # calls later are the same loop (`Acted.same`, the armed countdown).
+    names_calls: ClassVar[bool] = False
+    # A nudge is read at the model's next step: not by a call that never ends, a part that
+    # repeats until its token limit, or a root waiting on its subagents' `task` call.
+    reads_nudge: ClassVar[bool] = True
+    # A next call of the session can be refused: not the root of a tree, whose only call
+    # is the `task` that ends when its subagents do.
+    refusable: ClassVar[bool] = True
+
+
 def _where(kind: str) -> str:
     return "reasoning" if kind == "reasoning" else "answer"
 
 
 @dataclass(frozen=True, slots=True)
-class CallCycle:
+class CallCycle(_Kind):
     """A block of calls (`tools`, oldest first) repeated `repetitions` times back to back,
     with the same arguments."""
 
     rule: ClassVar[Rule] = Rule.CYCLE
+    names_calls: ClassVar[bool] = True
     tools: tuple[str, ...]
     repetitions: int
 
@@ -108,10 +125,11 @@ class CallCycle:
 
 
 @dataclass(frozen=True, slots=True)
-class EndlessWait:
+class EndlessWait(_Kind):
     """A cycle holding a call that waits, run past its allowance (`wait_calls`)."""
 
     rule: ClassVar[Rule] = Rule.WAIT
+    names_calls: ClassVar[bool] = True
     tools: tuple[str, ...]
     repetitions: int
 
@@ -123,10 +141,11 @@ class EndlessWait:
 
 
 @dataclass(frozen=True, slots=True)
-class FailureRun:
+class FailureRun(_Kind):
     """The same failure of `tool`, `count` times in a row, whatever the arguments."""
 
     rule: ClassVar[Rule] = Rule.FAILURE
+    names_calls: ClassVar[bool] = True
     tool: str
     count: int
 
@@ -139,11 +158,12 @@ class FailureRun:
 
 
 @dataclass(frozen=True, slots=True)
-class TextPassage:
+class TextPassage(_Kind):
     """Inside one streamed part of `kind` ("text" or "reasoning"), a passage of `units`
     sentences written `repetitions` times back to back, found on the part's `delta`-th delta."""
 
     rule: ClassVar[Rule] = Rule.TEXT_REPEAT
+    reads_nudge: ClassVar[bool] = False
     kind: str
     units: int
     repetitions: int
@@ -159,7 +179,7 @@ class TextPassage:
 
 
 @dataclass(frozen=True, slots=True)
-class TextSteps:
+class TextSteps(_Kind):
     """The same whole text of `kind` at `steps` successive steps of one run, with no call
     between them that got back something new."""
 
@@ -176,7 +196,7 @@ class TextSteps:
 
 
 @dataclass(frozen=True, slots=True)
-class NoProgress:
+class NoProgress(_Kind):
     """The same check (a call of `tool` that changes nothing) reported the same thing `runs`
     times, each run after calls that changed files (`changes` of them in all)."""
 
@@ -197,7 +217,7 @@ class NoProgress:
 
 
 @dataclass(frozen=True, slots=True)
-class Revisit:
+class Revisit(_Kind):
     """`revisits` of the last `window` calls (of `tools`) brought back what the run had
     already seen, with no file changed since."""
 
@@ -219,7 +239,7 @@ class Revisit:
 
 
 @dataclass(frozen=True, slots=True)
-class SearchCircles:
+class SearchCircles(_Kind):
     """`fruitless` of the last `window` calls were searches (of `tools`) that came back empty,
     failing or with what the run had already seen, with no file changed; or (`filtered`)
     `fruitless` searches through one filter each found nothing."""
@@ -246,12 +266,13 @@ class SearchCircles:
 
 
 @dataclass(frozen=True, slots=True)
-class RunawayCall:
+class RunawayCall(_Kind):
     """One call of `tool` that does not end: still running `seconds` after it started, or
     (`seconds` 0) its streamed output ending in the same line `lines` times over at `updates`
     of its updates in a row."""
 
     rule: ClassVar[Rule] = Rule.RUNAWAY
+    reads_nudge: ClassVar[bool] = False
     tool: str
     updates: int = 0
     lines: int = 0
@@ -273,7 +294,7 @@ class RunawayCall:
 
 
 @dataclass(frozen=True, slots=True)
-class BudgetSpent:
+class BudgetSpent(_Kind):
     """A budget was reached: the `scope` ("run", or "tree": a session with its subagents)
     spent `spent` of `measure` ("steps", "tokens" or "cost" in USD), its limit `limit`."""
 
@@ -302,13 +323,15 @@ def _amount(measure: str, value: float) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class TreeShape:
+class TreeShape(_Kind):
     """A session tree grew past its shape as `child`, a new subagent session, appeared:
     `measure` "depth", it is `count` levels below its root (a child of the root is at depth
     1); "fanout", it is the `count`-th child its parent `parent` started in one run. `limit`
     is the most allowed."""
 
     rule: ClassVar[Rule] = Rule.TREE
+    reads_nudge: ClassVar[bool] = False
+    refusable: ClassVar[bool] = False
     measure: str
     count: int
     limit: int
@@ -334,11 +357,12 @@ class TreeShape:
 
 
 @dataclass(frozen=True, slots=True)
-class DoomLoop:
+class DoomLoop(_Kind):
     """The server's `doom_loop` check: the last `calls` calls of one message, of `tool`, were
     identical, and it asked permission to go on."""
 
     rule: ClassVar[Rule] = Rule.DOOM_LOOP
+    names_calls: ClassVar[bool] = True
     tool: str
     calls: int
 

@@ -21,14 +21,8 @@ from monitor.core.feedback import (
     rejection_text,
 )
 from monitor.core.findings import (
-    CallCycle,
-    DoomLoop,
-    EndlessWait,
     FailureRun,
     Finding,
-    RunawayCall,
-    TextPassage,
-    TreeShape,
 )
 from monitor.core.ladder import rung
 from monitor.core.rules.failure import failure_digest
@@ -56,7 +50,7 @@ def decide(
     """
     # Only loops of repeated calls name their calls (by digest): text, progress and
     # budget findings name none to refuse again, and are never the same loop.
-    repeats = isinstance(finding, CallCycle | EndlessWait | FailureRun | DoomLoop)
+    repeats = finding.names_calls
     found_on = session.call(part_id)
     refused = found_on is not None and own_refusal(found_on.error)
     loop: frozenset[int] | None = None
@@ -96,14 +90,12 @@ def decide(
     prior = session.interventions
     session.interventions += 1
     step = rung(detection.on_loop, detection.max_interventions, detection.first_action, prior)
-    if step.plan == Plan.NUDGE and isinstance(finding, RunawayCall | TextPassage):
-        # A nudge is read at the model's next step, which a call that does not end, or a
-        # part that repeats itself until its token limit, does not reach: only the abort
-        # stops these, whatever the first action.
-        step = dataclasses.replace(step, action=Action.STOP, plan=Plan.STOP)
-    elif step.plan in (Plan.NUDGE, Plan.REFUSE) and isinstance(finding, TreeShape):
-        # The root waits on its subagents' `task` call, which ends only when they do: no
-        # next step reads a nudge and no next call can be refused. The abort stops the tree.
+    if (step.plan == Plan.NUDGE and not finding.reads_nudge) or (
+        step.plan == Plan.REFUSE and not finding.refusable
+    ):
+        # What the ladder chose cannot reach this loop (a call that does not end, a part
+        # repeating itself until its token limit, a root waiting on its subagents): only the
+        # abort stops it, whatever the first action.
         step = dataclasses.replace(step, action=Action.STOP, plan=Plan.STOP)
     if step.plan == Plan.NUDGE:
         feedback = nudge_text(finding, prior + 1)

@@ -36,10 +36,9 @@ directory: `server_changes`), each counted as a change.
 recently run forgotten first, packed in one array (24 bytes a check, 288 bytes when full),
 made at the first check or change of the run; the lines the run's edits added, as 32-bit
 digests of (file, line), at most `MAX_ADDED` in a ring (320 bytes full); the files edited
-since the last check and in the stretch before it, at most `MAX_FILES` each; cost per finished
-call: a search of
-at most 36 machine words (in C), and for an edit one hash per line of its old and new text
-(at most `MAX_EDIT_LINES` each).
+since the last check and in the stretch before it, at most `MAX_FILES` each (4 bytes a
+file). Cost per finished call: a search of at most 36 machine words (in C), and for an edit
+one hash per line of its old and new text (at most `MAX_EDIT_LINES` each).
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ __all__ = ["NoProgressRule", "is_keystroke"]
 NAME = "no_progress"
 MAX_CHECKS = 12
 MAX_ADDED = 64
-MAX_FILES = 16
+MAX_FILES = 8
 MAX_EDIT_LINES = 512
 # A keystroke sent to a running program (tmux's names: `C-c`, `M-x`, `Enter`; or `^C`).
 _KEYSTROKE = re.compile(r"(?:(?:[CM]-\S|\^[A-Z@\\\]^_]|Enter|Escape|Tab)\s*)+")
@@ -78,7 +77,7 @@ class Checks:
     """One run's checks, packed in one array, three words a check: its digest, its outcome
     and its counters."""
 
-    __slots__ = ("changes", "signals", "checks", "added", "oldest", "files", "before")
+    __slots__ = ("changes", "signals", "checks", "added", "oldest", "stretches", "split")
 
     def __init__(self) -> None:
         self.changes = 0  # changing calls and server change signals seen so far
@@ -88,15 +87,19 @@ class Checks:
         # and of (file, None) for each file edited (made at the first such edit).
         self.added: array[int] | None = None
         self.oldest = 0
-        # The files edited (digests of (file, None)) since the last check, and in the stretch
-        # of edits before it: the same file edited again is the same work going on.
-        self.files: tuple[int, ...] = ()
-        self.before: tuple[int, ...] = ()
+        # The files edited (digests of (file, None)) in the stretch of edits before the last
+        # check (`[:split]`) and since (`[split:]`), at most MAX_FILES each: the same file
+        # edited again is the same work going on. One array (made with `added`): 4 bytes a
+        # file, where a tuple of ints took 700 bytes a session (bench.memory).
+        self.stretches: array[int] | None = None
+        self.split = 0
 
     def checked(self) -> None:
         """A check ran: the edits since the previous one are the stretch before it now."""
-        if self.files:
-            self.before, self.files = self.files, ()
+        stretches = self.stretches
+        if stretches is not None and len(stretches) > self.split:
+            del stretches[: self.split]
+            self.split = len(stretches)
 
     def counts(self, tool: str, args: Any) -> bool:
         """Whether a change goes on with the same work (it rewrites the run's own earlier
@@ -108,6 +111,10 @@ class Checks:
         added = self.added
         if added is None:
             added = self.added = array("I")
+        stretches = self.stretches
+        if stretches is None:
+            stretches = self.stretches = array("I")
+        split = self.split
         same = False
         for path, old, new in pieces:
             edited = _digest(path, None)
@@ -116,13 +123,23 @@ class Checks:
                 same |= edited in added
             else:
                 same |= any(line in added for line in old_lines)
-            same |= edited in self.before
-            if edited not in self.files and len(self.files) < MAX_FILES:
-                self.files += (edited,)
+            same |= _among(stretches, edited, 0, split)
+            now = len(stretches)
+            if now - split < MAX_FILES and not _among(stretches, edited, split, now):
+                stretches.append(edited)
             for digest in (_lines(path, new) - old_lines) | {edited}:
                 if digest not in added:
                     self.oldest = remember(added, self.oldest, digest, MAX_ADDED)
         return same
+
+
+def _among(digests: array[int], digest: int, start: int, stop: int) -> bool:
+    """Whether `digest` is in `digests[start:stop]` (searched in place)."""
+    try:
+        digests.index(digest, start, stop)
+    except ValueError:
+        return False
+    return True
 
 
 def _digest(path: str, line: str | None) -> int:
