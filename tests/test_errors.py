@@ -95,6 +95,21 @@ async def test_a_new_engine_sessions_route_404_is_session_gone(
     assert server[1][-1].startswith(f"/api/session/{S}/history?")
 
 
+@pytest.mark.parametrize(
+    ("route", "path"), [(1, f"/session/{S}/abort"), (2, f"/api/session/{S}/interrupt")]
+)
+async def test_a_decisions_route_decides_where_its_abort_goes(
+    server: tuple[str, list[str]], route: int, path: str
+) -> None:
+    # Issue 30: the executor passes the route the decision carries; the client does not
+    # work it out again (here it would say the classic engine for every session).
+    async with aiohttp.ClientSession() as http:
+        api = EngineAPI(http, server[0], Retry(attempts=1), engine_of=lambda _: 1, choice="1")
+        with pytest.raises(SessionGone):
+            await api.abort(S, None, route)
+    assert server[1][-1].split("?")[0] == path
+
+
 def test_one_hierarchy_a_local_and_a_remote_kind() -> None:
     from monitor import errors
 

@@ -549,3 +549,28 @@ def test_calls_with_large_inputs_on_the_new_engine_are_still_a_loop_and_small_on
     adapter = Adapter()
     typed = [adapter.parse(e)[1] for e in engine_call(S, 1, "read", {"filePath": "b"}, 1)]
     assert [p.input for p in typed if isinstance(p, ToolPart)][-1] == {"filePath": "b"}
+
+
+def decisions_of(tracker: Tracker, frames: list[object]) -> list[tuple[str, int]]:
+    return [(d.session_id, d.route) for f in frames for d in tracker.feed(f).decisions]
+
+
+def test_each_decision_carries_the_route_of_its_sessions_engine() -> None:
+    # Issue 30: which engine's routes act on a session is decided with the rest, in the core.
+    tracker = Tracker()
+    with (RECORDINGS.parent / "one-tool-8-calls-no-guard.event.sse").open() as lines:
+        classic = [decode_frame(data) for data in iter_sse_data(lines)]
+    routes = decisions_of(tracker, classic) + decisions_of(tracker, frames_of(f"{READS}.global"))
+    classic_id = next(s for s, _ in routes if s != READS_SESSION)
+    assert sorted(set(routes)) == sorted({(classic_id, 1), (READS_SESSION, 2)})
+
+
+def test_a_session_the_server_names_as_the_new_engines_is_routed_so_before_its_frames() -> None:
+    tracker = Tracker()
+    assert (tracker.route("ses_a"), tracker.route("ses_b")) == (1, 1)
+    tracker.engine_sessions(["ses_a"])  # `/api/session/active`, or `attach`'s look-up
+    assert (tracker.route("ses_a"), tracker.route("ses_b")) == (2, 1)
+    tracker.server_routes(classic=False)  # a server without the classic routes
+    assert tracker.route("ses_b") == 2
+    tracker.server_routes(classic=True)
+    assert tracker.route("ses_b") == 1

@@ -126,6 +126,14 @@ def only_outcome(turn: Turn) -> dict[str, object]:
 RECORD = run_record("ses_1", 4, prefix="prt_")  # the loop's calls, nothing of another monitor
 
 
+def test_the_abort_and_the_feedback_go_by_the_route_the_decision_carries() -> None:
+    found, _ = life.found(dataclasses.replace(loop(Plan.STOP), route=2), dry_run=False)
+    assert found is not None
+    assert found.feed(Read(RECORD)).command == Abort("ses_1", "/w", 2)
+    found.feed(Sent(Result.OK, ms=1.0))
+    assert found.feed(Read(RECORD)).command == Post("ses_1", "/w", MARK + "held", False, "prt_4", 2)
+
+
 def test_a_loop_found_is_checked_aborted_then_told_after_a_stagger() -> None:
     found, turn = life.found(loop(Plan.STOP), dry_run=False)
     assert found is not None
@@ -133,13 +141,13 @@ def test_a_loop_found_is_checked_aborted_then_told_after_a_stagger() -> None:
     assert (event, detected["plan"], detected["channel"]) == ("loop.detected", "stop", "abort")
     assert turn.command == ReadRecent(found.decision, life.RECENT_MESSAGES, 0.0)
     turn = found.feed(Read(RECORD))
-    assert turn == Turn((), Abort("ses_1", "/w"))
+    assert turn == Turn((), Abort("ses_1", "/w", 1))
     turn = found.feed(Sent(Result.OK, ms=7.5))
     fields = only_outcome(turn)
     assert (fields["outcome"], fields["abort_ms"], fields["channel"]) == ("aborted", 7.5, "abort")
     assert turn.command == ReadRecent(found.decision, life.RECENT_MESSAGES, staggered=True)
     turn = found.feed(Read(RECORD))
-    assert turn.command == Post("ses_1", "/w", MARK + "held", False, "prt_4")
+    assert turn.command == Post("ses_1", "/w", MARK + "held", False, "prt_4", 1)
     turn = found.feed(Sent(Result.OK))
     assert outcomes(turn) == [("feedback.sent", {"session_id": "ses_1", "hold": False})]
     assert turn.command is None and found.state == State.DONE
@@ -157,7 +165,7 @@ def test_a_loop_another_monitor_refused_is_left_to_it() -> None:
 def test_our_own_refusal_in_the_record_is_not_another_monitors() -> None:
     found, _ = life.refused_call(loop(Plan.HOLD), via="plugin", call_id="call_4")
     assert found is not None and found.ours
-    assert found.feed(Read(refused_record())).command == Abort("ses_1", "/w")
+    assert found.feed(Read(refused_record())).command == Abort("ses_1", "/w", 1)
 
 
 def test_where_another_monitor_answers_the_plugin_the_record_is_read_three_times() -> None:
@@ -167,7 +175,7 @@ def test_where_another_monitor_answers_the_plugin_the_record_is_read_three_times
     while isinstance(turn.command, ReadRecent):
         pauses.append(turn.command.pause)
         turn = found.feed(Read(RECORD))
-    assert pauses == [0.0, 0.1, 0.1] and turn.command == Abort("ses_1", "/w")
+    assert pauses == [0.0, 0.1, 0.1] and turn.command == Abort("ses_1", "/w", 1)
 
 
 def test_a_run_that_ended_by_itself_is_told_once_for_its_next_turn() -> None:
@@ -180,7 +188,7 @@ def test_a_run_that_ended_by_itself_is_told_once_for_its_next_turn() -> None:
     turn = found.feed(Read([*RECORD, answer_message("ses_1")]))
     assert only_outcome(turn)["late"] == "run ended before the abort"
     found.feed(Read(RECORD))
-    assert found.command() == Post("ses_1", "/w", MARK + "held", True, "prt_4")
+    assert found.command() == Post("ses_1", "/w", MARK + "held", True, "prt_4", 1)
 
 
 def test_a_run_over_without_an_answer_or_a_mark_was_stopped_by_someone_else() -> None:
@@ -201,7 +209,7 @@ def test_a_nudge_is_posted_without_reply_and_the_run_goes_on() -> None:
     turn = found.feed(Read(RECORD, run_over=True))
     assert (only_outcome(turn)["outcome"], only_outcome(turn)["channel"]) == ("nudged", "nudge")
     found.feed(Read(RECORD))
-    assert found.command() == Post("ses_1", "/w", MARK + "held", True, "prt_4")
+    assert found.command() == Post("ses_1", "/w", MARK + "held", True, "prt_4", 1)
 
 
 def test_an_abort_the_server_never_answered_waits_and_is_read_back() -> None:
@@ -228,7 +236,7 @@ def test_an_abort_the_server_never_answered_waits_and_is_read_back() -> None:
         "run stopped, read back after reconnect",
     )
     assert "abort_ms" not in fields
-    assert turn.command == Post("ses_1", "/w", MARK + "held", True, "prt_4")
+    assert turn.command == Post("ses_1", "/w", MARK + "held", True, "prt_4", 1)
 
 
 def test_a_run_still_busy_after_the_reconnect_is_stopped_now() -> None:
@@ -286,13 +294,13 @@ def test_a_refused_request_is_the_whole_intervention_of_a_block() -> None:
 def test_a_refused_request_of_a_hold_then_aborts_and_posts_at_once() -> None:
     found, _ = life.request(request(Plan.HOLD))
     assert found is not None
-    assert found.feed(Sent(Result.OK, ms=3.0)).command == Abort("ses_1", "/w")
+    assert found.feed(Sent(Result.OK, ms=3.0)).command == Abort("ses_1", "/w", 1)
     turn = found.feed(Sent(Result.OK, ms=4.0))
     fields = only_outcome(turn)
     assert (fields["outcome"], fields["reply_ms"], fields["abort_ms"]) == ("held", 3.0, 4.0)
     assert turn.command == ReadRecent(found.decision, life.RECENT_MESSAGES, staggered=False)
     assert found.feed(Read(refused_record())).command == Post(
-        "ses_1", "/w", MARK + "held", True, "prt_4"
+        "ses_1", "/w", MARK + "held", True, "prt_4", 1
     )
 
 
@@ -304,7 +312,7 @@ def test_a_request_answered_first_is_stopped_as_a_loop_without_one() -> None:
     for _ in range(life.REFUSED_READS - 1):
         turn = found.feed(Read(RECORD))
     turn = found.feed(Read(RECORD))
-    assert turn.command == Abort("ses_1", "/w")
+    assert turn.command == Abort("ses_1", "/w", 1)
     fields = only_outcome(found.feed(Sent(Result.OK, ms=1.0)))
     assert (fields["fallback"], "reply_ms" in fields) == ("answered first", False)
     assert found.command() == ReadRecent(found.decision, life.RECENT_MESSAGES, staggered=True)
@@ -314,7 +322,7 @@ def test_a_refused_doom_loop_request_clears_the_run_for_the_feedback() -> None:
     doom = DoomLoop("read", 3)
     found, _ = life.request(request(finding=doom))
     assert found is not None
-    assert found.feed(Sent(Result.OK, ms=3.0)).command == Abort("ses_1", "/w")
+    assert found.feed(Sent(Result.OK, ms=3.0)).command == Abort("ses_1", "/w", 1)
     assert only_outcome(found.feed(Sent(Result.OK)))["outcome"] == "rejected"
     assert found.state == State.FEEDBACK_CHECK
     failed, _ = life.request(request(finding=doom))

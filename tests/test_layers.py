@@ -177,7 +177,9 @@ def test_no_test_module_imports_another_test_module() -> None:
 
 # The executor of interventions carries out the core's commands: it must never decide again.
 EXECUTOR = PACKAGE / "shell" / "actions.py"
-DECIDING = {"Plan", "Rule", "Outcome", "plan", "rule", "outcome", "finding", "action"}
+DECIDING = {"Plan", "Rule", "Outcome", "plan", "rule", "outcome", "finding", "action", "route"}
+# Nor does it work out which engine runs a session: the decision's commands carry the route.
+RESOLVING = {"new_engine", "engine_of", "engine", "route", "adapter", "server_routes"}
 
 
 def decides(path: Path) -> list[str]:
@@ -214,6 +216,28 @@ def decides(path: Path) -> list[str]:
 
 def test_the_executor_never_looks_at_a_plan_a_rule_or_an_outcome() -> None:
     assert decides(EXECUTOR) == []
+
+
+def resolves(path: Path) -> list[str]:
+    """Every call in `path` of what works out a session's engine (`RESOLVING`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", getattr(node.func, "id", None))
+            if name in RESOLVING:
+                found.append(f"{path.name}:{node.lineno} {name}")
+    return found
+
+
+def test_the_executor_never_works_out_an_engine() -> None:
+    assert resolves(EXECUTOR) == []
+
+
+def test_the_engine_check_sees_a_look_up(tmp_path: Path) -> None:
+    source = tmp_path / "actions.py"
+    source.write_text("async def act(api, c):\n    api.new_engine(c.session_id)\n")
+    assert resolves(source) == ["actions.py:2 new_engine"]
 
 
 def test_the_executor_check_sees_a_branch_on_a_plan(tmp_path: Path) -> None:

@@ -346,7 +346,9 @@ class PluginBlocksLate:
         self.reads = 0
         self.aborted: list[str] = []
 
-    async def messages(self, session_id: str, directory: str | None, last: int | None = None):
+    async def messages(
+        self, session_id: str, directory: str | None, last: int | None = None, route: int = 1
+    ):
         self.reads += 1
         record = refused_record()
         if self.reads == 1:
@@ -354,7 +356,7 @@ class PluginBlocksLate:
             record[-1] = ff.assistant_message("ses_1", running)
         return record
 
-    async def abort(self, session_id: str, directory: str | None) -> None:
+    async def abort(self, session_id: str, directory: str | None, route: int = 1) -> None:
         self.aborted.append(session_id)
 
 
@@ -387,7 +389,9 @@ class AbortedMeanwhile:
         self.aborted: list[str] = []
         self.prompts: list[tuple[str, bool]] = []
 
-    async def messages(self, session_id: str, directory: str | None, last: int | None = None):
+    async def messages(
+        self, session_id: str, directory: str | None, last: int | None = None, route: int = 1
+    ):
         self.reads += 1
         record = ff.run_record("ses_s1", 4)
         if self.answered and self.reads > 1:
@@ -396,11 +400,17 @@ class AbortedMeanwhile:
             record[-1]["info"]["error"] = {"name": "MessageAbortedError", "data": {}}
         return record
 
-    async def abort(self, session_id: str, directory: str | None) -> None:
+    async def abort(self, session_id: str, directory: str | None, route: int = 1) -> None:
         self.aborted.append(session_id)
 
     async def prompt(
-        self, session_id: str, directory: str | None, text: str, no_reply: bool, after_part: str
+        self,
+        session_id: str,
+        directory: str | None,
+        text: str,
+        no_reply: bool,
+        after_part: str,
+        route: int = 1,
     ) -> None:
         self.prompts.append((session_id, no_reply))
 

@@ -288,6 +288,27 @@ def test_file_edited_is_a_change_for_the_runs_of_its_directory() -> None:
     assert first(elsewhere, [step(n, "/other") for n in range(6)]) is None
 
 
+def test_the_servers_signals_of_an_edit_are_that_edit_not_more_changes() -> None:
+    # On the real server each edit also sends `file.edited` and, at its step's end, a new
+    # `session.diff`: the finding counted each edit three times.
+    tracker = Tracker(replace(ONLY, revisits=0))
+    here = "/home/dev/project"
+    edited = {"type": "file.edited", "properties": {"file": "calc.py"}}
+    steps = [
+        [
+            *(envelope(f, here) for f in edit(n)),
+            envelope(edited, here),
+            *(envelope(f, here) for f in diff(n + 1)),
+            *(envelope(f, here) for f in bash("pytest")),
+        ]
+        for n in range(6)
+    ]
+    decisions = [d for frames in steps for f in frames for d in tracker.feed(f).decisions]
+    assert [(d.call_index, d.finding.describe()) for d in decisions] == [
+        (10, "the same result from bash 5 times, with 4 changes in between")
+    ]
+
+
 def test_the_outcome_masks_the_line_counter_of_a_long_lived_bash() -> None:
     # SWE-agent's shell numbers its lines: the same failing check, run after each edit
     # (doubao jackson-databind-4320), must read as the same outcome

@@ -102,6 +102,10 @@ class Intervene:
     # question: `feedback.OWN_REFUSAL`): that refusal is this intervention's block, which the
     # ladder counts; a `stop` or a hold still stops the run.
     refused: bool = False
+    # Which engine's routes act on the session: 1 the classic `/session/...`, 2 the new
+    # engine's `/api/session/...` (`Tracker.route`, decided with the rest: the shell never
+    # works it out again).
+    route: int = 1
     # `fields()`, made at its first use: every decision logs them twice (`loop.detected`,
     # `intervention.outcome`).
     _fields: Mapping[str, object] | None = field(
@@ -160,6 +164,7 @@ class Reply:
     message: str | None = None
     loop: Intervene | None = None
     wait: float = 0.0
+    route: int = 1  # as `Intervene.route`
 
 
 @dataclass(frozen=True, slots=True)

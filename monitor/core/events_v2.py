@@ -39,7 +39,7 @@ no call is counted twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from monitor.core.events import (
@@ -191,6 +191,12 @@ class Adapter:
     def engine(self, session_id: str) -> int:
         """2 for a session seen on the new engine, else 1."""
         return 2 if session_id in self._sessions else 1
+
+    def speak_engine(self, session_ids: Iterable[str]) -> None:
+        """The server named these sessions as the new engine's (`/api/session/active`, a
+        look-up) before any frame of theirs said so: they are its sessions from now on."""
+        for session_id in session_ids:
+            self._sessions.touch(session_id, _Session)
 
     def last_seq(self, session_id: str) -> int | None:
         """The last durable seq taken of a new-engine session: where its replay resumes."""

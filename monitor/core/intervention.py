@@ -268,21 +268,25 @@ class ReadBack:
 
 @dataclass(frozen=True, slots=True)
 class Abort:
-    """Abort the session's run; feed `Sent`."""
+    """Abort the session's run, by its engine's routes (`route`, as `Intervene.route`); feed
+    `Sent`."""
 
     session_id: str
     directory: str | None
+    route: int
 
 
 @dataclass(frozen=True, slots=True)
 class Post:
-    """Post the feedback after part `after_part`; feed `Sent`."""
+    """Post the feedback after part `after_part`, by the session's engine's routes; feed
+    `Sent`."""
 
     session_id: str
     directory: str | None
     text: str
     no_reply: bool
     after_part: str
+    route: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,7 +444,7 @@ class Intervention:
         if state == S.FEEDBACK_CHECK:
             return ReadRecent(decision, RECENT_MESSAGES, staggered=self.stagger)
         if state in (S.ABORT, S.DOOM_ABORT):
-            return Abort(decision.session_id, decision.directory)
+            return Abort(decision.session_id, decision.directory, decision.route)
         if state == S.GRACE:
             assert self.reply is not None
             return Wait(self.reply)
@@ -455,6 +459,7 @@ class Intervention:
                 decision.feedback,
                 no_reply,
                 decision.part_id,
+                decision.route,
             )
         if state in (S.DUE_ABORT, S.DUE_FEEDBACK):
             return Park(decision.session_id, decision.part_id)

@@ -96,9 +96,10 @@ class PermissionGate:
         call: Call | None,
         decision: Intervene | None,
         directory: str | None,
+        route: int,
     ) -> Intervene | Reply | None:
         """After the tracker took a `running` update of `call`: `decision` is the loop it
-        completes, if any; `directory` the session's project.
+        completes, if any; `directory` the session's project, `route` its engine's routes.
 
         Returns the decision to carry out now (the abort), a `Reply` (the refusal of a request
         that came already, or under `approve` the approval of a call that is no loop), or
@@ -109,7 +110,7 @@ class PermissionGate:
         request, call.request = call.request, None
         if decision is None:
             if request is not None and self.mode == "approve":
-                return Reply(request, session_id, directory, "once")
+                return Reply(request, session_id, directory, "once", route=route)
             return None
         if request is not None:
             return self._refuse(request, decision, 0.0)
@@ -127,12 +128,14 @@ class PermissionGate:
         session: SessionRecord,
         event: PermissionAsked,
         directory: str | None,
+        route: int,
         doom_loop: Callable[[PermissionAsked, str], Intervene],
     ) -> Reply | None:
         """A permission request: how to answer it, if at all.
 
-        `directory` is the session's project; `doom_loop` makes the decision for a loop the
-        server found, given the request and the part id of the last call of that tool.
+        `directory` is the session's project, `route` its engine's routes; `doom_loop`
+        makes the decision for a loop the server found, given the request and the part id of
+        the last call of that tool.
         A request seen before (read back again after a reconnect) gets no second answer.
         """
         requests = session.requests
@@ -148,7 +151,7 @@ class PermissionGate:
         if event.message_id is None or event.call_id is None:
             # Not a call's request: nothing to weigh it against.
             if self.mode == "approve":
-                return Reply(event.request_id, event.session_id, directory, "once")
+                return Reply(event.request_id, event.session_id, directory, "once", route=route)
             return None
         key = (event.message_id, event.call_id)
         call = session.by_key(key)
@@ -166,7 +169,7 @@ class PermissionGate:
         call.request = None
         if call.state is CallState.STOPPED or self.mode != "approve":
             return None
-        return Reply(event.request_id, event.session_id, directory, "once")
+        return Reply(event.request_id, event.session_id, directory, "once", route=route)
 
     def _ask(self, session: SessionRecord, call: Call, request_id: str) -> None:
         """Learn that `call` asked: calls like it will ask too."""
@@ -207,6 +210,7 @@ class PermissionGate:
             message=decision.refusal,
             loop=decision,
             wait=wait,
+            route=decision.route,
         )
 
 

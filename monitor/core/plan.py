@@ -39,6 +39,7 @@ def decide(
     detection: Detection,
     directory: str | None,
     rearm: bool = True,
+    route: int = 1,
 ) -> Intervene:
     """The one way a finding becomes a decision, whichever rule found it.
 
@@ -118,6 +119,7 @@ def decide(
         run=session.runs,
         prior_outcomes=session.outcomes,
         refused=refused,
+        route=route,
     )
     if loop:
         session.acted = Acted(decision, loop, session.step)

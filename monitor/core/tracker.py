@@ -161,6 +161,9 @@ class Tracker:
         # Frames of either server generation become the same events (monitor/core/events_v2.py);
         # the shell asks it which sessions speak 2.x and where their replays resume.
         self.adapter = Adapter(detection.max_sessions)
+        # Whether the server has the classic routes (the shell says so after each detection):
+        # one without them runs every session on the new engine (`route`).
+        self._classic = True
         # Updates the call table placed nowhere: `late` (after their run ended) and
         # `unexpected`, by step.
         self.stray: Counter[Step] = Counter()
@@ -317,6 +320,21 @@ class Tracker:
             if call.state is CallState.RUNNING
         )
         return tuple(Deadline(session_id, part, wait) for part, wait in bounds if wait is not None)
+
+    def server_routes(self, classic: bool) -> None:
+        """The server was detected: whether it has the classic `/session` routes."""
+        self._classic = classic
+
+    def engine_sessions(self, session_ids: Iterable[str]) -> None:
+        """The server named these sessions as the new engine's (its list of active ones, a
+        look-up): they are routed so before any frame of theirs comes."""
+        self.adapter.speak_engine(session_ids)
+
+    def route(self, session_id: str) -> int:
+        """Which engine's routes act on the session (`Intervene.route`): 2 on a server
+        without the classic ones, for a session whose frames are the new engine's, or one the
+        server named as such (`engine_sessions`); else 1."""
+        return 2 if not self._classic or self.adapter.engine(session_id) == 2 else 1
 
     def directory_of(self, session_id: str) -> str | None:
         session = self._sessions.get(session_id)
@@ -506,8 +524,9 @@ class Tracker:
         if self._gate.mode == "off":
             return _QUIET[label]
         session = self._seen(event.session_id, event.directory)
+        where = self.directory_of(event.session_id)
         reply = self._gate.asked(
-            session, event, self.directory_of(event.session_id), self._doom_loop
+            session, event, where, self.route(event.session_id), self._doom_loop
         )
         return _QUIET[label] if reply is None else Fed(event_type=label, replies=(reply,))
 
@@ -629,7 +648,12 @@ class Tracker:
             decision, nudge, deadlines = self._held_back(session, call, part, decision, seeding)
         if running and follows:
             now = self._gate.decide(
-                part.session_id, session, call, decision, self.directory_of(part.session_id)
+                part.session_id,
+                session,
+                call,
+                decision,
+                self.directory_of(part.session_id),
+                self.route(part.session_id),
             )
         else:
             now = decision
@@ -840,8 +864,10 @@ class Tracker:
         part_id: str,
         rearm: bool = True,
     ) -> Intervene:
-        directory = self._default_directory
-        return decide(session, session_id, finding, part_id, self.detection, directory, rearm)
+        directory, route = self._default_directory, self.route(session_id)
+        return decide(
+            session, session_id, finding, part_id, self.detection, directory, rearm, route
+        )
 
 
 _FINISHED = ("completed", "error")

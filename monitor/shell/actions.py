@@ -195,7 +195,7 @@ class Interventions:
             decision = command.decision
             try:
                 messages = await api.messages(
-                    decision.session_id, decision.directory, last=command.last
+                    decision.session_id, decision.directory, command.last, decision.route
                 )
             except ServerError:
                 messages = None
@@ -219,21 +219,27 @@ class Interventions:
         started = time.monotonic()
         try:
             if isinstance(command, life.Abort):
-                await api.abort(command.session_id, command.directory)
+                await api.abort(command.session_id, command.directory, command.route)
                 taken = True
             elif isinstance(command, life.Post):
                 await api.prompt(
                     command.session_id,
                     command.directory,
                     command.text,
-                    no_reply=command.no_reply,
-                    after_part=command.after_part,
+                    command.no_reply,
+                    command.after_part,
+                    command.route,
                 )
                 taken = True
             else:
                 reply = command.reply
                 taken = await api.reply_permission(
-                    reply.request_id, reply.directory, reply.reply, reply.message, reply.session_id
+                    reply.request_id,
+                    reply.directory,
+                    reply.reply,
+                    reply.message,
+                    reply.session_id,
+                    reply.route,
                 )
         except SessionGone as exc:
             return Sent(Result.GONE, str(exc))
@@ -253,7 +259,9 @@ class Interventions:
             busy = command.busy and decision.session_id in (
                 await api.busy_sessions(decision.directory)
             )
-            messages = await api.messages(decision.session_id, decision.directory)
+            messages = await api.messages(
+                decision.session_id, decision.directory, route=decision.route
+            )
         except ServerAway as exc:
             return Sent(Result.AWAY, str(exc))
         except ServerError as exc:
@@ -271,7 +279,8 @@ class Interventions:
                 reply.directory,
                 reply.reply,
                 reply.message,
-                session_id=reply.session_id,
+                reply.session_id,
+                reply.route,
             )
         except ConfigError as exc:
             self._on_fatal(exc)

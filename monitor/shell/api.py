@@ -119,7 +119,10 @@ class OpencodeAPI:
         self._sleep = sleep
         self._headers = dict(headers or {})
 
-    async def abort(self, session_id: str, directory: str | None) -> None:
+    async def abort(self, session_id: str, directory: str | None, route: int | None = None) -> None:
+        """Abort the session's run. `route` (here and below): which engine's routes, as the
+        decision says (`Intervene.route`); a 1.x server has only the classic ones, and
+        `EngineAPI` works it out for a request no decision made (None)."""
         # Idempotent: aborting an aborted run answers true and changes nothing.
         await self._call("POST", session_path(session_id, "abort"), directory, idempotent=True)
 
@@ -130,6 +133,7 @@ class OpencodeAPI:
         text: str,
         no_reply: bool = False,
         after_part: str = "",
+        route: int | None = None,
     ) -> None:
         """Add a user message once; with `no_reply` it is stored and no answer starts.
 
@@ -182,6 +186,7 @@ class OpencodeAPI:
         reply: str,
         message: str | None = None,
         session_id: str | None = None,
+        route: int | None = None,
     ) -> bool:
         """Answer a permission request; False when it was answered already (404).
 
@@ -246,7 +251,11 @@ class OpencodeAPI:
         return directories
 
     async def messages(
-        self, session_id: str, directory: str | None, last: int | None = None
+        self,
+        session_id: str,
+        directory: str | None,
+        last: int | None = None,
+        route: int | None = None,
     ) -> list[Any]:
         """The session's messages, oldest first; `last`: only the newest that many (the
         server's `limit`), for a check that needs only what came lately."""

@@ -39,7 +39,6 @@ from monitor.config import ApiChoice
 from monitor.core.export import feedback_delivered
 from monitor.core.export_v2 import classic_messages
 from monitor.core.ids import is_permission_id
-from monitor.core.session import bounded_put
 from monitor.errors import (
     ConfigError,
     CredentialsRefused,
@@ -56,8 +55,6 @@ __all__ = ["EngineAPI", "ServerKind"]
 # server's maximum): a session that ran longer than this while we were away is read back up
 # to there, the rest comes live.
 HISTORY_PAGE = 100
-# Sessions `/api/session/active` named, remembered as new-engine ones (`new_engine`).
-ACTIVE_REMEMBERED = 10_000
 HISTORY_PAGES = 50
 # The longest a read of `/api` may take, retries included, whatever the server does (hung, or
 # dribbling bytes, which a read timeout never ends). The resync asks `/api` while the frames
@@ -115,10 +112,6 @@ class EngineAPI(OpencodeAPI):
         self.choice = choice
         # The body form each request took last (`_first_taken`): 0, the documented one.
         self._forms: dict[str, int] = {}
-        # Sessions the new engine said it runs (`busy_sessions`): 1.18.33 lists only its
-        # own there, so one a restarted monitor has not seen on the stream yet is read back
-        # by the `/api` routes (the classic message route answers [] for it).
-        self._active: dict[str, None] = {}
         # Until `detect` says otherwise: a 1.x server, as before this client knew of 2.x.
         self.server = ServerKind(classic=choice != "2", engine=choice != "1")
         self.api_read_s = API_READ_S
@@ -174,16 +167,15 @@ class EngineAPI(OpencodeAPI):
         version = health.get("version") if isinstance(health, dict) else None
         return version if isinstance(version, str) else "unknown"
 
-    def new_engine(self, session_id: str) -> bool:
-        """Whether the session's actions go to the `/api` routes."""
-        return (
-            not self.server.classic
-            or self._engine_of(session_id) == 2
-            or session_id in self._active
-        )
+    def new_engine(self, session_id: str, route: int | None = None) -> bool:
+        """Whether the session's requests go to the `/api` routes: as `route` says (a
+        decision's), else as the core says (`engine_of`: `Tracker.route`)."""
+        if route is not None:
+            return route == 2
+        return not self.server.classic or self._engine_of(session_id) == 2
 
-    async def abort(self, session_id: str, directory: str | None) -> None:
-        if not self.new_engine(session_id):
+    async def abort(self, session_id: str, directory: str | None, route: int | None = None) -> None:
+        if not self.new_engine(session_id, route):
             await super().abort(session_id, directory)
             return
         # Interrupting a run that stopped changes nothing (204 all the same).
@@ -197,13 +189,15 @@ class EngineAPI(OpencodeAPI):
         text: str,
         no_reply: bool = False,
         after_part: str = "",
+        route: int | None = None,
     ) -> None:
-        if not self.new_engine(session_id):
+        if not self.new_engine(session_id, route):
             await super().prompt(session_id, directory, text, no_reply, after_part)
             return
 
         async def arrived() -> bool:
-            return feedback_delivered(await self.messages(session_id, directory), text, after_part)
+            messages = await self.messages(session_id, directory, route=2)
+            return feedback_delivered(messages, text, after_part)
 
         path = _api_path(session_id, "prompt")
         resume = not no_reply
@@ -218,8 +212,9 @@ class EngineAPI(OpencodeAPI):
         reply: str,
         message: str | None = None,
         session_id: str | None = None,
+        route: int | None = None,
     ) -> bool:
-        if session_id is None or not self.new_engine(session_id):
+        if session_id is None or not self.new_engine(session_id, route):
             return await super().reply_permission(request_id, directory, reply, message)
         if not is_permission_id(request_id):
             raise MalformedId("permission request id is not of the shape per_...")
@@ -263,9 +258,13 @@ class EngineAPI(OpencodeAPI):
                     raise
 
     async def messages(
-        self, session_id: str, directory: str | None, last: int | None = None
+        self,
+        session_id: str,
+        directory: str | None,
+        last: int | None = None,
+        route: int | None = None,
     ) -> list[Any]:
-        if not self.new_engine(session_id):
+        if not self.new_engine(session_id, route):
             return await super().messages(session_id, directory, last)
         return classic_messages(
             await self._engine_messages(session_id, directory, last), session_id
@@ -337,12 +336,11 @@ class EngineAPI(OpencodeAPI):
         data = active.get("data") if isinstance(active, dict) else None
         if not isinstance(data, dict):
             raise ServerError("/api/session/active did not answer {data: {...}}")
-        busy = set()
-        for session_id in data:
-            if isinstance(session_id, str):
-                busy.add(session_id)
-                bounded_put(self._active, session_id, None, ACTIVE_REMEMBERED)
-        return busy
+        # 1.18.33 lists only its own sessions here: the resync tells the core they are the new
+        # engine's (`Tracker.engine_sessions`), so one a restarted monitor has not seen on
+        # the stream yet is read back by the `/api` routes (the classic message route answers
+        # [] for it).
+        return {session_id for session_id in data if isinstance(session_id, str)}
 
     async def pending_permissions(self, directory: str | None) -> list[dict[str, Any]]:
         """On a server without 1.x routes, `GET /api/permission/request`, each request in

@@ -214,6 +214,8 @@ class Resync:
             # classic one (what a session speaks, its frames say).
             for engine, read in self._api.busy_reads():
                 found = await read(where)
+                if engine == 2:
+                    self._tracker.engine_sessions(found)
                 sessions |= found
                 waited = waiting.answer(where, engine, found)
                 for session_id in waited:

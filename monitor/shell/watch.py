@@ -222,6 +222,10 @@ class Watch:
             # `attach` answers no plugin: one may refuse calls by its own rule meanwhile.
             own_refusal_wait=0.0 if scope.only_session is None else timing.own_refusal,
         )
+        if scope.only_session is not None and scope.engine(scope.only_session) == 2:
+            # `attach`'s session, looked up as the new engine's: read back and acted on by
+            # its routes before its next frame says so.
+            self.tracker.engine_sessions((scope.only_session,))
         self._stop = asyncio.Event()
         # Calls' time bounds being waited for (`_deadline`), cancelled when watching stops.
         self._deadlines: set[asyncio.Task[None]] = set()
@@ -423,7 +427,7 @@ class Watch:
                 settings.url,
                 self.timing.retry,
                 self.timing.sleep,
-                engine_of=self._engine_of,
+                engine_of=self.tracker.route,
                 choice=settings.api,
             )
             self.toasts = Toasts(self.api)
@@ -658,13 +662,6 @@ class Watch:
             self._malformed_logged_at = now
             log.warning("frame.malformed", reason=reason, count=self.tracker.malformed_total)
 
-    def _engine_of(self, session_id: str) -> int:
-        """The stream's word on a session's engine, or the scope's for one the stream has
-        not shown yet (`attach`'s session: read back and acted on before its next event)."""
-        if self.tracker.adapter.engine(session_id) == 2:
-            return 2
-        return self.scope.engine(session_id)
-
     async def _locate(self) -> str:
         """Before every connect: which server this is (`--api`), and so which stream."""
         try:
@@ -673,6 +670,7 @@ class Watch:
             # Down, starting or failing: the stream's own connect says so, with its hint.
             kind = self.server or self.api.server
         self._locating = kind
+        self.tracker.server_routes(kind.classic)
         return stream_url(self.settings.url, self.settings.directory, api=not kind.classic)
 
     def _say_server(self) -> None:

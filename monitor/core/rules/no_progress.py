@@ -77,11 +77,14 @@ class Checks:
     """One run's checks, packed in one array, three words a check: its digest, its outcome
     and its counters."""
 
-    __slots__ = ("changes", "signals", "checks", "added", "oldest", "stretches", "split")
+    __slots__ = ("changes", "signals", "edited", "checks", "added", "oldest", "stretches", "split")
 
     def __init__(self) -> None:
         self.changes = 0  # changing calls and server change signals seen so far
         self.signals = 0  # `server_changes` at the previous call
+        # A changing call came since the last check: the server's signals of the same edit
+        # (its `file.edited`, the step's `session.diff`) are that change, not more of them.
+        self.edited = False
         self.checks = array("q")
         # What the run's edits of known place added: a ring of 32-bit digests of (file, line),
         # and of (file, None) for each file edited (made at the first such edit).
@@ -217,9 +220,10 @@ class NoProgressRule(OutcomeRule):
         state = run_state(session, NAME, Checks, needed=not checks_nothing)
         if state is None:
             return None
-        if server_changed(session, state):
+        if server_changed(session, state) and not (changes or state.edited):
             state.changes += 1
         if changes:
+            state.edited = True
             if state.counts(call.tool, call.args):
                 state.changes += 1
             else:
@@ -227,6 +231,7 @@ class NoProgressRule(OutcomeRule):
             return None
         if checks_nothing:
             return None
+        state.edited = False
         state.checked()
         now = state.changes & _MASK
         checks = state.checks
