@@ -80,9 +80,8 @@ async def test_edits_of_other_lines_of_one_file_with_the_same_check_result_are_r
     assert (detected["session_id"], detected["rule"]) == (session["id"], "no_progress")
     assert detected["call_index"] == 11  # the check's 5th rerun (its 6th run)
     assert detected["part_id"] == checks[5]["id"]
-    # Each of the 4 edits between the counted runs is a change twice: the call, and the
-    # server's `file.edited` for it.
-    assert detected["finding"] == "the same result from bash 5 times, with 8 changes in between"
+    # One change per edit: the server's own signals of an edit (`file.edited`) are that edit.
+    assert detected["finding"] == "the same result from bash 5 times, with 4 changes in between"
 
     refused = parts[11]
     assert refused["state"]["input"] == pattern[11][1]
