@@ -76,7 +76,8 @@ async def test_attached_after_a_compaction_counts_the_calls_before_it(
     async with OpencodeServer(opencode_bin, scripted_model.url, config=config) as server:
         client = server.client(http)
         session = await client.create_session("attached after compaction")
-        await client.prompt_async(session["id"], script([READ_CALL], 20, delay=1.0, compact_after=2))
+        prompt = script([READ_CALL], 20, delay=1.0, compact_after=2)
+        await client.prompt_async(session["id"], prompt)
 
         async def compacted() -> list[dict[str, Any]] | None:
             messages = await client.messages(session["id"])
