@@ -156,3 +156,26 @@ def test_the_ladder_and_the_armed_loop_survive_a_compaction():
         0,
     )
     assert again.finding == nudged.finding
+
+
+def said(session: str, step: int, text: str) -> list[object]:
+    """A model step's finished text part (its own assistant message), as the stream sends it."""
+    body = {
+        "id": f"prt_said{step}",
+        "sessionID": session,
+        "messageID": f"msg_said{step}",
+        "type": "text",
+        "text": text,
+        "time": {"start": 1, "end": 2},
+    }
+    return [{"type": "message.part.updated", "properties": {"sessionID": session, "part": body}}]
+
+
+def test_the_summary_is_no_step_of_the_model_that_repeats_its_answer():
+    tracker = Tracker()
+    same = "I will look around a bit more."
+    decisions = [d for step in range(4) for d in feed_all(tracker, said("ses_1", step, same))]
+    decisions += feed_all(tracker, the_compaction("ses_1"))
+    decisions += [d for step in range(4, 10) for d in feed_all(tracker, said("ses_1", step, same))]
+    # The 8th step with the same words, the 4th after the summary, as without a compaction.
+    assert [(d.rule, d.part_id) for d in decisions][:1] == [("text_steps", "prt_said7")]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["by_compaction", "is_summary"]
+__all__ = ["by_compaction", "continues", "is_summary"]
 
 
 def _parts(message: object) -> list[Any]:
@@ -23,7 +23,7 @@ def _parts(message: object) -> list[Any]:
     return parts if isinstance(parts, list) else []
 
 
-def _continues(part: object) -> bool:
+def continues(part: object) -> bool:
     """The synthetic text OpenCode posts after an automatic compaction's summary."""
     if not isinstance(part, dict) or part.get("type") != "text":
         return False
@@ -41,7 +41,7 @@ def by_compaction(message: object) -> bool:
     prompt: only a message made of compaction parts alone is the server's own."""
     parts = _parts(message)
     return bool(parts) and all(
-        isinstance(part, dict) and (part.get("type") == "compaction" or _continues(part))
+        isinstance(part, dict) and (part.get("type") == "compaction" or continues(part))
         for part in parts
     )
 
