@@ -26,6 +26,7 @@ from monitor.kit.sandbox import (
 )
 from monitor.kit.scripted_model import (
     DEFAULT_ANSWER,
+    OVERFLOW_TOKENS,
     UNSCRIPTED_ANSWER,
     ParallelCalls,
     ScriptedModel,
@@ -175,6 +176,53 @@ async def test_model_answers_a_title_request_with_text_and_keeps_the_script(
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
     [request] = scripted_model.requests
     assert (request.conversation, request.scripted) == (LOOP, False)
+
+
+async def test_compact_after_overflows_once_and_the_summary_carries_the_script_on(
+    scripted_model: ScriptedModel, http: aiohttp.ClientSession
+) -> None:
+    prompt = script([READ], 6, compact_after=2)
+    tools = {"model": "looper", "stream": True, "tools": [{"type": "function"}]}
+
+    async def usage(messages: list[dict[str, Any]]) -> object:
+        chunks = await sse_data(http, scripted_model.url, tools | {"messages": messages})
+        return chunks[-1].get("usage", {}).get("prompt_tokens")
+
+    # The step that makes the 2nd call reports a usage past any limit; the others none.
+    assert [
+        await usage([user(prompt), *(m for n in range(k) for m in step(n))]) for k in (0, 1)
+    ] == [
+        None,
+        OVERFLOW_TOKENS,
+    ]
+    # OpenCode's request for a summary (no tools) gets the script, as the prompt wrote it.
+    asked = [user(f"Here is the conversation so far:\n<conversation>\n[User]: {prompt}\n")]
+    chunks = await sse_data(
+        http, scripted_model.url, {"model": "looper", "stream": True, "messages": asked}
+    )
+    assert chunks[0]["choices"][0]["delta"]["content"] == prompt
+    # After it: the question, the summary, the server's "continue"; the 3rd call is next,
+    # and the 6th call the last, with no second overflow.
+    after = [
+        user("What did we do so far?"),
+        {"role": "assistant", "content": prompt},
+        user("Continue if you have next steps"),
+    ]
+    chunks = await sse_data(http, scripted_model.url, tools | {"messages": after})
+    assert chunks[0]["choices"][0]["delta"]["tool_calls"][0]["id"] == "call_2"
+    assert "usage" not in chunks[-1]
+    done = [*after, *(m for n in range(2, 6) for m in step(n))]
+    chunks = await sse_data(http, scripted_model.url, tools | {"messages": done})
+    assert chunks[0]["choices"][0]["delta"]["content"] == DEFAULT_ANSWER
+    # The model's feedback after the compaction gets the answer; a new task is followed.
+    feedback = [*after, *step(2), user("you are looping")]
+    chunks = await sse_data(http, scripted_model.url, tools | {"messages": feedback})
+    assert chunks[0]["choices"][0]["delta"]["content"] == DEFAULT_ANSWER
+    task = [*after, *step(2), user(script([ECHO], 1))]
+    chunks = await sse_data(http, scripted_model.url, tools | {"messages": task})
+    call = chunks[0]["choices"][0]["delta"]["tool_calls"][0]
+    assert (call["id"], call["function"]["name"]) == ("call_0", "bash")
+    assert [r.conversation for r in scripted_model.requests if r.scripted][-4:-1] == [prompt] * 3
 
 
 # A real server.

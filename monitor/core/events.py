@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from monitor.core.compaction import continues, is_summary
+
 __all__ = [
     "Event",
     "FileEdited",
@@ -28,6 +30,7 @@ __all__ = [
     "SessionDiff",
     "SessionIdle",
     "SessionSeen",
+    "Summary",
     "TextPart",
     "ToolPart",
     "UserMessage",
@@ -76,6 +79,17 @@ class TextPart:
 class UserMessage:
     """A user message was stored or updated (`message.updated`, role user): a person's prompt
     or the monitor's feedback. Its text comes after it, as a text part of `message_id`."""
+
+    session_id: str
+    message_id: str
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A compaction's summary is being written (`message.updated`, an assistant message with
+    `summary: true`, before its text): that text is the server's, no step of the model's
+    (monitor/core/compaction.py)."""
 
     session_id: str
     message_id: str
@@ -191,6 +205,7 @@ Event = (
     ToolPart
     | TextPart
     | UserMessage
+    | Summary
     | PartDelta
     | SessionSeen
     | SessionIdle
@@ -343,7 +358,9 @@ def _part_updated(props: dict[str, Any], directory: str | None) -> ToolPart | Te
     part = _object(props, "part")
     kind = part.get("type")
     if kind in _TEXT_KINDS:
-        return _text_part(part, kind, directory)
+        # The server's own "continue" after a compaction's summary: neither a step of the
+        # model (it has a start and an end, as those do) nor a person writing.
+        return None if continues(part) else _text_part(part, kind, directory)
     if kind != "tool":
         return None
     state = _object(part, "state")
@@ -461,13 +478,16 @@ def _sum_counts(counts: dict[str, Any], keys: tuple[str, ...]) -> int:
 
 def _message_updated(
     props: dict[str, Any], directory: str | None
-) -> UserMessage | MessageUsage | None:
-    """A user message (a person's prompt or the monitor's feedback), or the usage of an
-    assistant message so far."""
+) -> UserMessage | Summary | MessageUsage | None:
+    """A user message (a person's prompt or the monitor's feedback), a compaction's summary
+    begun, or the usage of an assistant message so far."""
     info = _object(props, "info")
     role = info.get("role")
     if role == "user":
         return UserMessage(_text(info, "sessionID"), _text(info, "id"), directory)
+    if role == "assistant" and not info.get("finish") and is_summary(info):
+        # Sent as the summary's message is made, before any of its parts.
+        return Summary(_text(info, "sessionID"), _text(info, "id"), directory)
     if role != "assistant" or not info.get("finish"):
         # The server updates an assistant message many times as it streams; its usage comes
         # with the update that ends a step (`finish`, the reason), so only that one is typed.

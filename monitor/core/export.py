@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from monitor.core.compaction import by_compaction, is_summary
 from monitor.core.events import Malformed
 from monitor.core.feedback import MARKS, OWN_REFUSAL, is_hold_feedback
 
@@ -39,6 +40,12 @@ def _is_user(message: object) -> bool:
     return info is not None and info.get("role") == "user"
 
 
+def _starts_run(message: object) -> bool:
+    """A user message that starts a run: a prompt or a feedback, not one a compaction stored
+    in the middle of the run it compacted (monitor/core/compaction.py)."""
+    return _is_user(message) and not by_compaction(message)
+
+
 def _says(message: object, text: Callable[[str], bool]) -> bool:
     """Whether `message` is a user message with a text part whose text passes `text`."""
     return _is_user(message) and any(
@@ -61,10 +68,11 @@ def current_run(messages: list[Any]) -> list[Any]:
     """The messages of the session's current run: from its last user message on.
 
     A user message (a prompt, or the monitor's own feedback) starts a new run, so the calls
-    before it belong to runs that are over and must not count.
+    before it belong to runs that are over and must not count. Those a compaction stores
+    do not: the run goes on across them, its calls before them included.
     """
     for index in range(len(messages) - 1, -1, -1):
-        if _is_user(messages[index]):
+        if _starts_run(messages[index]):
             return messages[index:]
     return messages
 
@@ -80,6 +88,8 @@ def answered(messages: list[Any]) -> bool:
     info = _info(messages[-1]) if messages else None
     if info is None or info.get("role") != "assistant" or info.get("error") is not None:
         return False
+    if is_summary(info):
+        return False  # a compaction's summary: the run goes on after it
     time = info.get("time")
     completed = isinstance(time, dict) and bool(time.get("completed"))
     return completed and info.get("finish") not in (None, "tool-calls")
@@ -100,7 +110,8 @@ def export_frames(messages: object) -> Iterator[object]:
     Only tool parts matter to the tracker; each is sent once in the state it had when the
     export was read, which the tracker records like a call whose `running` update it missed.
     A user message after the first starts a new run, as a prompt does on the server, so a
-    `session.idle` frame goes before it and the history resets as it would have live.
+    `session.idle` frame goes before it and the history resets as it would have live; not
+    one a compaction stored, which the live stream carries in the middle of a busy run.
     Unusable entries come out as `Malformed`, to be counted, never raised.
     """
     if not isinstance(messages, list):
@@ -111,7 +122,7 @@ def export_frames(messages: object) -> Iterator[object]:
         if info is None or _parts(message) is None:
             yield Malformed("export: message is not {info, parts}")
             continue
-        if info.get("role") == "user" and index > 0:
+        if index > 0 and _starts_run(message):
             yield {"type": "session.idle", "properties": {"sessionID": info.get("sessionID")}}
         for part in tool_parts(message):
             yield {

@@ -296,6 +296,7 @@ class SessionRecord:
         "run",
         "runs",
         "step",
+        "summary",
         "acted",
         "armed",
         "armed_runs",
@@ -339,6 +340,8 @@ class SessionRecord:
         self.runs = 0
         # The latest model step the stream showed a call of (its assistant message id).
         self.step: str | None = None
+        # The message of the latest compaction's summary (monitor/core/compaction.py).
+        self.summary: str | None = None
         # The intervention that stands for its loop in this run, if any.
         self.acted: Acted | None = None
         # The calls of the last loop stopped (their digests) and what was found then: a call

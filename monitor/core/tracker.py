@@ -31,6 +31,7 @@ from monitor.core.events import (
     SessionDiff,
     SessionIdle,
     SessionSeen,
+    Summary,
     TextPart,
     ToolPart,
     UserMessage,
@@ -126,6 +127,7 @@ class Tracker:
             SessionSeen: self._on_seen,
             MessageUsage: self._usage,
             UserMessage: self._on_user,
+            Summary: self._on_summary,
             SessionDiff: self._on_diff,
             TextPart: self._on_text,
             SessionIdle: self._on_idle,
@@ -393,6 +395,10 @@ class Tracker:
             asked.held = event.message_id
         return QUIET[label]
 
+    def _on_summary(self, event: Summary, label: str) -> Fed:
+        self._seen(event.session_id, event.directory).summary = event.message_id
+        return _QUIET[label]
+
     def _on_diff(self, event: SessionDiff, label: str) -> Fed:
         diffed = self._sessions.get(event.session_id)
         if diffed is not None and diffed.running:
@@ -502,6 +508,10 @@ class Tracker:
         if not part.ended or not self._text_rules:
             return None
         session = self._sessions.get(part.session_id)
+        if session is not None and part.message_id == session.summary:
+            # A compaction's summary: the run goes on after it as if it were not there, the
+            # count of the model's same answers included.
+            return None
         for rule in self._text_rules:
             if session is None:
                 session = self._seen(part.session_id, part.directory)

@@ -22,6 +22,12 @@ one model serves any number of sessions and needs no per-test setup:
   run carries the same assistant text.
 - ``chunk``, ``chunk_delay``: stream text and reasoning in deltas of ``chunk`` characters,
   ``chunk_delay`` seconds apart (0: each in one delta), as a model generating tokens does.
+- ``compact_after``: the step that makes the n-th tool call reports a usage of
+  `OVERFLOW_TOKENS`, past any context limit, so a server whose model config has a ``limit``
+  compacts the session after that call (once per conversation). OpenCode then asks for a
+  summary (a request with no tools) and goes on from it alone, without the prompt: the
+  model's summary is the script itself, and it follows that on after the compaction, its
+  ``calls`` counting those made before it.
 
 Requests that carry no script or no tools (OpenCode's title generation) get a short text.
 Served for a person (`opencode-loop-monitor model`, `on_demand`), a prompt that is no script
@@ -47,6 +53,7 @@ from aiohttp import web
 __all__ = [
     "DEFAULT_ANSWER",
     "ModelRequest",
+    "OVERFLOW_TOKENS",
     "ON_DEMAND_ANSWER",
     "ParallelCalls",
     "ScriptedModel",
@@ -60,6 +67,8 @@ __all__ = [
 ]
 
 DEFAULT_ANSWER = "Understood. I will stop repeating and change approach."
+# Prompt tokens reported by the step of `compact_after`: past any context limit a test sets.
+OVERFLOW_TOKENS = 1_000_000
 UNSCRIPTED_ANSWER = "Scripted session"
 # What a prompt in words gets from a model served on demand: the demo's loop (read a file,
 # list the folder, 12 calls), the same looping again after each feedback, or this answer.
@@ -88,6 +97,7 @@ def script(
     chunk: int = 0,
     chunk_delay: float = 0.0,
     parallel: int = 1,
+    compact_after: int = 0,
 ) -> str:
     """The prompt text that makes the scripted model follow this script."""
     body: dict[str, Any] = {
@@ -110,6 +120,7 @@ def script(
         "chunk": (chunk, 0),
         "chunk_delay": (chunk_delay, 0.0),
         "parallel": (parallel, 1),
+        "compact_after": (compact_after, 0),
     }
     body.update({key: value for key, (value, default) in optional.items() if value != default})
     return json.dumps(body)
@@ -130,6 +141,7 @@ class Script:
     chunk: int = 0
     chunk_delay: float = 0.0
     parallel: int = 1
+    compact_after: int = 0
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
@@ -152,6 +164,7 @@ class Script:
             chunk=int(data.get("chunk", 0)),
             chunk_delay=float(data.get("chunk_delay", 0.0)),
             parallel=parallel,
+            compact_after=int(data.get("compact_after", 0)),
         )
 
 
@@ -252,16 +265,22 @@ def _message_text(message: Mapping[str, Any]) -> str:
     return ""
 
 
-def decide(script_: Script, messages: Sequence[Mapping[str, Any]]) -> Reply:
-    """The next step of a scripted conversation, from the messages sent so far."""
+def calls_done(messages: Sequence[Mapping[str, Any]]) -> int:
+    """How far this run of the pattern has got: each finished tool call comes back as one
+    `tool` message, counted since the last user message."""
     user_indexes = [i for i, message in enumerate(messages) if message.get("role") == "user"]
-    after_last_user = messages[user_indexes[-1] + 1 :]
+    after_last_user = messages[user_indexes[-1] + 1 :] if user_indexes else messages
+    return sum(1 for message in after_last_user if message.get("role") == "tool")
+
+
+def decide(script_: Script, messages: Sequence[Mapping[str, Any]], before: int = 0) -> Reply:
+    """The next step of a scripted conversation, from the messages sent so far (`before`:
+    the calls made before a compaction, which the messages no longer hold)."""
+    user_indexes = [i for i, message in enumerate(messages) if message.get("role") == "user"]
     feedback_arrived = len(user_indexes) > 1
     if feedback_arrived and script_.after_feedback == "answer":
         return Text(script_.answer)
-    # Each finished tool call comes back as one `tool` message: their number since the last
-    # user message is how far this run of the pattern has got.
-    done = sum(1 for message in after_last_user if message.get("role") == "tool")
+    done = before + calls_done(messages)
     if done >= script_.calls:
         return Text(script_.answer * script_.repeat, script_.reasoning * script_.reasoning_repeat)
     calls = tuple(
@@ -276,16 +295,73 @@ def decide(script_: Script, messages: Sequence[Mapping[str, Any]]) -> Reply:
     return calls[0] if len(calls) == 1 else ParallelCalls(calls)
 
 
+def _embedded_script(text: str) -> str | None:
+    """The JSON text of the first script with `compact_after` inside `text`, as written."""
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    while start != -1:
+        try:
+            candidate, end = decoder.raw_decode(text, start)
+        except ValueError:
+            candidate = None
+        if isinstance(candidate, dict):
+            found = _script_or_none(candidate)
+            if found is not None and found.compact_after:
+                return text[start:end]
+        start = text.find("{", start + 1)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """Where a conversation OpenCode compacted stands: its prompt (the summary, which is the
+    script), the messages since the summary, and the calls made before the compaction."""
+
+    prompt: str
+    script: Script
+    messages: Sequence[Mapping[str, Any]]
+    before: int
+
+
+def compacted(messages: Sequence[Mapping[str, Any]]) -> Compacted | None:
+    """Where a conversation stands after a compaction: its summary (the first assistant
+    message) is a script with `compact_after`, followed from the server's "continue" (the
+    user message after it) on; a later user message that is a script of its own is a new
+    task, followed from there with no calls before it."""
+    summary = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    if summary is None:
+        return None
+    text = _message_text(messages[summary])
+    found = find_script(text) if _embedded_script(text) is not None else None
+    if found is None:
+        return None
+    rest = messages[summary + 1 :]
+    for index in range(len(rest) - 1, -1, -1):
+        prompt = _message_text(rest[index]) if rest[index].get("role") == "user" else ""
+        task = find_script(prompt) if prompt else None
+        if task is not None:
+            return Compacted(prompt, task, rest[index:], 0)
+    # The user messages after the "continue" are feedback, as after a prompt.
+    first_user = next((i for i, m in enumerate(rest) if m.get("role") == "user"), 0)
+    return Compacted(text, found, rest[first_user:], found.compact_after)
+
+
 def _chunk(
-    completion_id: str, model: str, delta: dict[str, Any], finish_reason: str | None
+    completion_id: str,
+    model: str,
+    delta: dict[str, Any],
+    finish_reason: str | None,
+    usage: Mapping[str, int] | None = None,
 ) -> bytes:
-    body = {
+    body: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
     }
+    if usage is not None:
+        body["usage"] = dict(usage)
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
@@ -297,9 +373,10 @@ def _pieces(text: str, size: int) -> list[str]:
     return [text[start : start + size] for start in range(0, len(text), size)]
 
 
-def _stream_chunks(reply: Reply, model: str, size: int = 0) -> list[bytes]:
+def _stream_chunks(reply: Reply, model: str, size: int = 0, tokens: int = 0) -> list[bytes]:
     """The SSE frames of one streamed answer, ending with ``[DONE]``: reasoning, then text
-    (each in pieces of `size` characters), then the tool call if any."""
+    (each in pieces of `size` characters), then the tool call if any; `tokens`: the prompt
+    tokens its usage reports (0: no usage)."""
     completion_id = f"chatcmpl-{uuid.uuid4().hex[:12]}"
     # Parallel calls stream no text of their own: the first call's words go first.
     first = reply.calls[0] if isinstance(reply, ParallelCalls) else reply
@@ -329,9 +406,10 @@ def _stream_chunks(reply: Reply, model: str, size: int = 0) -> list[bytes]:
     if not deltas:
         deltas.append({"content": ""})
     deltas[0] = {"role": "assistant", **deltas[0]}
+    usage = {"prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1}
     return [
         *(_chunk(completion_id, model, delta, None) for delta in deltas),
-        _chunk(completion_id, model, {}, finish_reason),
+        _chunk(completion_id, model, {}, finish_reason, usage if tokens else None),
         b"data: [DONE]\n\n",
     ]
 
@@ -402,8 +480,19 @@ class ScriptedModel:
         messages: list[dict[str, Any]] = body.get("messages", [])
         users = [_message_text(m) for m in messages if m.get("role") == "user"]
         script_ = self._script_of(users[0]) if users and body.get("tools") else None
+        after = compacted(messages) if script_ is None and body.get("tools") else None
+        tokens = 0
+        summary = None if body.get("tools") else _embedded_script("\n".join(users))
         if script_ is not None:
             conversation, reply = users[0], decide(script_, messages)
+            if script_.compact_after and _reaches(reply, calls_done(messages), script_):
+                tokens = OVERFLOW_TOKENS
+        elif after is not None:
+            script_ = after.script
+            conversation, reply = after.prompt, decide(script_, after.messages, after.before)
+        elif summary is not None:
+            # OpenCode's request for a summary: the script, so that the model follows it on.
+            conversation, reply = summary, Text(summary)
         elif self.on_demand and users and body.get("tools"):
             conversation, reply = users[0], Text(ON_DEMAND_ANSWER)
         else:
@@ -423,7 +512,7 @@ class ScriptedModel:
         if script_ is not None and script_.delay:
             await asyncio.sleep(script_.delay)
         size, gap = (script_.chunk, script_.chunk_delay) if script_ is not None else (0, 0.0)
-        frames = _stream_chunks(reply, str(body.get("model", "looper")), size)
+        frames = _stream_chunks(reply, str(body.get("model", "looper")), size, tokens)
         return await _stream(request, frames, gap)
 
     def _script_of(self, prompt: str) -> Script | None:
@@ -431,6 +520,14 @@ class ScriptedModel:
         if found is None and self.on_demand:
             found = on_demand_script(prompt)
         return found
+
+
+def _reaches(reply: Reply, done: int, script_: Script) -> bool:
+    """Whether this step makes the `compact_after`-th call of a conversation not compacted."""
+    made = (
+        len(reply.calls) if isinstance(reply, ParallelCalls) else int(isinstance(reply, ToolCall))
+    )
+    return done < script_.compact_after <= done + made
 
 
 def _first_script_text(users: Sequence[str]) -> str:
