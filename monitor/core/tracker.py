@@ -397,7 +397,7 @@ class Tracker:
 
     def _on_summary(self, event: Summary, label: str) -> Fed:
         self._seen(event.session_id, event.directory).summary = event.message_id
-        return _QUIET[label]
+        return QUIET[label]
 
     def _on_diff(self, event: SessionDiff, label: str) -> Fed:
         diffed = self._sessions.get(event.session_id)
