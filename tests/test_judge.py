@@ -3,6 +3,7 @@ once whichever comes first, under one identity and one set of rules."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from monitor.core.decisions import Action, Outcome, Plan
@@ -204,3 +205,37 @@ def test_a_question_without_a_usable_call_id_is_allowed_and_its_call_counted_onc
     assert tracker.sessions_view()[0].run_calls == 4
     [decision] = decisions
     assert (decision.part_id, decision.call_index) == ("prt_4", 4)
+
+
+def test_a_call_of_the_next_step_asked_before_the_stream_shows_it_climbs_the_ladder():
+    # Issue 30, seen under load on the real server: the plugin's question for the model's
+    # next step came before the stream showed that step, so the call was taken for one of
+    # the refused call's step (a burst: `defer`) and the ladder did not climb. The plugin
+    # now says the step, from the server's own events.
+    def run(with_step: bool) -> list[tuple[Plan, int]]:
+        tracker = Tracker()
+        plans = []
+        for n in range(1, 6):
+            step = f"msg_prt_{n}" if with_step else None
+            judged = judge(tracker, PluginCall(S, "call_0", "bash", APPEND, "/p", message_id=step))
+            if judged.decision is not None:
+                plans.append((judged.decision.plan, judged.decision.prior_interventions))
+            if n < 4:  # the stream keeps up with the calls that run, then lags
+                feed(tracker, updates(f"prt_{n}"))
+        return plans
+
+    assert run(with_step=False) == [(Plan.REFUSE, 0), (Plan.DEFER, 0)]
+    assert run(with_step=True) == [(Plan.REFUSE, 0), (Plan.REFUSE, 1)]
+
+
+def test_a_questions_step_is_read_when_usable_and_reported_when_not():
+    from monitor.core.plugin_protocol import read_body
+
+    def body(**extra: Any) -> bytes:
+        call = {"session_id": S, "call_id": "c", "tool": "read", "args": {}, "directory": "/p"}
+        return json.dumps({**call, **extra}).encode()
+
+    assert read_body(body(message_id="msg_1")).message_id == "msg_1"
+    assert read_body(body()).message_id is None
+    unusable = read_body(body(message_id=7))
+    assert (unusable.message_id, unusable.unusable) == (None, ("message_id",))

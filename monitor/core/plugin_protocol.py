@@ -8,13 +8,15 @@ moves the bytes.
 
 Request body (JSON object): `session_id` (ses_...), `call_id` (the model's call id, not unique
 across steps), `tool`, `args` (an object), `directory` (the server's project, absolute),
-`fell_open` (calls the plugin let run unasked since its last answered request; optional).
+`fell_open` (calls the plugin let run unasked since its last answered request; optional),
+`message_id` (the model step, an assistant message, the call is of, as the server's own
+events told the plugin; optional: the stream may show the step after the question comes).
 Reports never cost a decision: only a missing or malformed `session_id`, `tool` or `args`
-refuses the question. Any other field that cannot be used (`call_id`, `directory` or
-`fell_open` of the wrong type or out of range) is taken as unknown (None, a count of 0) and
-named in `PluginCall.unusable`, which the shell logs once per field; fields this version does
-not know are ignored (a newer plugin's). A number past what `int` parses (over 4,300 digits)
-is read as a float, not refused.
+refuses the question. Any other field that cannot be used (`call_id`, `directory`,
+`message_id` or `fell_open` of the wrong type or out of range) is taken as unknown (None, a
+count of 0) and named in `PluginCall.unusable`, which the shell logs once per field; fields
+this version does not know are ignored (a newer plugin's). A number past what `int` parses
+(over 4,300 digits) is read as a float, not refused.
 Answer: `{"verdict": "allow"}` or `{"verdict": "block", "feedback": TEXT}`.
 
 On loopback TCP, where any local user can listen on the port while the daemon is down, a
@@ -98,6 +100,7 @@ class PluginCall:
     fell_open: int = 0
     # The optional fields sent but not usable, taken as unknown: a report, never a refusal.
     unusable: tuple[str, ...] = ()
+    message_id: str | None = None  # None: unknown (not sent, or not usable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +287,13 @@ def _call(data: object) -> PluginCall | RequestRefused:
         # fall below zero) must not cost the call its judgement. Counted as nothing.
         fell_open = 0
         unusable.append("fell_open")
-    return PluginCall(session_id, call_id, tool, args, directory, fell_open, tuple(unusable))
+    message_id = data.get("message_id")
+    if message_id is not None and not (isinstance(message_id, str) and _is_id(message_id)):
+        message_id = None
+        unusable.append("message_id")
+    return PluginCall(
+        session_id, call_id, tool, args, directory, fell_open, tuple(unusable), message_id
+    )
 
 
 def _is_id(value: str) -> bool:

@@ -285,6 +285,34 @@ export function endedSession(event: { type?: unknown; properties?: any } | undef
   return null
 }
 
+/** Calls whose model step is remembered, at most (the oldest forgotten first). */
+export const MAX_STEPS = 1024
+
+/**
+ * The model step (assistant message) of each tool call, from the server's own events, which
+ * reach the plugin before the call runs: the daemon reads them on a stream that may lag, and
+ * took a call of the next step, asked first, for one of the step before (one burst).
+ */
+export class Steps {
+  private readonly steps = new Map<string, string>()
+
+  note(event: { type?: unknown; properties?: any } | undefined): void {
+    const part = event?.type === "message.part.updated" ? event.properties?.part : undefined
+    if (part?.type !== "tool") return
+    const { sessionID, callID, messageID } = part
+    if (typeof sessionID !== "string" || typeof callID !== "string" || typeof messageID !== "string") return
+    const key = `${sessionID} ${callID}`
+    if (this.steps.get(key) === messageID) return
+    this.steps.delete(key) // re-inserted last: the oldest goes first
+    if (this.steps.size >= MAX_STEPS) this.steps.delete(this.steps.keys().next().value as string)
+    this.steps.set(key, messageID)
+  }
+
+  of(sessionID: string, callID: string): string | undefined {
+    return this.steps.get(`${sessionID} ${callID}`)
+  }
+}
+
 /**
  * Why the socket at `path` may be another user's, or null when it is the daemon's: the
  * socket and its folder belong to this user (or root), and no one else can write in the
@@ -410,6 +438,7 @@ export function makeJudge(
   log: (line: string) => void = console.error,
 ) {
   const guard = new LocalGuard()
+  const steps = new Steps()
   const warned = new Set<string>()
   let fellOpen = 0
   const judge = async (sessionID: string, callID: string, tool: string, args: unknown): Promise<string | null> => {
@@ -431,12 +460,19 @@ export function makeJudge(
     // Arguments past the bound are not sent: the daemon could not take them (413) or only
     // slowly (nested past what json.loads reads), and writing them out would cost what the
     // bound saves.
+    const body: Record<string, unknown> = {
+      session_id: sessionID,
+      call_id: callID,
+      tool,
+      args: args ?? {},
+      directory,
+      fell_open: reported,
+    }
+    const step = steps.of(sessionID, callID)
+    if (step !== undefined) body.message_id = step
     const verdict: Verdict = cut
       ? { fellOpen: `the arguments of this ${cleanToolName(tool)} call are too large to ask about` }
-      : await ask(
-          { session_id: sessionID, call_id: callID, tool, args: args ?? {}, directory, fell_open: reported },
-          tool,
-        )
+      : await ask(body, tool)
     if ("block" in verdict) return verdict.block
     fellOpen += reported
     if (!warned.has(sessionID)) {
@@ -451,11 +487,11 @@ export function makeJudge(
     fellOpen += 1
     return null
   }
-  return { judge, guard }
+  return { judge, guard, steps }
 }
 
 /** The 1.x hooks around a judge: `tool.execute.before` throws to refuse; idle clears. */
-export function v1Hooks({ judge, guard }: ReturnType<typeof makeJudge>) {
+export function v1Hooks({ judge, guard, steps }: ReturnType<typeof makeJudge>) {
   return {
     "tool.execute.before": async (
       input: { tool: string; sessionID: string; callID: string },
@@ -465,6 +501,7 @@ export function v1Hooks({ judge, guard }: ReturnType<typeof makeJudge>) {
       if (refused !== null) throw refusal(refused)
     },
     event: async ({ event }: { event: { type?: unknown; properties?: any } }): Promise<void> => {
+      steps.note(event)
       const ended = endedSession(event)
       if (ended !== null) guard.forget(ended)
     },

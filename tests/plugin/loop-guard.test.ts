@@ -12,6 +12,7 @@ import plugin, {
   MAX_VALUES,
   MARK,
   MAX_SESSIONS,
+  MAX_STEPS,
   OWN_REFUSAL,
   blockText,
   canonical,
@@ -24,6 +25,7 @@ import plugin, {
   v1Hooks,
   v2Hooks,
   signature,
+  Steps,
   socketFor,
   untrustedSocket,
   type V2PermissionEvent,
@@ -321,6 +323,32 @@ describe("the default export loads in both generations", () => {
     expect(plugin.id).toBe("opencode-loop-monitor")
     expect(typeof plugin.server).toBe("function")
     expect(typeof plugin.setup).toBe("function")
+  })
+
+  test("1.x entry: each question names the step the server's events showed its call in", async () => {
+    const asked: Record<string, unknown>[] = []
+    const hooks = v1Hooks(makeJudge(async (body) => (asked.push(body), { block: null }), "/p", () => {}))
+    const part = (callID: string, messageID: string, type = "tool") => ({
+      event: { type: "message.part.updated", properties: { part: { type, sessionID: "ses_1", callID, messageID } } },
+    })
+    await hooks.event(part("c1", "msg_A"))
+    await hooks.event(part("c2", "msg_B"))
+    await hooks.event(part("c3", "msg_C", "text")) // not a call
+    for (const callID of ["c1", "c2", "c3"]) {
+      await hooks["tool.execute.before"]({ tool: "read", sessionID: "ses_1", callID }, { args: A[1] })
+    }
+    expect(asked.map((b) => b.message_id)).toEqual(["msg_A", "msg_B", undefined])
+    expect("message_id" in asked[2]).toBe(false)
+  })
+
+  test("the steps remembered are bounded, the oldest forgotten first", () => {
+    const steps = new Steps()
+    const note = (n: number) =>
+      steps.note({ type: "message.part.updated", properties: { part: { type: "tool", sessionID: "ses_1", callID: `c${n}`, messageID: `msg_${n}` } } })
+    for (let n = 0; n <= MAX_STEPS; n++) note(n)
+    expect(steps.of("ses_1", "c0")).toBeUndefined()
+    expect(steps.of("ses_1", "c1")).toBe("msg_1")
+    expect(steps.of("ses_1", `c${MAX_STEPS}`)).toBe(`msg_${MAX_STEPS}`)
   })
 
   test("1.x entry: throws the refusal with the daemon away, clears on idle", async () => {
