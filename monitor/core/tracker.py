@@ -38,6 +38,7 @@ from monitor.core.events import (
     TextPart,
     ToolPart,
     UserMessage,
+    WorkspaceState,
 )
 from monitor.core.events_v2 import Adapter
 from monitor.core.fed import Fed, Judged, SessionView
@@ -172,6 +173,7 @@ class Tracker:
             MessageUsage: self._usage,
             UserMessage: self._on_user,
             SessionDiff: self._on_diff,
+            WorkspaceState: self._on_workspace,
             TextPart: self._on_text,
             SessionIdle: self._on_idle,
             PermissionAsked: self._on_asked,
@@ -491,6 +493,12 @@ class Tracker:
         diffed = self._sessions.get(event.session_id)
         if diffed is not None and diffed.running:
             diffed.state(SIGNALS, Signals).diffed(event.digest)
+        return _QUIET[label]
+
+    def _on_workspace(self, event: WorkspaceState, label: str) -> Fed:
+        measured = self._sessions.get(event.session_id)
+        if measured is not None and measured.running:
+            measured.state(SIGNALS, Signals).measured(event.digest)
         return _QUIET[label]
 
     def _on_text(self, event: TextPart, label: str) -> Fed:

@@ -44,7 +44,7 @@ from array import array
 from typing import Any
 
 from monitor.core.findings import Finding, NoProgress
-from monitor.core.rules.facts import OutcomeRule, remember, run_state, server_changed
+from monitor.core.rules.facts import OutcomeRule, remember, run_state, server_changed, workspace
 from monitor.core.session import Call, SessionRecord, outcome_digest
 
 __all__ = ["NoProgressRule", "is_keystroke"]
@@ -53,6 +53,7 @@ NAME = "no_progress"
 MAX_CHECKS = 12
 MAX_ADDED = 64
 MAX_EDIT_LINES = 512
+MAX_VISITS = 64
 # A keystroke sent to a running program (tmux's names: `C-c`, `M-x`, `Enter`; or `^C`).
 _KEYSTROKE = re.compile(r"(?:(?:[CM]-\S|\^[A-Z@\\\]^_]|Enter|Escape|Tab)\s*)+")
 # Silent successes, with and without an exit status (bash has one, read does not).
@@ -72,7 +73,7 @@ class Checks:
     """One run's checks, packed in one array, three words a check: its digest, its outcome
     and its counters."""
 
-    __slots__ = ("changes", "signals", "checks", "added", "oldest")
+    __slots__ = ("changes", "signals", "checks", "added", "oldest", "measured", "changed_at")
 
     def __init__(self) -> None:
         self.changes = 0  # changing calls and server change signals seen so far
@@ -82,6 +83,10 @@ class Checks:
         # and of (file, None) for each file edited (made at the first such edit).
         self.added: array[int] | None = None
         self.oldest = 0
+        # The checks as the server's workspace measures count them (made at the first check
+        # run on a measured workspace), and the number of measures at the last changing call.
+        self.measured: Measured | None = None
+        self.changed_at = -1
 
     def rewrites(self, tool: str, args: Any) -> bool:
         """Whether a change rewrites the run's own earlier change (or its place is unknown);
@@ -104,6 +109,50 @@ class Checks:
                 if digest not in added:
                     self.oldest = remember(added, self.oldest, digest, MAX_ADDED)
         return rewrite
+
+
+class Measured:
+    """The checks of a run counted by what the server measured of the workspace (its step
+    snapshots), not by what the calls' arguments suggest: three words a check, as in `Checks`
+    (its digest, its outcome, and its runs beside the workspace state at its last run), and a
+    ring of 32-bit digests of (check, outcome, workspace state) for every check run, the
+    states each check was seen in."""
+
+    __slots__ = ("checks", "visits", "oldest")
+
+    def __init__(self) -> None:
+        self.checks = array("q")
+        self.visits = array("I")
+        self.oldest = 0
+
+    def runs(self, digest: int, outcome: int, state: int, fresh: bool, max_checks: int) -> int:
+        """The runs of check `digest` with `outcome` so far, this one (in workspace `state`)
+        counted; `fresh`: the arguments' count of it started over (a step somewhere new)."""
+        visit = hash((digest, outcome, state)) & 0xFFFFFFFF
+        came_back = visit in self.visits
+        if not came_back:
+            self.oldest = remember(self.visits, self.oldest, visit, MAX_VISITS)
+        checks = self.checks
+        index = _find(checks, digest)
+        if index < 0 or checks[index + 1] != outcome:
+            runs = 1
+        else:
+            packed = checks[index + 2]
+            runs = packed >> 32
+            if state == packed & 0xFFFFFFFF:
+                pass  # the same files as at its last run: a plain rerun, neither counted nor reset
+            elif came_back or not fresh:
+                # Back in a state this check already answered the same in (edit, revert, edit):
+                # a stall, however new the edit's place looked.
+                runs += 1
+            else:
+                runs = 1  # a state never seen, reached by a step somewhere new
+        if index >= 0:
+            del checks[index : index + 3]
+        elif len(checks) >= 3 * max_checks:
+            del checks[0:3]
+        checks.extend((digest, outcome, (min(runs, _MASK) << 32) | state))
+        return runs
 
 
 def _digest(path: str, line: str | None) -> int:
@@ -183,7 +232,9 @@ class NoProgressRule(OutcomeRule):
             return None
         if server_changed(session, state):
             state.changes += 1
+        measured, measures = workspace(session)
         if changes:
+            state.changed_at = measures  # the last measure predates this change
             if state.rewrites(call.tool, call.args):
                 state.changes += 1
             else:
@@ -201,11 +252,20 @@ class NoProgressRule(OutcomeRule):
             last, first, runs = packed & _MASK, (packed >> _BITS) & _MASK, packed >> 2 * _BITS
             if last != now:
                 runs += 1
+        fresh = index < 0 or checks[index + 1] != outcome
         if index >= 0:  # taken out, to go back in last: the least recently run goes first
             del checks[index : index + 3]
         elif len(checks) >= 3 * self.max_checks:
             del checks[0:3]
-        if runs >= self.repeats:
+        if measured and state.changed_at != measures:
+            # The server measured the workspace since the last change: its measure decides.
+            if state.measured is None:
+                state.measured = Measured()
+            stalls = state.measured.runs(call.digest, outcome, measured, fresh, self.max_checks)
+            if stalls >= self.repeats:
+                return NoProgress(call.tool, stalls, stalls - 1)
+            runs = min(runs, self.repeats - 1)  # the arguments' count is not the measure
+        elif runs >= self.repeats:
             return NoProgress(call.tool, runs, (now - first) & _MASK)
         checks.extend((call.digest, outcome, (runs << 2 * _BITS) | (first << _BITS) | now))
         return None
