@@ -24,14 +24,24 @@ after another while an unrelated check keeps printing the same). A change whose 
 unknown (a bash command that writes, SWE-agent's line-range `edit`, a patch, the server's
 signals) counts as before.
 
+Where the server measured the workspace (each step's snapshot, `workspace` in facts.py) since
+the run's last changing call, the measure decides instead (`Measured`): a check answering the
+same in a state it already answered in (edit, revert, edit) stalls whatever the edit's place;
+a state as at its last run is no change, whatever the calls looked like; a new state counts
+unless the arguments called its edit a step somewhere new (docs/detection.md, "The workspace
+signal").
+
 Signals read: each finished call's `digest`, `outcome`, tool and arguments (for
 `changes_files`; an edit's `filePath`, `oldString`, `newString`, a write's `content`), and
 the server's change signals (`session.diff` with new files, a `file.edited` in the session's
 directory: `server_changes`), each counted as a change.
-`todo.updated` is not progress. Memory: at most `MAX_CHECKS` checks per run, the least
+`todo.updated` is not progress; and the server's last workspace state with the number of
+measures in the run. Memory: at most `MAX_CHECKS` checks per run, the least
 recently run forgotten first, packed in one array (24 bytes a check, 288 bytes when full),
 made at the first check or change of the run; the lines the run's edits added, as 32-bit
-digests of (file, line), at most `MAX_ADDED` in a ring (320 bytes full); cost per finished
+digests of (file, line), at most `MAX_ADDED` in a ring (320 bytes full); on a measured
+workspace, its checks again (288 bytes full) and `MAX_VISITS` 32-bit digests of (check,
+outcome, state) in a ring (256 bytes full); cost per finished
 call: a search of
 at most 36 machine words (in C), and for an edit one hash per line of its old and new text
 (at most `MAX_EDIT_LINES` each).
