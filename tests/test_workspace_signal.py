@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from monitor.core.events import WorkspaceState, parse_event, workspace_digest
+from monitor.core.events import SessionSeen, WorkspaceState, parse_event, workspace_digest
+from monitor.core.events_v2 import Adapter
 from monitor.core.tracker import Detection, Tracker
 from tests.frames_factory import call as call_frames
 from tests.frames_factory import status
@@ -203,3 +204,22 @@ def test_step_parts_are_typed_by_their_snapshot() -> None:
     patch["properties"]["part"].update(hash=snapshot, files=["/p/x.py"])
     assert parse_event(patch)[1] is None
     assert workspace_digest(snapshot) != 0
+
+
+def test_the_new_engines_step_start_carries_the_snapshot() -> None:
+    """1.18.33's `/api` engine (2.x's shape, `session.next.*`): `data.snapshot` on a step's
+    start (tests/recordings/engine/new-engine-permission.api.sse)."""
+    snapshot = "12f02aeaecd0d891b49c7bfb0fe937159ff9e7b8"
+    data = {"sessionID": SES, "assistantMessageID": "msg_1", "agent": "build"}
+    frame = {
+        "id": "evt_1",
+        "type": "session.next.step.started",
+        "durable": {"aggregateID": SES, "seq": 3, "version": 1},
+        "location": {"directory": "/home/dev/project"},
+        "data": {**data, "snapshot": snapshot},
+    }
+    measured = WorkspaceState(SES, workspace_digest(snapshot), "/home/dev/project")
+    assert Adapter().parse(frame)[1] == measured
+    del frame["data"]["snapshot"]
+    frame["durable"]["seq"] = 4
+    assert Adapter().parse(frame)[1] == SessionSeen(SES, "/home/dev/project")

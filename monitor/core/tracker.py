@@ -496,8 +496,9 @@ class Tracker:
         return _QUIET[label]
 
     def _on_workspace(self, event: WorkspaceState, label: str) -> Fed:
-        measured = self._sessions.get(event.session_id)
-        if measured is not None and measured.running:
+        # Seen as well: 2.x's step start is also what tells a session's directory.
+        measured = self._seen(event.session_id, event.directory)
+        if measured.running:
             measured.state(SIGNALS, Signals).measured(event.digest)
         return _QUIET[label]
 
