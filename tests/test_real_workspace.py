@@ -24,7 +24,7 @@ from monitor.core.tracker import Detection, Tracker
 from monitor.kit.poll import until
 from monitor.kit.sandbox import tool_parts
 from monitor.kit.scripted_model import script
-from tests.harness import MODEL_DELAY, start_watching, user_texts
+from tests.harness import MODEL_DELAY, Engine, start_watching, user_texts
 
 pytestmark = pytest.mark.real_server
 
@@ -123,3 +123,54 @@ async def test_an_edit_revert_loop_is_stopped_by_the_servers_snapshots_at_the_10
     # The stream replayed: the same decision; without the snapshots, none in these 10 calls.
     assert first_decision(frames) == ("no_progress", 10)
     assert first_decision([without_snapshots(f) for f in frames]) is None
+
+
+def flip(attempt: int) -> tuple[str, dict[str, Any]]:
+    """A script that writes x.py by no sign in its command (to the arguments, a check too),
+    run with another option each time (so the calls form no cycle)."""
+    return ("bash", {"command": f"python3 flip.py --attempt {attempt}", "description": "Flip"})
+
+
+FLIP_SCRIPT = """\
+x = 2 if open("x.py").read() == "x = 1\\n" else 1
+open("x.py", "w").write(f"x = {x}\\n")
+print(f"now x = {x}")
+"""
+
+
+async def test_the_new_engines_snapshots_stop_a_flip_that_no_command_shows(
+    opencode_server, start_monitor, http
+):
+    """The same measure on 1.18.33's `/api` engine (`session.next.step.started`'s
+    `snapshot`): a script that switches x.py between two states, the check after each run.
+    By the commands nothing changes (plain reruns: no rule would fire); by the snapshots the
+    check answers the same in states it already answered in."""
+    project = opencode_server.project
+    (project / "x.py").write_text("x = 1\n")
+    (project / "flip.py").write_text(FLIP_SCRIPT)
+    (project / "check.py").write_text(f"import sys\nprint({FAILURE!r})\nsys.exit(1)\n")
+    monitor = await start_watching(start_monitor, opencode_server)
+    engine = Engine(opencode_server, http)
+    session = await engine.create_session()
+    await engine.prompt(
+        session, script([c for i in range(8) for c in (flip(i), CHECK)], 16, delay=MODEL_DELAY)
+    )
+    messages = await engine.wait_answered(session, 120, user_messages=2)
+
+    parts = tool_parts(messages)
+    [detected] = monitor.events("loop.detected")
+    assert (detected["rule"], detected["call_index"], detected["part_id"]) == (
+        "no_progress",
+        10,
+        parts[9]["id"],
+    )
+    # the new engine's record adds the exit status on a line of its own
+    assert [p["state"]["output"].splitlines()[0] for p in parts[:4]] == [
+        "now x = 2",
+        FAILURE,
+        "now x = 1",
+        FAILURE,
+    ]
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["session_id"], outcome["outcome"]) == (session, "aborted")
+    assert 10 <= len(parts) <= 11
