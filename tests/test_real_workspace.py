@@ -9,7 +9,9 @@ argument says where), so the argument rules start over at every edit and never f
 steps' snapshots show the workspace going back and forth between the same two states, and
 `no_progress` stops the run at the check's 5th run (call 10), before `cycle` would (call 12).
 The test reads the same stream as the monitor and replays it without the snapshots: then
-nothing is caught in those 10 calls, so the decision came from the server's measure."""
+nothing is caught in those 10 calls, so the decision came from the server's measure. The
+same measure on the new engine (`/api` sessions) stops a script that flips x.py by no sign in
+its command."""
 
 from __future__ import annotations
 
