@@ -83,7 +83,7 @@ class Checks:
     """One run's checks, packed in one array, three words a check: its digest, its outcome
     and its counters."""
 
-    __slots__ = ("changes", "signals", "checks", "added", "oldest", "measured", "changed_at")
+    __slots__ = ("changes", "signals", "checks", "added", "oldest", "measured")
 
     def __init__(self) -> None:
         self.changes = 0  # changing calls and server change signals seen so far
@@ -93,10 +93,9 @@ class Checks:
         # and of (file, None) for each file edited (made at the first such edit).
         self.added: array[int] | None = None
         self.oldest = 0
-        # The checks as the server's workspace measures count them (made at the first check
-        # run on a measured workspace), and the number of measures at the last changing call.
+        # The checks as the server's workspace measures count them: made at the run's first
+        # check or change on a measured workspace, so a run with no snapshots pays one word.
         self.measured: Measured | None = None
-        self.changed_at = -1
 
     def rewrites(self, tool: str, args: Any) -> bool:
         """Whether a change rewrites the run's own earlier change (or its place is unknown);
@@ -128,12 +127,13 @@ class Measured:
     ring of 32-bit digests of (check, outcome, workspace state) for every check run, the
     states each check was seen in."""
 
-    __slots__ = ("checks", "visits", "oldest")
+    __slots__ = ("checks", "visits", "oldest", "changed_at")
 
     def __init__(self) -> None:
         self.checks = array("q")
         self.visits = array("I")
         self.oldest = 0
+        self.changed_at = -1  # the number of measures at the run's last changing call
 
     def runs(self, digest: int, outcome: int, state: int, fresh: bool, max_checks: int) -> int:
         """The runs of check `digest` with `outcome` so far, this one (in workspace `state`)
@@ -163,6 +163,12 @@ class Measured:
             del checks[0:3]
         checks.extend((digest, outcome, (min(runs, _MASK) << 32) | state))
         return runs
+
+
+def _measured(state: Checks) -> Measured:
+    if state.measured is None:
+        state.measured = Measured()
+    return state.measured
 
 
 def _digest(path: str, line: str | None) -> int:
@@ -244,7 +250,8 @@ class NoProgressRule(OutcomeRule):
             state.changes += 1
         measured, measures = workspace(session)
         if changes:
-            state.changed_at = measures  # the last measure predates this change
+            if measured:  # the last measure predates this change
+                _measured(state).changed_at = measures
             if state.rewrites(call.tool, call.args):
                 state.changes += 1
             else:
@@ -267,11 +274,9 @@ class NoProgressRule(OutcomeRule):
             del checks[index : index + 3]
         elif len(checks) >= 3 * self.max_checks:
             del checks[0:3]
-        if measured and state.changed_at != measures:
+        if measured and _measured(state).changed_at != measures:
             # The server measured the workspace since the last change: its measure decides.
-            if state.measured is None:
-                state.measured = Measured()
-            stalls = state.measured.runs(call.digest, outcome, measured, fresh, self.max_checks)
+            stalls = _measured(state).runs(call.digest, outcome, measured, fresh, self.max_checks)
             if stalls >= self.repeats:
                 return NoProgress(call.tool, stalls, stalls - 1)
             runs = min(runs, self.repeats - 1)  # the arguments' count is not the measure
