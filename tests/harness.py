@@ -29,6 +29,7 @@ from monitor.kit.sandbox import OpencodeServer
 from monitor.kit.scripted_model import script
 from monitor.shell.actions import Interventions
 from monitor.shell.api import OpencodeAPI, Retry
+from monitor.shell.api_v2 import EngineAPI
 from monitor.shell.backoff import Backoff
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Timing, Watch
@@ -360,3 +361,49 @@ async def carried_out(fake: FakeOpencode, act: Callable[[Interventions], None]) 
     finally:
         await server.close()
     return logs
+
+
+class Engine:
+    """A user's client of the new engine: sessions made and prompted through `/api`."""
+
+    def __init__(self, server: OpencodeServer, http: aiohttp.ClientSession) -> None:
+        self.server = server
+        self.http = http
+        self.api = EngineAPI(http, server.url, engine_of=lambda session_id: 2)
+        self.where = {"location[directory]": server.directory}
+
+    async def create_session(self) -> str:
+        async with self.http.post(
+            f"{self.server.url}/api/session", params=self.where, json={}
+        ) as response:
+            assert response.status == 200
+            return str((await response.json())["data"]["id"])
+
+    async def prompt(self, session_id: str, text: str) -> None:
+        async with self.http.post(
+            f"{self.server.url}/api/session/{session_id}/prompt",
+            params=self.where,
+            json={"prompt": {"text": text}},
+        ) as response:
+            assert response.status == 200
+
+    async def messages(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's record as 1.x messages (`core/export_v2.py`), oldest first."""
+        return await self.api.messages(session_id, self.server.directory)
+
+    async def wait_answered(
+        self, session_id: str, timeout: float, user_messages: int = 1
+    ) -> list[dict[str, Any]]:
+        """The record once the session is no longer running and its last message is the
+        final answer to its `user_messages`-th user message."""
+
+        async def answered() -> list[dict[str, Any]] | None:
+            if session_id in await self.api.busy_sessions(self.server.directory):
+                return None
+            messages = await self.messages(session_id)
+            users = sum(m["info"]["role"] == "user" for m in messages)
+            last = messages[-1]["info"] if messages else {}
+            done = last.get("role") == "assistant" and last.get("finish") == "stop"
+            return messages if users >= user_messages and done else None
+
+        return await until(answered, timeout, interval=0.2, what=f"{session_id} to answer")

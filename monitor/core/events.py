@@ -34,8 +34,10 @@ __all__ = [
     "TextPart",
     "ToolPart",
     "UserMessage",
+    "WorkspaceState",
     "parse_event",
     "usage_total",
+    "workspace_digest",
 ]
 
 
@@ -182,6 +184,18 @@ class FileEdited:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkspaceState:
+    """What the session's workspace is, as the server measured it at a step's start or end:
+    1.x's `snapshot` of a `step-start` / `step-finish` part (a git tree hash of OpenCode's own
+    snapshot repository: the same files give the same hash). `digest` is 32 bits of it, never
+    0; the hash itself is not kept."""
+
+    session_id: str
+    digest: int
+    directory: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class SessionIdle:
     """The session's run ended: a new run starts with a clean history."""
 
@@ -215,6 +229,7 @@ Event = (
     | MessageUsage
     | SessionDiff
     | FileEdited
+    | WorkspaceState
 )
 
 # Event types OpenCode sends on `/event` and inside `/global/event` envelopes. Anything else
@@ -354,13 +369,17 @@ def _object(obj: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
-def _part_updated(props: dict[str, Any], directory: str | None) -> ToolPart | TextPart | None:
+def _part_updated(
+    props: dict[str, Any], directory: str | None
+) -> ToolPart | TextPart | WorkspaceState | None:
     part = _object(props, "part")
     kind = part.get("type")
     if kind in _TEXT_KINDS:
         # The server's own "continue" after a compaction's summary: neither a step of the
         # model (it has a start and an end, as those do) nor a person writing.
         return None if continues(part) else _text_part(part, kind, directory)
+    if kind in _STEP_KINDS:
+        return _step_part(part, directory)
     if kind != "tool":
         return None
     state = _object(part, "state")
@@ -381,6 +400,21 @@ def _part_updated(props: dict[str, Any], directory: str | None) -> ToolPart | Te
 
 
 _TEXT_KINDS = frozenset({"text", "reasoning"})
+# A `patch` part is not read: its `hash` is the snapshot the step started from and its
+# `files` what the step changed, both told by the steps' own snapshots already.
+_STEP_KINDS = frozenset({"step-start", "step-finish"})
+
+
+def _step_part(part: dict[str, Any], directory: str | None) -> WorkspaceState | None:
+    snapshot = part.get("snapshot")
+    if not isinstance(snapshot, str) or not snapshot:
+        return None  # snapshots off (`"snapshot": false`, or no git): the workspace is unknown
+    return WorkspaceState(_text(part, "sessionID"), workspace_digest(snapshot), directory)
+
+
+def workspace_digest(snapshot: str) -> int:
+    """32 bits of a snapshot hash; 0 stands for "unknown", so never 0."""
+    return hash(snapshot) & 0xFFFFFFFF or 1
 
 
 def _text_part(part: dict[str, Any], kind: str, directory: str | None) -> TextPart:

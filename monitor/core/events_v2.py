@@ -12,6 +12,8 @@ frame, so the tracker and its rules never know which server spoke:
   input; `tool.success` / `tool.failed`: completed (`structured` as metadata: the shell's
   `exit`) / error;
 - `text.*`, `reasoning.*`: `TextPart` started / ended, `PartDelta`;
+- `step.started` with a `snapshot` (the workspace's, as 1.x's `step-start` part carries it):
+  `WorkspaceState`; without one, `SessionSeen`;
 - `step.ended`: `MessageUsage`; the step that ends with another reason than `tool-calls`
   ended the run too (`ends_run`: 1.18.33 sends neither `execution.*` nor status events for
   the new engine); `execution.succeeded` / `.failed` / `.interrupted`, `status` idle, `idle`:
@@ -56,8 +58,10 @@ from monitor.core.events import (
     TextPart,
     ToolPart,
     UserMessage,
+    WorkspaceState,
     parse_event,
     usage_total,
+    workspace_digest,
 )
 from monitor.core.profile import server_call
 from monitor.core.session import RecentMap
@@ -454,11 +458,23 @@ def _step_ended(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> E
 def _seen(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
     info = data.get("info")
     info = info if isinstance(info, dict) else data
+    return SessionSeen(sid, _own_directory(info, data, d), _optional(info, "parentID"))
+
+
+def _own_directory(info: dict[str, Any], data: dict[str, Any], d: str | None) -> str | None:
     own = _directory(info.get("directory"))
     location = data.get("location")
     if own is None and isinstance(location, dict):
         own = _directory(location.get("directory"))
-    return SessionSeen(sid, own or d, _optional(info, "parentID"))
+    return own or d
+
+
+def _step_started(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    snapshot = data.get("snapshot")
+    if not isinstance(snapshot, str) or not snapshot:
+        return _seen(s, sid, data, d)
+    # A step's start names no parent: its directory is all `_seen` would have told.
+    return WorkspaceState(sid, workspace_digest(snapshot), _own_directory(data, data, d))
 
 
 def _admitted(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
@@ -521,7 +537,7 @@ _PARSERS: dict[str, _Parse] = {
     "session.prompt.admitted": _admitted,
     "session.input.admitted": _admitted,
     "session.prompted": _prompted,
-    "session.step.started": _seen,
+    "session.step.started": _step_started,
     "session.deleted": _deleted,
     "session.status": _status,
     "session.idle": _idle,

@@ -35,6 +35,7 @@ from monitor.core.events import (
     TextPart,
     ToolPart,
     UserMessage,
+    WorkspaceState,
 )
 from monitor.core.events_v2 import Adapter
 from monitor.core.fed import QUIET, Fed, Judged, SessionView
@@ -129,6 +130,7 @@ class Tracker:
             UserMessage: self._on_user,
             Summary: self._on_summary,
             SessionDiff: self._on_diff,
+            WorkspaceState: self._on_workspace,
             TextPart: self._on_text,
             SessionIdle: self._on_idle,
             PermissionAsked: self._on_asked,
@@ -403,6 +405,13 @@ class Tracker:
         diffed = self._sessions.get(event.session_id)
         if diffed is not None and diffed.running:
             diffed.state(SIGNALS, Signals).diffed(event.digest)
+        return QUIET[label]
+
+    def _on_workspace(self, event: WorkspaceState, label: str) -> Fed:
+        # Seen as well: 2.x's step start is also what tells a session's directory.
+        measured = self._seen(event.session_id, event.directory)
+        if measured.running:
+            measured.state(SIGNALS, Signals).measured(event.digest)
         return QUIET[label]
 
     def _on_text(self, event: TextPart, label: str) -> Fed:

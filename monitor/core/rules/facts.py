@@ -14,7 +14,9 @@ digest for every rule). What they add is here:
   under `SIGNALS` by the tracker: a `session.diff` whose files differ from the previous one,
   and a `file.edited` in the session's directory (that event names no session), each count
   one change. `server_changes(session)` is the count a rule compares with the one it saw at
-  its previous call. `todo.updated` is bookkeeping, not progress, and is not read;
+  its previous call. `todo.updated` is bookkeeping, not progress, and is not read. The
+  server's measure of the workspace itself (each step's snapshot, `WorkspaceState`) is kept
+  there too, and read with `workspace(session)`: a fact where the rest are guesses;
 - `OutcomeRule`: `no_progress`, `revisit` and `circles` read a call once its outcome came,
   and whether it changes files (`OutcomeRule.finished_call`); `run_state` makes a rule's state
   for the run only once the run gives it something to remember (`failure` too); `named` keeps
@@ -45,6 +47,7 @@ __all__ = [
     "run_state",
     "server_changed",
     "tool_is",
+    "workspace",
 ]
 
 S = TypeVar("S")
@@ -133,21 +136,37 @@ def changes_files(tool: str, args: Any) -> bool:
 
 
 class Signals:
-    """The server's change signals in the current run: how many, and the last diff seen."""
+    """The server's change signals in the current run: how many, the last diff seen, and the
+    workspace state the server measured last (`workspace`, 0 while unknown) with how many such
+    measures came (`measures`: which tells a rule whether one came since a call of its own)."""
 
-    __slots__ = ("count", "diff")
+    __slots__ = ("count", "diff", "workspace", "measures")
 
     def __init__(self) -> None:
         self.count = 0
         # A run starts with no file changed: a first diff that lists none (the real server
         # sends one at each step's end) is no change.
         self.diff = NO_DIFF
+        self.workspace = 0
+        self.measures = 0
+
+    def measured(self, digest: int) -> None:
+        """A step's snapshot (`WorkspaceState`): the workspace as it is now."""
+        self.workspace = digest
+        self.measures += 1
 
     def diffed(self, digest: int) -> None:
         """A `session.diff`: a change when its files differ from the previous diff's."""
         if digest != self.diff:
             self.diff = digest
             self.count += 1
+
+
+def workspace(session: SessionRecord) -> tuple[int, int]:
+    """The workspace state the server measured last in the session's current run (0 when it
+    measured none) and how many measures came in the run."""
+    signals: Signals | None = session.peek(SIGNALS)
+    return (0, 0) if signals is None else (signals.workspace, signals.measures)
 
 
 def server_changes(session: SessionRecord) -> int:

@@ -28,17 +28,27 @@ turn over three files while an unrelated check keeps printing the same). A chang
 place is unknown (a bash command that writes, SWE-agent's line-range `edit`, a patch, the
 server's signals) counts as before.
 
+Where the server measured the workspace (each step's snapshot, `workspace` in facts.py) since
+the run's last changing call, the measure decides instead (`Measured`): a check answering the
+same in a state it already answered in (edit, revert, edit) stalls whatever the edit's place;
+a state as at its last run is no change, whatever the calls looked like; a new state counts
+unless the arguments called its edit a step somewhere new (docs/detection.md, "The workspace
+signal").
+
 Signals read: each finished call's `digest`, `outcome`, tool and arguments (for
 `changes_files`; an edit's `filePath`, `oldString`, `newString`, a write's `content`), and
 the server's change signals (`session.diff` with new files, a `file.edited` in the session's
 directory: `server_changes`), each counted as a change.
-`todo.updated` is not progress. Memory: at most `MAX_CHECKS` checks per run, the least
+`todo.updated` is not progress; and the server's last workspace state with the number of
+measures in the run. Memory: at most `MAX_CHECKS` checks per run, the least
 recently run forgotten first, packed in one array (24 bytes a check, 288 bytes when full),
 made at the first check or change of the run; the lines the run's edits added, as 32-bit
 digests of (file, line), at most `MAX_ADDED` in a ring (320 bytes full); the files edited
 since the last check and in the stretch before it, at most `MAX_FILES` each (4 bytes a
-file). Cost per finished call: a search of at most 36 machine words (in C), and for an edit
-one hash per line of its old and new text (at most `MAX_EDIT_LINES` each).
+file); on a measured workspace, its checks again (288 bytes full) and `MAX_VISITS` 32-bit
+digests of (check, outcome, state) in a ring (256 bytes full). Cost per finished call: a
+search of at most 36 machine words (in C), and for an edit one hash per line of its old and
+new text (at most `MAX_EDIT_LINES` each).
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ from array import array
 from typing import Any
 
 from monitor.core.findings import Finding, NoProgress
-from monitor.core.rules.facts import OutcomeRule, remember, run_state, server_changed
+from monitor.core.rules.facts import OutcomeRule, remember, run_state, server_changed, workspace
 from monitor.core.session import Call, SessionRecord, outcome_digest
 
 __all__ = ["NoProgressRule", "is_keystroke"]
@@ -58,6 +68,7 @@ MAX_CHECKS = 12
 MAX_ADDED = 64
 MAX_FILES = 8
 MAX_EDIT_LINES = 512
+MAX_VISITS = 64
 # A keystroke sent to a running program (tmux's names: `C-c`, `M-x`, `Enter`; or `^C`).
 _KEYSTROKE = re.compile(r"(?:(?:[CM]-\S|\^[A-Z@\\\]^_]|Enter|Escape|Tab)\s*)+")
 # Silent successes, with and without an exit status (bash has one, read does not).
@@ -77,7 +88,17 @@ class Checks:
     """One run's checks, packed in one array, three words a check: its digest, its outcome
     and its counters."""
 
-    __slots__ = ("changes", "signals", "edited", "checks", "added", "oldest", "stretches", "split")
+    __slots__ = (
+        "changes",
+        "signals",
+        "edited",
+        "checks",
+        "added",
+        "oldest",
+        "stretches",
+        "split",
+        "measured",
+    )
 
     def __init__(self) -> None:
         self.changes = 0  # changing calls and server change signals seen so far
@@ -96,6 +117,9 @@ class Checks:
         # file, where a tuple of ints took 700 bytes a session (bench.memory).
         self.stretches: array[int] | None = None
         self.split = 0
+        # The checks as the server's workspace measures count them: made at the run's first
+        # check or change on a measured workspace, so a run with no snapshots pays one word.
+        self.measured: Measured | None = None
 
     def checked(self) -> None:
         """A check ran: the edits since the previous one are the stretch before it now."""
@@ -143,6 +167,57 @@ def _among(digests: array[int], digest: int, start: int, stop: int) -> bool:
     except ValueError:
         return False
     return True
+
+
+class Measured:
+    """The checks of a run counted by what the server measured of the workspace (its step
+    snapshots), not by what the calls' arguments suggest: three words a check, as in `Checks`
+    (its digest, its outcome, and its runs beside the workspace state at its last run), and a
+    ring of 32-bit digests of (check, outcome, workspace state) for every check run, the
+    states each check was seen in."""
+
+    __slots__ = ("checks", "visits", "oldest", "changed_at")
+
+    def __init__(self) -> None:
+        self.checks = array("q")
+        self.visits = array("I")
+        self.oldest = 0
+        self.changed_at = -1  # the number of measures at the run's last changing call
+
+    def runs(self, digest: int, outcome: int, state: int, fresh: bool, max_checks: int) -> int:
+        """The runs of check `digest` with `outcome` so far, this one (in workspace `state`)
+        counted; `fresh`: the arguments' count of it started over (a step somewhere new)."""
+        visit = hash((digest, outcome, state)) & 0xFFFFFFFF
+        came_back = visit in self.visits
+        if not came_back:
+            self.oldest = remember(self.visits, self.oldest, visit, MAX_VISITS)
+        checks = self.checks
+        index = _find(checks, digest)
+        if index < 0 or checks[index + 1] != outcome:
+            runs = 1
+        else:
+            packed = checks[index + 2]
+            runs = packed >> 32
+            if state == packed & 0xFFFFFFFF:
+                pass  # the same files as at its last run: a plain rerun, neither counted nor reset
+            elif came_back or not fresh:
+                # Back in a state this check already answered the same in (edit, revert, edit):
+                # a stall, however new the edit's place looked.
+                runs += 1
+            else:
+                runs = 1  # a state never seen, reached by a step somewhere new
+        if index >= 0:
+            del checks[index : index + 3]
+        elif len(checks) >= 3 * max_checks:
+            del checks[0:3]
+        checks.extend((digest, outcome, (min(runs, _MASK) << 32) | state))
+        return runs
+
+
+def _measured(state: Checks) -> Measured:
+    if state.measured is None:
+        state.measured = Measured()
+    return state.measured
 
 
 def _digest(path: str, line: str | None) -> int:
@@ -222,8 +297,11 @@ class NoProgressRule(OutcomeRule):
             return None
         if server_changed(session, state) and not (changes or state.edited):
             state.changes += 1
+        measured, measures = workspace(session)
         if changes:
             state.edited = True
+            if measured:  # the last measure predates this change
+                _measured(state).changed_at = measures
             if state.counts(call.tool, call.args):
                 state.changes += 1
             else:
@@ -243,11 +321,18 @@ class NoProgressRule(OutcomeRule):
             last, first, runs = packed & _MASK, (packed >> _BITS) & _MASK, packed >> 2 * _BITS
             if last != now:
                 runs += 1
+        fresh = index < 0 or checks[index + 1] != outcome
         if index >= 0:  # taken out, to go back in last: the least recently run goes first
             del checks[index : index + 3]
         elif len(checks) >= 3 * self.max_checks:
             del checks[0:3]
-        if runs >= self.repeats:
+        if measured and _measured(state).changed_at != measures:
+            # The server measured the workspace since the last change: its measure decides.
+            stalls = _measured(state).runs(call.digest, outcome, measured, fresh, self.max_checks)
+            if stalls >= self.repeats:
+                return NoProgress(call.tool, stalls, stalls - 1)
+            runs = min(runs, self.repeats - 1)  # the arguments' count is not the measure
+        elif runs >= self.repeats:
             return NoProgress(call.tool, runs, (now - first) & _MASK)
         checks.extend((call.digest, outcome, (runs << 2 * _BITS) | (first << _BITS) | now))
         return None
