@@ -2,14 +2,14 @@
 snapshot of the project at each step tells an edit/revert loop from progress.
 
 The scripted model edits `x = 1` to `x = 2` with the `edit` tool, runs the check, puts the
-file back with a Python one-liner, runs the check again, round after round; the check prints
-the same failure every time. By the calls' arguments each edit is a step somewhere new (the
-line it replaces is not one the run's own edits added: the one-liner put it back, and no
-argument says where), so the argument rules start over at every edit and never fire; the
-steps' snapshots show the workspace going back and forth between the same two states, and
-`no_progress` stops the run at the check's 5th run (call 10), before `cycle` would (call 12).
-The test reads the same stream as the monitor and replays it without the snapshots: then
-nothing is caught in those 10 calls, so the decision came from the server's measure. The
+file back with a script (`python3 revert.py`: no argument says it writes), runs the check
+again, round after round; the check prints the same failure every time. By the calls'
+arguments only every other check follows a change (the edit), so they would count the 5th
+stall at call 18; the steps' snapshots show the workspace going back and forth between the
+same two states, and `no_progress` stops the run at the check's 5th run (call 10), before
+`cycle` would (call 12). The test reads the same stream as the monitor and replays it without
+the snapshots: then nothing is caught in those 10 calls, so the decision came from the
+server's measure. The
 same measure on the new engine (`/api` sessions) stops a script that flips x.py by no sign in
 its command."""
 
@@ -33,13 +33,8 @@ pytestmark = pytest.mark.real_server
 FAILURE = "FAILED check_total: expected 3, got 2"
 CHECK = ("bash", {"command": "python3 check.py", "description": "Run the check"})
 EDIT = ("edit", {"filePath": "x.py", "oldString": "x = 1", "newString": "x = 2"})
-REVERT = (
-    "bash",
-    {
-        "command": "python3 -c \"open('x.py', 'w').write('x = 1\\n')\"",
-        "description": "Put x.py back",
-    },
-)
+REVERT = ("bash", {"command": "python3 revert.py", "description": "Put x.py back"})
+REVERT_PY = "open('x.py', 'w').write('x = 1\\n')\n"
 
 
 async def read_stream(url: str, frames: list[dict[str, Any]], connected: asyncio.Event) -> None:
@@ -83,6 +78,7 @@ async def test_an_edit_revert_loop_is_stopped_by_the_servers_snapshots_at_the_10
     project = opencode_server.project
     (project / "x.py").write_text("x = 1\n")
     (project / "check.py").write_text(f"import sys\nprint({FAILURE!r})\nsys.exit(1)\n")
+    (project / "revert.py").write_text(REVERT_PY)
     frames: list[dict[str, Any]] = []
     connected = asyncio.Event()
     reader = asyncio.create_task(read_stream(opencode_server.url, frames, connected))
