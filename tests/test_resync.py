@@ -128,6 +128,12 @@ def test_frames_wait_only_for_what_the_resync_reads_of_their_session():
     waiting.answer(None, 1, {"ses_late"})
     assert waiting.admit(data("ses_late", "/c")) is None
     assert waiting.live == {"ses_idle", "ses_new"}
+    # The plugin's questions for the sessions still held wait too (`Watch.judge` answers 503
+    # and the plugin's own rule judges): their history is not read back yet.
+    held = ("ses_known", "ses_far", "ses_late")
+    assert [waiting.holds(s) for s in (*held, "ses_idle", "ses_new", "ses_unseen")] == [
+        True, True, True, False, False, False
+    ]  # fmt: skip
     assert len(waiting.rest()) == 3  # ses_known, ses_far, ses_late
     assert waiting.admit("{not json") is not None  # a malformed frame is fed to be counted
 

@@ -77,7 +77,8 @@ __all__ = [
 
 log = structlog.get_logger("monitor.shell.decide")
 
-Judge = Callable[[PluginCall], PluginVerdict]
+# The verdict, or why the daemon cannot judge the call now (the plugin's own rule then does).
+Judge = Callable[[PluginCall], PluginVerdict | RequestRefused]
 
 # sockaddr_un holds 108 bytes with the final NUL.
 MAX_SOCKET_PATH = 107
@@ -576,6 +577,9 @@ class DecideServer:
     def _answer(self, call: PluginCall) -> web.Response:
         try:
             verdict = self._judge(call)
+            if isinstance(verdict, RequestRefused):
+                self._on_refused(verdict)
+                return web.json_response(verdict.to_json(), status=verdict.status)
         except Exception:
             # A bug of ours must not stop the server's calls: the plugin lets this one run.
             log.exception("plugin.judge_failed", session_id=call.session_id, tool=call.tool)

@@ -120,6 +120,12 @@ class Waiting:
         frames.append((next(self._arrived), frame))
         return None
 
+    def holds(self, session_id: str) -> bool:
+        """Whether the session's frames wait (`admit`) rather than go on at once."""
+        return session_id not in self.live and (
+            session_id in self._frames or session_id in self._held
+        )
+
     def urgent(self) -> list[str | None]:
         """The directories whose answer sessions wait for: asked first."""
         return [where for where, _ in self._on]
@@ -196,6 +202,11 @@ class Resync:
     def _claim(self, sessions: Iterable[str]) -> None:
         if self.waiting is not None:
             self.waiting.claim(sessions)
+
+    def following(self, session_id: str) -> bool:
+        """Whether the session's frames reach the tracker as they come: not while the resync
+        holds them (its directory's answer awaited, or its run being read back)."""
+        return self.waiting is None or not self.waiting.holds(session_id)
 
     def _live(self) -> set[str]:
         return set() if self.waiting is None else self.waiting.live
