@@ -232,15 +232,7 @@ class Interventions:
                 )
                 taken = True
             else:
-                reply = command.reply
-                taken = await api.reply_permission(
-                    reply.request_id,
-                    reply.directory,
-                    reply.reply,
-                    reply.message,
-                    reply.session_id,
-                    reply.route,
-                )
+                taken = await _answer(api, command.reply)
         except SessionGone as exc:
             return Sent(Result.GONE, str(exc))
         except ConfigError as exc:
@@ -274,14 +266,7 @@ class Interventions:
         assert self._api is not None
         started = time.monotonic()
         try:
-            taken = await self._api.reply_permission(
-                reply.request_id,
-                reply.directory,
-                reply.reply,
-                reply.message,
-                reply.session_id,
-                reply.route,
-            )
+            taken = await _answer(self._api, reply)
         except ConfigError as exc:
             self._on_fatal(exc)
             return
@@ -295,3 +280,11 @@ class Interventions:
             answered_first=taken,
             reply_ms=round((time.monotonic() - started) * 1000, 1),
         )
+
+
+async def _answer(api: OpencodeAPI, reply: Reply) -> bool:
+    """Send `reply` to its permission request, by its route; False when it was answered
+    first."""
+    return await api.reply_permission(
+        reply.request_id, reply.directory, reply.reply, reply.message, reply.session_id, reply.route
+    )
