@@ -74,3 +74,38 @@ def test_the_size_count_starts_over_with_each_event():
     decoder = SSEChunkDecoder(max_line=100)
     for _ in range(10):
         assert decoder.feed(b"data: " + b"x" * 60 + b"\n\n") == ["x" * 60]
+
+
+_LINE = st.one_of(
+    st.builds(lambda text: f"data: {text}", st.text(max_size=12)),
+    st.builds(lambda text: f"data:{text}", st.text(max_size=12)),
+    st.sampled_from(["", "", "data", ": comment", "event: e", "id: 7", "data: \u20ac"]),
+)
+
+
+@given(
+    st.lists(
+        st.text(alphabet="\n", min_size=1, max_size=3).flatmap(
+            lambda ends: _LINE.map(lambda line: line.replace("\n", "").replace("\r", "") + ends)
+        ),
+        max_size=30,
+    ),
+    st.lists(st.integers(min_value=1, max_value=80), max_size=10),
+)
+def test_whole_blocks_decode_as_the_line_rules_do(lines, cuts):
+    # Fed a byte at a time, no chunk ever holds a blank line: every event takes the line
+    # rules, the reference for the split on LF LF that bigger chunks take.
+    raw = "".join(lines).encode("utf-8", "surrogatepass")
+    chunks, at = [], 0
+    for cut in cuts:
+        chunks.append(raw[at : at + cut])
+        at += cut
+    chunks.append(raw[at:])
+    assert decode(*chunks) == decode(*(raw[i : i + 1] for i in range(len(raw))))
+
+
+def test_an_event_too_large_in_a_whole_block_is_refused():
+    decoder = SSEChunkDecoder(max_line=100)
+    assert decoder.feed(b"data: " + b"x" * 95 + b"\n\n") == ["x" * 95]
+    with pytest.raises(FrameError, match="event too large"):
+        decoder.feed(b"data: " + b"x" * 100 + b"\n\n")

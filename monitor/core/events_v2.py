@@ -106,6 +106,11 @@ def engine_name(kind: str) -> str | None:
     return None
 
 
+# The known types that are no 2.x event: most frames, which `parse` hands on without asking
+# `engine_name` for each.
+_CLASSIC = frozenset(kind for kind in KNOWN_EVENT_TYPES if engine_name(kind) is None) - {"sync"}
+
+
 def session_of(frame: object) -> tuple[str | None, str | None, int]:
     """The session a decoded frame of either generation is about, the directory it came from
     (None where it does not say) and the engine it speaks (2: the new one), without the
@@ -176,6 +181,8 @@ class Adapter:
             return self._envelope(frame, data)
         payload = frame.get("payload")
         kind = (payload if isinstance(payload, dict) else frame).get("type")
+        if kind in _CLASSIC:
+            return parse_event(frame)
         if kind == "sync" and isinstance(payload, dict):
             return self._sync(payload.get("syncEvent"), frame.get("directory"))
         name = engine_name(kind) if isinstance(kind, str) else None

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from monitor.core import deep_json
+from monitor.core.frames import json_int
 from monitor.core.ids import is_session_id
 
 __all__ = [
@@ -160,25 +161,15 @@ def read_body(body: bytes) -> PluginCall | RequestRefused:
         return too_large()
     try:
         try:
-            data = json.loads(body, parse_int=_number)
+            data = json.loads(body, parse_int=json_int)
         except RecursionError:
             # Nested deeper than `json.loads` recurses: odd, still JSON (and only a holder
             # of the socket or the token gets this far).
             text = body.decode(json.detect_encoding(body), "surrogatepass")
-            data = deep_json.loads(text, parse_int=_number)
+            data = deep_json.loads(text, parse_int=json_int)
     except (ValueError, UnicodeDecodeError) as exc:
         return RequestRefused(400, f"body is not JSON: {exc}")
     return _call(data)
-
-
-def _number(digits: str) -> int | float:
-    """A JSON integer: past the interpreter's limit on the digits `int` converts (a
-    ValueError, which read as 'not JSON'), a float: a huge number in a call's arguments is
-    odd, not malformed."""
-    try:
-        return int(digits)
-    except ValueError:
-        return float(digits)
 
 
 def too_large() -> RequestRefused:

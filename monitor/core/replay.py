@@ -25,7 +25,7 @@ from typing import Any
 from monitor.core.decisions import Intervene, Outcome, Plan
 from monitor.core.export import export_frames
 from monitor.core.findings import fields
-from monitor.core.frames import MAX_LINE_BYTES, iter_sse_data
+from monitor.core.frames import MAX_LINE_BYTES, iter_sse_data, loads
 from monitor.core.tracker import Detection, Tracker
 from monitor.errors import InputError
 from monitor.exits import EX_DETECTED, EX_OK, EX_USAGE
@@ -229,7 +229,7 @@ def replay_lines(lines: Iterator[str], replay: FileReplay) -> Iterator[dict[str,
     else:
         # One JSON document: it has to be read whole.
         try:
-            messages = json.loads("".join(rest))
+            messages = loads("".join(rest))
         except (ValueError, RecursionError):
             raise RecordingError("starts with [ but is not a valid JSON session export") from None
         for frame in export_frames(messages):

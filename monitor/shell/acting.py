@@ -40,7 +40,7 @@ def _server_key(url: str) -> str:
     return _UNSAFE.sub("_", f"{parts.hostname or 'localhost'}-{port}")
 
 
-def _try_lock(path: Path, create: bool) -> IO[str] | None:
+def _try_lock(path: str | Path, create: bool) -> IO[str] | None:
     """The file at `path`, locked by us, or None when someone else holds it (or, without
     `create`, there is no such file: nobody ever locked it)."""
     flags = os.O_RDWR | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
@@ -63,8 +63,7 @@ class Role:
     def __init__(self, folder: Path, url: str, session_id: str | None = None) -> None:
         key = _server_key(url)
         self._server = folder / f"acting-{key}.lock"
-        self._folder = folder
-        self._key = key
+        self._attach_prefix = f"{folder}{os.sep}attach-{key}-"
         self._session_id = session_id
         self._held: IO[str] | None = None
 
@@ -103,10 +102,18 @@ class Role:
             return False
         if self._session_id is not None:
             return session_id == self._session_id
-        other = _try_lock(self._attached(session_id), create=False)
-        if other is None:
-            return not self._attached(session_id).exists()
-        other.close()
+        # Asked before every intervention, ahead of its first request: one open(2) that
+        # fails in the common case, no path objects.
+        try:
+            fd = os.open(self._attached(session_id), os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return True  # nobody ever attached to it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # an `attach` holds it
+        finally:
+            os.close(fd)  # our lock, if taken, goes with it
         return True
 
     def holder(self) -> int | None:
@@ -124,9 +131,10 @@ class Role:
         if self._session_id is not None:
             # One file per attached session would pile up; the daemon reads a missing one
             # as nobody's.
-            self._attached(self._session_id).unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._attached(self._session_id))
         self._held.close()
         self._held = None
 
-    def _attached(self, session_id: str) -> Path:
-        return self._folder / f"attach-{self._key}-{_UNSAFE.sub('_', session_id)}.lock"
+    def _attached(self, session_id: str) -> str:
+        return f"{self._attach_prefix}{_UNSAFE.sub('_', session_id)}.lock"

@@ -8,9 +8,10 @@ plan, a rule or an outcome (tests/test_layers.py checks it).
 Each session's interventions run in order (never two aborts racing for one session), each in
 its own task, so a slow or failing call for one session never delays reading the stream or
 acting on another. Approvals of permission requests go at once, behind nothing (the call
-waits for them). Every decision is logged as `loop.detected` when it is handed over; how it
-was carried out ends in one `intervention.outcome`, and feedback that was due ends in
-`feedback.sent`, `feedback.deferred` or `feedback.failed`. An intervention still queued or
+waits for them). Every decision is logged as `loop.detected` once its first request is on
+its way (the line waits for the request, not the request for the line); how it was carried
+out ends in one `intervention.outcome`, and feedback that was due ends in `feedback.sent`,
+`feedback.deferred` or `feedback.failed`. An intervention still queued or
 running when `drain` gives up is fed its shutdown: no decision goes unlogged.
 """
 
@@ -129,12 +130,22 @@ class Interventions:
             self._report(due.work.feed(life.Cancelled()))
 
     def _begin(self, found: Intervention | None, turn: Turn) -> None:
-        self._report(turn)
         if found is None or turn.command is None:
+            self._report(turn)
             return
         session_id = found.decision.session_id
         previous = self._tails.get(session_id)
-        task = asyncio.create_task(self._drive(previous, found, turn.command))
+        unsaid = [turn]
+
+        def say() -> None:
+            if unsaid:
+                self._report(unsaid.pop())
+
+        # The turn's lines are written once the task's first step has run (call_soon keeps
+        # that order), or by the task before any line of its own: a loop's first request
+        # waits for no log line, and the lines stay in order.
+        task = asyncio.create_task(self._drive(previous, found, turn.command, say))
+        asyncio.get_running_loop().call_soon(say)
         self._tails[session_id] = task
         self._track(task)
 
@@ -149,24 +160,32 @@ class Interventions:
         task.add_done_callback(self._running.discard)
 
     async def _drive(
-        self, previous: asyncio.Task[None] | None, found: Intervention, command: Command
+        self,
+        previous: asyncio.Task[None] | None,
+        found: Intervention,
+        command: Command,
+        say: Callable[[], None],
     ) -> None:
-        """Run the intervention's commands until it is done or waits for the server."""
+        """Run the intervention's commands until it is done or waits for the server; `say`
+        writes the lines of the turn that began it, if not written yet."""
         try:
             if previous is not None:
                 await asyncio.wait([previous])
             next_command: Command | None = command
             while next_command is not None:
                 happened = await self._execute(found, next_command)
+                say()
                 if happened is None:
                     return  # parked until the next connect
                 turn = found.feed(happened)
                 self._report(turn)
                 next_command = turn.command
         except asyncio.CancelledError:
+            say()
             self._report(found.feed(life.Cancelled()))
             raise
         except Exception as exc:
+            say()
             # A bug of ours must not leave a loop unlogged (nor as "Task exception was never
             # retrieved"): say how far it got, then what broke, with its traceback (code
             # locations only, never a tool's arguments).

@@ -31,6 +31,7 @@ import aiohttp
 from yarl import URL
 
 from monitor.core.export import feedback_delivered
+from monitor.core.frames import loads
 from monitor.core.ids import is_permission_id, is_session_id
 from monitor.errors import (
     CredentialsRefused,
@@ -359,7 +360,7 @@ class OpencodeAPI:
                     raise ServerError(f"{what}: redirected ({response.status}), not followed")
                 if response.status == 204 or response.content_length == 0:
                     return None
-                return await response.json(content_type=None)
+                return await response.json(content_type=None, loads=loads)
         except (aiohttp.ContentTypeError, ValueError) as exc:
             raise ServerError(f"{what}: unreadable answer ({type(exc).__name__})") from None
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:

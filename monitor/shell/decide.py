@@ -398,6 +398,11 @@ class Unasked:
         # The calls it said ran with no plugin asking; None until it says so.
         self.said: int | None = None
 
+    def due(self, now: float) -> bool:
+        """Whether `check` has anything to do at `now`: asked on every frame, so it is
+        cheap, and `check` (which counts every call) runs at most once per `every`."""
+        return not self.done and now - self._checked_at >= self._every
+
     def check(self, calls: Callable[[], int], asked: bool, now: float) -> int | None:
         """The calls seen since the first check, once, when it is time to say no plugin
         asks; else None. `calls` counts every call known (it walks every session)."""

@@ -166,7 +166,7 @@ class Resync:
         only_session: str | None,
         interventions: Interventions,
         carry_out: Callable[[Fed], None],
-        take: Callable[[Fed], None],
+        take: Callable[[Fed], object],
         deadline: Callable[[Deadline], None],
     ) -> None:
         self._api = api

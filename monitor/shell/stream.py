@@ -126,7 +126,7 @@ class EventStream:
         self,
         http: aiohttp.ClientSession,
         url: str,
-        on_frame: Callable[[str], None],
+        on_frame: Callable[[str], bool],
         on_connect: Callable[[], Awaitable[None]],
         on_disconnect: Callable[[str], None] = lambda reason: None,
         backoff: Backoff = RECONNECT,
@@ -297,7 +297,8 @@ class EventStream:
                         break
                     for data in decoder.feed(chunk):
                         self.frames += 1
-                        on_frame(data)
+                        if on_frame(data):
+                            await asyncio.sleep(0)
             task.result()  # its failure is this connection's
         finally:
             # A read not yet answered leaves its bytes in the buffer for the next one.
@@ -320,7 +321,10 @@ class EventStream:
                         deadline.reschedule(loop.time() + limit)
                     for data in batch:
                         self.frames += 1
-                        on_frame(data)
+                        if on_frame(data):
+                            # The frame handed work to the executor: its first request
+                            # goes out now, not after the rest of the chunk is read.
+                            await asyncio.sleep(0)
         except TimeoutError:
             if deadline.expired():
                 raise _NoFrame(f"no frame for {limit:g} s") from None

@@ -509,26 +509,31 @@ class Watch:
         self._fatal = exc
         self._stop.set()
 
-    def _on_frame(self, data: str) -> None:
+    def _on_frame(self, data: str) -> bool:
+        """Feed one frame to the tracker; True when it handed work to the executor."""
         if self._record is not None:
             self._write_record(self._record, data)
         waiting = self.resync.waiting
         if waiting is None:
-            self._take(self.tracker.feed_data(data))
-        elif (frame := waiting.admit(data)) is not None:
-            self._take(self.tracker.feed(frame))
+            return self._take(self.tracker.feed_data(data))
+        if (frame := waiting.admit(data)) is not None:
+            return self._take(self.tracker.feed(frame))
+        return False
 
-    def _take(self, fed: Fed) -> None:
-        """Carry out and count what one frame fed to the tracker did."""
-        if fed.decisions or fed.replies:  # most frames decide nothing
+    def _take(self, fed: Fed) -> bool:
+        """Carry out and count what one frame fed to the tracker did; True when it handed
+        work on."""
+        acts = bool(fed.decisions or fed.replies)  # most frames decide nothing
+        if acts:
             self._carry_out(fed)
         for deadline in fed.deadlines:
             self._deadline(deadline)
+        now = self.timing.clock()
         if fed.event_type not in QUIET_EVENTS:
-            self._last_event_at = self.timing.clock()
+            self._last_event_at = now
         metrics = self.metrics
         if metrics is not None:
-            self._last_frame_at = self.timing.clock()
+            self._last_frame_at = now
             metrics.frame(fed.event_type)
             if fed.malformed is not None:
                 metrics.malformed()
@@ -538,10 +543,12 @@ class Watch:
             self._log_malformed(fed.malformed)
         if fed.deleted is not None and self.scope.ended(fed):
             self._stop.set()
-        if self._unasked is not None and not self._unasked.done:
-            self._say_if_unasked(self._unasked)
+        unasked = self._unasked
+        if unasked is not None and unasked.due(now):
+            self._say_if_unasked(unasked, now)
+        return acts
 
-    def _say_if_unasked(self, unasked: Unasked) -> None:
+    def _say_if_unasked(self, unasked: Unasked, now: float) -> None:
         """Say once when the server runs calls and no plugin asks: the plugin silently misses
         this monitor (not installed where the server looks, or pointing elsewhere)."""
         calls = unasked.check(
@@ -552,7 +559,7 @@ class Watch:
                 if self.tracker.adapter.engine(view.session_id) == 1
             ),
             bool(self.plugin_stats.by_directory),
-            self.timing.clock(),
+            now,
         )
         if calls is not None:
             log.warning(
@@ -733,7 +740,7 @@ class Watch:
             if stream.connected:
                 self.interventions.resume()  # due work left by a server away meanwhile
             if self._unasked is not None and not self._unasked.done:
-                self._say_if_unasked(self._unasked)  # also when no frame comes
+                self._say_if_unasked(self._unasked, timing.clock())  # also when no frame comes
             running = self.tracker.running()
             silent_s = timing.clock() - self._last_event_at
             if not stream.connected or not running or silent_s < timing.silence:
