@@ -40,9 +40,17 @@ log = structlog.get_logger("monitor.shell.actions")
 # finds the other's feedback, unless their waits fall closer than a read-back and a post.
 STAGGER_S = 0.5
 
+# `loop.detected` waits for the loop's read and abort to be on their way (`_drive`), but no
+# longer than this: a server that is slow to answer the read must not hide the line.
+SAY_WITHIN_S = 0.05
+
 
 def random_stagger() -> float:
     return random.uniform(0.0, STAGGER_S)
+
+
+def _read_at_once(command: Command) -> bool:
+    return isinstance(command, life.ReadRecent) and not command.staggered and not command.pause
 
 
 class Interventions:
@@ -141,15 +149,13 @@ class Interventions:
             if unsaid:
                 self._report(unsaid.pop())
 
-        # The turn's lines are written once the task's first step has run (call_soon keeps
-        # that order), or by the task before any line of its own: a loop's first request
-        # waits for no log line, and the lines stay in order.
         task = asyncio.create_task(self._drive(previous, found, turn.command, say))
-        asyncio.get_running_loop().call_soon(say)
+        asyncio.get_running_loop().call_later(SAY_WITHIN_S, say)
         self._tails[session_id] = task
         self._track(task)
 
         def done(task: asyncio.Task[None]) -> None:
+            say()  # however it ended, even cancelled before it began
             if self._tails.get(session_id) is task:
                 del self._tails[session_id]
 
@@ -166,18 +172,29 @@ class Interventions:
         command: Command,
         say: Callable[[], None],
     ) -> None:
-        """Run the intervention's commands until it is done or waits for the server; `say`
-        writes the lines of the turn that began it, if not written yet."""
+        """Run the intervention's commands until it is done or waits for the server.
+
+        `say` writes the lines of the turn that began it (`loop.detected`), if not written
+        yet, at the first of: a command other than a read sent at once is on its way (a
+        `call_soon` runs when this task first waits); the task has a line of its own;
+        `SAY_WITHIN_S` has passed. A loop's read and abort wait for no log line: on a
+        stand-in server that answers at once, the line written between them cost the
+        abort a tenth of a millisecond (docs/performance.md)."""
+        loop = asyncio.get_running_loop()
         try:
             if previous is not None:
+                loop.call_soon(say)
                 await asyncio.wait([previous])
             next_command: Command | None = command
             while next_command is not None:
+                if not _read_at_once(next_command):
+                    loop.call_soon(say)
                 happened = await self._execute(found, next_command)
-                say()
                 if happened is None:
                     return  # parked until the next connect
                 turn = found.feed(happened)
+                if turn.reports:
+                    say()
                 self._report(turn)
                 next_command = turn.command
         except asyncio.CancelledError:
