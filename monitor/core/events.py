@@ -36,6 +36,7 @@ __all__ = [
     "UserMessage",
     "WorkspaceState",
     "parse_event",
+    "parse_unwrapped",
     "usage_total",
     "workspace_digest",
 ]
@@ -338,6 +339,14 @@ def parse_event(frame: object) -> tuple[str, Event | Malformed | None]:
     kind = frame.get("type")
     if not isinstance(kind, str):
         return MALFORMED, Malformed("event type missing")
+    return parse_unwrapped(kind, frame, directory)
+
+
+def parse_unwrapped(
+    kind: str, frame: dict[str, Any], directory: str | None
+) -> tuple[str, Event | Malformed | None]:
+    """`parse_event` of an event out of its envelope, of type `kind`: for a reader that has
+    unwrapped it already (the adapter, on every frame)."""
     parse = _PARSERS.get(kind)
     if parse is None:
         return (kind if kind in KNOWN_EVENT_TYPES else OTHER), None  # `event_label`

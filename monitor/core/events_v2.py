@@ -60,6 +60,7 @@ from monitor.core.events import (
     UserMessage,
     WorkspaceState,
     parse_event,
+    parse_unwrapped,
     usage_total,
     workspace_digest,
 )
@@ -182,7 +183,13 @@ class Adapter:
         payload = frame.get("payload")
         kind = (payload if isinstance(payload, dict) else frame).get("type")
         if kind in _CLASSIC:
-            return parse_event(frame)
+            if isinstance(payload, dict):
+                directory = frame.get("directory")
+                if directory is None or isinstance(directory, str):
+                    return parse_unwrapped(kind, payload, directory)
+            elif "payload" not in frame:
+                return parse_unwrapped(kind, frame, None)
+            return parse_event(frame)  # what is malformed about it
         if kind == "sync" and isinstance(payload, dict):
             return self._sync(payload.get("syncEvent"), frame.get("directory"))
         name = engine_name(kind) if isinstance(kind, str) else None
