@@ -184,8 +184,10 @@ async def test_shutdown_during_hanging_aborts_logs_every_loop_as_cancelled():
     with capture_logs() as logs:
         running = await start(fake, timing)
         await wait_for(lambda: len(fake.of("abort")) == len(ids))
-        # Decided and logged before any answer came.
+        # Decided and logged before any answer came (the lines within `SAY_WITHIN_S`).
+        await wait_for(lambda: len(events(logs, "loop.detected")) == len(ids))
         assert sorted(d["session_id"] for d in events(logs, "loop.detected")) == ids
+        assert not events(logs, "intervention.outcome")
         started = asyncio.get_running_loop().time()
         assert await stop(*running) == 0
         took = asyncio.get_running_loop().time() - started

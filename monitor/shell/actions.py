@@ -175,21 +175,22 @@ class Interventions:
         """Run the intervention's commands until it is done or waits for the server.
 
         `say` writes the lines of the turn that began it (`loop.detected`), if not written
-        yet, at the first of: a command other than a read sent at once is on its way (a
-        `call_soon` runs when this task first waits); the task has a line of its own;
-        `SAY_WITHIN_S` has passed. A loop's read and abort wait for no log line: on a
-        stand-in server that answers at once, the line written between them cost the
-        abort a tenth of a millisecond (docs/performance.md)."""
-        loop = asyncio.get_running_loop()
+        yet, at the first of: the task has a line of its own, a command other than a read
+        sent at once has been answered, `SAY_WITHIN_S` has passed, the task waits for the
+        one before it. Not as soon as a request is written: aiohttp writes a request's
+        body in a task of its own (before Python 3.14), which would come after the line.
+        A loop's requests wait for no log line: on a stand-in server that answers at
+        once, the line written between the read and the abort cost the abort a tenth of
+        a millisecond (docs/performance.md)."""
         try:
             if previous is not None:
-                loop.call_soon(say)
+                say()
                 await asyncio.wait([previous])
             next_command: Command | None = command
             while next_command is not None:
-                if not _read_at_once(next_command):
-                    loop.call_soon(say)
                 happened = await self._execute(found, next_command)
+                if not _read_at_once(next_command):
+                    say()
                 if happened is None:
                     return  # parked until the next connect
                 turn = found.feed(happened)
