@@ -590,7 +590,15 @@ async def test_no_request_breaks_metrics_or_status(folder) -> None:
     fake = FakeOpencode()
     fake.streams = [fake.live]
     path = folder / "plugin.sock"
-    server, watch, task = await start(fake, metrics_addr="127.0.0.1:0", plugin_socket=str(path))
+    # Asked after the first connect's resync: a session it reads back is answered 503 until
+    # it is done (the plugin's own rule judges meanwhile), which is not what this is about.
+    with structlog.testing.capture_logs() as early:
+        server, watch, task = await start(fake, metrics_addr="127.0.0.1:0", plugin_socket=str(path))
+        try:
+            await wait_for(lambda: any(e["event"] == "stream.resynced" for e in early))
+        except BaseException:
+            await stop(server, watch, task)
+            raise
     try:
         await wait_for(lambda: watch.plugin_server is not None and watch.metrics_server)
         connector = aiohttp.UnixConnector(str(path))
