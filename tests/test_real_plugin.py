@@ -505,7 +505,13 @@ async def test_after_a_stall_and_a_parallel_burst_a_failure_loop_is_still_refuse
     burst = await client.create_session("burst")
     await client.prompt_async(burst["id"], script([APPEND] * 5, 5, parallel=5))
     burst_messages = await client.wait_idle(burst["id"], 60)
-    assert lines(plugin_server) == ["x", "x", "x"]  # the burst's 4th and 5th were refused
+    out = plugin_server.project / "out.txt"
+    # The burst's 4th and 5th were refused. (Seen once in CI: none of the 5 ran; what each
+    # call ended as, and what the monitor logged, say why if it comes back.)
+    assert (out.read_text().splitlines() if out.exists() else []) == ["x", "x", "x"], (
+        [(p["state"]["status"], p["state"].get("error")) for p in tool_parts(burst_messages)],
+        [e for e in monitor.events("intervention.outcome") if e["session_id"] == burst["id"]],
+    )
     assert [p["state"]["status"] for p in tool_parts(burst_messages)].count("error") == 2
     assert [(o["outcome"], o.get("via")) for o in await outcomes_of(monitor, burst["id"])] == [
         ("blocked", "plugin")
