@@ -8,11 +8,12 @@ plan, a rule or an outcome (tests/test_layers.py checks it).
 Each session's interventions run in order (never two aborts racing for one session), each in
 its own task, so a slow or failing call for one session never delays reading the stream or
 acting on another. Approvals of permission requests go at once, behind nothing (the call
-waits for them). Every decision is logged as `loop.detected` once its first request is on
-its way (the line waits for the request, not the request for the line); how it was carried
-out ends in one `intervention.outcome`, and feedback that was due ends in `feedback.sent`,
-`feedback.deferred` or `feedback.failed`. An intervention still queued or
-running when `drain` gives up is fed its shutdown: no decision goes unlogged.
+waits for them). Every decision is logged as `loop.detected` once its first acting request
+has been answered, at most `SAY_WITHIN_S` after it was handed over (the line waits for the
+request, not the request for the line); how it was carried out ends in one
+`intervention.outcome`, and feedback that was due ends in `feedback.sent`,
+`feedback.deferred` or `feedback.failed`. An intervention still queued or running when
+`drain` gives up is fed its shutdown: no decision goes unlogged.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ log = structlog.get_logger("monitor.shell.actions")
 # finds the other's feedback, unless their waits fall closer than a read-back and a post.
 STAGGER_S = 0.5
 
-# `loop.detected` waits for the loop's read and abort to be on their way (`_drive`), but no
-# longer than this: a server that is slow to answer the read must not hide the line.
+# `loop.detected` waits for the loop's read and abort to be answered (`_drive`), but no
+# longer than this: a server that is slow to answer must not hide the line.
 SAY_WITHIN_S = 0.05
 
 

@@ -283,7 +283,6 @@ class EventStream:
         """Run `work`, reading frames and handing them on meanwhile."""
         task = asyncio.ensure_future(work)
         read: asyncio.Future[bytes] | None = None
-        on_frame = self._on_frame
         try:
             while not task.done():
                 if read is None:
@@ -295,10 +294,7 @@ class EventStream:
                     if not chunk:  # the stream ended: what came still counts
                         await task
                         break
-                    for data in decoder.feed(chunk):
-                        self.frames += 1
-                        if on_frame(data):
-                            await asyncio.sleep(0)
+                    await self._hand_on(decoder.feed(chunk))
             task.result()  # its failure is this connection's
         finally:
             # A read not yet answered leaves its bytes in the buffer for the next one.
@@ -308,8 +304,17 @@ class EventStream:
                     # Until it has unwound, the reader still counts as waiting.
                     await asyncio.gather(pending, return_exceptions=True)
 
-    async def _read_frames(self, content: aiohttp.StreamReader, decoder: SSEChunkDecoder) -> None:
+    async def _hand_on(self, batch: list[str]) -> None:
+        """Each frame of one chunk to `on_frame`, in order."""
         on_frame = self._on_frame
+        for data in batch:
+            self.frames += 1
+            if on_frame(data):
+                # The frame handed work to the executor: its first request goes out now,
+                # not after the rest of the chunk is read.
+                await asyncio.sleep(0)
+
+    async def _read_frames(self, content: aiohttp.StreamReader, decoder: SSEChunkDecoder) -> None:
         loop = asyncio.get_running_loop()
         limit = self._read_limit
         deadline = asyncio.timeout(limit)
@@ -319,12 +324,7 @@ class EventStream:
                     batch = decoder.feed(chunk)
                     if batch:
                         deadline.reschedule(loop.time() + limit)
-                    for data in batch:
-                        self.frames += 1
-                        if on_frame(data):
-                            # The frame handed work to the executor: its first request
-                            # goes out now, not after the rest of the chunk is read.
-                            await asyncio.sleep(0)
+                    await self._hand_on(batch)
         except TimeoutError:
             if deadline.expired():
                 raise _NoFrame(f"no frame for {limit:g} s") from None
