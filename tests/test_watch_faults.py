@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 
 import pytest
@@ -51,6 +52,21 @@ async def test_loop_is_aborted_and_feedback_posted():
     names = [entry["event"] for entry in logs if entry["event"] != "stream.resynced"]
     assert names.index("loop.detected") < names.index("intervention.outcome")
     assert events(logs, "feedback.sent")[0]["session_id"] == "ses_s1"
+
+
+async def test_what_was_made_before_a_run_is_out_of_the_collectors_sight_until_it_ends():
+    # A full collection walked every module and setting of the process: a pause of ~35 ms.
+    assert gc.get_freeze_count() == 0
+    fake = FakeOpencode(streams=[play(loop_frames("ses_s1", 1))])
+    server, watch, task = await start(fake)
+    try:
+        # server.connected and the three updates of the call
+        await wait_for(lambda: watch._stream is not None and watch._stream.frames == 4)
+        frozen = gc.get_freeze_count()
+    finally:
+        assert await stop(server, watch, task) == 0
+    # The modules and the tracker at least, and nothing kept from the collector afterwards.
+    assert frozen > 10_000 and gc.get_freeze_count() == 0
 
 
 async def test_clean_end_reconnects_and_resyncs():

@@ -67,6 +67,10 @@ RECONNECT = Backoff(initial=0.5, factor=2.0, cap=2.0)
 # How far aiohttp may read ahead of us (it buffers up to twice this); a tool part carries the
 # whole output of the call, which can be a large file.
 READ_BUFSIZE = 8 * 1024 * 1024
+# What the decoder takes at a time. aiohttp hands over all it has buffered when asked for
+# "any": megabytes behind a burst, split and decoded in one go before the first frame is read,
+# out of cache by then. Pieces this size stay in cache from the read to the tracker.
+READ_CHUNK = 64 * 1024
 
 
 def stream_timeout(read: float = READ_TIMEOUT_S) -> aiohttp.ClientTimeout:
@@ -286,7 +290,7 @@ class EventStream:
         try:
             while not task.done():
                 if read is None:
-                    read = asyncio.ensure_future(content.readany())
+                    read = asyncio.ensure_future(content.read(READ_CHUNK))
                 await asyncio.wait((task, read), return_when=asyncio.FIRST_COMPLETED)
                 if read.done():
                     chunk = read.result()
@@ -320,7 +324,7 @@ class EventStream:
         deadline = asyncio.timeout(limit)
         try:
             async with deadline:
-                async for chunk in content.iter_any():
+                async for chunk in content.iter_chunked(READ_CHUNK):
                     batch = decoder.feed(chunk)
                     if batch:
                         deadline.reschedule(loop.time() + limit)

@@ -11,11 +11,12 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import gc
 import os
 import signal
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO, TypeVar
@@ -136,6 +137,18 @@ def open_record(path: Path) -> TextIO:
 def run_watch(settings: Settings) -> int:
     configure_logging(settings.log_format, settings.log_level)
     return asyncio.run(Watch(settings).run())
+
+
+@contextlib.contextmanager
+def _frozen_heap() -> Iterator[None]:
+    """Everything made before the run (modules, settings, the tracker) out of the collector's
+    sight while it lasts: a full collection otherwise walked all of it, a pause of about 35 ms
+    on the stream (`bench.throughput`), for none of it is garbage."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()  # a test process runs many watches: leave nothing held for ever
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,9 +276,10 @@ class Watch:
             self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
 
     async def run(self) -> int:
-        with contextlib.ExitStack() as files:
+        with contextlib.ExitStack() as held:
+            held.enter_context(_frozen_heap())
             if self.settings.record is not None:
-                self._record = files.enter_context(open_record(self.settings.record))
+                self._record = held.enter_context(open_record(self.settings.record))
             if self.metrics is not None:
                 self.metrics_server = await self._serve_metrics(self.metrics)
             try:
