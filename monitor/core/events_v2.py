@@ -110,6 +110,14 @@ def engine_name(kind: str) -> str | None:
 # The known types that are no 2.x event: most frames, which `parse` hands on without asking
 # `engine_name` for each.
 _CLASSIC = frozenset(kind for kind in KNOWN_EVENT_TYPES if engine_name(kind) is None) - {"sync"}
+# What an `/api` envelope's type names, for the known ones: `engine_name`, else the type itself.
+# One look-up for every frame of that stream instead of trying each prefix.
+_KNOWN_NAMES = {kind: kind for kind in KNOWN_EVENT_TYPES} | {
+    old + kind.removeprefix(new): kind
+    for old, new in _V1_18_PREFIXES
+    for kind in KNOWN_EVENT_TYPES
+    if kind.startswith(new)
+}
 
 
 def session_of(frame: object) -> tuple[str | None, str | None, int]:
@@ -234,8 +242,8 @@ class Adapter:
         kind = frame.get("type")
         if not isinstance(kind, str):
             return "malformed", Malformed("event type missing")
-        name = engine_name(kind) or kind
-        if name not in KNOWN_EVENT_TYPES:
+        name = _KNOWN_NAMES.get(kind)
+        if name is None:
             return "other", None
         if not isinstance(data, dict):
             return name, Malformed(f"{name}: data is not an object")
@@ -312,11 +320,6 @@ def _call_id(data: dict[str, Any]) -> str:
     return _optional(data, "callID") or _text(data, "id")
 
 
-def _part_id(data: dict[str, Any], call_id: str) -> str:
-    message = _optional(data, "assistantMessageID")
-    return f"{message}:{call_id}" if message else call_id
-
-
 def _tool(
     session: _Session, session_id: str, data: dict[str, Any], directory: str | None, status: str
 ) -> ToolPart:
@@ -325,6 +328,8 @@ def _tool(
     tool = _optional(data, "tool") or _optional(data, "name") or (known and known[0])
     if not tool:
         raise _Mistyped("the call's tool is not known (its input.started was missed)")
+    message_id = _optional(data, "assistantMessageID")
+    part_id = f"{message_id}:{call_id}" if message_id else call_id
     # Only `called` carries the input; the outcome is told apart by the call it ends.
     raw = data["input"] if "input" in data else (known[1] if known else {})
     name, args = server_call(tool, raw)
@@ -341,10 +346,10 @@ def _tool(
     else:
         if known is None and len(session.tools) >= _CALLS_REMEMBERED:
             del session.tools[next(iter(session.tools))]
-        session.tools[call_id] = (tool, _kept(raw, _part_id(data, call_id)))
+        session.tools[call_id] = (tool, _kept(raw, part_id))
     return ToolPart(
         session_id,
-        _part_id(data, call_id),
+        part_id,
         name,
         status,
         args,
@@ -352,7 +357,7 @@ def _tool(
         error,
         directory,
         metadata,
-        _optional(data, "assistantMessageID"),
+        message_id,
         call_id,
     )
 
@@ -368,14 +373,14 @@ def _kept(raw: object, part_id: str) -> object:
     while stack:
         item = stack.pop()
         # Counted before its members are walked, so the walk stops within the bound.
-        budget -= len(item) if isinstance(item, str | dict | list) else 1
+        budget -= len(item) if isinstance(item, (str, dict, list)) else 1
         if budget < 0:
             return {"\u2026": f"input over {_INPUT_KEPT} characters, not kept: {part_id}"}
         if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
+            stack += item
+            stack += item.values()
         elif isinstance(item, list):
-            stack.extend(item)
+            stack += item
     return raw
 
 

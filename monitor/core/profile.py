@@ -55,11 +55,17 @@ SERVER_ARG_KEYS: Mapping[str, Mapping[str, str]] = MappingProxyType(
 
 def server_call(tool: str, args: object) -> tuple[str, object]:
     """A 2.x call under its 1.x name and argument keys; a 1.x call comes back as it is."""
-    tool = SERVER_TOOL_NAMES.get(tool, tool)
-    keys = SERVER_ARG_KEYS.get(tool)
-    if keys and isinstance(args, dict) and any(key in args for key in keys):
+    tool = _TOOL_NAMES.get(tool, tool)
+    keys = _ARG_KEYS.get(tool)
+    if keys is not None and type(args) is dict and not keys.keys().isdisjoint(args):
         args = {keys.get(key, key): value for key, value in args.items()}
     return tool, args
+
+
+# The same as plain dicts, for `server_call` on every call's update (a proxy's look-up costs
+# more).
+_TOOL_NAMES = dict(SERVER_TOOL_NAMES)
+_ARG_KEYS = {tool: dict(keys) for tool, keys in SERVER_ARG_KEYS.items()}
 
 
 def transparent_tools(profile: Profile, extra: frozenset[str]) -> frozenset[str]:

@@ -80,7 +80,8 @@ _WRITES = re.compile(
 # never finished held 940 MB (issue 25).
 COMMAND_EDGE = 4096
 TEXT_EDGE = 8192
-_TEXTS = ("filePath", "oldString", "newString", "content", "keystrokes", "keys")
+_TEXTS = frozenset({"filePath", "oldString", "newString", "content", "keystrokes", "keys"})
+_READ = _TEXTS | {"command", "timeout", "offset", "limit", "edits"}
 
 
 def _cut(text: str) -> str:
@@ -93,30 +94,28 @@ def rule_args(tool: str, args: Any) -> dict[str, Any] | None:
     if not isinstance(args, dict):
         return None
     kept: dict[str, Any] = {}
-    command = args.get("command")
-    if isinstance(command, str):
-        if len(command) > 2 * COMMAND_EDGE:
-            command = command[:COMMAND_EDGE] + "\n" + command[-COMMAND_EDGE:]
-        kept["command"] = command
-    timeout = args.get("timeout")
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        kept["timeout"] = timeout
-    for key in ("offset", "limit"):  # the window of a `read` (revisit's creeping reads)
-        value = args.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
+    # Only the keys the call has: most have one or two of the dozen read here.
+    for key in args.keys() & _READ:
+        value = args[key]
+        if key in _TEXTS:
+            if isinstance(value, str):
+                kept[key] = _cut(value)
+        elif key == "command":
+            if isinstance(value, str):
+                if len(value) > 2 * COMMAND_EDGE:
+                    value = value[:COMMAND_EDGE] + "\n" + value[-COMMAND_EDGE:]
+                kept[key] = value
+        elif key == "edits":
+            if isinstance(value, list):
+                kept[key] = [
+                    {k: _cut(v) for k, v in edit.items() if k in _TEXTS and isinstance(v, str)}
+                    if isinstance(edit, dict)
+                    else None
+                    for edit in value[:64]
+                ]
+        # `timeout`, and the window of a `read` (revisit's creeping reads)
+        elif type(value) is int or (key == "timeout" and type(value) is float):
             kept[key] = value
-    for key in _TEXTS:
-        text = args.get(key)
-        if isinstance(text, str):
-            kept[key] = _cut(text)
-    edits = args.get("edits")
-    if isinstance(edits, list):
-        kept["edits"] = [
-            {k: _cut(v) for k, v in edit.items() if k in _TEXTS and isinstance(v, str)}
-            if isinstance(edit, dict)
-            else None
-            for edit in edits[:64]
-        ]
     return kept or None
 
 
