@@ -20,6 +20,7 @@ import pytest
 
 from monitor.core.budget import Budget
 from monitor.core.events import (
+    KNOWN_EVENT_TYPES,
     Malformed,
     MessageUsage,
     PartDelta,
@@ -341,6 +342,26 @@ def test_unknown_2_0_types_are_other_and_1_x_frames_pass_through() -> None:
     classic = {"type": "session.idle", "properties": {"sessionID": S}}
     assert adapter.parse(classic) == ("session.idle", SessionIdle(S, None))
     assert adapter.engine(S) == 1
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "session.next.tool.called",
+        "session.tool.called",
+        "permission.v2.asked",
+        "session.idle",
+        "session.next.idle",
+        "message.updated",
+        "session.next.nothing",
+        "permission.v2",
+        "sync",
+    ],
+)
+def test_an_envelope_is_labelled_by_the_name_engine_name_gives(kind: str) -> None:
+    name = engine_name(kind) or kind
+    label = Adapter().parse(engine_event(kind, S))[0]
+    assert label == (name if name in KNOWN_EVENT_TYPES else "other")
 
 
 def test_the_adapter_forgets_a_deleted_session() -> None:
