@@ -179,6 +179,7 @@ class Call:
         "request",
         "loop",
         "call_id",
+        "changes",
     )
 
     def __init__(
@@ -213,6 +214,8 @@ class Call:
         # once per call. A call the plugin asked about first is recorded under a part id of
         # ours until the stream carries it (`SessionRecord.claim`).
         self.call_id = call_id
+        # Whether it changes files (`rules.facts.changes_files`), once a rule asked.
+        self.changes: bool | None = None
 
     def finished(self, status: str, output: Any, error: Any, metadata: Any) -> None:
         """Its final update came: keep what it brought (its outcome is digested from it)."""

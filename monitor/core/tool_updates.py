@@ -200,6 +200,8 @@ class ToolUpdates:
             # The model step the call is of (one assistant message): the plugin's question
             # names none, and is taken to be of the latest step the stream showed.
             session.step = part.message_id
+        if part.status == "pending":
+            return QUIET[label]  # no input yet: the call's life begins with its `running`
         running = part.status == "running"
         finished = part.status in _FINISHED
         call = self._claimed(session, part, follows)
@@ -251,10 +253,11 @@ class ToolUpdates:
         if isinstance(now, Reply):
             done = tuple(d for d in (late, nudge) if d is not None)
             return Fed(done, label, replies=(now,), deadlines=deadlines)
-        decisions = tuple(d for d in (late, nudge, now) if d is not None)
-        if decisions or deadlines:
-            return Fed(decisions, label, deadlines=deadlines)
-        return QUIET[label]
+        if late is None and nudge is None and now is None:  # most updates
+            return Fed((), label, deadlines=deadlines) if deadlines else QUIET[label]
+        return Fed(
+            tuple(d for d in (late, nudge, now) if d is not None), label, deadlines=deadlines
+        )
 
     def _claimed(self, session: SessionRecord, part: ToolPart, follows: bool) -> Call | None:
         """The call this update is of, if known: recorded from the stream, or from the
@@ -333,7 +336,7 @@ class ToolUpdates:
         what that says: record it, take its outcome, ask the rules."""
         finished = part.status in _FINISHED
         if not finished and part.status != "running":
-            return None  # `pending`: no input yet; its `running` update will come
+            return None  # a status of no kind we know
         if seeding is None:
             event = CallEvent.FINISH if finished else CallEvent.RUN
         else:

@@ -214,7 +214,10 @@ class OutcomeRule:
         outcome = call.outcome if finished else None  # digested only once the call finished
         if outcome is None:
             return None
-        return self.finished_call(session, call, outcome, changes_files(call.tool, call.args))
+        changes = call.changes
+        if changes is None:  # asked by each of these rules: found once
+            changes = call.changes = changes_files(call.tool, call.args)
+        return self.finished_call(session, call, outcome, changes)
 
     def finished_call(
         self, session: SessionRecord, call: Call, outcome: int, changes: bool
