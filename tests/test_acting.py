@@ -7,6 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+from monitor.shell import acting
 from monitor.shell.acting import Role
 
 URL = "http://127.0.0.1:4096"
@@ -53,6 +56,46 @@ def test_a_daemon_started_beside_an_acting_attach_leaves_it_that_session(tmp_pat
     attach.close()
     assert daemon.acts_for(SESSION)  # the attach ended: the daemon's again
     assert list(tmp_path.glob("attach-*")) == []  # its file went with it
+
+
+def test_a_daemon_taking_the_lock_as_an_attach_starts_leaves_it_its_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    attach, daemon = Role(tmp_path, URL, SESSION), Role(tmp_path, URL)
+    locking = acting._try_lock
+
+    def racing(path: str | Path, create: bool) -> object:
+        if Path(path).name.startswith("attach-"):
+            # A daemon starting just before the attach locks its session: the server's
+            # lock is still the attach's.
+            assert not daemon.try_acting()
+        return locking(path, create)
+
+    monkeypatch.setattr(acting, "_try_lock", racing)
+    assert attach.try_acting()
+    monkeypatch.undo()
+    assert daemon.try_acting()  # the attach let the server's lock go
+    assert not daemon.acts_for(SESSION) and daemon.acts_for("ses_other")
+
+
+def test_a_daemon_asks_the_file_system_only_about_sessions_attached_when_it_took_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    attach = Role(tmp_path, URL, SESSION)
+    assert attach.try_acting()
+    daemon = Role(tmp_path, URL)
+    assert daemon.try_acting()
+    opened: list[str] = []
+    real_open = os.open
+
+    def counted(path: str, *args: int) -> int:
+        opened.append(path)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(os, "open", counted)
+    assert daemon.acts_for("ses_other") and daemon.acts_for("ses_another")
+    assert not daemon.acts_for(SESSION)
+    assert [Path(path).name for path in opened] == [f"attach-127.0.0.1-4096-{SESSION}.lock"]
 
 
 def test_two_attach_of_one_session_act_once(tmp_path: Path):
