@@ -12,9 +12,10 @@ standby takes over within one poll of the acting monitor's end.
 is then the daemon's standby), and it holds a lock named for its session, which a daemon
 checks before it acts on that session. It takes that lock while it holds the server's, so no
 `attach` begins to act while a daemon holds it: the sessions a daemon must check are those
-with a file when it took the lock, and it asks the file system about no other. Monitors see each other only through these files:
-two users, two machines, or one server reached by two spellings of its URL
-(`localhost`, `127.0.0.1`) are not seen as one server.
+with a file when it took the lock, and it asks the file system about no other.
+
+Monitors see each other only through these files: two users, two machines, or one server
+reached by two spellings of its URL (`localhost`, `127.0.0.1`) are not seen as one server.
 """
 
 from __future__ import annotations
