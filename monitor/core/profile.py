@@ -44,13 +44,12 @@ OPENCODE_IGNORED_ARGS: Mapping[str, frozenset[str]] = MappingProxyType(
 )
 
 
-# 2.x tool name -> the 1.x name the profile and the rules know.
-SERVER_TOOL_NAMES: Mapping[str, str] = MappingProxyType({"shell": "bash", "subagent": "task"})
+# 2.x tool name -> the 1.x name the profile and the rules know. Plain dicts, private to
+# `server_call`: it runs on every call's update, and a mapping proxy's look-up costs more.
+_TOOL_NAMES = {"shell": "bash", "subagent": "task"}
 # Per (1.x) tool, 2.x argument key -> 1.x key. Only the file tools: glob's and grep's `path`
 # is a folder in 1.x too, and stays.
-SERVER_ARG_KEYS: Mapping[str, Mapping[str, str]] = MappingProxyType(
-    {tool: MappingProxyType({"path": "filePath"}) for tool in ("read", "write", "edit")}
-)
+_ARG_KEYS = {tool: {"path": "filePath"} for tool in ("read", "write", "edit")}
 
 
 def server_call(tool: str, args: object) -> tuple[str, object]:
@@ -60,12 +59,6 @@ def server_call(tool: str, args: object) -> tuple[str, object]:
     if keys is not None and type(args) is dict and not keys.keys().isdisjoint(args):
         args = {keys.get(key, key): value for key, value in args.items()}
     return tool, args
-
-
-# The same as plain dicts, for `server_call` on every call's update (a proxy's look-up costs
-# more).
-_TOOL_NAMES = dict(SERVER_TOOL_NAMES)
-_ARG_KEYS = {tool: dict(keys) for tool, keys in SERVER_ARG_KEYS.items()}
 
 
 def transparent_tools(profile: Profile, extra: frozenset[str]) -> frozenset[str]:
