@@ -10,7 +10,10 @@ plugin-like calls on new connections (status and time); the monitor's open descr
 
 - slowloris: 1,100 connections, each an unfinished request head, one more header every
   0.5 s, a closed one opened again (the test suite runs it too, tests/test_abuse.py);
-- flood: 2,000 connections sending valid requests back to back.
+- flood: 2,000 connections sending valid requests back to back;
+- calls: 300 plugin-like calls, one every 13 ms, amid the slowloris of tests/test_abuse.py
+  (768 connections against a monitor of 256 descriptors): how many failed, how many took over
+  0.5 s and over 1.5 s, the slowest.
 """
 
 from __future__ import annotations
@@ -265,10 +268,35 @@ async def measure(mode: str) -> dict[str, object]:
     }
 
 
+async def amid_slowloris(count: int = 300) -> dict[str, object]:
+    async with guarded(Path(tempfile.mkdtemp(prefix="olm-abuse-")), 256) as guard:
+        async with flooding(SLOWLORIS, guard.port, 3 * 256):
+            failed, took = 0, []
+            for _ in range(count):
+                try:
+                    status, seconds = await decide_call(guard.port, guard.token)
+                except (aiohttp.ClientError, TimeoutError):
+                    failed += 1
+                else:
+                    failed += status != 200
+                    took.append(seconds)
+                await asyncio.sleep(0.013)  # out of step with the flood's 0.5 s
+        await guard.monitor.stop()
+    return {
+        "calls": count,
+        "failed": failed,
+        "over_0_5_s": sum(t > 0.5 for t in took),
+        "over_1_5_s": sum(t > 1.5 for t in took),
+        "slowest_s": max(took, default=0.0),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("mode", choices=("slowloris", "flood"))
-    print(json.dumps(asyncio.run(measure(parser.parse_args().mode)), indent=1))
+    parser.add_argument("mode", choices=("slowloris", "flood", "calls"))
+    mode = parser.parse_args().mode
+    result = asyncio.run(amid_slowloris() if mode == "calls" else measure(mode))
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -2,19 +2,25 @@
 
 Both share the event loop and the file limit with detection: whoever can reach them must not
 be able to take either. At most `max_connections` are open at once. A connection over the cap
-closes the oldest one not yet `trusted` (none has had a request answered that the server
-marked so: a plugin's, with the right token), so a flood of connections that never finish a
-request pushes out its own, not the plugin's; with every one trusted, the new one is reset at
-once, so a flood costs one descriptor each only for an instant. aiohttp's keep-alive timer runs
-from a connection's start and from the end of each answer, and a request head arriving in
-pieces does not restart it, so `idle_s` bounds both an idle connection and a head sent slowly;
-with `lifetime_s`, no connection lives longer, however slowly it trickles a request in.
+closes the oldest one that is neither `trusted` (it had a request answered that the server
+marked so: a plugin's, with the right token) nor busy (made this turn, a request head read
+and not yet answered, or bytes sent that the loop has not read yet), so a flood of
+connections that never finish a request pushes out its own, not the plugin's, even the
+plugin's new connection that has sent its request while the flood's were being accepted;
+with none to close, the new one is reset at once, so a flood costs one descriptor each only
+for an instant. aiohttp's keep-alive timer runs from a connection's start and from the end of
+each answer, and a request head arriving in pieces does not restart it, so `idle_s` bounds
+both an idle connection and a head sent slowly; with `lifetime_s`, no connection lives
+longer, however slowly it trickles a request in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import sys
+import termios
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +30,14 @@ from aiohttp.web_protocol import RequestHandler
 
 __all__ = ["BACKLOG", "Limits", "Listening", "listen_tcp", "listen_unix", "trust"]
 
-BACKLOG = 64
+# Both the kernel's queue of connections not yet accepted and how many asyncio accepts a turn.
+# Each accepted one is a descriptor before the cap can close one, and each one closed for it
+# is a descriptor until the next turn: a flood holds the cap plus about two batches. With 64
+# a slowloris against 256 descriptors ran out of them, and asyncio stops accepting for a
+# second each time (plugin calls: 13 of 300 failed, 28 took over 1.5 s); with 32, 0 and 0-3
+# (docs/performance.md). A shorter queue drops more handshakes in a burst (retried after 1 s).
+BACKLOG = 32
+_INT = bytes(4)  # FIONREAD's answer, a C int
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +71,7 @@ class _Handler(RequestHandler):
         )
         self._listener = listener
         self._deadline: asyncio.TimerHandle | None = None
+        self._answered = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -67,6 +81,26 @@ class _Handler(RequestHandler):
 
     def trust(self) -> None:
         self._listener.untrusted.pop(self, None)
+
+    def log_access(
+        self, request: web.BaseRequest, response: web.StreamResponse, time: float | None
+    ) -> None:
+        # aiohttp calls it after each answer, with its access log or without.
+        self._answered += 1
+        super().log_access(request, response, time)
+
+    def busy(self) -> bool:
+        """Whether closing it now could drop a request: made this turn (not yet given its
+        transport, so not yet read, and a close now would not reach its socket), a head read
+        and not yet answered (aiohttp counts the heads it parsed), or bytes waiting that the
+        loop has not read."""
+        if self.transport is None or self._request_count > self._answered:
+            return True
+        try:
+            unread = fcntl.ioctl(self.transport.get_extra_info("socket"), termios.FIONREAD, _INT)
+        except OSError:  # closed under us: nothing to drop
+            return False
+        return int.from_bytes(unread, sys.byteorder) > 0
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._listener.closed(self)
@@ -96,9 +130,9 @@ class Listener:
     def __call__(self) -> asyncio.BaseProtocol:
         if len(self.open) >= self.limits.max_connections:
             self.limits.refused()
-            if not self.untrusted:
+            oldest = next((handler for handler in self.untrusted if not handler.busy()), None)
+            if oldest is None:
                 return _Reset()
-            oldest = next(iter(self.untrusted))
             self.closed(oldest)  # its slot is the new one's now, not after its close completes
             oldest.force_close()
         handler = _Handler(self)
