@@ -33,7 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 from monitor.core.budget import Budget
 from monitor.core.detection import SEED, Detection, MatchMode
 from monitor.core.ladder import FirstAction, OnLoop
-from monitor.core.limits import HISTORY_FLOOR, DetectionError
+from monitor.core.limits import HISTORY_FLOOR, MAX_PERIOD, DetectionError
 from monitor.core.permissions import PermissionMode
 from monitor.core.profile import Profile
 from monitor.core.rules.circles import WINDOW as CIRCLES_WINDOW
@@ -487,8 +487,8 @@ class Settings:
     )
     max_period: int = field(
         metadata=_row(
-            _integer(1, 10),
-            "longest cycle, in tool calls, that is detected (1 to 10)",
+            _integer(1, MAX_PERIOD),
+            f"longest cycle, in tool calls, that is detected (1 to {MAX_PERIOD})",
             Group.DETECTION,
             metavar="N",
             core=True,

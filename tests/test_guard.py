@@ -2,6 +2,7 @@ import sys
 
 import pytest
 
+from monitor.core.limits import MAX_PERIOD
 from monitor.core.rules.cycle import Cycle, CycleRule
 from monitor.core.session import Call, RecentMap, SessionRecord, call_digest
 from monitor.core.tracker import Detection
@@ -98,7 +99,8 @@ def test_history_bounded_to_its_maximum():
     for n in range(100):
         guard.record("s", "read", {"n": n})
     assert guard.history_length("s") == 12
-    assert guard.tools("s", 50) == ("read",) * 12
+    # The tool names, only of the calls a cycle can have: a finding names its cycle's.
+    assert guard.tools("s", 50) == ("read",) * MAX_PERIOD
 
 
 def test_clearing_removes_state():

@@ -11,11 +11,21 @@ from collections.abc import Callable
 
 from monitor.errors import ConfigError
 
-__all__ = ["DetectionError", "HISTORY_FLOOR", "check_history", "check_tree", "derived_history"]
+__all__ = [
+    "DetectionError",
+    "HISTORY_FLOOR",
+    "MAX_PERIOD",
+    "check_history",
+    "check_tree",
+    "derived_history",
+]
 
 # The history the defaults were measured with (docs/detection.md): a derived history is never
 # shorter, so settings that fit in it see exactly what the measurements saw.
 HISTORY_FLOOR = 32
+# The longest cycle a setting may ask for: a session keeps the tool names of that many calls
+# (a finding names its cycle's), not of its whole history.
+MAX_PERIOD = 10
 # The single-call rule acts on a call's 4th occurrence, whatever `repeats` says.
 SINGLE_CALL_REPEATS = 4
 

@@ -30,6 +30,7 @@ from typing import Any, Generic, TypeVar
 from monitor.core.calls import CallEvent, CallState, advance
 from monitor.core.decisions import Intervene, Outcome, Plan
 from monitor.core.findings import Finding
+from monitor.core.limits import MAX_PERIOD
 from monitor.core.patterns import TextPattern
 from monitor.core.runs import RunState
 from monitor.core.signature import canonical_signature, signature_digest
@@ -323,9 +324,10 @@ class SessionRecord:
         # The part that completed the last loop: a seed that replays the same run must not
         # act on it a second time (the feedback may not be stored yet when we read back).
         self.intervened_part: str | None = None
-        # The run's history (None: no run under way), oldest first.
+        # The run's history (None: no run under way), oldest first; the tool names of its
+        # last MAX_PERIOD calls.
         self.digests: array[int] | None = None
-        self.tools: list[str] | None = None
+        self.tools: tuple[str, ...] | None = None
         self.in_flight: dict[str, Call] | None = None
         self.rule_state: dict[str, Any] | None = None
         self.requests: dict[str, Request] | None = None
@@ -362,16 +364,15 @@ class SessionRecord:
 
     def record(self, digest: int, tool: str, limit: int) -> None:
         """Add a call to the run's history, keeping the newest `limit`."""
-        digests, tools = self.digests, self.tools
-        if digests is None or tools is None:
+        digests = self.digests
+        if digests is None:
             digests = self.digests = array("q")
-            # Interned so thousands of histories share one string per tool name.
-            tools = self.tools = []
         digests.append(digest)
-        tools.append(sys.intern(tool))
         if len(digests) > limit:
             del digests[0]
-            del tools[0]
+        # A tuple made anew: a list of ten kept for appends holds six slots more, in each of
+        # thousands of sessions. Interned so they share one string per tool name.
+        self.tools = (*(self.tools or ())[1 - MAX_PERIOD :], sys.intern(tool))
 
     def block(self, count: int) -> tuple[int, ...]:
         """Digests of the run's last `count` calls, oldest first."""
@@ -379,9 +380,9 @@ class SessionRecord:
         return tuple(digests[-count:]) if digests is not None and count else ()
 
     def last_tools(self, count: int) -> tuple[str, ...]:
-        """Tool names of the run's last `count` calls, oldest first."""
+        """Tool names of the run's last `count` calls (at most MAX_PERIOD), oldest first."""
         tools = self.tools
-        return tuple(tools[-count:]) if tools is not None and count else ()
+        return tools[-count:] if tools is not None and count else ()
 
     @property
     def running(self) -> bool:

@@ -60,16 +60,19 @@ class Seen:
         self.calls = 0
         self.signals = 0  # `server_changes` at the previous call
         self.tools: list[str] | None = None  # tools of the revisits, for the finding
-        self.windows: dict[str, list[tuple[int, int]]] = {}  # lines read, by file
+        self.windows: dict[str, list[tuple[int, int]]] | None = None  # lines read, by file
 
     def clear(self) -> None:
         del self.seen[:]
         self.next = 0
-        self.windows.clear()
+        self.windows = None
 
     def reread(self, path: str, start: int, end: int) -> bool:
         """Whether lines `start` to `end` of `path` were mostly read before; they are now."""
-        ranges = self.windows.pop(path, [])
+        windows = self.windows
+        if windows is None:  # made at the first read of a range: most runs read none
+            windows = self.windows = {}
+        ranges = windows.pop(path, [])
         before = sum(max(0, min(end, b) - max(start, a)) for a, b in ranges)
         merged: list[tuple[int, int]] = []
         for a, b in sorted([*ranges, (start, end)]):
@@ -77,9 +80,9 @@ class Seen:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], b))
             else:
                 merged.append((a, b))
-        self.windows[path] = merged[-RANGES:]  # the newest file last
-        while len(self.windows) > FILES:
-            del self.windows[next(iter(self.windows))]
+        windows[path] = merged[-RANGES:]  # the newest file last
+        while len(windows) > FILES:
+            del windows[next(iter(windows))]
         return before >= COVERED * (end - start)
 
 
