@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from monitor.shell.listener import Limits, Listener, Listening
+from monitor.shell.listener import NEW_S, Limits, Listener, Listening, _Handler, _Reset
 
 CAP = 4
 BATCH = 8  # the kernel queues one more: a connection made past that waits a second
@@ -146,3 +146,20 @@ async def test_an_answered_connection_can_be_closed_to_make_room_again() -> None
         box.connect()
         await box.until(lambda: box.refused == 1)
         assert await answer(asked) == b""
+
+
+async def test_a_connection_never_given_its_transport_is_closed_to_make_room_after_a_while() -> (
+    None
+):
+    # asyncio makes the handler, then its transport; when that fails, the handler is never
+    # told of a connection and would hold its place under the cap for ever.
+    async with served() as box:
+        listener = box.listening.listener
+        stranded = [listener() for _ in range(CAP)]
+        assert isinstance(listener(), _Reset)  # all made this turn: kept
+        first = stranded[0]
+        assert isinstance(first, _Handler)
+        first._made -= NEW_S
+        newcomer = listener()
+        assert isinstance(newcomer, _Handler) and first not in listener.open
+        assert box.refused == 2

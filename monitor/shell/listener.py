@@ -37,6 +37,9 @@ __all__ = ["BACKLOG", "Limits", "Listening", "listen_tcp", "listen_unix", "trust
 # second each time (plugin calls: 13 of 300 failed, 28 took over 1.5 s); with 32, 0 and 0-3
 # (docs/performance.md). A shorter queue drops more handshakes in a burst (retried after 1 s).
 BACKLOG = 32
+# A connection waits this long at most for asyncio to give it its transport (the next turn):
+# one that never gets it (its transport failed to be made) is not kept from the cap for ever.
+NEW_S = 1.0
 _INT = bytes(4)  # FIONREAD's answer, a C int
 
 
@@ -72,6 +75,7 @@ class _Handler(RequestHandler):
         self._listener = listener
         self._deadline: asyncio.TimerHandle | None = None
         self._answered = 0
+        self._made = self._loop.time()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -94,7 +98,9 @@ class _Handler(RequestHandler):
         transport, so not yet read, and a close now would not reach its socket), a head read
         and not yet answered (aiohttp counts the heads it parsed), or bytes waiting that the
         loop has not read."""
-        if self.transport is None or self._request_count > self._answered:
+        if self.transport is None:
+            return self._loop.time() - self._made < NEW_S
+        if self._request_count > self._answered:
             return True
         try:
             unread = fcntl.ioctl(self.transport.get_extra_info("socket"), termios.FIONREAD, _INT)
