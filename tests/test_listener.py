@@ -148,9 +148,7 @@ async def test_an_answered_connection_can_be_closed_to_make_room_again() -> None
         assert await answer(asked) == b""
 
 
-async def test_a_connection_never_given_its_transport_is_closed_to_make_room_after_a_while() -> (
-    None
-):
+async def test_a_connection_never_given_its_transport_makes_room_after_a_while() -> None:
     # asyncio makes the handler, then its transport; when that fails, the handler is never
     # told of a connection and would hold its place under the cap for ever.
     async with served() as box:
