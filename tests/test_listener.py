@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from monitor.shell.listener import NEW_S, Limits, Listener, Listening, _Handler, _Reset
+from monitor.shell.listener import (
+    NEW_S,
+    QUEUE,
+    Limits,
+    Listener,
+    Listening,
+    _Handler,
+    _Reset,
+    listen_tcp,
+)
 
 CAP = 4
 BATCH = 8  # the kernel queues one more: a connection made past that waits a second
@@ -161,3 +170,22 @@ async def test_a_connection_never_given_its_transport_makes_room_after_a_while()
         newcomer = listener()
         assert isinstance(newcomer, _Handler) and first not in listener.open
         assert box.refused == 2
+
+
+async def test_the_kernel_queues_connections_the_loop_has_not_accepted_yet() -> None:
+    runner = web.AppRunner(web.Application(), handle_signals=False)
+    await runner.setup()
+    listening = await listen_tcp(runner, Limits(CAP, 5.0, 8190, lambda: None), "127.0.0.1", 0)
+    port = listening.server.sockets[0].getsockname()[1]
+    waiting: list[socket.socket] = []
+    try:
+        # Made without yielding to the loop, so none is accepted: past the queue a connection
+        # waits for its handshake's retry, a second, and the timeout ends it.
+        for _ in range(QUEUE // 2):
+            waiting.append(socket.create_connection(("127.0.0.1", port), timeout=0.5))
+        assert len(waiting) == QUEUE // 2
+    finally:
+        for sock in waiting:
+            sock.close()
+        listening.close()
+        await runner.cleanup()

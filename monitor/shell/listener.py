@@ -11,7 +11,8 @@ with none to close, the new one is reset at once, so a flood costs one descripto
 for an instant. aiohttp's keep-alive timer runs from a connection's start and from the end of
 each answer, and a request head arriving in pieces does not restart it, so `idle_s` bounds
 both an idle connection and a head sent slowly; with `lifetime_s`, no connection lives
-longer, however slowly it trickles a request in.
+longer, however slowly it trickles a request in. The loop accepts BACKLOG connections a turn;
+the kernel queues QUEUE more, which hold no descriptor of ours.
 """
 
 from __future__ import annotations
@@ -30,13 +31,17 @@ from aiohttp.web_protocol import RequestHandler
 
 __all__ = ["BACKLOG", "Limits", "Listening", "listen_tcp", "listen_unix", "trust"]
 
-# Both the kernel's queue of connections not yet accepted and how many asyncio accepts a turn.
-# Each accepted one is a descriptor before the cap can close one, and each one closed for it
-# is a descriptor until the next turn: a flood holds the cap plus about two batches. With 64
-# a slowloris against 256 descriptors ran out of them, and asyncio stops accepting for a
-# second each time (plugin calls: 13 of 300 failed, 28 took over 1.5 s); with 32, 0 and 0-3
-# (docs/performance.md). A shorter queue drops more handshakes in a burst (retried after 1 s).
+# How many connections asyncio accepts a turn (its `backlog`). Each accepted one is a
+# descriptor before the cap can close one, and each one closed for it is a descriptor until
+# the next turn: a flood holds the cap plus about two batches. With 64 a slowloris against 256
+# descriptors ran out of them, and asyncio stops accepting for a second each time (plugin
+# calls: 13 of 300 failed, 28 took over 1.5 s); with 32, none failed (docs/performance.md).
 BACKLOG = 32
+# The kernel's queue of connections not yet accepted (listen(2), after asyncio set it to
+# BACKLOG): they hold no descriptor of ours. A queue as short as the batch fills in a flood's
+# burst and drops the plugin's handshake, retried after 1 s (10-14 of 300 calls over 0.5 s);
+# with 256, none. Linux caps it at net.core.somaxconn (4,096 since 5.4, 128 before).
+QUEUE = 256
 # A connection waits this long at most for asyncio to give it its transport (the next turn):
 # one that never gets it (its transport failed to be made) is not kept from the cap for ever.
 NEW_S = 1.0
@@ -181,6 +186,7 @@ async def listen_tcp(runner: web.AppRunner, limits: Limits, host: str, port: int
     server = await asyncio.get_running_loop().create_server(
         listener, host, port, backlog=BACKLOG, reuse_address=True
     )
+    _queue(server)
     return Listening(server, listener)
 
 
@@ -196,4 +202,11 @@ async def listen_unix(runner: web.AppRunner, limits: Limits, path: Path) -> List
         )
     finally:
         os.umask(old)
+    _queue(server)
     return Listening(server, listener)
+
+
+def _queue(server: asyncio.Server) -> None:
+    for listening in server.sockets:
+        with listening.dup() as sock:  # a second descriptor of the same socket
+            sock.listen(QUEUE)
