@@ -334,6 +334,7 @@ class FakeOpencode:
 
     async def _status(self, request: web.Request) -> web.Response:
         await self._record(request)
+        await self._held("status")  # a resync under way, for as long as a test needs
         return web.json_response(self.busy)
 
     async def _projects(self, request: web.Request) -> web.Response:

@@ -638,6 +638,45 @@ async def test_no_request_breaks_metrics_or_status(folder) -> None:
         await stop(server, watch, task)
 
 
+async def test_a_question_before_the_resync_read_its_run_back_waits_for_it(folder) -> None:
+    # The reconnect gap: the daemon restarts during a run that made 3 identical reads, and
+    # the plugin asks about the 4th before any frame names the session. Judged at once, on
+    # an empty history, the loop's call ran; now it is answered 503 (the plugin's own rule
+    # judges) until the resync has read the run back, and then refused.
+    from monitor.core.plugin_protocol import RequestRefused
+    from monitor.testing import FakeOpencode
+    from tests import frames_factory as ff
+    from tests.harness import start, stop
+
+    session = "ses_dd4d5c831ffemmgMvdYdtbM3cR"
+    resync = asyncio.Event()
+    fake = FakeOpencode(
+        busy={session: {"type": "busy"}},
+        messages={session: ff.run_record(session, 3)},
+        holds={"status": resync},
+    )
+    fake.streams = [fake.live]
+    with structlog.testing.capture_logs() as logs:
+        server, watch, task = await start(fake, plugin_socket=str(folder / "plugin.sock"))
+        try:
+            await wait_for(lambda: fake.of("status"))  # the resync asks which runs are busy
+            fourth = PluginCall(session, "call_4", "read", ff.READ, "/home/dev/project")
+            assert watch.judge(fourth) == RequestRefused(
+                503, "this session's run is being read back after a reconnect"
+            )
+            resync.set()
+            await wait_for(lambda: any(e["event"] == "stream.resynced" for e in logs))
+            assert watch.judge(fourth).verdict == "block"
+        finally:
+            await stop(server, watch, task)
+    [detected] = [e for e in logs if e["event"] == "loop.detected"]
+    assert (detected["session_id"], detected["call_index"], detected["plan"]) == (
+        session,
+        4,
+        "refuse",
+    )
+
+
 ODD_BUT_WELL_FORMED = {
     "NaN": {"x": float("nan")},
     "infinities": {"x": float("inf"), "y": float("-inf")},

@@ -131,11 +131,40 @@ def test_frames_wait_only_for_what_the_resync_reads_of_their_session():
     # The plugin's questions for the sessions still held wait too (`Watch.judge` answers 503
     # and the plugin's own rule judges): their history is not read back yet.
     held = ("ses_known", "ses_far", "ses_late")
-    assert [waiting.holds(s) for s in (*held, "ses_idle", "ses_new", "ses_unseen")] == [
+    asked = [(s, "/a") for s in (*held, "ses_idle", "ses_new", "ses_unseen")]
+    assert [waiting.waits(s, where, 1) for s, where in asked] == [
         True, True, True, False, False, False
     ]  # fmt: skip
     assert len(waiting.rest()) == 3  # ses_known, ses_far, ses_late
     assert waiting.admit("{not json") is not None  # a malformed frame is fed to be counted
+
+
+def test_a_question_before_any_frame_of_its_session_waits_for_its_directory():
+    # The reconnect gap: a daemon restarted mid-run, and the plugin asks about the looping
+    # call before any frame names the session. Judged then, on an empty history, the call
+    # was let through. The question now places the session as its first frame would.
+    import json
+
+    from monitor.shell.resync import Waiting
+    from tests.frames_factory import call, envelope
+
+    waiting = Waiting([], ["/a", "/b"], None)
+    assert waiting.waits("ses_run", "/a", 1) and waiting.waits("ses_new", "/b", 1)
+    assert waiting.urgent() == ["/a", "/b"]  # the directories asked next
+    # A folder nobody asks (nor is the server's own): nothing to wait for.
+    assert not waiting.waits("ses_far", "/far", 1)
+    # Its frames wait with it, and a second question does not let it go.
+    frame = json.dumps(envelope(call("ses_run", "p1", "read", {})[0], "/a"))
+    assert waiting.admit(frame) is None and waiting.waits("ses_run", "/a", 1)
+    # Not busy in its folder: judged at once from then on.
+    assert waiting.answer("/b", 1, set()) == ["ses_new"]
+    waiting.free(["ses_new"])
+    assert not waiting.waits("ses_new", "/b", 1)
+    # Busy: it waits while the resync reads it back, then is followed.
+    assert waiting.answer("/a", 1, {"ses_run"}) == ["ses_run"]
+    assert waiting.waits("ses_run", "/a", 1)
+    assert len(waiting.free(["ses_run"])) == 1
+    assert not waiting.waits("ses_run", "/a", 1)
 
 
 def test_frames_let_go_together_are_fed_in_the_streams_order_across_sessions():

@@ -101,30 +101,31 @@ class Waiting:
         except FrameError as exc:
             return Malformed(str(exc))
         session_id, directory, engine = session_of(frame)
-        if session_id is None or session_id in self.live:
+        if session_id is None or not self.waits(session_id, directory, engine):
             return frame
-        frames = self._frames.get(session_id)
-        if frames is None:
-            if session_id not in self._held:
-                on = [
-                    (where, engine) for where in waits_on(directory, self.asked, self._configured)
-                ]
-                if not on or (on[0] in self.answered and session_id not in self.busy):
-                    self.live.add(session_id)
-                    return frame
-                if on[0] in self.answered:
-                    self._held.add(session_id)  # found busy: read back with the others
-                else:
-                    self._on.setdefault(on[0], {})[session_id] = None
-            frames = self._frames[session_id] = []
-        frames.append((next(self._arrived), frame))
+        self._frames[session_id].append((next(self._arrived), frame))
         return None
 
-    def holds(self, session_id: str) -> bool:
-        """Whether the session's frames wait (`admit`) rather than go on at once."""
-        return session_id not in self.live and (
-            session_id in self._frames or session_id in self._held
-        )
+    def waits(self, session_id: str, directory: str | None, engine: int) -> bool:
+        """Whether the session's frames, and the plugin's questions about it, wait for the
+        resync. A session first named now (by a frame, or by a question that came before
+        any frame of it) is placed: followed at once, read back with the others, or waiting
+        for the answer of the directory it may be busy in, which is asked next."""
+        if session_id in self.live:
+            return False
+        if session_id in self._frames:
+            return True
+        if session_id not in self._held:
+            on = [(where, engine) for where in waits_on(directory, self.asked, self._configured)]
+            if not on or (on[0] in self.answered and session_id not in self.busy):
+                self.live.add(session_id)
+                return False
+            if on[0] in self.answered:
+                self._held.add(session_id)  # found busy: read back with the others
+            else:
+                self._on.setdefault(on[0], {})[session_id] = None
+        self._frames[session_id] = []
+        return True
 
     def urgent(self) -> list[str | None]:
         """The directories whose answer sessions wait for: asked first."""
@@ -203,10 +204,12 @@ class Resync:
         if self.waiting is not None:
             self.waiting.claim(sessions)
 
-    def following(self, session_id: str) -> bool:
+    def following(self, session_id: str, directory: str | None, engine: int) -> bool:
         """Whether the session's frames reach the tracker as they come: not while the resync
-        holds them (its directory's answer awaited, or its run being read back)."""
-        return self.waiting is None or not self.waiting.holds(session_id)
+        holds them (its directory's answer awaited, or its run being read back). Asked for
+        the plugin's question, which may be the first the monitor hears of a session: a run
+        under way when the monitor (re)connected is judged only once it has been read back."""
+        return self.waiting is None or not self.waiting.waits(session_id, directory, engine)
 
     def _live(self) -> set[str]:
         return set() if self.waiting is None else self.waiting.live

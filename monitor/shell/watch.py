@@ -383,10 +383,11 @@ class Watch:
     def judge(self, call: PluginCall) -> PluginVerdict | RequestRefused:
         """The plugin's question about one call: the daemon's `judge` callback."""
         resync: Resync | None = getattr(self, "resync", None)  # made once watching starts
-        if resync is not None and not resync.following(call.session_id):
-            # Its run is being read back after a (re)connect: judged on part of its history,
-            # the loop's call was let through (a daemon restarted mid-run). The plugin's own
-            # rule, which saw every call, judges it meanwhile.
+        engine = self.tracker.adapter.engine(call.session_id)
+        if resync is not None and not resync.following(call.session_id, call.directory, engine):
+            # Its run may be being read back after a (re)connect: judged on part of its
+            # history, the loop's call was let through (a daemon restarted mid-run). The
+            # plugin's own rule, which saw every call, judges it meanwhile.
             return RequestRefused(503, "this session's run is being read back after a reconnect")
         judged = self.tracker.judge(call)
         decision = judged.decision
