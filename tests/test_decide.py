@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import structlog.testing
+from aiohttp import web
 
 from monitor.core.plugin_protocol import (
     ALLOW,
@@ -640,30 +641,38 @@ async def test_no_request_breaks_metrics_or_status(folder) -> None:
 
 async def test_a_question_before_the_resync_read_its_run_back_waits_for_it(folder) -> None:
     # The reconnect gap: the daemon restarts during a run that made 3 identical reads, and
-    # the plugin asks about the 4th before any frame names the session. Judged at once, on
-    # an empty history, the loop's call ran; now it is answered 503 (the plugin's own rule
-    # judges) until the resync has read the run back, and then refused.
+    # the plugin asks about the 4th before the stream is connected, or before any frame names
+    # the session. Judged at once, on an empty history, the loop's call ran; now it is
+    # answered 503 (the plugin's own rule judges) until the resync has read the run back, and
+    # then refused.
     from monitor.core.plugin_protocol import RequestRefused
+    from monitor.shell.watch import NOT_FOLLOWED
     from monitor.testing import FakeOpencode
     from tests import frames_factory as ff
     from tests.harness import start, stop
 
     session = "ses_dd4d5c831ffemmgMvdYdtbM3cR"
-    resync = asyncio.Event()
+    connect, resync = asyncio.Event(), asyncio.Event()
     fake = FakeOpencode(
         busy={session: {"type": "busy"}},
         messages={session: ff.run_record(session, 3)},
         holds={"status": resync},
     )
-    fake.streams = [fake.live]
+
+    async def stream(request: web.Request, response: web.StreamResponse) -> None:
+        await connect.wait()
+        await fake.live(request, response)
+
+    fake.streams = [stream]
+    fourth = PluginCall(session, "call_4", "read", ff.READ, "/home/dev/project")
     with structlog.testing.capture_logs() as logs:
         server, watch, task = await start(fake, plugin_socket=str(folder / "plugin.sock"))
         try:
+            await wait_for(lambda: fake.of("event"))  # the stream asked for, not answered
+            assert watch.judge(fourth) == RequestRefused(503, NOT_FOLLOWED)
+            connect.set()
             await wait_for(lambda: fake.of("status"))  # the resync asks which runs are busy
-            fourth = PluginCall(session, "call_4", "read", ff.READ, "/home/dev/project")
-            assert watch.judge(fourth) == RequestRefused(
-                503, "this session's run is being read back after a reconnect"
-            )
+            assert watch.judge(fourth) == RequestRefused(503, NOT_FOLLOWED)
             resync.set()
             await wait_for(lambda: any(e["event"] == "stream.resynced" for e in logs))
             assert watch.judge(fourth).verdict == "block"

@@ -180,6 +180,7 @@ class Resync:
         self._deadline = deadline
         # Set from the connect until the resync is done (`hold`, `release`).
         self.waiting: Waiting | None = None
+        self._synced = False  # a first resync has ended: the runs under way are known
 
     def hold(self) -> None:
         """At the connect, before any frame is read: the frames of the sessions the resync
@@ -194,6 +195,7 @@ class Resync:
     def release(self) -> None:
         """The resync is done (or failed): the frames that waited are fed."""
         waiting, self.waiting = self.waiting, None
+        self._synced = True
         self._feed(() if waiting is None else waiting.rest())
 
     def _feed(self, frames: Iterable[object]) -> None:
@@ -208,8 +210,11 @@ class Resync:
         """Whether the session's frames reach the tracker as they come: not while the resync
         holds them (its directory's answer awaited, or its run being read back). Asked for
         the plugin's question, which may be the first the monitor hears of a session: a run
-        under way when the monitor (re)connected is judged only once it has been read back."""
-        return self.waiting is None or not self.waiting.waits(session_id, directory, engine)
+        under way when the monitor (re)connected is judged only once it has been read back,
+        and none before the first connect's resync has ended."""
+        if self.waiting is None:
+            return self._synced
+        return not self.waiting.waits(session_id, directory, engine)
 
     def _live(self) -> set[str]:
         return set() if self.waiting is None else self.waiting.live

@@ -91,6 +91,8 @@ SILENCE_S = 30.0
 OWN_REFUSAL_WAIT_S = 1.0
 CHECK_SESSIONS_MAX = 64
 QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
+# The plugin's 503 while the session's run is not known: its own rule judges the call.
+NOT_FOLLOWED = "the monitor is (re)connecting and has not read this session's run yet"
 
 
 def log_fields(detection: Detection) -> dict[str, object]:
@@ -384,11 +386,11 @@ class Watch:
         """The plugin's question about one call: the daemon's `judge` callback."""
         resync: Resync | None = getattr(self, "resync", None)  # made once watching starts
         engine = self.tracker.adapter.engine(call.session_id)
-        if resync is not None and not resync.following(call.session_id, call.directory, engine):
-            # Its run may be being read back after a (re)connect: judged on part of its
-            # history, the loop's call was let through (a daemon restarted mid-run). The
-            # plugin's own rule, which saw every call, judges it meanwhile.
-            return RequestRefused(503, "this session's run is being read back after a reconnect")
+        if resync is None or not resync.following(call.session_id, call.directory, engine):
+            # Before the first connect, or while its run may be being read back after one:
+            # judged on part of its history, the loop's call was let through (a daemon
+            # restarted mid-run). The plugin's own rule, which saw every call, judges it.
+            return RequestRefused(503, NOT_FOLLOWED)
         judged = self.tracker.judge(call)
         decision = judged.decision
         if decision is None:
