@@ -195,9 +195,10 @@ async def start_watching(
     start_monitor: Callable[..., MonitorProcess], server: OpencodeServer, *flags: str
 ) -> MonitorProcess:
     """`watch` of the real server through the console script (the `start_monitor` fixture
-    ends it), once it follows the stream."""
+    ends it), once it follows the stream: its first resync has ended (until then the plugin's
+    questions are answered 503, and its own rule judges)."""
     monitor = start_monitor(*watch_args(server, *flags))
-    await monitor.wait_event("stream.connected")
+    await monitor.wait_event("stream.resynced")
     return monitor
 
 

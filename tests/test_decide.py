@@ -889,6 +889,8 @@ async def test_every_malformed_body_is_answered_and_every_odd_one_judged(
         server, watch, task = await start(fake, metrics_addr="127.0.0.1:0", plugin_socket=str(path))
         try:
             await wait_for(lambda: watch.plugin_server is not None and watch.metrics_server)
+            # The well-formed questions below are judged once the first resync has ended.
+            await wait_for(lambda: any(e["event"] == "stream.resynced" for e in logs))
             port = watch.metrics_server.port
             connector = aiohttp.UnixConnector(str(path))
             async with (

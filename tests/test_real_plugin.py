@@ -118,7 +118,7 @@ async def slow_appends_stopping_the_daemon(server, start_monitor, http, socket_p
     watch = ("watch", "--url", server.url, "--log-format", "json",
              "--plugin-socket", str(socket_path))  # fmt: skip
     first = start_monitor(*watch)
-    await first.wait_event("stream.connected")
+    await first.wait_event("stream.resynced")
     client = server.client(http)
     session = await client.create_session("appends")
     await client.prompt_async(session["id"], script([APPEND], calls, delay=1.0))
@@ -162,7 +162,7 @@ async def test_installed_without_url_it_finds_the_daemon_of_its_server_on_a_rand
             )  # fmt: skip
             [listening] = await monitor.wait_event("plugin.listening")
             assert listening["socket"] == str(folder / socket_name(server.url))
-            await monitor.wait_event("stream.connected")
+            await monitor.wait_event("stream.resynced")
             session, messages = await run_appends(server, http, 4)
             assert lines(server) == ["x", "x", "x"]
             [outcome] = monitor.events("intervention.outcome")
@@ -185,7 +185,7 @@ async def test_the_refused_call_repeated_is_refused_at_once_then_held(
         "watch", "--url", plugin_server.url, "--log-format", "json",
         "--plugin-socket", str(socket_path), "--max-interventions", "2",
     )  # fmt: skip
-    await monitor.wait_event("stream.connected")
+    await monitor.wait_event("stream.resynced")
     client = plugin_server.client(http)
     session = await client.create_session("appends")
     await client.prompt_async(session["id"], script([APPEND], 6, delay=0.1))
@@ -217,7 +217,7 @@ async def test_plugin_and_an_asking_server_decide_the_call_once(
             "watch", "--url", server.url, "--log-format", "json",
             "--plugin-socket", str(socket_path), "--permissions", "approve",
         )  # fmt: skip
-        await monitor.wait_event("stream.connected")
+        await monitor.wait_event("stream.resynced")
         session, messages = await run_appends(server, http, 4)
         assert lines(server) == ["x", "x", "x"]  # loop-completing calls that ran: 0
     statuses = [p["state"]["status"] for p in tool_parts(messages)]
@@ -381,7 +381,7 @@ async def test_two_monitors_with_the_plugin_intervene_once_per_loop_and_the_stan
         await first.wait_event("plugin.listening")
         second = start_monitor(*args, str(inner))
         for monitor in (first, second):
-            await monitor.wait_event("stream.connected")
+            await monitor.wait_event("stream.resynced")
         assert second.events("monitor.standby") and second.events("plugin.listening") == []
 
         async def one_loop(n: int, by: MonitorProcess) -> None:

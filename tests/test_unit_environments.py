@@ -131,8 +131,9 @@ def start(
 
 async def serves_plugins(monitor: MonitorProcess, token: str | None = None) -> str:
     """Wait until the monitor watches and serves plugins; ask it once. Where it listens."""
+    # Resynced: until the first connect's resync has ended, every question is answered 503.
     records = await monitor.wait_for(
-        lambda rs: {"stream.connected", "plugin.listening"} <= {r.get("event") for r in rs}
+        lambda rs: {"stream.resynced", "plugin.listening"} <= {r.get("event") for r in rs}
     )
     [listening] = [r for r in records if r.get("event") == "plugin.listening"]
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
