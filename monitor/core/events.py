@@ -49,7 +49,7 @@ def _event(cls: type[_T]) -> type[_T]:
     """An event: a frozen dataclass to the type checker, which refuses any assignment to its
     fields (`tests/test_types.py` holds every event to it), and at run time a slotted
     dataclass with the same equality and hash. A frozen dataclass's own `__init__` sets each
-    field through `object.__setattr__` (its `__setattr__` refuses), 7 to 10 times the cost
+    field through `object.__setattr__` (its `__setattr__` refuses), 2 to 7 times the cost
     of a plain one, and the tracker makes an event of most frames: 8.5 % of its time went
     there (docs/performance.md)."""
     return dataclass(slots=True, unsafe_hash=True)(cls)
