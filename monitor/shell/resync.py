@@ -206,7 +206,7 @@ class Resync:
         if self.waiting is not None:
             self.waiting.claim(sessions)
 
-    def following(self, session_id: str, directory: str | None, engine: int) -> bool:
+    def following(self, session_id: str, directory: str | None) -> bool:
         """Whether the session's frames reach the tracker as they come: not while the resync
         holds them (its directory's answer awaited, or its run being read back). Asked for
         the plugin's question, which may be the first the monitor hears of a session: a run
@@ -214,6 +214,7 @@ class Resync:
         and none before the first connect's resync has ended."""
         if self.waiting is None:
             return self._synced
+        engine = self._tracker.adapter.engine(session_id)
         return not self.waiting.waits(session_id, directory, engine)
 
     def _live(self) -> set[str]:

@@ -385,8 +385,7 @@ class Watch:
     def judge(self, call: PluginCall) -> PluginVerdict | RequestRefused:
         """The plugin's question about one call: the daemon's `judge` callback."""
         resync: Resync | None = getattr(self, "resync", None)  # made once watching starts
-        engine = self.tracker.adapter.engine(call.session_id)
-        if resync is None or not resync.following(call.session_id, call.directory, engine):
+        if resync is None or not resync.following(call.session_id, call.directory):
             # Before the first connect, or while its run may be being read back after one:
             # judged on part of its history, the loop's call was let through (a daemon
             # restarted mid-run). The plugin's own rule, which saw every call, judges it.
