@@ -6,17 +6,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from monitor.core.decisions import Action, Outcome, Plan
+from monitor.core.decisions import Action, Outcome, Plan, Reply
 from monitor.core.plugin_protocol import ALLOW, PluginCall
 from monitor.core.tracker import Detection, Judged, Tracker
-from tests.frames_factory import tool_part
+from tests.frames_factory import idle, tool_part, user_frames
 
 S = "ses_1"
 APPEND = {"command": "echo x >> out.txt", "description": "append"}
 
 
-def asked(call_id: str = "call_0", args: dict[str, Any] = APPEND, tool: str = "bash") -> PluginCall:
-    return PluginCall(S, call_id, tool, args, "/p")
+def asked(
+    call_id: str = "call_0",
+    args: dict[str, Any] = APPEND,
+    tool: str = "bash",
+    step: str | None = None,
+) -> PluginCall:
+    return PluginCall(S, call_id, tool, args, "/p", message_id=step)
 
 
 def updates(part: str, call_id: str = "call_0", status: str = "completed", **extra: Any):
@@ -239,3 +244,57 @@ def test_a_questions_step_is_read_when_usable_and_reported_when_not():
     assert read_body(body()).message_id is None
     unusable = read_body(body(message_id=7))
     assert (unusable.message_id, unusable.unusable) == (None, ("message_id",))
+
+
+def burst(tracker: Tracker, step: str, first: int) -> tuple[list[Judged], tuple[Reply, ...]]:
+    """One model step of 5 identical parallel appends: the plugin asks about each (call 4
+    completes the loop) as the stream shows it running, then OpenCode's own `doom_loop`
+    check asks about the burst, naming the repeated call's arguments. The plugin's verdicts,
+    and the answers to the `doom_loop` request."""
+    judged = []
+    for n in range(first, first + 5):
+        judged.append(judge(tracker, asked(f"call_{n}", step=step)))
+        feed(
+            tracker,
+            [tool_part(S, f"prt_{n}", "bash", "running", APPEND, None, None, f"call_{n}", step)],
+        )
+    metadata = {"tool": "bash", "input": APPEND}
+    doom = {
+        "sessionID": S,
+        "id": f"per_doom{first}",
+        "permission": "doom_loop",
+        "metadata": metadata,
+    }
+    fed = tracker.feed({"type": "permission.asked", "properties": doom})
+    for n in range(first, first + 5):
+        status = "error" if judged[n - first].verdict.verdict == "block" else "completed"
+        feed(
+            tracker,
+            [tool_part(S, f"prt_{n}", "bash", status, APPEND, None, None, f"call_{n}", step)],
+        )
+    return judged, fed.replies
+
+
+def test_a_burst_refused_by_the_plugin_and_asked_about_by_doom_loop_is_one_intervention():
+    """Issue 43: 5 identical parallel calls in one step; the plugin's question for call 4 is
+    refused; OpenCode's `doom_loop` asks about the burst: the same loop, approved at once so
+    the run goes on (each call still asks the plugin), not a second intervention. The next
+    run's loop is the second intervention, refused in band: no hold."""
+    tracker = Tracker(Detection(permissions="gate"))
+    first, [doom] = burst(tracker, "msg_a", 1)
+    assert [j.verdict.verdict for j in first] == ["allow"] * 3 + ["block"] * 2
+    assert [j.decision.plan for j in first[3:] if j.decision] == [Plan.REFUSE, Plan.DEFER]
+    assert (doom.reply, doom.wait, doom.loop) == ("once", 0.0, None)
+    assert tracker.sessions_view()[0].interventions == 1
+    feed(tracker, [idle(S), *user_frames(S, "msg_u", "Do something else.")])
+    second, [doom] = burst(tracker, "msg_b", 6)
+    # The stopped loop is armed: its call is that loop again at once, the ladder's 2nd rung.
+    assert [j.verdict.verdict for j in second] == ["block"] * 5
+    decisions = [j.decision for j in second if j.decision is not None]
+    assert [(d.prior_interventions, d.plan, d.hold) for d in decisions] == [
+        (1, Plan.REFUSE, False),
+        *[(1, Plan.DEFER, False)] * 4,
+    ]
+    assert (doom.reply, doom.loop) == ("once", None)
+    assert tracker.sessions_view()[0].interventions == 2
+    assert tracker.held() == {}

@@ -20,7 +20,7 @@ from monitor.core.feedback import MARK
 from monitor.core.findings import CallCycle
 from monitor.core.permissions import Reply
 from monitor.core.tracker import Detection, Intervene, Tracker
-from tests.frames_factory import BASH, asked, doom_loop, part, replied
+from tests.frames_factory import BASH, asked, doom_loop, part, replied, tool_part
 
 S = "ses_1"
 READ = ("read", {"filePath": "README.md"})
@@ -201,6 +201,40 @@ def test_doom_loop_request_is_refused_with_our_feedback(mode, wait):
     assert run.tracker.expire(reply) is None  # a person answered first: nothing to send
 
 
+@pytest.mark.parametrize("mode", ["approve", "gate"])
+def test_doom_loop_about_a_loop_being_stopped_is_refused_at_once_as_that_loop(mode):
+    """Issue 43: a step of five identical reads, no plugin: the 4th completes our loop (the
+    abort); the server's `doom_loop` request about the same burst is that loop again, refused
+    at once (no grace: the loop is acted on) and not counted as a second intervention."""
+    run = Run(mode)
+    for n in range(1, 6):
+        step = tool_part(
+            S, f"prt_{n}", "read", "running", READ[1], call_id=f"call_{n}", message_id="msg_b"
+        )
+        run.feed(step)
+    [stop, again] = run.decisions
+    assert (stop.plan, again.plan) == ("refuse", "defer")  # the 5th call: the same loop
+    run.feed(doom_loop(1))
+    [reply] = run.replies
+    assert (reply.reply, reply.wait) == ("reject", 0.0)
+    assert reply.loop is not None and (reply.loop.plan, reply.loop.part_id) == ("defer", "prt_5")
+    assert reply.loop.prior_interventions == stop.prior_interventions == 0
+    assert run.tracker.sessions_view()[0].interventions == 1
+
+
+def test_doom_loop_about_other_calls_is_a_loop_of_its_own():
+    """The request names another call than the loop acted on: a new loop, counted."""
+    run = Run("approve")
+    for n in range(1, 5):
+        run.running(n, READ)
+    other = doom_loop(1)
+    other["properties"]["metadata"]["input"] = {"filePath": "OTHER.md"}
+    run.feed(other)
+    [reply] = run.replies
+    assert reply.reply == "reject" and reply.loop is not None
+    assert (reply.loop.plan != "defer", reply.loop.prior_interventions) == (True, 1)
+
+
 def test_off_answers_nothing_and_aborts_as_before():
     run = Run("off")
     for n in range(1, 4):
@@ -255,7 +289,7 @@ def test_permission_events_are_typed_from_both_stream_forms():
     assert event == PermissionAsked(S, "per_4", "read", "msg_4", "call_4", None, None)
     envelope = {"directory": "/d", "project": "global", "payload": doom_loop(1)}
     assert parse_event(envelope)[1] == PermissionAsked(
-        S, "per_doom1", "doom_loop", None, None, "read", "/d"
+        S, "per_doom1", "doom_loop", None, None, "read", "/d", {"filePath": "README.md"}
     )
     # The live stream leaves `tool` out of a doom_loop request; GET /permission says null.
     del envelope["payload"]["properties"]["tool"]

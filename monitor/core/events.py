@@ -117,7 +117,8 @@ class PermissionAsked:
     """The server waits for an answer before it runs a call (`permission.asked`).
 
     `message_id` and `call_id` name the call; both are None for OpenCode's own `doom_loop`
-    check, which names the repeated tool in `tool` instead.
+    check, which names the repeated tool in `tool` instead, and the repeated call's
+    arguments in `input` (what makes it the same loop as one of ours: `Tracker._doom_loop`).
     """
 
     session_id: str
@@ -127,6 +128,7 @@ class PermissionAsked:
     call_id: str | None
     tool: str | None
     directory: str | None
+    input: Any = None
 
 
 @_event
@@ -469,14 +471,17 @@ def _permission_asked(props: dict[str, Any], directory: str | None) -> Permissio
     call = call if isinstance(call, dict) else {}
     metadata = props.get("metadata")
     metadata = metadata if isinstance(metadata, dict) else {}
+    permission = _text(props, "permission")
     return PermissionAsked(
         session_id=_text(props, "sessionID"),
         request_id=_text(props, "id"),
-        permission=_text(props, "permission"),
+        permission=permission,
         message_id=_optional_text(call, "messageID"),
         call_id=_optional_text(call, "callID"),
         tool=_optional_text(metadata, "tool"),
         directory=directory,
+        # Kept only where it names a loop: other requests are matched to their call by id.
+        input=metadata.get("input") if permission == "doom_loop" else None,
     )
 
 

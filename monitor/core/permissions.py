@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from monitor.core.calls import CallEvent, CallState, advance
-from monitor.core.decisions import Intervene, Reply
+from monitor.core.decisions import Intervene, Plan, Reply
 from monitor.core.events import PermissionAsked, PermissionReplied, ToolPart
 from monitor.core.findings import Rule
 from monitor.core.session import (
@@ -146,6 +146,8 @@ class PermissionGate:
         bounded_put(requests, event.request_id, Request(event.permission), MAX_REQUESTS)
         if event.permission == DOOM_LOOP:
             decision = doom_loop(event, _last_part(session, event.tool))
+            if decision.plan is Plan.DEFER:
+                return _again(session, event, decision, directory, route)
             wait = 0.0 if self.mode == "approve" else self.grace
             return self._refuse(event.request_id, decision, wait)
         if event.message_id is None or event.call_id is None:
@@ -212,6 +214,26 @@ class PermissionGate:
             wait=wait,
             route=decision.route,
         )
+
+
+def _again(
+    session: SessionRecord,
+    event: PermissionAsked,
+    decision: Intervene,
+    directory: str | None,
+    route: int,
+) -> Reply:
+    """A `doom_loop` request about a loop an intervention of this run stands for already (the
+    server asks about the burst whose call we refused, or whose run we are stopping): no
+    second intervention, and no grace for a person, since the loop is acted on. Refused at
+    once, unless that intervention was the plugin's refusal of a run meant to go on: then it
+    is approved, as refusing it would end the run the refusal let go on (NOTES.md: a
+    rejected `doom_loop` ends the run), and each call of the burst still asks the plugin,
+    which refuses it as the same loop (`Plan.DEFER`)."""
+    acted = session.acted
+    if session.plugin and acted is not None and acted.decision.plan is Plan.REFUSE:
+        return Reply(event.request_id, event.session_id, directory, "once", route=route)
+    return PermissionGate._refuse(event.request_id, decision, 0.0)
 
 
 def _put_ask(session: SessionRecord, digest: int, permission: str | None) -> None:

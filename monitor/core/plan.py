@@ -40,6 +40,7 @@ def decide(
     directory: str | None,
     rearm: bool = True,
     route: int = 1,
+    calls: frozenset[int] | None = None,
 ) -> Intervene:
     """The one way a finding becomes a decision, whichever rule found it.
 
@@ -47,7 +48,9 @@ def decide(
     stands in this run, while it is being stopped or within the same model step (a burst
     of identical calls in one step is one loop), is that intervention again (`DEFER`):
     its call is refused where it asks, and the ladder does not climb. A new loop, or the
-    same one in a later step after a refusal or a nudge, climbs.
+    same one in a later step after a refusal or a nudge, climbs. `calls` are the loop's
+    calls where the finding names them itself (a `doom_loop` request, by its arguments);
+    else they are the run's last calls, as many as the finding's shape says.
     """
     # Only loops of repeated calls name their calls (by digest): text, progress and
     # budget findings name none to refuse again, and are never the same loop.
@@ -56,7 +59,9 @@ def decide(
     refused = found_on is not None and own_refusal(found_on.error)
     loop: frozenset[int] | None = None
     if repeats:
-        if rearm:
+        if calls is not None:
+            loop = calls
+        elif rearm:
             loop = frozenset(session.block(finding.shape()[0]))
             failed = found_on if isinstance(finding, FailureRun) else None
             how = None if failed is None else failed_as(failed)

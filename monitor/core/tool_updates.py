@@ -419,10 +419,19 @@ class ToolUpdates:
     def _identify(self, part_id: str, tool: str, args: object, call_id: str | None) -> Call:
         """A call's identity, made once: its arguments after the profile, and their digest;
         the same for a call the plugin sends and one the stream carries."""
+        args = self._profiled(tool, args)
+        return Call(part_id, tool, call_digest(tool, args), rule_args(tool, args), call_id)
+
+    def digest(self, tool: str, args: object) -> int:
+        """The digest `_identify` gives a call of `tool` with `args` (a `doom_loop` request
+        names its repeated call so)."""
+        return call_digest(tool, self._profiled(tool, args))
+
+    def _profiled(self, tool: str, args: object) -> object:
         dropped = self._ignore_args.get(tool)
         if dropped and isinstance(args, dict):
-            args = {key: value for key, value in args.items() if key not in dropped}
-        return Call(part_id, tool, call_digest(tool, args), rule_args(tool, args), call_id)
+            return {key: value for key, value in args.items() if key not in dropped}
+        return args
 
     def _identify_part(self, part: ToolPart) -> Call:
         return self._identify(part.part_id, part.tool, part.input, part.call_id)

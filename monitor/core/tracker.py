@@ -494,8 +494,25 @@ class Tracker:
     def _doom_loop(self, request: PermissionAsked, part_id: str) -> Intervene:
         """The server's `doom_loop` check found a loop: an intervention like our own."""
         session = self._seen(request.session_id, request.directory)
-        finding = DoomLoop(request.tool or request.permission, DOOM_LOOP_CALLS)
-        return self._decide(session, request.session_id, finding, part_id)
+        tool = request.tool or request.permission
+        finding = DoomLoop(tool, DOOM_LOOP_CALLS)
+        # The request names the repeated call by its arguments: that call's identity is the
+        # loop, so a burst whose call the plugin refused already (its history started over
+        # with that refusal) is recognised as that loop again, not counted as a second.
+        calls = (
+            None if request.input is None else frozenset((self._tools.digest(tool, request.input),))
+        )
+        directory, route = self._default_directory, self.route(request.session_id)
+        return decide(
+            session,
+            request.session_id,
+            finding,
+            part_id,
+            self.detection,
+            directory,
+            route=route,
+            calls=calls,
+        )
 
     def _delta(self, event: PartDelta) -> Intervene | None:
         finding = self.texts.delta(event)
