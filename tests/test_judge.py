@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from monitor.core.decisions import Action, Outcome, Plan, Reply
+from monitor.core.feedback import OWN_REFUSAL
 from monitor.core.plugin_protocol import ALLOW, PluginCall
 from monitor.core.tracker import Detection, Judged, Tracker
 from tests.frames_factory import idle, tool_part, user_frames
@@ -246,6 +247,16 @@ def test_a_questions_step_is_read_when_usable_and_reported_when_not():
     assert (unusable.message_id, unusable.unusable) == (None, ("message_id",))
 
 
+def test_a_question_without_its_arguments_is_read_when_it_says_they_were_cut():
+    from monitor.core.plugin_protocol import RequestRefused, read_body
+
+    call = {"session_id": S, "call_id": "c", "tool": "write", "directory": "/p"}
+    cut = read_body(json.dumps({**call, "args_cut": True, "args": {"x": 1}}).encode())
+    assert isinstance(cut, PluginCall) and (cut.cut, cut.args) == (True, {})
+    missing = read_body(json.dumps({**call, "args_cut": 1}).encode())
+    assert missing == RequestRefused(400, "args must be a JSON object")
+
+
 def burst(tracker: Tracker, step: str, first: int) -> tuple[list[Judged], tuple[Reply, ...]]:
     """One model step of 5 identical parallel appends: the plugin asks about each (call 4
     completes the loop) as the stream shows it running, then OpenCode's own `doom_loop`
@@ -298,3 +309,83 @@ def test_a_burst_refused_by_the_plugin_and_asked_about_by_doom_loop_is_one_inter
     assert (doom.reply, doom.loop) == ("once", None)
     assert tracker.sessions_view()[0].interventions == 2
     assert tracker.held() == {}
+
+
+def test_a_call_too_large_to_ask_about_refused_by_the_plugins_rule_is_its_block_not_an_abort():
+    """Issue 43: four identical writes too large to send (`args_cut`): the plugin tells the
+    daemon of each call, its own rule refuses the 4th; the daemon, which found the loop on
+    the stream, counts that refusal as its block (no abort, one intervention)."""
+    tracker = Tracker()
+    write = {"filePath": "big.txt", "content": "x" * 4096}
+    cut = PluginCall(S, "call_0", "write", {}, "/p", cut=True)
+    decisions = []
+    for n in range(1, 5):
+        step = f"msg_{n}"
+        assert tracker.judge(cut) == Judged()  # not judged: the stream carries its arguments
+        decisions += feed(
+            tracker,
+            [tool_part(S, f"prt_{n}", "write", "running", write, None, None, "call_0", step)],
+        )
+        status, error = (
+            ("error", f"{OWN_REFUSAL}: it would have completed a loop")
+            if n == 4
+            else ("completed", None)
+        )
+        end = tool_part(
+            S,
+            f"prt_{n}",
+            "write",
+            status,
+            write,
+            "ok" if error is None else None,
+            error,
+            "call_0",
+            step,
+        )
+        decisions += feed(tracker, [end])
+    [decision] = decisions
+    assert (decision.call_index, decision.plan, decision.refused) == (4, Plan.REFUSE, True)
+    assert tracker.sessions_view()[0].interventions == 1
+
+
+def test_a_call_too_large_to_ask_about_that_ran_stops_the_run_after_it():
+    """The plugin's rule let it run (it asked late, or its rule differs): the loop the stream
+    found waits for the call's end, then the run is stopped as for any loop."""
+    tracker = Tracker()
+    write = {"filePath": "big.txt", "content": "x" * 4096}
+    tracker.judge(PluginCall(S, "call_0", "write", {}, "/p", cut=True))
+    decisions = []
+    for n in range(1, 5):
+        frames = [
+            tool_part(S, f"prt_{n}", "write", s, write, "ok", None, "call_0", f"msg_{n}")
+            for s in ("running", "completed")
+        ]
+        decisions.append(feed(tracker, frames[:1]))
+        decisions.append(feed(tracker, frames[1:]))
+    assert [len(d) for d in decisions] == [0] * 7 + [1]
+    [late] = decisions[-1]
+    assert (late.call_index, late.refused, late.part_id) == (4, False, "prt_4")
+
+
+def test_a_cut_question_finds_the_loop_the_stream_found_first_and_refuses_its_call():
+    tracker = Tracker()
+    write = {"filePath": "big.txt", "content": "x" * 4096}
+    cut = PluginCall(S, "call_0", "write", {}, "/p", cut=True)
+    for n in range(1, 5):
+        step = f"msg_{n}"
+        assert (
+            feed(
+                tracker,
+                [tool_part(S, f"prt_{n}", "write", "running", write, None, None, "call_0", step)],
+            )
+            == []
+        )
+        judged = tracker.judge(cut)
+        if n < 4:
+            assert judged == Judged()
+            feed(
+                tracker,
+                [tool_part(S, f"prt_{n}", "write", "completed", write, "ok", None, "call_0", step)],
+            )
+    assert judged.verdict.verdict == "block" and judged.decision is not None
+    assert judged.decision.call_index == 4

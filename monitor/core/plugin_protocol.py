@@ -10,7 +10,9 @@ Request body (JSON object): `session_id` (ses_...), `call_id` (the model's call 
 across steps), `tool`, `args` (an object), `directory` (the server's project, absolute),
 `fell_open` (calls the plugin let run unasked since its last answered request; optional),
 `message_id` (the model step, an assistant message, the call is of, as the server's own
-events told the plugin; optional: the stream may show the step after the question comes).
+events told the plugin; optional: the stream may show the step after the question comes),
+`args_cut: true` in place of `args` for a call whose arguments are too large to send (the
+plugin's own rule judges it; the daemon learns that the session's plugin asks).
 Reports never cost a decision: only a missing or malformed `session_id`, `tool` or `args`
 refuses the question. Any other field that cannot be used (`call_id`, `directory`,
 `message_id` or `fell_open` of the wrong type or out of range) is taken as unknown (None, a
@@ -102,6 +104,9 @@ class PluginCall:
     # The optional fields sent but not usable, taken as unknown: a report, never a refusal.
     unusable: tuple[str, ...] = ()
     message_id: str | None = None  # None: unknown (not sent, or not usable)
+    # The arguments were too large to send (`args_cut`; `args` is empty): the call is not
+    # judged on them, the stream carries them (`ToolUpdates.judge`).
+    cut: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +259,8 @@ def _call(data: object) -> PluginCall | RequestRefused:
     tool = data.get("tool")
     if not isinstance(tool, str) or not _is_id(tool):
         return RequestRefused(400, f"tool must be a string of 1 to {MAX_ID} characters")
-    args = data.get("args")
+    cut = data.get("args_cut") is True
+    args = {} if cut else data.get("args")
     if not isinstance(args, dict):
         return RequestRefused(400, "args must be a JSON object")
     unusable = []
@@ -283,7 +289,7 @@ def _call(data: object) -> PluginCall | RequestRefused:
         message_id = None
         unusable.append("message_id")
     return PluginCall(
-        session_id, call_id, tool, args, directory, fell_open, tuple(unusable), message_id
+        session_id, call_id, tool, args, directory, fell_open, tuple(unusable), message_id, cut
     )
 
 

@@ -154,6 +154,12 @@ class ToolUpdates:
             advance(seen, CallEvent.ASK)
             decision, seen.loop = seen.loop, None
             return _judged(decision)
+        if asked.cut:
+            # Its arguments were too large to send: not recorded from here, but from the
+            # stream, which carries them. A loop found there waits for the call's end (the
+            # plugin asks: `_held_back`), where the plugin's own rule has refused it (this
+            # monitor's block, no abort) or it ran (the abort, as for any loop).
+            return Judged()
         part_id = f"{PLUGIN_PART}{next(self._plugin_parts)}"
         call = self._identify(part_id, asked.tool, asked.args, asked.call_id)
         advance(call, CallEvent.ASK)
@@ -348,6 +354,16 @@ class ToolUpdates:
         if call is None:
             call = self._identify_part(part)
             session.start(call)
+        if seeding is None and session.stopping is not None:
+            # The run is being aborted (`SessionRecord.stopping`): a call that begins now is
+            # recorded (a repetition of the loop is that intervention again), but no call's
+            # end is taken, since the abort is what ends it ("Task cancelled" for each
+            # subagent, "Tool execution aborted"). The intervention's own cut covers only
+            # the calls in flight at its decision; a burst's later calls start after it.
+            if call.state is CallState.NEW:
+                event = CallEvent.RUN
+            elif finished and call.state in _CUTTABLE:
+                advance(call, CallEvent.CUT)
         step = advance(call, event)
         if step is Step.AGAIN and event is CallEvent.RUN and call.state is CallState.RUNNING:
             # bash re-sends `running` while it streams output: only `runaway` reads those
@@ -440,6 +456,8 @@ class ToolUpdates:
 _FINISHED = ("completed", "error")
 _RECORDS = (Step.RECORD, Step.RECORD_TAKE)
 _TAKES = (Step.TAKE, Step.RECORD_TAKE)
+# The states of a call whose end is still to be taken.
+_CUTTABLE = (CallState.ASKED, CallState.RUNNING)
 
 
 def _judged(decision: Intervene | None) -> Judged:

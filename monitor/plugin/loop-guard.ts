@@ -457,24 +457,35 @@ export function makeJudge(
     // calls, and the total fall below zero. Given back if the daemon did not count them.
     const reported = fellOpen
     fellOpen = 0
-    // Arguments past the bound are not sent: the daemon could not take them (413) or only
-    // slowly (nested past what json.loads reads), and writing them out would cost what the
-    // bound saves.
+    // Arguments past the bound are not sent (`args_cut`, below): the daemon could not take
+    // them (413) or only slowly (nested past what json.loads reads), and writing them out
+    // would cost what the bound saves.
     const body: Record<string, unknown> = {
       session_id: sessionID,
       call_id: callID,
       tool,
-      args: args ?? {},
+      ...(cut ? { args_cut: true } : { args: args ?? {} }),
       directory,
       fell_open: reported,
     }
     const step = steps.of(sessionID, callID)
     if (step !== undefined) body.message_id = step
-    const verdict: Verdict = cut
-      ? { fellOpen: `the arguments of this ${cleanToolName(tool)} call are too large to ask about` }
-      : await ask(body, tool)
+    let verdict: Verdict
+    let answered = false // the daemon took this request's count
+    if (cut) {
+      // The daemon is still told of the call, without its arguments: so it knows this
+      // session's plugin asks, and counts a refusal by the rule below as its block instead
+      // of aborting the run; it reads the arguments on the stream, and refuses the call if
+      // the loop it completes was found there first. Else the rule below decides.
+      const told = await ask(body, tool)
+      if ("block" in told && told.block !== null) return told.block
+      answered = "block" in told
+      verdict = { fellOpen: `the arguments of this ${cleanToolName(tool)} call are too large to ask about` }
+    } else {
+      verdict = await ask(body, tool)
+    }
     if ("block" in verdict) return verdict.block
-    fellOpen += reported
+    if (!answered) fellOpen += reported // reported again with the next request
     if (!warned.has(sessionID)) {
       if (warned.size >= MAX_WARNED) warned.clear()
       warned.add(sessionID)

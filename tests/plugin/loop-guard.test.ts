@@ -97,7 +97,7 @@ describe("the plugin's own rule", () => {
     expect(canonical(within)).toBe("[".repeat(MAX_DEPTH - 1) + '"x"' + "]".repeat(MAX_DEPTH - 1))
   })
 
-  test("hostile arguments cost a bounded time, are never sent, and their loop is still caught", async () => {
+  test("hostile arguments cost a bounded time, are never sent (the call is told of), and their loop is still caught", async () => {
     // Issue 33: wide or deep arguments took 583-1,644 ms a call in the hook (its bound is
     // WAIT_MS, 200 ms), and were then written out whole for the daemon, which refuses them.
     const wide: Record<string, number> = {}
@@ -136,7 +136,8 @@ describe("the plugin's own rule", () => {
       expect({ name, ms: slowest < bound ? "within" : `${slowest} ms, floor ${floor}` }).toEqual({ name, ms: "within" })
       expect(refused.slice(0, 3)).toEqual([null, null, null])
       expect(refused[3]!.startsWith(OWN_REFUSAL)).toBe(true)
-      expect(asked).toEqual([])
+      // Told of, never sent: each question carries no arguments at all.
+      expect(asked.map((body) => [(body as any).args_cut, "args" in (body as object)])).toEqual(times([[true, false]], 4))
     }
     // Within the bound, arguments are read whole and asked about, as before.
     expect(isCut(canonical({ content: "x".repeat(MAX_CHARS - 20) }))).toBe(false)
@@ -300,6 +301,24 @@ describe("the judge: the daemon first, the local rule when it does not answer", 
     const { judge } = makeJudge(async () => ({ block: null }), "/p", (line) => lines.push(line))
     expect(await judge("ses_1", "c0", "odd", { n: 1n })).toBeNull()
     expect(lines).toEqual([expect.stringContaining("the plugin's own rule failed on a call of odd")])
+  })
+
+  test("a call too large to ask about: the daemon is told of it without its arguments, the own rule decides", async () => {
+    // Issue 43: the daemon learns the session's plugin asks, so it counts the own rule's
+    // refusal as its block instead of aborting the run; its block, if any, wins.
+    const asked: Record<string, unknown>[] = []
+    let block: string | null = null
+    const { judge } = makeJudge(async (body) => (asked.push(body), { block }), "/p", silent)
+    const big = { filePath: "big.txt", content: "x".repeat(MAX_CHARS + 1) }
+    const results = []
+    for (let i = 0; i < 4; i++) results.push(await judge("ses_1", `c${i}`, "write", big))
+    expect(results.map((r) => r === null)).toEqual([true, true, true, false])
+    expect(results[3]!.startsWith(OWN_REFUSAL)).toBe(true)
+    expect(asked[0]).toEqual({ session_id: "ses_1", call_id: "c0", tool: "write", args_cut: true, directory: "/p", fell_open: 0 })
+    // The daemon took each count: the calls that ran are reported once, with the next.
+    expect(asked.map((b) => b.fell_open)).toEqual([0, 1, 1, 1])
+    block = "refused by the daemon"
+    expect(await judge("ses_1", "c9", "write", big)).toBe("refused by the daemon")
   })
 
   test("a daemon's block is refused with its text", async () => {
