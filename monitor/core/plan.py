@@ -128,7 +128,15 @@ def decide(
     )
     if loop:
         session.acted = Acted(decision, loop, session.step)
+    if step.plan in _ABORTS or (step.plan is Plan.REFUSE and not session.plugin):
+        # The run is aborted (a block aborts where no plugin refuses the call in band): what
+        # its calls' ends bring from now until it ends is the abort's doing, not the model's.
+        session.stopping = decision
     return decision
+
+
+# The plans whose decision aborts the run whatever the channel.
+_ABORTS = (Plan.STOP, Plan.HOLD)
 
 
 def refused(session: SessionRecord, decision: Intervene) -> Intervene:

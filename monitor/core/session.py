@@ -306,6 +306,7 @@ class SessionRecord:
         "armed_runs",
         "armed_finding",
         "pending",
+        "stopping",
     )
 
     def __init__(self) -> None:
@@ -359,6 +360,12 @@ class SessionRecord:
         # session whose plugin asks: the session's next call is refused with it, in band,
         # instead of the run being aborted (`Tracker.withhold`).
         self.pending: Intervene | None = None
+        # The intervention whose abort stops this run (a stop or a hold, or a block that
+        # nothing can refuse in band), from its decision until the run ends, unless its
+        # outcome says the run was not stopped (`Tracker.outcome`): the calls' ends that come
+        # meanwhile are the abort's doing (cancelled subagents, aborted tools), never a new
+        # loop (`ToolUpdates._call`).
+        self.stopping: Intervene | None = None
 
     # -- the run's history ------------------------------------------------------------------
 

@@ -67,6 +67,21 @@ __all__ = [
 ]
 
 
+# How an intervention ended, as far as whether it stopped its run (`SessionRecord.stopping`):
+# stopped (another monitor's doing, or the one acting for this server, counts as stopped), or
+# the run goes on.
+_STOPPED = (Outcome.ABORTED, Outcome.HELD)
+_NOT_STOPPED = (
+    Outcome.DRY_RUN,
+    Outcome.ABORT_FAILED,
+    Outcome.CANCELLED,
+    Outcome.NUDGED,
+    Outcome.BLOCKED,
+    Outcome.REJECTED,
+    Outcome.ANSWERED,
+)
+
+
 class Tracker:
     """Feeds frames through the loop rules; see `feed`."""
 
@@ -288,6 +303,16 @@ class Tracker:
         session.outcomes += (outcome,)
         if outcome == Outcome.HELD:
             session.held = ""
+        stopping = session.stopping
+        if outcome in _STOPPED and decision.run == session.runs:
+            session.stopping = decision  # a block that had to abort: as `plan.decide` marks
+        elif (
+            outcome in _NOT_STOPPED
+            and stopping is not None
+            and (stopping.run, stopping.prior_interventions)
+            == (decision.run, decision.prior_interventions)
+        ):
+            session.stopping = None  # no abort came (a dry run, a failed one): the run goes on
         if session.acted is not None and session.acted.decision is decision:
             session.acted.done = True  # acted on: no longer under way (`Acted.same`)
 
@@ -321,6 +346,7 @@ class Tracker:
             session.run_start = session.calls
             session.runs += 1
             session.acted = None  # an intervention stands for its run only
+            session.stopping = None
             session.run_ended()
         return released
 
