@@ -470,6 +470,45 @@ async def test_a_burst_in_one_step_is_one_intervention_and_the_next_loop_is_refu
     assert [p["text"] for p in messages[-1]["parts"] if p["type"] == "text"] == [DEFAULT_ANSWER]
 
 
+@pytest.fixture
+async def plugin_doom_server(opencode_bin, scripted_model, socket_path):
+    """The plugin installed, and OpenCode's own `doom_loop` check asking, as by default."""
+    permission = {"*": "allow", "doom_loop": "ask"}
+    endpoint = PluginEndpoint(socket_path)
+    async with OpencodeServer(
+        opencode_bin, scripted_model.url, plugin=endpoint, permission=permission
+    ) as server:
+        yield server
+
+
+async def test_a_burst_refused_by_the_plugin_and_asked_about_by_doom_loop_is_one_intervention(
+    plugin_doom_server, start_monitor, http, socket_path
+):
+    """Issue 43: one step of 5 identical appends, OpenCode's `doom_loop` asking too: the
+    burst is one intervention (the plugin's refusal; the server's request about the same
+    loop is no second one), and the same loop in the next run is the second, refused in
+    band: no abort, no hold (it was three interventions and a hold)."""
+    server = plugin_doom_server
+    monitor = await start_watching(start_monitor, server, "--plugin-socket", str(socket_path))
+    client = server.client(http)
+    session = await client.create_session("burst and doom_loop")
+    loop = script([APPEND] * 5, 5, delay=0.1, parallel=5, after_feedback="loop")
+    await client.prompt_async(session["id"], loop)
+    await client.wait_idle(session["id"], 60)
+    await client.prompt_async(session["id"], "Please do something else.")
+    await monitor.wait_event("intervention.outcome", count=2, timeout=60)
+    messages = await client.wait_idle(session["id"], 60, user_messages=2)
+    outcomes = monitor.events("intervention.outcome")
+    assert [(o["outcome"], o["interventions"], o["plan"]) for o in outcomes] == [
+        ("blocked", 1, "refuse"),
+        ("blocked", 2, "refuse"),
+    ]
+    assert lines(server) == ["x", "x", "x"]  # none of the second run's appends ran
+    assert monitor.events("feedback.sent") == [] and monitor.events("intervention.due") == []
+    assert all(m["info"].get("error") is None for m in messages)  # nothing aborted
+    assert [m["info"]["role"] for m in messages].count("user") == 2  # no feedback message
+
+
 async def test_after_a_stall_and_a_parallel_burst_a_failure_loop_is_still_refused_in_band(
     plugin_server, start_monitor, http, socket_path
 ):

@@ -285,31 +285,39 @@ export function endedSession(event: { type?: unknown; properties?: any } | undef
   return null
 }
 
-/** Calls whose model step is remembered, at most (the oldest forgotten first). */
+/** Sessions whose model step is remembered, at most (the least recently noted forgotten first). */
 export const MAX_STEPS = 1024
 
 /**
- * The model step (assistant message) of each tool call, from the server's own events, which
+ * The model step (assistant message) each session is in, from the server's own events, which
  * reach the plugin before the call runs: the daemon reads them on a stream that may lag, and
- * took a call of the next step, asked first, for one of the step before (one burst).
+ * took a call of the next step, asked first, for one of the step before (one burst). The
+ * step is the session's, not the call's: call ids repeat from step to step (local models
+ * send call_0, call_1, ... at every step), so a call asked before its own part's event came
+ * was named by the step of an earlier call with its id (issue 43: a loop in the next run
+ * taken for a new one, and held). A session runs one step at a time, and its calls are asked
+ * about within it.
  */
 export class Steps {
   private readonly steps = new Map<string, string>()
 
   note(event: { type?: unknown; properties?: any } | undefined): void {
-    const part = event?.type === "message.part.updated" ? event.properties?.part : undefined
-    if (part?.type !== "tool") return
-    const { sessionID, callID, messageID } = part
-    if (typeof sessionID !== "string" || typeof callID !== "string" || typeof messageID !== "string") return
-    const key = `${sessionID} ${callID}`
-    if (this.steps.get(key) === messageID) return
-    this.steps.delete(key) // re-inserted last: the oldest goes first
+    let sessionID: unknown
+    let messageID: unknown
+    if (event?.type === "message.part.updated" && event.properties?.part?.type === "tool") {
+      ;({ sessionID, messageID } = event.properties.part)
+    } else if (event?.type === "message.updated" && event.properties?.info?.role === "assistant") {
+      ;({ sessionID, id: messageID } = event.properties.info)
+    }
+    if (typeof sessionID !== "string" || typeof messageID !== "string") return
+    if (this.steps.get(sessionID) === messageID) return
+    this.steps.delete(sessionID) // re-inserted last: the least recent goes first
     if (this.steps.size >= MAX_STEPS) this.steps.delete(this.steps.keys().next().value as string)
-    this.steps.set(key, messageID)
+    this.steps.set(sessionID, messageID)
   }
 
-  of(sessionID: string, callID: string): string | undefined {
-    return this.steps.get(`${sessionID} ${callID}`)
+  of(sessionID: string): string | undefined {
+    return this.steps.get(sessionID)
   }
 }
 
@@ -468,7 +476,7 @@ export function makeJudge(
       directory,
       fell_open: reported,
     }
-    const step = steps.of(sessionID, callID)
+    const step = steps.of(sessionID)
     if (step !== undefined) body.message_id = step
     let verdict: Verdict
     let answered = false // the daemon took this request's count

@@ -344,30 +344,39 @@ describe("the default export loads in both generations", () => {
     expect(typeof plugin.setup).toBe("function")
   })
 
-  test("1.x entry: each question names the step the server's events showed its call in", async () => {
+  test("1.x entry: each question names the step its session is in, as the server's events showed it", async () => {
     const asked: Record<string, unknown>[] = []
     const hooks = v1Hooks(makeJudge(async (body) => (asked.push(body), { block: null }), "/p", () => {}))
     const part = (callID: string, messageID: string, type = "tool") => ({
       event: { type: "message.part.updated", properties: { part: { type, sessionID: "ses_1", callID, messageID } } },
     })
+    const step = (id: string, role = "assistant") => ({
+      event: { type: "message.updated", properties: { info: { id, role, sessionID: "ses_1" } } },
+    })
+    const ask = (callID: string, sessionID = "ses_1") =>
+      hooks["tool.execute.before"]({ tool: "read", sessionID, callID }, { args: A[1] })
+    await ask("c0") // no event yet: no step
     await hooks.event(part("c1", "msg_A"))
-    await hooks.event(part("c2", "msg_B"))
-    await hooks.event(part("c3", "msg_C", "text")) // not a call
-    for (const callID of ["c1", "c2", "c3"]) {
-      await hooks["tool.execute.before"]({ tool: "read", sessionID: "ses_1", callID }, { args: A[1] })
-    }
-    expect(asked.map((b) => b.message_id)).toEqual(["msg_A", "msg_B", undefined])
-    expect("message_id" in asked[2]).toBe(false)
+    await ask("c1")
+    await hooks.event(step("msg_B"))
+    await hooks.event(step("msg_U", "user")) // not a step of the model's
+    await hooks.event(part("c2", "msg_C", "text")) // not a call
+    // Issue 43: call ids repeat at every step; c1 of step B, asked before its part's event,
+    // is of step B, not of the step A's c1 was in.
+    await ask("c1")
+    await ask("c2", "ses_2")
+    expect(asked.map((b) => b.message_id)).toEqual([undefined, "msg_A", "msg_B", undefined])
+    expect("message_id" in asked[0]).toBe(false)
   })
 
-  test("the steps remembered are bounded, the oldest forgotten first", () => {
+  test("the steps remembered are bounded, the least recent session forgotten first", () => {
     const steps = new Steps()
     const note = (n: number) =>
-      steps.note({ type: "message.part.updated", properties: { part: { type: "tool", sessionID: "ses_1", callID: `c${n}`, messageID: `msg_${n}` } } })
+      steps.note({ type: "message.part.updated", properties: { part: { type: "tool", sessionID: `ses_${n}`, callID: "c0", messageID: `msg_${n}` } } })
     for (let n = 0; n <= MAX_STEPS; n++) note(n)
-    expect(steps.of("ses_1", "c0")).toBeUndefined()
-    expect(steps.of("ses_1", "c1")).toBe("msg_1")
-    expect(steps.of("ses_1", `c${MAX_STEPS}`)).toBe(`msg_${MAX_STEPS}`)
+    expect(steps.of("ses_0")).toBeUndefined()
+    expect(steps.of("ses_1")).toBe("msg_1")
+    expect(steps.of(`ses_${MAX_STEPS}`)).toBe(`msg_${MAX_STEPS}`)
   })
 
   test("1.x entry: throws the refusal with the daemon away, clears on idle", async () => {
