@@ -719,9 +719,11 @@ def request(reply: Reply) -> tuple[Intervention | None, Turn]:
 
 def standby(decision: Intervene, acting_pid: int | None) -> Turn:
     """Another monitor acts for this server (monitor.shell.acting): the loop found here is
-    logged, and left to it."""
+    logged, and left to it. Under its own name, not `loop.detected`: what counts those lines
+    (an alert, a query) counts each loop once, the acting monitor's, however many stand by."""
     if decision.plan == Plan.DEFER:
         return again(decision, standby=True)
-    detected = _detected(decision, standby=True, channel="none")
+    said = {"standby": True, "channel": "none", **decision.fields()}
+    detected = Logged("warning", "loop.standby", said)
     outcome = _immediately(decision, Outcome.STANDBY, channel="none", acting_pid=acting_pid)
     return Turn((detected, outcome))

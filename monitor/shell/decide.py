@@ -67,6 +67,7 @@ __all__ = [
     "UNASKED_AFTER_S",
     "UNASKED_CHECK_S",
     "Unasked",
+    "check_endpoint",
     "open_folder",
     "plugin_endpoint",
     "private_dir",
@@ -283,6 +284,22 @@ def private_dir(path: Path) -> None:
         raise ConfigError(refused)
 
 
+def check_endpoint(endpoint: PluginEndpoint) -> str | None:
+    """What serving `endpoint` needs of the file system, checked: its socket's folder made or
+    found ours and closed to others, or its token file ours and closed (read, or written).
+    The token (None on a socket); raises ConfigError. Run by every `watch` with an endpoint
+    as it starts, also a standby, which serves it only later: a setting it cannot serve
+    with ends it then (exit 78), not when the acting monitor stops."""
+    if endpoint.socket is None:
+        assert endpoint.token_file is not None
+        return read_or_create_token(endpoint.token_file)
+    try:
+        private_dir(endpoint.socket.parent)
+    except OSError as exc:
+        raise ConfigError(f"plugin endpoint: cannot listen ({exc.strerror})") from None
+    return None
+
+
 def open_folder(path: Path) -> str | None:
     """Why the socket folder `path` cannot be trusted, or None: another user who can write
     there can put a socket of theirs in place of the monitor's, and the plugin would ask it
@@ -462,14 +479,12 @@ class DecideServer:
         await runner.setup()
         limits = Limits(MAX_CONNECTIONS, IDLE_S, MAX_LINE, self._over_the_cap)
         try:
+            self._token = check_endpoint(endpoint)
             if endpoint.socket is not None:
-                private_dir(endpoint.socket.parent)
                 clear_stale_socket(endpoint.socket)
                 self._listening = await listen_unix(runner, limits, endpoint.socket)
             else:
-                assert endpoint.token_file is not None and endpoint.host is not None
-                assert endpoint.port is not None
-                self._token = read_or_create_token(endpoint.token_file)
+                assert endpoint.host is not None and endpoint.port is not None
                 self._listening = await listen_tcp(runner, limits, endpoint.host, endpoint.port)
                 self.port = self._listening.server.sockets[0].getsockname()[1]
         except OSError as exc:

@@ -52,6 +52,7 @@ from monitor.shell.decide import (
     EndpointTaken,
     PluginStats,
     Unasked,
+    check_endpoint,
     plugin_endpoint,
     private_dir,
     state_dir,
@@ -93,6 +94,10 @@ CHECK_SESSIONS_MAX = 64
 QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
 # The plugin's 503 while the session's run is not known: its own rule judges the call.
 NOT_FOLLOWED = "the monitor is (re)connecting and has not read this session's run yet"
+# A standby refuses nothing on its own account: the plugin's own rule judges the call, the
+# acting monitor sees it on the stream (monitor.shell.acting). It serves the endpoint for at
+# most a poll: while a monitor without one gives it the role.
+STANDBY = "the monitor is another's standby and acts on nothing; the plugin's own rule judges"
 
 
 def log_fields(detection: Detection) -> dict[str, object]:
@@ -286,7 +291,7 @@ class Watch:
                 self.metrics_server = await self._serve_metrics(self.metrics)
             try:
                 self.role = self._take_role()
-                if self.role is None or self.role.acting:
+                if self.role is None or self.role.serves:
                     await self._serve_plugins()
                 return await self._run()
             finally:
@@ -320,13 +325,14 @@ class Watch:
         A dry run acts on nothing, so it takes no part."""
         if self.settings.dry_run:
             return None
+        endpoint = self._check_endpoint()
         folder = self._roles or state_dir(os.environ)
         try:
             private_dir(folder)
         except (ConfigError, OSError) as exc:
             log.warning("monitor.unguarded", folder=str(folder), reason=str(exc))
             return None
-        role = Role(folder, self.settings.url, self.scope.only_session)
+        role = Role(folder, self.settings.url, self.scope.only_session, endpoint)
         if role.try_acting():
             log.info("monitor.acting", session_id=self.scope.only_session)
         else:
@@ -339,15 +345,37 @@ class Watch:
             )
         return role
 
-    async def _stand_by(self, role: Role) -> None:
-        """Try to take over from the acting monitor every poll; once this one acts, it acts
-        until the watch stops (this task ending would end the watch)."""
-        while not role.acting:
-            await self.timing.sleep(self.timing.takeover)
-            if role.try_acting():
+    def _check_endpoint(self) -> bool:
+        """Whether this watch serves the plugin endpoint; its settings are checked now, as it
+        starts, whatever role it gets: a standby that cannot serve it must fail here (exit
+        78), not when it takes over."""
+        if self.scope.only_session is not None:
+            return False  # `attach` follows one session; plugins ask the daemon
+        endpoint = plugin_endpoint(self.settings, os.environ)
+        if endpoint is None:
+            return False
+        check_endpoint(endpoint)
+        return True
+
+    async def _keep_role(self, role: Role) -> None:
+        """Every poll: a standby tries to take over from the acting monitor; an acting one
+        without the plugin endpoint gives the role to one with it (monitor.shell.acting).
+        Serves the endpoint once this monitor holds its lock. Never returns (this task
+        ending would end the watch)."""
+        while True:
+            # A real wait, not `timing.sleep`: tests record those as the reconnect backoff's.
+            await asyncio.sleep(self.timing.takeover)
+            was_acting = role.acting
+            if role.give_way():
+                log.warning(
+                    "monitor.gave_way",
+                    message="a monitor serving the plugin endpoint watches this server: it acts "
+                    "from its next poll, this one stands by",
+                )
+            elif role.try_acting() and not was_acting:
                 log.warning("monitor.took_over", session_id=self.scope.only_session)
+            if role.serves and self.plugin_server is None and not self._plugin_elsewhere:
                 await self._serve_plugins()
-        await self._stop.wait()
 
     def _role_view(self) -> dict[str, object]:
         """Whether this monitor acts (`status`): `standby` names the one that does."""
@@ -384,6 +412,8 @@ class Watch:
 
     def judge(self, call: PluginCall) -> PluginVerdict | RequestRefused:
         """The plugin's question about one call: the daemon's `judge` callback."""
+        if self.role is not None and not self.role.acting:
+            return RequestRefused(503, STANDBY)
         resync: Resync | None = getattr(self, "resync", None)  # made once watching starts
         if resync is None or not resync.following(call.session_id, call.directory):
             # Before the first connect, or while its run may be being read back after one:
@@ -506,8 +536,8 @@ class Watch:
             asyncio.create_task(self._stop.wait()),
             asyncio.create_task(self._check_silence(stream)),
         ]
-        if self.role is not None and not self.role.acting:
-            tasks.append(asyncio.create_task(self._stand_by(self.role)))
+        if self.role is not None:
+            tasks.append(asyncio.create_task(self._keep_role(self.role)))
         interval = watchdog_interval()
         if interval is not None:
             tasks.append(asyncio.create_task(watchdog_pings(self.notifier, interval)))
@@ -607,17 +637,22 @@ class Watch:
         for decision in fed.decisions:
             if self._acts_for(decision.session_id):
                 self.interventions.submit(decision)
+                self._count_loop(decision)
             else:
                 self.interventions.standby(decision, self._acting_pid())
         for reply in fed.replies:
             if self._acts_for(reply.session_id):
                 self.interventions.answer(reply)
+                if reply.loop is not None:
+                    self._count_loop(reply.loop)
             elif reply.loop is not None:
                 self.interventions.standby(reply.loop, self._acting_pid())
-        if self.metrics is not None:
-            for loop in (*fed.decisions, *(r.loop for r in fed.replies if r.loop is not None)):
-                if loop.plan != Plan.DEFER:  # counted once, as the loop it is again
-                    self.metrics.loop(loop.finding.shape()[0], loop.rule)
+
+    def _count_loop(self, loop: Intervene) -> None:
+        """A loop this monitor acts on, in `loops_detected_total`: a standby's is counted by
+        the acting monitor (and here only as an `interventions_total` outcome `standby`)."""
+        if self.metrics is not None and loop.plan != Plan.DEFER:  # counted once, as it is again
+            self.metrics.loop(loop.finding.shape()[0], loop.rule)
 
     def _write_record(self, record: TextIO, data: str) -> None:
         try:
