@@ -14,7 +14,7 @@ import pytest
 
 from monitor.kit.sandbox import OpencodeServer
 from monitor.kit.scripted_model import script
-from tests.harness import start_watching, user_texts
+from tests.harness import STATUS_FLAGS, seen_through, start_watching, user_texts
 
 pytestmark = pytest.mark.real_server
 
@@ -82,3 +82,47 @@ async def test_a_subagent_recursion_is_stopped_at_its_root_once_at_the_fourth_le
         # The abort of the root ends the whole tree: no fifth or sixth level was made.
         assert max(depth(session_id) for session_id in parent) == 4
         assert "depth 4" in user_texts(messages)[1]
+
+
+def child(n: int) -> str:
+    return script([("read", {"filePath": "README.md"})], 1, delay=3.0, answer=f"Part {n} done.")
+
+
+async def test_a_fan_out_stopped_at_the_21st_child_is_one_intervention_not_two(
+    opencode_bin, scripted_model, start_monitor, http
+):
+    """Issue 43: 25 subagents asked in one step, the tree stopped at the 21st child. The abort
+    cancels every `task` call, some started after the decision: their ends ("Task cancelled",
+    "Tool execution aborted") are the abort's doing, not a failure loop of the model's.
+
+    Seen here (1.18.33, 2 cores): each task `pending`, its child created, then `running`, so
+    tasks 21 to 25 start after the decision; the 25 ends came after the root's idle (late),
+    which the daemon never counted. Where they come before it ("Task cancelled", the report's
+    3 runs of 4) only tests/test_abort_aftermath.py replays that order, deterministically."""
+    # Distinct prompts: the profile leaves a task's `description` out of its identity.
+    tasks = [
+        ("task", {"description": f"part {n}", "prompt": child(n), "subagent_type": "general"})
+        for n in range(1, 26)
+    ]
+    async with OpencodeServer(opencode_bin, scripted_model.url) as server:
+        monitor = await start_watching(start_monitor, server, *STATUS_FLAGS)
+        client = server.client(http)
+        root = await client.create_session("fan-out")
+        await client.prompt_async(root["id"], script(tasks, 25, parallel=25))
+        [detected] = await monitor.wait_event("loop.detected", timeout=90)
+        await monitor.wait_event("intervention.outcome", timeout=60)
+        messages = await client.wait_idle(root["id"], 90, user_messages=2)
+        await seen_through(monitor, server, http)
+
+        assert (detected["rule"], detected["session_id"]) == ("tree", root["id"])
+        [outcome] = monitor.events("intervention.outcome")
+        assert (outcome["outcome"], outcome["interventions"]) == ("aborted", 1)
+        # Every task call ended in error, the abort's; none of them is a loop of its own.
+        ends = [
+            part["state"]
+            for message in messages
+            for part in message["parts"]
+            if part.get("type") == "tool" and part.get("tool") == "task"
+        ]
+        assert len(ends) == 25 and {state["status"] for state in ends} == {"error"}
+        assert [d["rule"] for d in monitor.events("loop.detected")] == ["tree"]
