@@ -86,8 +86,10 @@ gate, the default), or else aborts the run, and posts feedback telling the model
 repeated; after --max-interventions in one session, the next one holds it for a person.
 
 It runs until SIGTERM or SIGINT, waits for the server while it is away (reconnecting with
-backoff), and logs one JSON object per line when stdout is not a terminal (docs/logs.md).
-Under systemd it speaks the notify protocol (READY, STATUS, WATCHDOG, STOPPING)."""
+backoff), and logs one JSON object per line when stdout is not a terminal (docs/logs.md);
+a reader of stdout that stalls costs log lines (counted), never a stop. SIGHUP and SIGUSR2
+are logged and ignored, SIGUSR1 logs a status line (monitor.status). Under systemd it speaks
+the notify protocol (READY, STATUS, WATCHDOG, STOPPING)."""
 
 WATCH_EPILOG = """\
 exit status: 0 stopped by SIGTERM or SIGINT, also before the server answers, 78

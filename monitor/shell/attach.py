@@ -29,7 +29,7 @@ from monitor.exits import EX_NOINPUT, EX_UNAVAILABLE
 from monitor.shell.api import OpencodeAPI
 from monitor.shell.api_v2 import EngineAPI
 from monitor.shell.diagnosis import diagnose_error
-from monitor.shell.logs import configure_logging
+from monitor.shell.logs import logging_off_the_loop
 from monitor.shell.watch import Timing, Watch, http_session
 
 __all__ = ["OneSession", "attach", "run_attach", "warn_if_followed"]
@@ -153,5 +153,5 @@ async def attach(settings: Settings, session_id: str, timing: Timing = Timing())
 
 
 def run_attach(settings: Settings, session_id: str) -> int:
-    configure_logging(settings.log_format, settings.log_level)
-    return asyncio.run(attach(settings, session_id))
+    with logging_off_the_loop(settings.log_format, settings.log_level):
+        return asyncio.run(attach(settings, session_id))

@@ -8,23 +8,40 @@ caller passed: each string is cleaned as the feedback cleans tool names and cut 
 `STRING_MAX` characters, each list to `LIST_MAX` items, and a line still longer than
 `LINE_MAX` (journald splits lines at 48 KiB, which breaks the JSON) is replaced by its event,
 level and time with `truncated_chars`.
+
+The guard never waits for its log: `watch` and `attach` hand each rendered line to a
+`LogWriter`, a thread of its own behind a bounded queue. When whoever reads stdout stalls (a
+`| less` left open, a log shipper that hangs), lines beyond the queue are dropped and counted
+(`lines_dropped`, the metric `log_lines_dropped_total`), and one `log.dropped` line says how
+many once the writer can write again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import queue
+import select
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any, TextIO
 
 import structlog
 
 from monitor.core.feedback import clean_tool_name
 
-__all__ = ["LoopErrors", "Throttle", "configure_logging"]
+__all__ = [
+    "LogWriter",
+    "LoopErrors",
+    "Throttle",
+    "configure_logging",
+    "lines_dropped",
+    "logging_off_the_loop",
+]
 
 LEVELS = {
     "debug": logging.DEBUG,
@@ -166,20 +183,155 @@ def journal_line(render: structlog.typing.Processor) -> structlog.typing.Process
     return prefixed
 
 
+# Lines waiting for the writer: about 2 MB at the usual few hundred bytes a line, minutes of
+# what a busy monitor logs. Beyond, a line is dropped and counted, never waited for.
+QUEUE_LINES = 4096
+# At exit, how long the lines still queued get to be written (`monitor.stopped` is among
+# them): within the 5 s a SIGTERM may take (monitor.shell.watch.DRAIN_S).
+FLUSH_S = 0.5
+# How long the writer waits at a time for a non-blocking descriptor to take more.
+WRITABLE_WAIT_S = 1.0
+_STOP = object()
+
+
+class LogWriter:
+    """Writes log lines to a stream on a thread of its own, behind a bounded queue.
+
+    A small writer thread with a `queue.Queue`, rather than the standard library's
+    `QueueHandler`/`QueueListener`: structlog renders each line itself and writes it to a
+    file, with no `logging.Logger` in between, so going through the standard library would
+    add a `LogRecord` and the handlers' locks to every line on the event loop; and a full
+    `QueueHandler` queue reports an error (a traceback on stderr) per line where this counts
+    it and moves on. `put` never blocks: a line the queue has no room for is dropped and
+    counted, and the next time the queue is empty the writer logs `log.dropped` with how
+    many went since the last such line.
+
+    Lines go to the stream's file descriptor with `os.write`, not through the stream's
+    buffer: a write that blocks then holds no lock of the stream that the interpreter's exit
+    (or anything else writing to stdout) would wait for.
+    """
+
+    def __init__(self, stream: TextIO, capacity: int = QUEUE_LINES) -> None:
+        self.stream = stream
+        try:
+            self._fd: int | None = stream.fileno()
+        except (OSError, ValueError, AttributeError):  # no descriptor (e.g. StringIO)
+            self._fd = None
+        self._queue: queue.Queue[object] = queue.Queue(capacity)
+        # Counted apart, summed to read: `_full` by whichever thread logs (under the lock,
+        # taken only when a line is dropped), `_failed` by the writer alone.
+        self._full = 0  # lines the queue had no room for
+        self._failed = 0  # lines a write failed for: a closed pipe
+        self._lock = threading.Lock()
+        self._said = 0  # of the dropped, how many a `log.dropped` line has told of
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
+
+    @property
+    def dropped(self) -> int:
+        """Lines dropped so far: no room in the queue, or a write that failed."""
+        return self._full + self._failed
+
+    def start(self) -> LogWriter:
+        self._thread.start()
+        return self
+
+    def put(self, line: str) -> None:
+        if self._closed:
+            if threading.get_ident() == self._thread.ident:
+                self._write(line)  # the writer's own last `log.dropped`, at exit
+            else:
+                self._drop()
+            return
+        try:
+            self._queue.put_nowait(line)
+        except queue.Full:
+            self._drop()
+
+    def _drop(self) -> None:
+        with self._lock:
+            self._full += 1
+
+    def close(self, timeout: float = FLUSH_S) -> bool:
+        """Write what is queued, waiting at most `timeout`; True when all of it was written.
+        Lines logged afterwards are dropped: a stalled reader must not hold the exit."""
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        try:
+            self._queue.put(_STOP, timeout=timeout)
+        except queue.Full:
+            return False
+        self._thread.join(max(deadline - time.monotonic(), 0.0))
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while (line := self._queue.get()) is not _STOP:
+            self._write(str(line))
+            if self.dropped > self._said and self._queue.empty():
+                self._say_dropped()  # the reader is back: what it missed
+        if self.dropped > self._said:
+            self._say_dropped()  # at exit, written at once (see `put`)
+
+    def _say_dropped(self) -> None:
+        count = self.dropped - self._said
+        self._said += count
+        # Rendered as every other line is; it goes through the queue, which is empty now.
+        log.warning("log.dropped", count=count, total=self.dropped)
+
+    def _write(self, line: str) -> None:
+        if self._fd is None:
+            try:
+                self.stream.write(line + "\n")
+                self.stream.flush()
+            except (OSError, ValueError, AttributeError):  # closed, or None (no stdout)
+                self._failed += 1
+            return
+        data = memoryview((line + "\n").encode("utf-8", "backslashreplace"))
+        while data:
+            try:
+                data = data[os.write(self._fd, data) :]
+            except BlockingIOError:  # someone made the descriptor non-blocking
+                select.select([], [self._fd], [], WRITABLE_WAIT_S)
+            except OSError:  # the reader is gone (EPIPE), or the descriptor is
+                self._failed += 1
+                return
+
+
+class _Queued:
+    """structlog's logger for a `LogWriter`: every method hands the rendered line on."""
+
+    def __init__(self, writer: LogWriter) -> None:
+        put = writer.put
+        self.msg = self.log = self.debug = self.info = self.warn = self.warning = put
+        self.err = self.error = self.exception = self.critical = self.fatal = self.failure = put
+
+
+_writer: LogWriter | None = None
+
+
+def lines_dropped() -> int:
+    """Log lines dropped by the writer logging goes through now (0 when it writes itself)."""
+    return 0 if _writer is None else _writer.dropped
+
+
 def configure_logging(
     log_format: str,
     level: str,
     stream: TextIO | None = None,
     observe: Callable[[Mapping[str, Any]], None] | None = None,
     environ: Mapping[str, str] = os.environ,
+    writer: LogWriter | None = None,
 ) -> None:
-    """Log at `level` and above to `stream` (stdout by default).
+    """Log at `level` and above to `stream` (stdout by default), or through `writer` (which
+    writes to its own stream) off the calling thread.
 
     `observe`, if given, sees every record from info up, whatever `level` says: the demo
     tells its story from them while the file keeps only what was asked for. When `stream`
     is the journal (`environ` JOURNAL_STREAM), each line starts with its syslog priority.
     """
-    stream = stream or sys.stdout
+    global _writer
+    _writer = writer
+    stream = writer.stream if writer is not None else stream or sys.stdout
     threshold = LEVELS[level]
     processors: list[structlog.typing.Processor] = [
         structlog.processors.add_log_level,
@@ -208,8 +360,22 @@ def configure_logging(
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        logger_factory=structlog.PrintLoggerFactory(stream)
+        if writer is None
+        else lambda *_: _Queued(writer),
         # Not cached: tests swap the configuration (structlog.testing.capture_logs), and the
         # monitor logs rarely enough that the lookup costs nothing.
         cache_logger_on_first_use=False,
     )
+
+
+@contextlib.contextmanager
+def logging_off_the_loop(log_format: str, level: str) -> Iterator[LogWriter]:
+    """Log to stdout through a `LogWriter` while the block runs (`watch`, `attach`); at its
+    end, what is still queued is written within `FLUSH_S`."""
+    writer = LogWriter(sys.stdout).start()
+    configure_logging(log_format, level, writer=writer)
+    try:
+        yield writer
+    finally:
+        writer.close()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -28,6 +28,8 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client.aiohttp import make_aiohttp_handler
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from monitor import __version__
 from monitor.core.decisions import Outcome
@@ -122,6 +124,7 @@ class Metrics:
         wall_clock: Callable[[], float] = time.time,
         held: Callable[[], int] = lambda: 0,
         known: Callable[[], int] = lambda: 0,
+        log_dropped: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = CollectorRegistry()
         self._wall_clock = wall_clock
@@ -259,6 +262,14 @@ class Metrics:
             ["version", "python_version"],
             registry=registry,
         ).labels(__version__, platform.python_version()).set(1)
+        ReadCounter(
+            PREFIX + "log_lines_dropped",
+            "Log lines dropped because the reader of stdout did not keep up (the log writer's"
+            " queue was full) or could not be written to (`log.dropped` in the log says how"
+            " many).",
+            log_dropped,
+            registry,
+        )
         # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds, ...
         ProcessCollector(registry=registry)
 
@@ -323,6 +334,22 @@ class Metrics:
         last = self._last_frame_at()
         since = self._started_at if last is None else last
         return max(self._clock() - since, 0.0)
+
+
+class ReadCounter(Collector):
+    """A counter whose value is read at scrape time from `read`: one kept elsewhere (the log
+    writer's, counted on its own thread), so nothing is added per event here."""
+
+    def __init__(
+        self, name: str, documentation: str, read: Callable[[], int], registry: CollectorRegistry
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._read = read
+        registry.register(self)
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self._name, self._documentation, value=float(self._read()))
 
 
 class RateLimit:

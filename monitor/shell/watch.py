@@ -58,7 +58,7 @@ from monitor.shell.decide import (
     state_dir,
 )
 from monitor.shell.diagnosis import directory_known
-from monitor.shell.logs import LoopErrors, Throttle, configure_logging
+from monitor.shell.logs import LoopErrors, Throttle, lines_dropped, logging_off_the_loop
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.shell.resync import Resync, bounded
@@ -92,6 +92,14 @@ SILENCE_S = 30.0
 OWN_REFUSAL_WAIT_S = 1.0
 CHECK_SESSIONS_MAX = 64
 QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
+# Signals that must not end the daemon (their default action kills it silently, socket left
+# behind): SIGHUP, what a closed terminal and many operators' "reload" send, is ignored with
+# a line saying so (the settings are read once: a reload would rebuild every session's
+# tracking); SIGUSR1 logs what /status says (`monitor.status`); SIGUSR2 is ignored.
+HUP_IGNORED = "reloading is not offered: restart the monitor to apply changed settings"
+USR2_IGNORED = "SIGUSR2 has no meaning here"
+# Sessions a `monitor.status` line lists (held first, then busy): a log line stays short.
+STATUS_LINE_SESSIONS = 10
 # The plugin's 503 while the session's run is not known: its own rule judges the call.
 NOT_FOLLOWED = "the monitor is (re)connecting and has not read this session's run yet"
 # A standby refuses nothing on its own account: the plugin's own rule judges the call, the
@@ -142,8 +150,8 @@ def open_record(path: Path) -> TextIO:
 
 
 def run_watch(settings: Settings) -> int:
-    configure_logging(settings.log_format, settings.log_level)
-    return asyncio.run(Watch(settings).run())
+    with logging_off_the_loop(settings.log_format, settings.log_level):
+        return asyncio.run(Watch(settings).run())
 
 
 @contextlib.contextmanager
@@ -247,6 +255,7 @@ class Watch:
             # its routes before its next frame says so.
             self.tracker.engine_sessions((scope.only_session,))
         self._stop = asyncio.Event()
+        self._stopped_by: str | None = None  # the signal that stopped the watch, if one did
         # Calls' time bounds being waited for (`_deadline`), cancelled when watching stops.
         self._deadlines: set[asyncio.Task[None]] = set()
         self._fatal: BaseException | None = None
@@ -272,6 +281,7 @@ class Watch:
                 last_frame_at=lambda: self._last_frame_at,
                 clock=timing.clock,
                 read_limit=timing.read_timeout,
+                log_dropped=lines_dropped,
             )
         self.metrics_server: MetricsServer | None = None
         self.plugin_stats = PluginStats()
@@ -283,6 +293,7 @@ class Watch:
             self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
 
     async def run(self) -> int:
+        self._on_signals(asyncio.get_running_loop())
         with contextlib.ExitStack() as held:
             held.enter_context(_frozen_heap())
             if self.settings.record is not None:
@@ -305,6 +316,29 @@ class Watch:
     def stop(self) -> None:
         """Make `run` return as SIGTERM does: stop reading, let in-flight actions finish."""
         self._stop.set()
+
+    def _on_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        """SIGHUP, SIGUSR1 and SIGUSR2 logged, never fatal (see HUP_IGNORED); SIGTERM and
+        SIGINT stop the watch, from `_run` on."""
+        loop.add_signal_handler(signal.SIGHUP, self._ignore, "SIGHUP", HUP_IGNORED)
+        loop.add_signal_handler(signal.SIGUSR2, self._ignore, "SIGUSR2", USR2_IGNORED)
+        loop.add_signal_handler(signal.SIGUSR1, self.log_status)
+
+    @staticmethod
+    def _ignore(name: str, reason: str) -> None:
+        log.warning("signal.ignored", signal=name, reason=reason)
+
+    def log_status(self) -> None:
+        """What /status says, as one `monitor.status` line (SIGUSR1): ids, names, counts and
+        states, never an argument or a password; at most STATUS_LINE_SESSIONS sessions."""
+        status = self.status()
+        sessions = status["sessions"]
+        assert isinstance(sessions, list)
+        omitted = status["sessions_omitted"]
+        assert isinstance(omitted, int)
+        status["sessions"] = sessions[:STATUS_LINE_SESSIONS]
+        status["sessions_omitted"] = omitted + len(sessions[STATUS_LINE_SESSIONS:])
+        log.info("monitor.status", **status)
 
     async def _serve_metrics(self, metrics: Metrics) -> MetricsServer:
         address = self.settings.metrics_addr
@@ -461,7 +495,7 @@ class Watch:
         settings = self.settings
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self._stop.set)
+            loop.add_signal_handler(signum, self._stop_by, signum.name)
         loop.set_exception_handler(LoopErrors())
         log.info(
             "monitor.started",
@@ -525,7 +559,7 @@ class Watch:
             await self.toasts.close()
             if self.webhook is not None:
                 await self.webhook.close(WEBHOOK_DRAIN_S)
-        log.info("monitor.stopped")
+        log.info("monitor.stopped", signal=self._stopped_by)
         if self._fatal is not None:
             raise self._fatal
         return 0
@@ -550,6 +584,10 @@ class Watch:
         for task in done:
             if not task.cancelled() and isinstance(task.exception(), ConfigError):
                 self._fatal = task.exception()
+
+    def _stop_by(self, name: str) -> None:
+        self._stopped_by = name
+        self._stop.set()
 
     def _fail(self, exc: BaseException) -> None:
         self._fatal = exc
