@@ -26,6 +26,14 @@ from tests.monitor_process import MonitorProcess
 # pipe and the 4,096 lines of the writer's queue many times over.
 LOOPS = 1500
 DROPPED = "opencode_loop_monitor_log_lines_dropped_total"
+# A call of the first looping session, as the plugin asks about it.
+QUESTION = {
+    "session_id": "ses_p0",
+    "call_id": "call_q",
+    "tool": "read",
+    "args": {"filePath": "README.md"},
+    "directory": "/w",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -111,7 +119,7 @@ def test_a_full_queue_drops_and_counts_and_says_so_when_the_reader_is_back() -> 
 
 
 async def test_a_watch_whose_stdout_nobody_reads_stops_every_loop_and_answers(
-    tmp_path: Path,
+    tmp_path: Path, socket_path: Path
 ) -> None:
     stream = b"".join(loop_frames(f"ses_p{n}", 4, prefix=f"p{n}_") for n in range(LOOPS))
     fake = FakeOpencode(streams=[play(stream)])
@@ -124,7 +132,7 @@ async def test_a_watch_whose_stdout_nobody_reads_stops_every_loop_and_answers(
             "--url", str(server.make_url("")).rstrip("/"),
             "--log-format", "json",
             "--metrics-addr", "127.0.0.1:0",
-            "--plugin-socket", "off",
+            "--plugin-socket", str(socket_path),
         ],
         tmp_path,
     )  # fmt: skip
@@ -154,6 +162,13 @@ async def test_a_watch_whose_stdout_nobody_reads_stops_every_loop_and_answers(
                 text = await response.text()
         [count] = [line.split()[1] for line in text.splitlines() if line.startswith(DROPPED)]
         assert float(count) > 0
+        # The plugin's question is answered while the log stalls (it waits 200 ms at most).
+        connector = aiohttp.UnixConnector(str(socket_path))
+        async with aiohttp.ClientSession(connector=connector) as plugin:
+            asked = time.monotonic()
+            async with plugin.post("http://localhost/v1/decide", json=QUESTION) as answer:
+                assert answer.status == 200, await answer.text()
+            assert time.monotonic() - asked < 2.0  # loose: a shared host; 503 ms before
         # The reader is back: what was queued comes, then how much went missing.
         await until(lambda: pipe.events("log.dropped"), 30, 0.02, "log.dropped")
         code, _ = await monitor.stop()
