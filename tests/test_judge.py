@@ -389,3 +389,34 @@ def test_a_cut_question_finds_the_loop_the_stream_found_first_and_refuses_its_ca
             )
     assert judged.verdict.verdict == "block" and judged.decision is not None
     assert judged.decision.call_index == 4
+
+
+def test_a_call_of_the_step_before_ending_late_on_the_stream_does_not_move_the_step_back():
+    """Found by tests/test_model.py: the plugin asked about the next step's calls (the 4th
+    refused) before the stream carried the end of the step before; that end moved the
+    session's step back, and the `doom_loop` request about the burst was counted again."""
+    tracker = Tracker(Detection(permissions="gate"))
+    read = {"filePath": "README.md"}
+    judge(tracker, asked("call_0", step="msg_1"))
+    feed(tracker, [tool_part(S, "prt_1", "bash", "running", APPEND, None, None, "call_0", "msg_1")])
+    verdicts = []
+    for k in range(4):
+        verdicts.append(judge(tracker, asked(f"call_{k}", read, "read", "msg_2")).verdict.verdict)
+        if k < 3:
+            feed(
+                tracker,
+                [
+                    tool_part(
+                        S, f"prt_{k + 2}", "read", "running", read, None, None, f"call_{k}", "msg_2"
+                    )
+                ],
+            )
+    assert verdicts == ["allow"] * 3 + ["block"]
+    feed(
+        tracker, [tool_part(S, "prt_1", "bash", "completed", APPEND, "ok", None, "call_0", "msg_1")]
+    )
+    metadata = {"tool": "read", "input": read}
+    doom = {"sessionID": S, "id": "per_doom", "permission": "doom_loop", "metadata": metadata}
+    [reply] = tracker.feed({"type": "permission.asked", "properties": doom}).replies
+    assert (reply.reply, reply.loop) == ("once", None)
+    assert tracker.sessions_view()[0].interventions == 1

@@ -202,9 +202,11 @@ class ToolUpdates:
         if transparent and not follows:
             return QUIET[label]
         session = self._seen(part.session_id, part.directory)
-        if part.message_id is not None:
-            # The model step the call is of (one assistant message): the plugin's question
-            # names none, and is taken to be of the latest step the stream showed.
+        if part.message_id is not None and part.status not in _FINISHED:
+            # The model step the call is of (one assistant message): a question that names
+            # none is taken to be of the latest step the stream showed. Not from a call's
+            # end, which the stream may carry after the next step's questions came (issue 43:
+            # the step's `doom_loop` request was then taken for a loop of another step).
             session.step = part.message_id
         if part.status == "pending":
             return QUIET[label]  # no input yet: the call's life begins with its `running`
