@@ -56,6 +56,9 @@ V = TypeVar("V")
 # Parts of one session that started but have not finished yet; a model step rarely runs more
 # than a few calls at once, so this bound only matters for a server that never finishes any.
 MAX_IN_FLIGHT = 64
+# Steps a session has left that are still told from new ones (`SessionRecord.at_step`): a
+# late update comes from the step just before, a few at most under load.
+MAX_PAST_STEPS = 4
 # Distinct kinds of call whose permission behaviour is remembered, and requests, per session.
 MAX_ASKS = 256
 MAX_REQUESTS = 256
@@ -300,6 +303,7 @@ class SessionRecord:
         "run",
         "runs",
         "step",
+        "past_steps",
         "summary",
         "acted",
         "armed",
@@ -344,8 +348,10 @@ class SessionRecord:
         self.run = RunState.IDLE
         # Runs ended so far, as a decision's `run` names its own.
         self.runs = 0
-        # The latest model step the stream showed a call of (its assistant message id).
+        # The latest model step the stream or the plugin showed a call of (its assistant
+        # message id), and the steps before it (`at_step`).
         self.step: str | None = None
+        self.past_steps: tuple[str, ...] = ()
         # The message of the latest compaction's summary (monitor/core/compaction.py).
         self.summary: str | None = None
         # The intervention that stands for its loop in this run, if any.
@@ -398,6 +404,18 @@ class SessionRecord:
 
     def history_length(self) -> int:
         return 0 if self.digests is None else len(self.digests)
+
+    def at_step(self, message_id: str) -> None:
+        """A call of the model step `message_id` (an assistant message) was seen: the session
+        is in that step, unless it is one it has left. The plugin's questions come out of
+        band and overtake the stream, which may carry an earlier step's last updates after
+        the next step's questions (issue 43: the step's `doom_loop` request was then taken
+        for a loop of another step, and counted again)."""
+        if message_id == self.step or message_id in self.past_steps:
+            return
+        if self.step is not None:
+            self.past_steps = (*self.past_steps[1 - MAX_PAST_STEPS :], self.step)
+        self.step = message_id
 
     def restart(self) -> None:
         """The run's history and the rules' state start over (a loop was acted on, or the

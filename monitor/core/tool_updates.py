@@ -142,7 +142,7 @@ class ToolUpdates:
             # The step the plugin saw the call in, which the stream may show only later: a
             # call of the model's next step, asked before, was taken for the refused call's
             # step (a burst), and its loop was not climbed on the ladder (issue 30, under load).
-            session.step = asked.message_id
+            session.at_step(asked.message_id)
         if asked.tool in self._transparent or asked.call_id is None:
             # With no call id (a plugin's that was unusable) the stream's update of this call
             # cannot be told to be the same call: recorded now, it would count twice. The
@@ -202,12 +202,10 @@ class ToolUpdates:
         if transparent and not follows:
             return QUIET[label]
         session = self._seen(part.session_id, part.directory)
-        if part.message_id is not None and part.status not in _FINISHED:
+        if part.message_id is not None:
             # The model step the call is of (one assistant message): a question that names
-            # none is taken to be of the latest step the stream showed. Not from a call's
-            # end, which the stream may carry after the next step's questions came (issue 43:
-            # the step's `doom_loop` request was then taken for a loop of another step).
-            session.step = part.message_id
+            # none is taken to be of the latest step the stream showed.
+            session.at_step(part.message_id)
         if part.status == "pending":
             return QUIET[label]  # no input yet: the call's life begins with its `running`
         running = part.status == "running"

@@ -1,0 +1,369 @@
+"""A model of what a real server and its neighbours do, driving the core in random
+interleavings (Hypothesis's `RuleBasedStateMachine`): "one loop, one intervention" and the
+other promises are checked after every step, whatever the order, instead of in the orders a
+test names (issue 43).
+
+The model plays three parts, as they are ordered in reality:
+- the server, which puts its events on one stream in its own order (NOTES.md): a run begins
+  with a person's message; a model step's calls are shown running one by one, OpenCode's own
+  `doom_loop` check asking as the third identical call of a step starts; a call ends
+  (completed, or in error when refused or when its run was aborted); the next step begins
+  only once the step's calls have ended; a run ends idle; a session may be deleted;
+- the monitor's stream, which lags: the server's events reach the core in order, but as late
+  as the model likes (`deliver`);
+- the plugin, whose question about a call comes out of band, after the server showed the call
+  running and before it ran (or never: it fell open), so it may overtake the stream; and the
+  shell, which reports how each intervention ended, at once or later, in any order (an abort
+  or a refused `doom_loop` request ends the run on the server).
+
+What the core decides is checked against what the model knows of each call (its run, step
+and arguments, whether it was refused). Each counterexample found so far is a plain test:
+tests/test_judge.py (a burst asked about by `doom_loop`; a step's end that came late) and
+tests/test_abort_aftermath.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from monitor.core.decisions import Intervene, Outcome, Plan, Reply
+from monitor.core.feedback import MARK
+from monitor.core.plugin_protocol import PluginCall
+from monitor.core.tracker import Detection, Tracker
+from tests.frames_factory import deleted, idle, status, tool_part, user_frames
+
+SESSIONS = ("ses_a", "ses_b")
+# Two calls to repeat: one loop of either, or a cycle of both.
+ARGS = (
+    ("bash", {"command": "echo x >> out.txt", "description": "append"}),
+    ("read", {"filePath": "README.md"}),
+)
+ABORTED = "Tool execution aborted"
+REFUSED = f"{MARK}this call was refused"
+MAX_SESSIONS = 4
+# A step's calls: one call repeated (a burst), or a mix of both.
+PATTERNS = st.one_of(
+    st.tuples(st.sampled_from((0, 1)), st.integers(1, 6)).map(lambda t: [t[0]] * t[1]),
+    st.lists(st.sampled_from((0, 1)), min_size=1, max_size=6),
+)
+_STOPS = (Plan.STOP, Plan.HOLD)
+
+
+@dataclass
+class Call:
+    """One tool call as the model knows it."""
+
+    part_id: str
+    call_id: str
+    step: str
+    run: int
+    args: int  # index in ARGS
+    asked: bool = False
+    refused: bool = False  # the plugin threw: it never ran
+    ended: bool = False  # the server ended it (its last update is on the stream)
+
+
+@dataclass
+class Session:
+    plugin: bool
+    run: int = 0
+    busy: bool = False  # on the server
+    step: str | None = None
+    calls: list[Call] = field(default_factory=list)  # of the current step
+    doom_asked: bool = False  # in the current step
+    ending: bool = False  # aborted on the server: its calls end in error, then idle
+    # Counted interventions by (run, step, arguments): one loop, one intervention.
+    counted: dict[tuple[int, str, int], list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class Frame:
+    """A server event on its way to the monitor, and what the model knows of it."""
+
+    session_id: str
+    data: dict[str, Any]
+    call: Call | None = None
+
+
+class Monitor(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tracker = Tracker(Detection(permissions="gate", max_sessions=MAX_SESSIONS))
+        self.sessions: dict[str, Session] = {}
+        self.stream: deque[Frame] = deque()
+        self.ids = itertools.count(1)
+        # Decisions handed to the shell whose outcome is still to come, with their run.
+        self.under_way: list[tuple[Intervene, Outcome, int]] = []
+        self.violations: list[str] = []
+        self.trace: list[str] = []  # what happened, shortly, for a violation's message
+
+    # -- the server -----------------------------------------------------------------------
+
+    @rule(sid=st.sampled_from(SESSIONS), plugin=st.booleans())
+    def prompt(self, sid: str, plugin: bool) -> None:
+        """A person writes: a run begins (a new session has the plugin or not)."""
+        session = self.sessions.setdefault(sid, Session(plugin))
+        if session.busy:
+            return
+        session.run += 1
+        session.busy, session.step, session.calls = True, None, []
+        session.ending = False
+        message = f"msg_u{next(self.ids)}"
+        self.emit(sid, *user_frames(sid, message, "Please go on."), status(sid, "busy"))
+
+    @precondition(lambda self: any(self.can_step(s) for s in self.sessions.values()))
+    @rule(sid=st.sampled_from(SESSIONS), pattern=PATTERNS)
+    def step(self, sid: str, pattern: list[int]) -> None:
+        """A model step: its calls start, one by one, in one assistant message."""
+        session = self.sessions.get(sid)
+        if session is None or not self.can_step(session):
+            return
+        step = session.step = f"msg_s{next(self.ids)}"
+        session.calls, session.doom_asked = [], False
+        for k, args in enumerate(pattern):
+            # call ids repeat from step to step, as local models send them
+            call = Call(f"prt_{next(self.ids)}", f"call_{k}", step, session.run, args)
+            session.calls.append(call)
+            self.emit_call(sid, call, "running")
+            last = session.calls[-3:]
+            if len(last) == 3 and len({c.args for c in last}) == 1 and not session.doom_asked:
+                session.doom_asked = True
+                self.emit(sid, self.doom_request(sid, call), call=call)
+
+    @precondition(lambda self: self.open_calls(lambda s, c: True))
+    @rule(sid=st.sampled_from(SESSIONS), data=st.data())
+    def end_call(self, sid: str, data: st.DataObject) -> None:
+        """A call ends on the server: it ran (asked first where the plugin asks, unless it
+        fell open), or its run is being aborted."""
+        session = self.sessions.get(sid)
+        call = self.pick(sid, data, lambda s, c: True)
+        if session is None or call is None:
+            return
+        if session.ending:
+            self.end(sid, call, "error", ABORTED)
+        elif not session.plugin or call.asked or data.draw(st.integers(0, 9)) == 9:
+            self.end(sid, call, "completed")
+
+    @precondition(lambda self: any(s.busy for s in self.sessions.values()))
+    @rule(sid=st.sampled_from(SESSIONS))
+    def finish_run(self, sid: str) -> None:
+        """The run ends once its calls have (the model answered, or the abort landed)."""
+        session = self.sessions.get(sid)
+        if session is None or not session.busy or any(not c.ended for c in session.calls):
+            return
+        session.busy = False
+        self.emit(sid, status(sid, "idle"), idle(sid))
+
+    @precondition(lambda self: bool(self.sessions))
+    @rule(sid=st.sampled_from(SESSIONS))
+    def delete(self, sid: str) -> None:
+        if self.sessions.pop(sid, None) is not None:
+            self.emit(sid, deleted(sid))
+
+    # -- the stream -----------------------------------------------------------------------
+
+    @precondition(lambda self: bool(self.stream))
+    @rule(data=st.data())
+    def deliver(self, data: st.DataObject) -> None:
+        """The monitor reads the stream's next events, in the server's order."""
+        for _ in range(data.draw(st.integers(1, len(self.stream)))):
+            self.feed(self.stream.popleft())
+
+    # -- the plugin -----------------------------------------------------------------------
+
+    @precondition(lambda self: self.open_calls(lambda s, c: s.plugin and not c.asked))
+    @rule(sid=st.sampled_from(SESSIONS), data=st.data())
+    def ask(self, sid: str, data: st.DataObject) -> None:
+        """The plugin asks about a call before it runs (the stream may lag behind)."""
+        call = self.pick(sid, data, lambda s, c: s.plugin and not c.asked and not s.ending)
+        if call is None:
+            return
+        call.asked = True
+        tool, args = ARGS[call.args]
+        self.trace.append(f"ask:{call.part_id}")
+        question = PluginCall(sid, call.call_id, tool, args, "/p", message_id=call.step)
+        judged = self.tracker.judge(question)
+        blocked = judged.verdict.verdict == "block"
+        if blocked:
+            call.refused = True
+            self.end(sid, call, "error", REFUSED)  # the plugin threw: the server ends it
+        decision = judged.decision
+        if decision is None:
+            return
+        self.decided(sid, decision, call)
+        if not blocked:
+            self.hand_over(decision, Outcome.NUDGED, call.run)
+        elif decision.plan in _STOPS:
+            self.hand_over(decision, Outcome.HELD if decision.hold else Outcome.ABORTED, call.run)
+        elif decision.plan != Plan.DEFER:
+            self.tracker.outcome(decision, Outcome.BLOCKED)  # as `refused_call` does at once
+
+    # -- the shell ------------------------------------------------------------------------
+
+    @precondition(lambda self: bool(self.under_way))
+    @rule(data=st.data())
+    def settle(self, data: st.DataObject) -> None:
+        """An intervention under way ends (the shell reports how), in any order; an abort or
+        a refused `doom_loop` request ends its run on the server."""
+        decision, outcome, run = self.under_way.pop(
+            data.draw(st.integers(0, len(self.under_way) - 1))
+        )
+        self.trace.append(f"{outcome}:#{decision.prior_interventions + 1}")
+        session = self.sessions.get(decision.session_id)
+        ends_run = outcome in (Outcome.ABORTED, Outcome.HELD, Outcome.REJECTED)
+        if session is not None and ends_run and session.run == run and session.busy:
+            session.ending = True
+        self.tracker.outcome(decision, outcome)
+
+    def hand_over(self, decision: Intervene, outcome: Outcome, run: int) -> None:
+        self.under_way.append((decision, outcome, run))
+
+    # -- what the core said ---------------------------------------------------------------
+
+    def feed(self, frame: Frame) -> None:
+        sid = frame.session_id
+        part = frame.data["properties"].get("part", {})
+        self.trace.append(
+            f"{frame.data['type']}:{part.get('id', sid)}:{part.get('state', {}).get('status', '')}"
+        )
+        fed = self.tracker.feed(frame.data)
+        for decision in fed.decisions:
+            self.decided(sid, decision, frame.call, part.get("state", {}).get("error"))
+            if decision.plan == Plan.DEFER:
+                continue
+            if decision.refused and decision.plan not in _STOPS:
+                self.tracker.outcome(decision, Outcome.BLOCKED)
+            elif decision.plan == Plan.NUDGE:
+                self.hand_over(decision, Outcome.NUDGED, self.run_of(frame))
+            else:
+                stop = Outcome.HELD if decision.hold else Outcome.ABORTED
+                self.hand_over(decision, stop, self.run_of(frame))
+        for reply in fed.replies:
+            self.answered(sid, reply, frame)
+        self.check_state(frame)
+
+    def answered(self, sid: str, reply: Reply, frame: Frame) -> None:
+        if reply.loop is None:
+            return
+        self.decided(sid, reply.loop, frame.call)
+        if reply.loop.plan != Plan.DEFER:
+            self.hand_over(reply.loop, Outcome.REJECTED, self.run_of(frame))
+
+    def decided(
+        self, sid: str, decision: Intervene, call: Call | None, error: str | None = None
+    ) -> None:
+        """Check one decision against what the model knows of the call it came with (and of
+        the error its update ended in)."""
+        if decision.plan == Plan.DEFER or call is None:
+            return
+        session = self.sessions.get(sid)
+        if error == REFUSED and not decision.refused:
+            self.violations.append(
+                f"{call.part_id}, refused in band, decided again ({decision.rule})"
+            )
+        if error == ABORTED:
+            self.violations.append(
+                f"{call.part_id}: the abort's aftermath counted ({decision.rule})"
+            )
+        if session is None or not decision.finding.names_calls:
+            return
+        said = (
+            f"{decision.rule} {decision.plan} #{decision.prior_interventions + 1} at {call.part_id}"
+        )
+        earlier = session.counted.setdefault((call.run, call.step, call.args), [])
+        earlier.append(said)
+        if len(earlier) > 1:
+            self.violations.append(
+                f"{sid} run {call.run} step {call.step}: {len(earlier)} interventions for one"
+                f" loop: {', '.join(earlier)}; trace: {' '.join(self.trace)}"
+            )
+
+    def check_state(self, frame: Frame) -> None:
+        """State cleared: a session idle is not busy and has no run; a deleted one is gone."""
+        kind = frame.data["type"]
+        views = {view.session_id: view for view in self.tracker.sessions_view()}
+        view = views.get(frame.session_id)
+        if kind == "session.idle" and view is not None and (view.busy or view.run_calls):
+            self.violations.append(
+                f"{frame.session_id} idle, yet busy={view.busy} run_calls={view.run_calls}"
+            )
+        if kind == "session.deleted" and view is not None:
+            self.violations.append(f"{frame.session_id} deleted, yet followed")
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def emit(self, sid: str, *frames: dict[str, Any], call: Call | None = None) -> None:
+        self.stream.extend(Frame(sid, frame, call) for frame in frames)
+
+    def emit_call(self, sid: str, call: Call, status: str, error: str | None = None) -> None:
+        tool, args = ARGS[call.args]
+        output = "ok" if status == "completed" else None
+        frame = tool_part(
+            sid, call.part_id, tool, status, args, output, error, call.call_id, call.step
+        )
+        self.emit(sid, frame, call=call)
+
+    def end(self, sid: str, call: Call, status: str, error: str | None = None) -> None:
+        call.ended = True
+        self.emit_call(sid, call, status, error)
+
+    def doom_request(self, sid: str, call: Call) -> dict[str, Any]:
+        tool, args = ARGS[call.args]
+        request_id = f"per_doom{next(self.ids)}"
+        props = {
+            "id": request_id,
+            "sessionID": sid,
+            "permission": "doom_loop",
+            "metadata": {"tool": tool, "input": args},
+        }
+        return {"type": "permission.asked", "properties": props}
+
+    def can_step(self, session: Session) -> bool:
+        return session.busy and not session.ending and all(c.ended for c in session.calls)
+
+    def open_calls(self, fits: Callable[[Session, Call], bool]) -> bool:
+        return any(fits(s, c) for s in self.sessions.values() for c in s.calls if not c.ended)
+
+    def pick(
+        self, sid: str, data: st.DataObject, fits: Callable[[Session, Call], bool]
+    ) -> Call | None:
+        session = self.sessions.get(sid)
+        if session is None:
+            return None
+        calls = [c for c in session.calls if not c.ended and fits(session, c)]
+        if not calls:
+            return None
+        # Mostly in the order the model asked for them, as the server runs a step's calls.
+        return calls[data.draw(st.integers(0, len(calls) - 1) | st.just(0))]
+
+    def run_of(self, frame: Frame) -> int:
+        if frame.call is not None:
+            return frame.call.run
+        session = self.sessions.get(frame.session_id)
+        return -1 if session is None else session.run
+
+    @invariant()
+    def promises_kept(self) -> None:
+        # Each with the trace of what led to it: the shrunk example is the regression test.
+        assert not self.violations, "\n".join(self.violations)
+
+    @invariant()
+    def memory_bounded(self) -> None:
+        assert len(self.tracker.sessions_view()) <= MAX_SESSIONS
+
+
+Monitor.TestCase.settings = settings(
+    max_examples=1000,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestMonitor = Monitor.TestCase
