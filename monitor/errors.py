@@ -10,8 +10,9 @@ Callers catch what they mean:
   session's own route answered 404, so the session is deleted (a 404 of any other route is
   a `Refused` with status 404); `MalformedId`: an id not of OpenCode's shape, never sent.
 
-Errors of one stage stay beside it and join the hierarchy: `DetectionError` (core/limits.py) is
-a `ConfigError`; `RecordingError` (core/replay.py) and `LabelError` (core/evaluate.py) are
+Errors of one stage stay beside it and join the hierarchy: `FrameError` (core/frames.py), a
+frame of the server's that is not usable JSON, is a `ServerError`; `DetectionError`
+(core/limits.py) is a `ConfigError`; `RecordingError` (core/replay.py) and `LabelError` (core/evaluate.py) are
 `InputError`s; the kit's `SandboxError` and `DemoError` are `MonitorError`s (what the kit
 started failed, EX_FAILED, 1). Private classes that only steer control flow inside one module
 (`_Unanswered` in shell/api.py, `_NoHeaders` in shell/stream.py, ...) stay there.

@@ -119,3 +119,24 @@ def test_one_hierarchy_a_local_and_a_remote_kind() -> None:
         assert kind is MonitorError or issubclass(kind, LocalError) != issubclass(
             kind, ServerError
         ), name
+
+
+def test_every_exception_class_of_the_package_is_a_monitor_error() -> None:
+    """Issue 43: every error the package defines joins the one hierarchy (FrameError was a
+    bare ValueError); only private classes that steer control flow in one module stay out."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import monitor
+
+    outside = []
+    for info in pkgutil.walk_packages(monitor.__path__, "monitor."):
+        if info.name == "monitor.__main__":
+            continue  # runs the command line
+        module = importlib.import_module(info.name)
+        for name, kind in inspect.getmembers(module, inspect.isclass):
+            mine = kind.__module__ == info.name and issubclass(kind, Exception)
+            if mine and not name.startswith("_") and not issubclass(kind, MonitorError):
+                outside.append(f"{info.name}.{name}")
+    assert outside == []

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Iterator
 
 import orjson
 
+from monitor.errors import ServerError
+
 __all__ = [
     "FrameError",
     "MAX_LINE_BYTES",
@@ -28,8 +30,9 @@ __all__ = [
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 
 
-class FrameError(ValueError):
-    """A payload that is not usable JSON; the message is safe to log."""
+class FrameError(ServerError, ValueError):
+    """A payload that is not usable JSON; the message is safe to log. The server sent it:
+    the remote kind of `MonitorError` (still a `ValueError`, as decoding errors are)."""
 
 
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
