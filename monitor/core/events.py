@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, dataclass_transform
 
 from monitor.core.compaction import continues, is_summary
+from monitor.core.signature import text_crc
 
 __all__ = [
     "Event",
@@ -438,7 +439,7 @@ def _step_part(part: dict[str, Any], directory: str | None) -> WorkspaceState | 
 
 def workspace_digest(snapshot: str) -> int:
     """32 bits of a snapshot hash; 0 stands for "unknown", so never 0."""
-    return hash(snapshot) & 0xFFFFFFFF or 1
+    return text_crc(snapshot) or 1
 
 
 def _text_part(part: dict[str, Any], kind: str, directory: str | None) -> TextPart:
@@ -584,16 +585,9 @@ def _session_diff(props: dict[str, Any], directory: str | None) -> SessionDiff:
     summary = [len(entries)]
     for entry in entries[:_DIFF_FILES]:
         if isinstance(entry, dict):
-            summary.append(
-                hash(
-                    (
-                        str(entry.get("file")),
-                        _count(entry.get("additions")),
-                        _count(entry.get("deletions")),
-                        str(entry.get("status")),
-                    )
-                )
-            )
+            file, status = str(entry.get("file")), str(entry.get("status"))
+            added, deleted = _count(entry.get("additions")), _count(entry.get("deletions"))
+            summary.append(text_crc(f"{file}\0{added}\0{deleted}\0{status}"))
     return SessionDiff(_text(props, "sessionID"), hash(tuple(summary)), directory)
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zlib
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-__all__ = ["canonical_signature", "signature_digest"]
+__all__ = ["canonical_signature", "signature_digest", "text_crc"]
 
 _dump_scalar: Callable[[Any], str] = json.JSONEncoder(
     ensure_ascii=False, allow_nan=True, separators=(",", ":")
@@ -90,3 +91,12 @@ def signature_digest(signature: str) -> int:
     """
     raw = hashlib.blake2b(signature.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(raw, "little", signed=True)
+
+
+def text_crc(text: str, seed: int = 0) -> int:
+    """32 bits of `text`, chained on `seed` (a digest of what came before it), the same in
+    every process: the builtin `hash()` of a str is salted per process (PYTHONHASHSEED), so
+    a rule that kept it decided differently from one process to the next (issue 44). CRC-32
+    is as cheap as `hash()` here, and these digests are only compared for equality, where
+    one false match in 2**32 is nothing next to the repetitions a rule asks for."""
+    return zlib.crc32(text.encode("utf-8", "surrogatepass"), seed)

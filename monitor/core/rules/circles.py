@@ -52,6 +52,7 @@ from monitor.core.rules.facts import (
 )
 from monitor.core.rules.failure import failed
 from monitor.core.session import Call, SessionRecord
+from monitor.core.signature import text_crc
 
 __all__ = ["CirclesRule", "SAME_FILTER", "WINDOW", "filter_of", "found_nothing", "looks"]
 
@@ -121,7 +122,7 @@ def filter_of(tool: str, args: Any) -> int | None:
         return None
     last = len(tokens) - 1 - tokens[::-1].index("|")
     stage = " ".join("".join(tokens[last + 1 :]).split())
-    return hash(stage) & 0xFFFFFFFF if stage else None
+    return text_crc(stage) if stage else None
 
 
 class Searches:

@@ -60,6 +60,7 @@ from typing import Any
 from monitor.core.findings import Finding, NoProgress
 from monitor.core.rules.facts import OutcomeRule, remember, run_state, server_changed, workspace
 from monitor.core.session import Call, SessionRecord, outcome_digest
+from monitor.core.signature import text_crc
 
 __all__ = ["NoProgressRule", "is_keystroke"]
 
@@ -221,7 +222,7 @@ def _measured(state: Checks) -> Measured:
 
 
 def _digest(path: str, line: str | None) -> int:
-    return hash((path, line)) & 0xFFFFFFFF
+    return text_crc("\1" if line is None else f"\0{line}", text_crc(path))
 
 
 def _lines(path: str, text: str | None) -> set[int]:

@@ -33,6 +33,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from monitor.core.signature import text_crc
+
 __all__ = ["MAX_BLOCK", "MAX_UNIT", "TextLoop", "TextStream", "text_digest"]
 
 MAX_UNIT = 512  # characters of one unit held at most; a longer unit is cut
@@ -153,7 +155,7 @@ class TextStream:
         if self._line == _PROSE:
             return self._sentences(text)
         while len(text) > MAX_UNIT:  # a long line in a block: fold it in by pieces
-            self._block = hash((self._block, text[:MAX_UNIT]))
+            self._block = text_crc(text[:MAX_UNIT], self._block)
             text = text[MAX_UNIT:]
         return text
 
@@ -171,12 +173,12 @@ class TextStream:
         elif kind == _FENCE:
             if self._in_fence:
                 self._in_fence = False
-                self._unit_hash(hash((self._block, line.strip())))
+                self._unit_hash(text_crc("\n" + line.strip(), self._block))
             else:
                 self._in_fence = True
-                self._block = hash(line.strip())
+                self._block = text_crc(line.strip())
         else:  # a line of code or of a table
-            self._block = hash((self._block, line))
+            self._block = text_crc("\n" + line, self._block)
 
     def _sentences(self, text: str) -> str:
         last = 0
@@ -193,7 +195,7 @@ class TextStream:
 
     def _unit(self, text: str) -> None:
         if _WORDY.search(text):
-            self._unit_hash(hash(" ".join(text.split())))
+            self._unit_hash(text_crc(" ".join(text.split())))
 
     def _unit_hash(self, digest: int) -> None:
         ring, runs = self._ring, self._runs
@@ -222,4 +224,4 @@ class TextStream:
 def text_digest(text: str) -> int | None:
     """What makes two whole texts the same for `text_steps`: the words, white space aside.
     None for a text with no letter or digit."""
-    return hash(" ".join(text.split())) if _WORDY.search(text) else None
+    return text_crc(" ".join(text.split())) if _WORDY.search(text) else None
