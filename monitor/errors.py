@@ -12,10 +12,11 @@ Callers catch what they mean:
 
 Errors of one stage stay beside it and join the hierarchy: `FrameError` (core/frames.py), a
 frame of the server's that is not usable JSON, is a `ServerError`; `DetectionError`
-(core/limits.py) is a `ConfigError`; `RecordingError` (core/replay.py) and `LabelError` (core/evaluate.py) are
-`InputError`s; the kit's `SandboxError` and `DemoError` are `MonitorError`s (what the kit
-started failed, EX_FAILED, 1). Private classes that only steer control flow inside one module
-(`_Unanswered` in shell/api.py, `_NoHeaders` in shell/stream.py, ...) stay there.
+(core/limits.py) is a `ConfigError`; `RecordingError` (core/replay.py) and `LabelError`
+(core/evaluate.py) are `InputError`s; the kit's `SandboxError` and `DemoError` are
+`MonitorError`s (what the kit started failed, EX_FAILED, 1). Private classes that only steer
+control flow inside one module (`_Unanswered` in shell/api.py, `_NoHeaders` in
+shell/stream.py, ...) stay there.
 
 The command line catches `MonitorError` where it ends (monitor/cli.py) and says it in one line
 with the exit status of its kind (monitor/exits.py).

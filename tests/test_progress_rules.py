@@ -15,7 +15,6 @@ import pytest
 from monitor.config import load_settings
 from monitor.core.budget import Budget
 from monitor.core.events import MessageUsage, parse_event
-from monitor.core.signature import text_crc
 from monitor.core.plugin_protocol import PluginCall
 from monitor.core.rules.circles import filter_of, found_nothing, looks
 from monitor.core.rules.facts import COMMAND_EDGE, TEXT_EDGE, changes_files, rule_args
@@ -23,6 +22,7 @@ from monitor.core.rules.no_progress import is_keystroke
 from monitor.core.rules.runaway import repeats
 from monitor.core.rules.waiting import waits_by_command
 from monitor.core.session import Call, outcome_digest
+from monitor.core.signature import text_crc
 from monitor.core.tracker import Detection, Tracker
 from tests.frames_factory import SHARED_PLACES as _PLACES
 from tests.frames_factory import call as call_frames
