@@ -4,6 +4,7 @@ the reader, once back, is told how much it missed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -179,7 +180,15 @@ async def test_a_watch_whose_stdout_nobody_reads_stops_every_loop_and_answers(
             assert time.monotonic() - asked < 2.0  # loose: a shared host; 503 ms before
         # The reader is back: what was queued comes, then how much went missing.
         await until(lambda: pipe.events("log.dropped"), 30, 0.02, "log.dropped")
-        code, _ = await monitor.stop()
+        # Every loop's feedback posted, and the reader still reading while the monitor stops:
+        # its last lines (monitor.stopped) are written within the exit's 0.5 s, not left
+        # behind a pipe nobody empties.
+        await until(lambda: len(fake.of("prompt_async")) >= LOOPS, 60, 0.05, "every feedback")
+        stopping = asyncio.ensure_future(monitor.stop())
+        while not stopping.done():
+            pipe.drain()
+            await asyncio.sleep(0.01)
+        code, _ = await stopping
         assert code == 0
         records = pipe.drain()
         assert records[-1]["event"] == "monitor.stopped"
