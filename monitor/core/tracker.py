@@ -528,17 +528,7 @@ class Tracker:
         calls = (
             None if request.input is None else frozenset((self._tools.digest(tool, request.input),))
         )
-        directory, route = self._default_directory, self.route(request.session_id)
-        return decide(
-            session,
-            request.session_id,
-            finding,
-            part_id,
-            self.detection,
-            directory,
-            route=route,
-            calls=calls,
-        )
+        return self._decide(session, request.session_id, finding, part_id, calls=calls)
 
     def _delta(self, event: PartDelta) -> Intervene | None:
         finding = self.texts.delta(event)
@@ -579,8 +569,9 @@ class Tracker:
         finding: Finding,
         part_id: str,
         rearm: bool = True,
+        calls: frozenset[int] | None = None,
     ) -> Intervene:
         directory, route = self._default_directory, self.route(session_id)
         return decide(
-            session, session_id, finding, part_id, self.detection, directory, rearm, route
+            session, session_id, finding, part_id, self.detection, directory, rearm, route, calls
         )
