@@ -25,7 +25,8 @@ from aiohttp import web
 
 from monitor.core.tracker import Tracker
 from monitor.kit.sandbox import default_cache_dir, find_or_install_opencode
-from monitor.shell.decide import DecideServer, PluginEndpoint
+from monitor.shell.decide import DecideServer
+from monitor.shell.endpoint import PluginEndpoint
 from monitor.shell.plugin_install import render
 
 HARNESS = """

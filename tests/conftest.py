@@ -16,7 +16,7 @@ import pytest
 
 from monitor.kit.sandbox import OpencodeServer, default_cache_dir, find_or_install_opencode
 from monitor.kit.scripted_model import ScriptedModel
-from monitor.shell.decide import PluginEndpoint
+from monitor.shell.endpoint import PluginEndpoint
 from tests.harness import REPO
 from tests.monitor_process import MonitorProcess
 from tests.overshoot import overshoot

@@ -7,11 +7,12 @@ test_real_attach.py.
 
 import pytest
 
+from monitor.core.commands import Log, Stop
 from monitor.core.decisions import Outcome
 from monitor.core.export import current_run, export_frames
+from monitor.core.monitor import Monitor
 from monitor.core.rules.cycle import Cycle
 from monitor.core.tracker import Detection, Tracker
-from monitor.shell.attach import OneSession
 from tests import frames_factory as ff
 from tests.frames_factory import READ, call, deleted, feed_all, idle, loop_of, tool_part
 
@@ -70,10 +71,17 @@ def test_deletion_of_the_followed_session_is_reported():
     assert tracker.history_length(S) == 0
 
 
-def test_one_session_scope_ends_on_its_deletion_only():
-    scope = OneSession(S, "/project")
-    assert scope.ended(Tracker(only_session=S).feed(deleted(S))) is True
-    assert OneSession(S, None).ended(Tracker().feed(deleted(OTHER))) is False
+def test_following_one_session_ends_on_its_deletion_only_and_says_so_once():
+    tracker = Tracker(only_session=S)
+    monitor = Monitor(tracker, only_session=S)
+    assert list(monitor.fed(tracker.feed(deleted(OTHER)), 0.0)) == []
+    assert list(monitor.fed(tracker.feed(deleted(S)), 0.0)) == [
+        Log("info", "attach.session_deleted", {"session_id": S}),
+        Stop(),
+    ]
+    assert list(monitor.fed(tracker.feed(deleted(S)), 0.0)) == []
+    everyone = Tracker()
+    assert list(Monitor(everyone).fed(everyone.feed(deleted(S)), 0.0)) == []
 
 
 # -- the current run ------------------------------------------------------------------------

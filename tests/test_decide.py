@@ -30,10 +30,12 @@ from monitor.core.plugin_protocol import (
     block,
     question_mac,
 )
+from monitor.core.plugin_stats import PluginStats, Unasked
 from monitor.errors import ConfigError
-from monitor.shell import decide, metrics
+from monitor.shell import decide, endpoint, metrics
 from monitor.shell.acting import Role
-from monitor.shell.decide import DecideServer, PluginEndpoint, PluginStats, Unasked, state_dir
+from monitor.shell.decide import DecideServer
+from monitor.shell.endpoint import PluginEndpoint, state_dir
 from tests.harness import wait_for
 
 CALL = {
@@ -362,9 +364,9 @@ def test_unasked_counts_calls_at_most_once_per_interval():
 
 
 def test_a_directory_label_is_cleaned() -> None:
-    stats = PluginStats(clock=lambda: 5.0)
+    stats = PluginStats()
     call = PluginCall(**{**CALL, "directory": "/p\ud800\nx" + "y" * 300})
-    label, _ = stats.asked(call, ALLOW)
+    label, _ = stats.asked(call, ALLOW, 5.0)
     assert label == "/p x" + "y" * 251 + "…"
     assert label.encode("utf-8") and stats.view()[0]["directory"] == label
 
@@ -493,15 +495,15 @@ async def test_a_refused_request_closes_its_connection(tcp) -> None:
 
 def test_a_token_file_is_read_back_and_must_be_ours_closed_and_no_link(folder) -> None:
     path = folder / "token"
-    token = decide.read_or_create_token(path)
-    assert decide.read_or_create_token(path) == token
+    token = endpoint.read_or_create_token(path)
+    assert endpoint.read_or_create_token(path) == token
     link = folder / "link"
     link.symlink_to(path)
     with pytest.raises(ConfigError, match="link: cannot read"):
-        decide.read_or_create_token(link)  # followed before issue 25
+        endpoint.read_or_create_token(link)  # followed before issue 25
     path.chmod(0o620)
     with pytest.raises(ConfigError, match="open to others"):
-        decide.read_or_create_token(path)  # writable by the group: accepted before issue 25
+        endpoint.read_or_create_token(path)  # writable by the group: accepted before issue 25
 
 
 def test_an_empty_token_file_left_by_a_crash_is_replaced(folder) -> None:
@@ -509,11 +511,11 @@ def test_an_empty_token_file_left_by_a_crash_is_replaced(folder) -> None:
     # later start refuse ("is empty or not a token") until a person deleted it.
     path = folder / "token"
     path.touch(mode=0o600)
-    token = decide.read_or_create_token(path)
+    token = endpoint.read_or_create_token(path)
     assert len(token) >= 32 and path.read_text() == token + "\n"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert sorted(p.name for p in folder.iterdir()) == ["token"]
-    assert decide.read_or_create_token(path) == token
+    assert endpoint.read_or_create_token(path) == token
 
 
 def test_a_token_write_that_fails_leaves_nothing_in_the_way(folder, monkeypatch) -> None:
@@ -528,10 +530,10 @@ def test_a_token_write_that_fails_leaves_nothing_in_the_way(folder, monkeypatch)
 
     monkeypatch.setattr(os, "write", full)
     with pytest.raises(ConfigError, match="cannot write .*nothing was left there"):
-        decide.read_or_create_token(path)
+        endpoint.read_or_create_token(path)
     assert list(folder.iterdir()) == []
     monkeypatch.undo()
-    assert len(decide.read_or_create_token(path)) >= 32
+    assert len(endpoint.read_or_create_token(path)) >= 32
 
 
 @pytest.fixture
@@ -558,14 +560,14 @@ def test_a_full_disk_leaves_nothing_that_blocks_the_next_start(full_disk) -> Non
     folder, filler = full_disk
     path = folder / "token"
     with pytest.raises(ConfigError, match="cannot write .*No space left"):
-        decide.read_or_create_token(path)  # an OSError and an empty file before issue 33
+        endpoint.read_or_create_token(path)  # an OSError and an empty file before issue 33
     assert sorted(p.name for p in folder.iterdir()) == ["filler"]
     # The acting monitor's lock needs no space: only its pid (for `status`) is lost.
     role = Role(folder, "http://127.0.0.1:4096")
     assert role.try_acting() and role.holder() is None
     role.close()
     filler.unlink()
-    token = decide.read_or_create_token(path)
+    token = endpoint.read_or_create_token(path)
     assert path.read_text() == token + "\n"
 
 
@@ -578,7 +580,7 @@ def test_a_token_file_planted_by_another_user_is_refused(folder) -> None:
     path.chmod(0o600)
     os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
     with pytest.raises(ConfigError, match="belongs to another user"):
-        decide.read_or_create_token(path)
+        endpoint.read_or_create_token(path)
 
 
 async def test_no_request_breaks_metrics_or_status(folder) -> None:
@@ -617,7 +619,7 @@ async def test_no_request_breaks_metrics_or_status(folder) -> None:
         assert verdicts == ["allow"] * 4 + ["block"]
         # The next connect's resync asks every other folder and keeps this session's run.
         with structlog.testing.capture_logs() as logs:
-            await watch._resync(first=False)
+            await watch.resync.run(first=False)
         events = [entry["event"] for entry in logs]
         assert "stream.resynced" in events and "stream.resync_failed" not in events
         assert watch.tracker.running().keys() >= {CALL["session_id"]}
@@ -645,8 +647,8 @@ async def test_a_question_before_the_resync_read_its_run_back_waits_for_it(folde
     # the session. Judged at once, on an empty history, the loop's call ran; now it is
     # answered 503 (the plugin's own rule judges) until the resync has read the run back, and
     # then refused.
+    from monitor.core.monitor import NOT_FOLLOWED
     from monitor.core.plugin_protocol import RequestRefused
-    from monitor.shell.watch import NOT_FOLLOWED
     from monitor.testing import FakeOpencode
     from tests import frames_factory as ff
     from tests.harness import start, stop

@@ -7,9 +7,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def logged_events() -> set[str]:
-    # A log call in the shell, or a line the core's intervention asks the shell to log.
+    # A log call in the shell, or a line the core (an intervention, `Monitor`) asks the shell
+    # to log.
     pattern = re.compile(
-        r'(?:log\.(?:debug|info|warning|error)\(|Logged\(\s*"(?:debug|info|warning|error)",)'
+        r'(?:log\.(?:debug|info|warning|error)\(|(?:Logged|Log)\(\s*"(?:debug|info|warning|error)",)'
         r'\s*"([a-z_.]+)"'
     )
     return {

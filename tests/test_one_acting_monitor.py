@@ -20,11 +20,12 @@ from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
 from monitor.config import load_settings
+from monitor.core.monitor import STANDBY
 from monitor.core.plugin_protocol import RequestRefused
 from monitor.errors import ConfigError
 from monitor.shell.acting import Role
 from monitor.shell.notify import Notifier
-from monitor.shell.watch import STANDBY, Watch
+from monitor.shell.watch import Watch
 from monitor.testing import FakeOpencode
 from tests.harness import FAST, events, loop_frames, wait_for
 from tests.monitor_process import MonitorProcess

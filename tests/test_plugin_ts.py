@@ -19,7 +19,8 @@ from monitor.core.limits import HISTORY_FLOOR
 from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, block
 from monitor.core.rules.cycle import detect_cycle
 from monitor.kit.sandbox import default_cache_dir, find_or_install_bun
-from monitor.shell.decide import DecideServer, PluginEndpoint, socket_name
+from monitor.shell.decide import DecideServer
+from monitor.shell.endpoint import PluginEndpoint, socket_name
 from tests.harness import REPO
 
 TIMEOUT_S = 120

@@ -58,7 +58,7 @@ async def test_nothing_is_said_when_a_plugin_asks():
             async with http.post("http://localhost/v1/decide", json=call) as answer:
                 assert answer.status == 200
         # The positive sign: the check has seen the request.
-        await wait_for(lambda: watch._unasked.done)
+        await wait_for(lambda: watch.monitor.unasked.done)
         status = watch.status()
         await stop(*running)
     assert events(logs, "plugin.not_asking") == []

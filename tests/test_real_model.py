@@ -17,7 +17,7 @@ import pytest
 from monitor.core.feedback import MARK
 from monitor.kit.model import MODEL_ID, PROVIDER
 from monitor.kit.sandbox import OpencodeServer, tool_parts
-from monitor.shell.decide import PluginEndpoint, socket_name
+from monitor.shell.endpoint import PluginEndpoint, socket_name
 from monitor.shell.plugin_install import FILE_NAME
 from tests.harness import REPO
 from tests.model_command import Served, block_of, model_command

@@ -21,7 +21,7 @@ from monitor.core.feedback import HOLD_NOTE, MARK, OWN_REFUSAL
 from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer, free_loopback_port, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
-from monitor.shell.decide import PluginEndpoint, socket_name
+from monitor.shell.endpoint import PluginEndpoint, socket_name
 from tests.harness import (
     APPEND,
     opencode_run,

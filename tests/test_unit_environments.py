@@ -20,7 +20,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from monitor.config import load_settings
-from monitor.shell.decide import plugin_endpoint
+from monitor.shell.endpoint import plugin_endpoint
 from monitor.testing import FakeOpencode, play
 from tests.monitor_process import CONSOLE_SCRIPT, MonitorProcess
 from tests.units import (

@@ -3,6 +3,7 @@ seed's rule set (`SEED`), and the rules a setting turns on (`rules_of`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -21,7 +22,7 @@ from monitor.core.rules.revisit import RevisitRule
 from monitor.core.rules.runaway import RunawayRule
 from monitor.core.rules.text_steps import StepsRule
 
-__all__ = ["SEED", "Detection", "MatchMode", "rules_of"]
+__all__ = ["SEED", "Detection", "MatchMode", "log_fields", "rules_of"]
 
 MatchMode = Literal["input", "input+output"]
 
@@ -130,3 +131,18 @@ def rules_of(detection: Detection) -> tuple[list[CallRule], list[TextRule]]:
         call_rules.append(steps)  # a new outcome between two texts starts its count again
         text_rules.append(steps)
     return call_rules, text_rules
+
+
+def log_fields(detection: Detection) -> dict[str, object]:
+    """The detection settings as JSON-friendly log fields (names and numbers only)."""
+    fields: dict[str, object] = {}
+    for field in dataclasses.fields(detection):
+        value = getattr(detection, field.name)
+        if isinstance(value, frozenset):
+            value = sorted(value)
+        elif field.name == "ignore_args":
+            value = {tool: sorted(keys) for tool, keys in (value or {}).items()}
+        elif isinstance(value, Budget):
+            value = str(value)  # `off`, or as the setting is written: `steps=200,cost=5`
+        fields[field.name] = value
+    return fields

@@ -50,7 +50,7 @@ from monitor.kit.sandbox import (
     tool_parts,
 )
 from monitor.kit.scripted_model import DEFAULT_ANSWER, ScriptedModel, script
-from monitor.shell.decide import PluginEndpoint
+from monitor.shell.endpoint import PluginEndpoint
 from monitor.shell.logs import configure_logging
 from monitor.shell.notify import Notifier
 from monitor.shell.stream import READ_BUFSIZE, stream_timeout, stream_url

@@ -29,7 +29,7 @@ import aiohttp
 from monitor.errors import MonitorError, ServerError
 from monitor.kit.poll import until
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
-from monitor.shell.decide import PluginEndpoint
+from monitor.shell.endpoint import PluginEndpoint
 from monitor.shell.plugin_install import FILE_NAME as PLUGIN_FILE
 from monitor.shell.plugin_install import render as render_plugin
 

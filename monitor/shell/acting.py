@@ -45,7 +45,14 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
 
-__all__ = ["POLL_S", "Role", "server_key"]
+import structlog
+
+from monitor.errors import ConfigError
+from monitor.shell.endpoint import private_dir
+
+__all__ = ["POLL_S", "Role", "poll_role", "role_view", "server_key", "take_role"]
+
+log = structlog.get_logger("monitor.shell.watch")
 
 # How often a standby tries to take over (the `--help` of `watch` says "within a second or two").
 POLL_S = 1.0
@@ -266,3 +273,48 @@ class Role:
 
     def _attached(self, session_id: str) -> str:
         return f"{self._attach_prefix}{_UNSAFE.sub('_', session_id)}.lock"
+
+
+def take_role(folder: Path, url: str, session_id: str | None, endpoint: bool) -> Role | None:
+    """Act, or stand by for the monitor that acts for this server; None (unguarded) when the
+    folder of the locks cannot be made private."""
+    try:
+        private_dir(folder)
+    except (ConfigError, OSError) as exc:
+        log.warning("monitor.unguarded", folder=str(folder), reason=str(exc))
+        return None
+    role = Role(folder, url, session_id, endpoint)
+    if role.try_acting():
+        log.info("monitor.acting", session_id=session_id)
+    else:
+        log.warning(
+            "monitor.standby",
+            acting_pid=role.holder(),
+            session_id=session_id,
+            message="another monitor acts for this server: this one logs the loops it "
+            "finds and takes over when that one stops",
+        )
+    return role
+
+
+def poll_role(role: Role, session_id: str | None) -> None:
+    """One poll: a standby tries to take over from the acting monitor; an acting one without
+    the plugin endpoint gives the role to one with it."""
+    was_acting = role.acting
+    if role.give_way():
+        log.warning(
+            "monitor.gave_way",
+            message="a monitor serving the plugin endpoint watches this server: it acts "
+            "from its next poll, this one stands by",
+        )
+    elif role.try_acting() and not was_acting:
+        log.warning("monitor.took_over", session_id=session_id)
+
+
+def role_view(role: Role | None, dry_run: bool) -> dict[str, object]:
+    """Whether this monitor acts (`status`): `standby` names the one that does."""
+    if role is None:
+        return {"state": "dry run" if dry_run else "unguarded"}
+    if role.acting:
+        return {"state": "acting"}
+    return {"state": "standby", "acting_pid": role.holder()}

@@ -23,7 +23,6 @@ import structlog
 from monitor.config import Settings, public_url
 from monitor.core.export import feedback_count
 from monitor.core.ids import is_session_id
-from monitor.core.tracker import Fed
 from monitor.errors import MalformedId, ServerError, SessionGone
 from monitor.exits import EX_NOINPUT, EX_UNAVAILABLE
 from monitor.shell.api import OpencodeAPI
@@ -59,9 +58,6 @@ class OneSession:
             # Cannot tell: keep following; the next reconnect asks again.
             log.warning("stream.resync_failed", error=str(exc))
         return True
-
-    def ended(self, fed: Fed) -> bool:
-        return fed.deleted == self.only_session and not self._deleted()
 
     def engine(self, session_id: str) -> int:
         return self._engine if session_id == self.only_session else 1

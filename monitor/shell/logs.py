@@ -33,11 +33,11 @@ from typing import Any, TextIO
 import structlog
 
 from monitor.core.feedback import clean_tool_name
+from monitor.core.throttle import Throttle
 
 __all__ = [
     "LogWriter",
     "LoopErrors",
-    "Throttle",
     "configure_logging",
     "lines_dropped",
     "logging_off_the_loop",
@@ -129,42 +129,21 @@ def bound_line(render: structlog.typing.Processor) -> structlog.typing.Processor
     return bounded
 
 
-class Throttle:
-    """One log line per kind per interval, for events a client or a fault can repeat at will:
-    `due` counts one and, when a line is due, says how many came since the last line (this
-    one included); None while the interval runs. Kinds must come from a bounded set."""
-
-    def __init__(self, every: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self._every = every
-        self._clock = clock
-        # Per kind: when it was last logged, and how many came since.
-        self._seen: dict[str, tuple[float, int]] = {}
-
-    def due(self, kind: str) -> int | None:
-        now = self._clock()
-        logged_at, count = self._seen.get(kind, (float("-inf"), 0))
-        count += 1
-        if now - logged_at < self._every:
-            self._seen[kind] = (logged_at, count)
-            return None
-        self._seen[kind] = (now, 0)
-        return count
-
-
 class LoopErrors:
     """An event loop exception handler that logs each kind of error once per interval."""
 
     def __init__(
         self, every: float = LOOP_ERROR_EVERY_S, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._throttle = Throttle(every, clock)
+        self._throttle = Throttle(every)
+        self._clock = clock
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
         error = type(exc).__name__ if exc is not None else ""
         if isinstance(exc, OSError) and exc.strerror:
             error = exc.strerror
-        count = self._throttle.due(f"{context.get('message', '')}: {error}")
+        count = self._throttle.due(f"{context.get('message', '')}: {error}", self._clock())
         if count is not None:
             log.error("loop.error", message=context.get("message"), error=error, count=count)
 

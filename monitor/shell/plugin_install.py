@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from monitor.config import Settings, public_url
 from monitor.errors import ConfigError
 from monitor.exits import EX_NOT_INSTALLED, EX_OK, EX_OTHER_SERVER, EX_UNAVAILABLE
-from monitor.shell.decide import (
+from monitor.shell.endpoint import (
     PluginEndpoint,
     open_folder,
     plugin_endpoint,

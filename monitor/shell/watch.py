@@ -1,74 +1,61 @@
-"""The watch daemon: stream in, tracker decides, interventions act.
+"""The watch daemon: bytes in, `Monitor` decides, its commands carried out.
 
-This is the asyncio shell around the pure core. It moves frames from the stream into the
-tracker, hands decisions to `Interventions`, resyncs after every reconnect, tells systemd
-how it is doing, and shuts down in bounded time on SIGTERM or SIGINT.
+This is the asyncio shell around the pure core: it feeds every frame and every plugin
+question to `Monitor` and runs the commands it returns (an intervention begun by
+`Interventions`, a permission request answered, a metric, a log line, a timer), resyncs
+after every reconnect, tells systemd how it is doing, and shuts down in bounded time on
+SIGTERM or SIGINT. It decides nothing (tests/test_layers.py checks it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import errno
 import gc
 import os
 import signal
-import stat
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TextIO, TypeVar
+from typing import Protocol
 
 import aiohttp
 import structlog
 
 from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
-from monitor.core.budget import Budget
-from monitor.core.decisions import Deadline, Intervene, Outcome, Plan
-from monitor.core.frames import encode_sse
-from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, RequestRefused
-from monitor.core.profile import transparent_tools
-from monitor.core.resync import (
-    directories_to_ask,
-    finished_calls,
-    missed_by_stream,
-)
+from monitor.core.commands import Act, Answer, Await, Block, Command, Count, Log, Stop, Tell
+from monitor.core.decisions import Deadline, Intervene, Outcome
+from monitor.core.detection import log_fields
+from monitor.core.monitor import Monitor
+from monitor.core.plugin_protocol import PluginCall, PluginVerdict, RequestRefused
+from monitor.core.plugin_stats import UNASKED_AFTER_S, PluginStats
 from monitor.core.status_view import sessions_status
-from monitor.core.tracker import Detection, Fed, Tracker
-from monitor.errors import ConfigError, ServerError, SessionGone
+from monitor.core.tracker import Fed, Tracker
+from monitor.errors import ConfigError, ServerError
 from monitor.shell.acting import POLL_S as TAKEOVER_POLL_S
-from monitor.shell.acting import Role
+from monitor.shell.acting import Role, poll_role, role_view, take_role
 from monitor.shell.actions import Interventions, random_stagger
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
 from monitor.shell.api_v2 import EngineAPI, ServerKind
 from monitor.shell.backoff import Backoff
-from monitor.shell.decide import (
-    UNASKED_AFTER_S,
-    UNASKED_CHECK_S,
-    DecideServer,
+from monitor.shell.decide import DecideServer
+from monitor.shell.diagnosis import directory_known
+from monitor.shell.endpoint import (
     EndpointTaken,
-    PluginStats,
-    Unasked,
+    PluginEndpoint,
     check_endpoint,
     plugin_endpoint,
-    private_dir,
     state_dir,
 )
-from monitor.shell.diagnosis import directory_known
-from monitor.shell.logs import LoopErrors, Throttle, lines_dropped, logging_off_the_loop
+from monitor.shell.logs import LoopErrors, lines_dropped, logging_off_the_loop
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
-from monitor.shell.resync import Resync, bounded
-from monitor.shell.stream import (
-    READ_BUFSIZE,
-    READ_TIMEOUT_S,
-    RECONNECT,
-    EventStream,
-    stream_url,
-)
+from monitor.shell.record import Recorder, open_record
+from monitor.shell.resync import Resync
+from monitor.shell.silence import SILENCE_S, Silence
+from monitor.shell.stream import READ_BUFSIZE, READ_TIMEOUT_S, RECONNECT, EventStream, stream_url
 from monitor.shell.toast import Toasts
 from monitor.shell.webhook import Delivery, Webhook
 
@@ -80,17 +67,9 @@ log = structlog.get_logger("monitor.shell.watch")
 DRAIN_S = 3.0
 # Then notifications still being posted get this long (within the same 5 s).
 WEBHOOK_DRAIN_S = 1.0
-MALFORMED_LOG_EVERY_S = 10.0
-REFUSED_LOG_EVERY_S = 10.0
-# While runs are under way, a stream that brought no event but heartbeats for SILENCE_S is
-# checked against the server (its busy sessions, their finished calls) every SILENCE_S / 2,
-# and dropped, so resynced, when the server has what the stream did not bring. At most
-# CHECK_SESSIONS_MAX sessions' messages are read per check.
-SILENCE_S = 30.0
 # How long a loop `attach` finds at a call's start waits for that call's end: a plugin that
 # asks no monitor refuses the call by its own rule within milliseconds of its start.
 OWN_REFUSAL_WAIT_S = 1.0
-CHECK_SESSIONS_MAX = 64
 QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
 # Signals that must not end the daemon (their default action kills it silently, socket left
 # behind): SIGHUP, what a closed terminal and many operators' "reload" send, is ignored with
@@ -100,30 +79,6 @@ HUP_IGNORED = "reloading is not offered: restart the monitor to apply changed se
 USR2_IGNORED = "SIGUSR2 has no meaning here"
 # Sessions a `monitor.status` line lists (held first, then busy): a log line stays short.
 STATUS_LINE_SESSIONS = 10
-# The plugin's 503 while the session's run is not known: its own rule judges the call.
-NOT_FOLLOWED = "the monitor is (re)connecting and has not read this session's run yet"
-# A standby refuses nothing on its own account: the plugin's own rule judges the call, the
-# acting monitor sees it on the stream (monitor.shell.acting). It serves the endpoint for at
-# most a poll: while a monitor without one gives it the role.
-STANDBY = "the monitor is another's standby and acts on nothing; the plugin's own rule judges"
-
-
-def log_fields(detection: Detection) -> dict[str, object]:
-    """The detection settings as JSON-friendly log fields (names and numbers only)."""
-    fields: dict[str, object] = {}
-    for field in dataclasses.fields(detection):
-        value = getattr(detection, field.name)
-        if isinstance(value, frozenset):
-            value = sorted(value)
-        elif field.name == "ignore_args":
-            value = {tool: sorted(keys) for tool, keys in (value or {}).items()}
-        elif isinstance(value, Budget):
-            value = str(value)  # `off`, or as the setting is written: `steps=200,cost=5`
-        fields[field.name] = value
-    return fields
-
-
-T = TypeVar("T")
 
 
 def http_session(settings: Settings) -> aiohttp.ClientSession:
@@ -131,22 +86,6 @@ def http_session(settings: Settings) -> aiohttp.ClientSession:
     if settings.password is not None:
         headers = basic_auth_header(settings.username, settings.password)
     return aiohttp.ClientSession(headers=headers, read_bufsize=READ_BUFSIZE)
-
-
-def open_record(path: Path) -> TextIO:
-    """Open the recording for appending: it holds raw tool arguments and outputs, so it is
-    created readable by its owner only, and a symlink at `path` is refused rather than
-    followed (it could point anywhere the monitor may write)."""
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        reason = "a symlink" if exc.errno == errno.ELOOP else exc.strerror
-        raise ConfigError(f"record {path}: cannot append ({reason})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ConfigError(f"record {path}: cannot append (not a regular file)")
-    return open(fd, "a", encoding="utf-8", newline="\n")
 
 
 def run_watch(settings: Settings) -> int:
@@ -202,10 +141,6 @@ class Scope(Protocol):
         """On every (re)connect: False when there is nothing left to follow."""
         ...
 
-    def ended(self, fed: Fed) -> bool:
-        """After a frame that deleted a session: True when there is nothing left to follow."""
-        ...
-
     def engine(self, session_id: str) -> int:
         """The engine a session is known to run on before the stream shows it (2: the new
         one, whose actions and read-backs take the `/api` routes), else 1."""
@@ -219,9 +154,6 @@ class AllSessions:
 
     async def still_there(self, api: OpencodeAPI) -> bool:
         return True
-
-    def ended(self, fed: Fed) -> bool:
-        return False
 
     def engine(self, session_id: str) -> int:
         return 1
@@ -254,23 +186,22 @@ class Watch:
             # `attach`'s session, looked up as the new engine's: read back and acted on by
             # its routes before its next frame says so.
             self.tracker.engine_sessions((scope.only_session,))
+        self.monitor = Monitor(self.tracker, settings.dry_run, scope.only_session)
         self._stop = asyncio.Event()
         self._stopped_by: str | None = None  # the signal that stopped the watch, if one did
         # Calls' time bounds being waited for (`_deadline`), cancelled when watching stops.
         self._deadlines: set[asyncio.Task[None]] = set()
         self._fatal: BaseException | None = None
-        self._malformed_logged_at = float("-inf")
-        self._refusals = Throttle(REFUSED_LOG_EVERY_S, timing.clock)
         self._plugin_elsewhere = False
         # Whether this monitor acts or is another's standby (None: it acts, unguarded).
         self.role: Role | None = None
         self._ready_sent = False
-        self._record: TextIO | None = None
+        self._recorder: Recorder | None = None
         self._stream: EventStream | None = None
+        self.resync: Resync | None = None  # made once watching starts
         self.server: ServerKind | None = None  # what the last stream that answered speaks
         self._locating: ServerKind | None = None  # what the connect under way speaks
         self._last_frame_at: float | None = None
-        self._last_event_at = timing.clock()
         self.metrics: Metrics | None = None
         if settings.metrics_addr is not None:
             self.metrics = Metrics(
@@ -284,10 +215,7 @@ class Watch:
                 log_dropped=lines_dropped,
             )
         self.metrics_server: MetricsServer | None = None
-        self.plugin_stats = PluginStats()
         self.plugin_server: DecideServer | None = None
-        # While the endpoint is served and no plugin has asked yet.
-        self._unasked: Unasked | None = None
         self.webhook: Webhook | None = None
         if settings.notify_url is not None:
             self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
@@ -297,11 +225,12 @@ class Watch:
         with contextlib.ExitStack() as held:
             held.enter_context(_frozen_heap())
             if self.settings.record is not None:
-                self._record = held.enter_context(open_record(self.settings.record))
+                record = held.enter_context(open_record(self.settings.record))
+                self._recorder = Recorder(self.settings.record, record)
             if self.metrics is not None:
                 self.metrics_server = await self._serve_metrics(self.metrics)
             try:
-                self.role = self._take_role()
+                self._take_role()
                 if self.role is None or self.role.serves:
                     await self._serve_plugins()
                 return await self._run()
@@ -354,82 +283,49 @@ class Watch:
         log.info("metrics.listening", host=address.host, port=server.port)
         return server
 
-    def _take_role(self) -> Role | None:
-        """Act, or stand by for the monitor that acts for this server (monitor.shell.acting).
-        A dry run acts on nothing, so it takes no part."""
-        if self.settings.dry_run:
-            return None
-        endpoint = self._check_endpoint()
-        folder = self._roles or state_dir(os.environ)
-        try:
-            private_dir(folder)
-        except (ConfigError, OSError) as exc:
-            log.warning("monitor.unguarded", folder=str(folder), reason=str(exc))
-            return None
-        role = Role(folder, self.settings.url, self.scope.only_session, endpoint)
-        if role.try_acting():
-            log.info("monitor.acting", session_id=self.scope.only_session)
-        else:
-            log.warning(
-                "monitor.standby",
-                acting_pid=role.holder(),
-                session_id=self.scope.only_session,
-                message="another monitor acts for this server: this one logs the loops it "
-                "finds and takes over when that one stops",
-            )
-        return role
-
-    def _check_endpoint(self) -> bool:
-        """Whether this watch serves the plugin endpoint; its settings are checked now, as it
-        starts, whatever role it gets: a standby that cannot serve it must fail here (exit
-        78), not when it takes over."""
+    def _endpoint(self) -> PluginEndpoint | None:
+        """The plugin endpoint this watch serves; None for `attach` (plugins ask the daemon)."""
         if self.scope.only_session is not None:
-            return False  # `attach` follows one session; plugins ask the daemon
-        endpoint = plugin_endpoint(self.settings, os.environ)
-        if endpoint is None:
-            return False
-        check_endpoint(endpoint)
-        return True
+            return None
+        return plugin_endpoint(self.settings, os.environ)
+
+    def _take_role(self) -> None:
+        """Act, or stand by for the monitor that acts for this server (monitor.shell.acting).
+        A dry run acts on nothing, so it takes no part. The endpoint's settings are checked
+        now, whatever role comes: a standby that cannot serve it must fail here (exit 78),
+        not when it takes over."""
+        if self.settings.dry_run:
+            return
+        endpoint = self._endpoint()
+        if endpoint is not None:
+            check_endpoint(endpoint)
+        folder = self._roles or state_dir(os.environ)
+        only = self.scope.only_session
+        self.role = take_role(folder, self.settings.url, only, endpoint is not None)
+        self.monitor.acting = self.role is None or self.role.acting
 
     async def _keep_role(self, role: Role) -> None:
-        """Every poll: a standby tries to take over from the acting monitor; an acting one
-        without the plugin endpoint gives the role to one with it (monitor.shell.acting).
-        Serves the endpoint once this monitor holds its lock. Never returns (this task
-        ending would end the watch)."""
+        """Every poll (`poll_role`); serves the endpoint once this monitor holds its lock.
+        Never returns (this task ending would end the watch)."""
         while True:
             # A real wait, not `timing.sleep`: tests record those as the reconnect backoff's.
             await asyncio.sleep(self.timing.takeover)
-            was_acting = role.acting
-            if role.give_way():
-                log.warning(
-                    "monitor.gave_way",
-                    message="a monitor serving the plugin endpoint watches this server: it acts "
-                    "from its next poll, this one stands by",
-                )
-            elif role.try_acting() and not was_acting:
-                log.warning("monitor.took_over", session_id=self.scope.only_session)
+            poll_role(role, self.scope.only_session)
+            self.monitor.acting = role.acting
             if role.serves and self.plugin_server is None and not self._plugin_elsewhere:
                 await self._serve_plugins()
-
-    def _role_view(self) -> dict[str, object]:
-        """Whether this monitor acts (`status`): `standby` names the one that does."""
-        role = self.role
-        if role is None:
-            return {"state": "dry run" if self.settings.dry_run else "unguarded"}
-        if role.acting:
-            return {"state": "acting"}
-        return {"state": "standby", "acting_pid": role.holder()}
 
     def _acts_for(self, session_id: str) -> bool:
         return self.role is None or self.role.acts_for(session_id)
 
-    def _acting_pid(self) -> int | None:
-        return None if self.role is None else self.role.holder()
+    @property
+    def plugin_stats(self) -> PluginStats:
+        return self.monitor.plugin_stats
 
     async def _serve_plugins(self) -> None:
-        endpoint = plugin_endpoint(self.settings, os.environ)
-        if endpoint is None or self.scope.only_session is not None:
-            return  # `attach` follows one session; plugins ask the daemon
+        endpoint = self._endpoint()
+        if endpoint is None:
+            return
         server = DecideServer(
             endpoint, self.judge, self._on_plugin_asked, self._on_refused, self._on_plugin_late
         )
@@ -441,55 +337,63 @@ class Watch:
             self._plugin_elsewhere = True
             return
         self.plugin_server = server
-        after = self.timing.unasked
-        self._unasked = Unasked(after, min(UNASKED_CHECK_S, after / 5))
+        self.monitor.serving_plugins(self._plugin_address(), self.timing.unasked)
 
     def judge(self, call: PluginCall) -> PluginVerdict | RequestRefused:
         """The plugin's question about one call: the daemon's `judge` callback."""
-        if self.role is not None and not self.role.acting:
-            return RequestRefused(503, STANDBY)
-        resync: Resync | None = getattr(self, "resync", None)  # made once watching starts
-        if resync is None or not resync.following(call.session_id, call.directory):
-            # Before the first connect, or while its run may be being read back after one:
-            # judged on part of its history, the loop's call was let through (a daemon
-            # restarted mid-run). The plugin's own rule, which saw every call, judges it.
-            return RequestRefused(503, NOT_FOLLOWED)
-        judged = self.tracker.judge(call)
-        decision = judged.decision
-        if decision is None:
-            return judged.verdict
-        if self.metrics is not None and decision.plan != Plan.DEFER:
-            self.metrics.loop(decision.finding.shape()[0], decision.rule)
-        if judged.verdict == ALLOW or self.settings.dry_run:
-            self.interventions.submit(decision)  # a nudge, or what a dry run logs
-            return ALLOW
-        self.interventions.blocked(decision, call.call_id)
-        return judged.verdict
+        resync = self.resync
+        following = resync is not None and resync.following(call.session_id, call.directory)
+        answer, commands = self.monitor.question(call, following)
+        self._execute(commands)
+        return answer
 
     def _on_plugin_asked(
         self, call: PluginCall, verdict: PluginVerdict, answered: bool = True
     ) -> None:
-        label, fell_open = self.plugin_stats.asked(call, verdict, answered)
-        if self.metrics is not None:
-            self.metrics.plugin_asked(label, verdict.verdict, fell_open)
+        self._execute(self.monitor.answered(call, verdict, time.time(), answered))
 
     def _on_plugin_late(self, call: PluginCall) -> None:
         """A request the plugin gave up on before we read it: the call ran unasked (the
         plugin counts it, and reports it with its next request); not judged."""
-        log.info("plugin.late", session_id=call.session_id, tool=call.tool)
-        self._on_plugin_asked(call, ALLOW, answered=False)
+        self._execute(self.monitor.late(call, time.time()))
 
     def _on_refused(self, refused: RequestRefused) -> None:
-        self.plugin_stats.refused += 1
-        if self.metrics is not None:
-            self.metrics.plugin_refused(refused.status)
-        # Anyone who can connect can be refused as often as they like: one line per status
-        # per interval, or they would fill the journal and push loop.detected out with it.
-        count = self._refusals.due(str(refused.status))
-        if count is not None:
-            log.warning(
-                "plugin.refused", status=refused.status, reason=refused.message, count=count
-            )
+        self._execute(self.monitor.refused(refused, self.timing.clock()))
+
+    def _execute(self, commands: Sequence[Command]) -> None:
+        """Carry out `Monitor`'s commands, in order, as they are."""
+        for command in commands:
+            match command:
+                case Act(decision, count):
+                    if self._acts_for(decision.session_id):
+                        self.interventions.submit(decision)
+                        self._execute(count)
+                    else:
+                        self.interventions.standby(decision, self._acting_pid())
+                case Answer(reply, count):
+                    if self._acts_for(reply.session_id):
+                        self.interventions.answer(reply)
+                        self._execute(count)
+                    elif reply.loop is not None:
+                        self.interventions.standby(reply.loop, self._acting_pid())
+                case Block(decision, call_id):
+                    self.interventions.blocked(decision, call_id)
+                case Await(deadline):
+                    self._deadline(deadline)
+                case Count(metric, labels):
+                    if self.metrics is not None:
+                        getattr(self.metrics, metric)(*labels)
+                case Log(level, event, fields):
+                    getattr(log, level)(event, **fields)
+                case Tell(decision, outcome, notify):
+                    self.toasts.show(decision, outcome)  # returns at once: posting runs apart
+                    if notify and self.webhook is not None:
+                        self.webhook.send(decision, outcome)
+                case Stop():
+                    self._stop.set()
+
+    def _acting_pid(self) -> int | None:
+        return None if self.role is None else self.role.holder()
 
     async def _run(self) -> int:
         settings = self.settings
@@ -508,11 +412,12 @@ class Watch:
         for warning in settings.warnings:
             log.warning("config.warning", message=warning)
         async with http_session(settings) as http:
+            timing = self.timing
             self.api = EngineAPI(
                 http,
                 settings.url,
-                self.timing.retry,
-                self.timing.sleep,
+                timing.retry,
+                timing.sleep,
                 engine_of=self.tracker.route,
                 choice=settings.api,
             )
@@ -524,9 +429,9 @@ class Watch:
                 on_outcome=self._on_outcome,
                 expire=self.tracker.expire,
                 run_over=self.tracker.run_over,
-                sleep=self.timing.sleep,
-                stagger=self.timing.stagger,
-                clock=self.timing.clock,
+                sleep=timing.sleep,
+                stagger=timing.stagger,
+                clock=timing.clock,
                 plugin_elsewhere=self._plugin_elsewhere,
             )
             self.resync = Resync(
@@ -539,23 +444,26 @@ class Watch:
                 self._take,
                 self._deadline,
             )
+            self._silence = Silence(
+                self.api, self.tracker, settings.directory, timing.silence, timing.clock
+            )
             stream = self._stream = EventStream(
                 http,
                 stream_url(settings.url, settings.directory),
                 on_frame=self._on_frame,
                 on_connect=self._on_connect,
                 on_disconnect=self._on_disconnect,
-                backoff=self.timing.reconnect,
-                read_timeout=self.timing.read_timeout,
-                sleep=self.timing.sleep,
-                clock=self.timing.clock,
+                backoff=timing.reconnect,
+                read_timeout=timing.read_timeout,
+                sleep=timing.sleep,
+                clock=timing.clock,
                 locate=self._locate,
             )
             await self._until_stopped(stream)
             for task in self._deadlines:
                 task.cancel()
             self.notifier.stopping()
-            await self.interventions.drain(self.timing.drain)
+            await self.interventions.drain(timing.drain)
             await self.toasts.close()
             if self.webhook is not None:
                 await self.webhook.close(WEBHOOK_DRAIN_S)
@@ -568,7 +476,7 @@ class Watch:
         tasks = [
             asyncio.create_task(stream.run()),
             asyncio.create_task(self._stop.wait()),
-            asyncio.create_task(self._check_silence(stream)),
+            asyncio.create_task(self._every_half_silence(stream)),
         ]
         if self.role is not None:
             tasks.append(asyncio.create_task(self._keep_role(self.role)))
@@ -595,8 +503,9 @@ class Watch:
 
     def _on_frame(self, data: str) -> bool:
         """Feed one frame to the tracker; True when it handed work to the executor."""
-        if self._record is not None:
-            self._write_record(self._record, data)
+        if self._recorder is not None:
+            self._recorder.write(data)
+        assert self.resync is not None
         waiting = self.resync.waiting
         if waiting is None:
             return self._take(self.tracker.feed_data(data))
@@ -607,110 +516,35 @@ class Watch:
     def _take(self, fed: Fed) -> bool:
         """Carry out and count what one frame fed to the tracker did; True when it handed
         work on."""
-        acts = bool(fed.decisions or fed.replies)  # most frames decide nothing
-        if acts:
-            self._carry_out(fed)
-        for deadline in fed.deadlines:
-            self._deadline(deadline)
         now = self.timing.clock()
+        commands = self.monitor.fed(fed, now)
+        if commands:
+            self._execute(commands)
         if fed.event_type not in QUIET_EVENTS:
-            self._last_event_at = now
+            self._silence.last_event_at = now
         metrics = self.metrics
         if metrics is not None:
             self._last_frame_at = now
             metrics.frame(fed.event_type)
-            if fed.malformed is not None:
-                metrics.malformed()
-            if fed.spent is not None:
-                metrics.spent(*fed.spent)
-        if fed.malformed is not None:
-            self._log_malformed(fed.malformed)
-        if fed.deleted is not None and self.scope.ended(fed):
-            self._stop.set()
-        unasked = self._unasked
-        if unasked is not None and unasked.due(now):
-            self._say_if_unasked(unasked, now)
-        return acts
+        return bool(fed.decisions or fed.replies)  # most frames decide nothing
 
-    def _say_if_unasked(self, unasked: Unasked, now: float) -> None:
-        """Say once when the server runs calls and no plugin asks: the plugin silently misses
-        this monitor (not installed where the server looks, or pointing elsewhere)."""
-        calls = unasked.check(
-            # Not the calls of new-engine sessions: 1.18 does not call a 1.x plugin for those.
-            lambda: sum(
-                view.calls
-                for view in self.tracker.sessions_view()
-                if self.tracker.adapter.engine(view.session_id) == 1
-            ),
-            bool(self.plugin_stats.by_directory),
-            now,
-        )
-        if calls is not None:
-            log.warning(
-                "plugin.not_asking",
-                endpoint=self._plugin_address(),
-                calls=calls,
-                hint="the server runs tool calls and no plugin asks this monitor: install the "
-                "plugin where the server looks (`opencode-loop-monitor plugin install`, then "
-                "restart OpenCode) with this monitor's --url; `plugin status` checks it",
-            )
+    def _carry_out(self, fed: Fed) -> None:
+        """What the read-back of a session decided, carried out as a frame's would be."""
+        self._execute(self.monitor.fed(fed, self.timing.clock()))
 
     def _deadline(self, deadline: Deadline) -> None:
-        """Wait out a call's time bound, then ask the tracker whether the call still runs
-        (`Tracker.overdue`): the core keeps no clock, the time comes from here."""
+        """Wait out a call's time bound, then ask whether the call still runs
+        (`Monitor.overdue`): the core keeps no clock, the time comes from here."""
         task = asyncio.get_running_loop().create_task(self._overdue(deadline))
         self._deadlines.add(task)
         task.add_done_callback(self._deadlines.discard)
 
     async def _overdue(self, deadline: Deadline) -> None:
         await self.timing.sleep(deadline.wait)
-        decision = self.tracker.overdue(deadline)
-        if decision is not None:
-            self._carry_out(Fed((decision,)))
-
-    def _carry_out(self, fed: Fed) -> None:
-        """Hand the decisions and permission answers of one frame, or of one session read
-        back, to `Interventions`: every decision takes this one path (logged, counted,
-        carried out)."""
-        for decision in fed.decisions:
-            if self._acts_for(decision.session_id):
-                self.interventions.submit(decision)
-                self._count_loop(decision)
-            else:
-                self.interventions.standby(decision, self._acting_pid())
-        for reply in fed.replies:
-            if self._acts_for(reply.session_id):
-                self.interventions.answer(reply)
-                if reply.loop is not None:
-                    self._count_loop(reply.loop)
-            elif reply.loop is not None:
-                self.interventions.standby(reply.loop, self._acting_pid())
-
-    def _count_loop(self, loop: Intervene) -> None:
-        """A loop this monitor acts on, in `loops_detected_total`: a standby's is counted by
-        the acting monitor (and here only as an `interventions_total` outcome `standby`)."""
-        if self.metrics is not None and loop.plan != Plan.DEFER:  # counted once, as it is again
-            self.metrics.loop(loop.finding.shape()[0], loop.rule)
-
-    def _write_record(self, record: TextIO, data: str) -> None:
-        try:
-            record.write(encode_sse(data))
-            # Flushed per frame: a recording that stops short of the crash it should explain
-            # is worthless, and a write per frame is cheap next to the network read.
-            record.flush()
-        except OSError as exc:
-            # A full disk must not stop the guard: recording stops, watching goes on.
-            log.error("record.failed", path=str(self.settings.record), error=exc.strerror)
-            self._record = None
+        self._execute(self.monitor.overdue(deadline))
 
     def _on_outcome(self, decision: Intervene, outcome: Outcome) -> None:
-        self.tracker.outcome(decision, outcome)  # the core decides what a hold means
-        if self.metrics is not None:
-            self.metrics.intervention(outcome)
-        self.toasts.show(decision, outcome)  # returns at once: posting runs apart
-        # A deferred loop is the other monitor's to tell of: one notification per loop.
-        if self.webhook is not None and outcome not in (Outcome.DEFERRED, Outcome.STANDBY):
-            self.webhook.send(decision, outcome)  # returns at once: posting runs apart
+        self._execute(self.monitor.outcome(decision, outcome))
 
     def last_frame_unix(self) -> float | None:
         """When the last frame came, as a Unix timestamp (the shell keeps monotonic time)."""
@@ -727,12 +561,13 @@ class Watch:
             state = "reconnecting"
         else:
             state = "connecting"
+        stats, unasked = self.monitor.plugin_stats, self.monitor.unasked
         return {
             "version": __version__,
             "url": public_url(self.settings.url),
             "directory": self.settings.directory,
             "dry_run": self.settings.dry_run,
-            "role": self._role_view(),
+            "role": role_view(self.role, self.settings.dry_run),
             "stream": {
                 "state": state,
                 "frames": 0 if stream is None else stream.frames,
@@ -743,10 +578,10 @@ class Watch:
             **sessions_status(self.tracker.sessions_view()),
             "plugins": {
                 "endpoint": None if self.plugin_server is None else self._plugin_address(),
-                "refused": self.plugin_stats.refused,
-                "directories": self.plugin_stats.view(),
+                "refused": stats.refused,
+                "directories": stats.view(),
                 # Tool calls the server ran with no plugin asking (`plugin.not_asking`).
-                "unasked_calls": None if self._unasked is None else self._unasked.said,
+                "unasked_calls": None if unasked is None else unasked.said,
             },
         }
 
@@ -756,13 +591,6 @@ class Watch:
         if endpoint.socket is not None:
             return f"unix:{endpoint.socket}"
         return f"http://{endpoint.host}:{self.plugin_server.port}"
-
-    def _log_malformed(self, reason: str) -> None:
-        now = self.timing.clock()
-        # A broken proxy can send thousands of bad frames a second: one line per interval.
-        if now - self._malformed_logged_at >= MALFORMED_LOG_EVERY_S:
-            self._malformed_logged_at = now
-            log.warning("frame.malformed", reason=reason, count=self.tracker.malformed_total)
 
     async def _locate(self) -> str:
         """Before every connect: which server this is (`--api`), and so which stream."""
@@ -796,6 +624,7 @@ class Watch:
         )
 
     async def _on_connect(self) -> None:
+        assert self.resync is not None
         # Before anything awaits: frames of the sessions the resync rebuilds wait for it.
         self.resync.hold()
         try:
@@ -805,7 +634,7 @@ class Watch:
 
     async def _connected(self) -> None:
         self._say_server()
-        self._last_event_at = self.timing.clock()
+        self._silence.heard()
         self.notifier.status("streaming events")
         if self._ready_sent and self.metrics is not None:
             self.metrics.reconnect()  # every connection after the first is a reconnect
@@ -817,56 +646,23 @@ class Watch:
         # Work the server's absence left undone goes first; the resync leaves its sessions
         # to it (they are being acted on).
         self.interventions.resume()
-        await self._resync(first)
+        if not await self.scope.still_there(self.api):
+            self._stop.set()
+            return
+        assert self.resync is not None
+        await self.resync.run(first)
 
-    async def _check_silence(self, stream: EventStream) -> None:
+    async def _every_half_silence(self, stream: EventStream) -> None:
         """Bound the unwatched time of a stream that stalls but stays connected (see
-        SILENCE_S): the server's state says whether the silence is real."""
-        timing = self.timing
+        monitor.shell.silence), go on with work a server away left, say when no plugin asks
+        although no frame comes."""
         while True:
             # A real wait, not `timing.sleep`: tests record those as the reconnect backoff's.
-            await asyncio.sleep(timing.silence / 2)
+            await asyncio.sleep(self.timing.silence / 2)
             if stream.connected:
                 self.interventions.resume()  # due work left by a server away meanwhile
-            if self._unasked is not None and not self._unasked.done:
-                self._say_if_unasked(self._unasked, timing.clock())  # also when no frame comes
-            running = self.tracker.running()
-            silent_s = timing.clock() - self._last_event_at
-            if not stream.connected or not running or silent_s < timing.silence:
-                continue
-            try:
-                missed = await self._missed(running)
-            except ServerError as exc:
-                log.warning("stream.check_failed", error=str(exc))
-                continue
-            self._last_event_at = timing.clock()  # the next check comes a silence later
-            if missed:
-                log.warning("stream.stalled", sessions=missed, silent_s=round(silent_s, 1))
-                stream.reconnect("stalled: the server ran what the stream did not show")
-
-    async def _missed(self, running: dict[str, str | None]) -> list[str]:
-        directories = list(directories_to_ask(running, self.settings.directory))
-        busy = set().union(*await bounded(self.api.busy_sessions(d) for d in directories))
-        ours = {
-            view.session_id: view.run_calls
-            for view in self.tracker.sessions_view()
-            if view.session_id in running
-        }
-        ours = dict(list(ours.items())[:CHECK_SESSIONS_MAX])
-        asked = [session_id for session_id in ours if session_id in busy]
-        detection = self.tracker.detection
-        skip = transparent_tools(detection.profile, detection.ignore_tools)
-
-        async def finished(session_id: str) -> int:
-            try:
-                return finished_calls(
-                    await self.api.messages(session_id, running[session_id]), skip
-                )
-            except SessionGone:
-                return 0
-
-        counts = await bounded(finished(session_id) for session_id in asked)
-        return missed_by_stream(ours, busy, dict(zip(asked, counts, strict=True)))
+            self._execute(self.monitor.tick(self.timing.clock()))
+            await self._silence.check(stream)
 
     async def _check_directory(self) -> None:
         """Warn once, at the first connect, when --directory names no project the server has.
@@ -887,11 +683,3 @@ class Watch:
 
     def _on_disconnect(self, reason: str) -> None:
         self.notifier.status(f"reconnecting: {reason}")
-
-    async def _resync(self, first: bool) -> None:
-        """Events missed while away are gone: rebuild every run from the server's record
-        (`monitor.shell.resync`), unless the followed session is gone."""
-        if not await self.scope.still_there(self.api):
-            self._stop.set()
-            return
-        await self.resync.run(first)

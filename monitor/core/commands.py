@@ -1,0 +1,89 @@
+"""What `Monitor` tells the shell to do: frozen commands, carried out in the order given.
+
+The shell runs each one as it is (an intervention begun, a permission request answered, a
+metric counted, a line logged, a timer started) and feeds what came of it back to `Monitor`;
+it never works out a plan, a rule, an outcome or an engine again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from monitor.core.decisions import Deadline, Intervene, Outcome, Reply
+
+__all__ = ["Act", "Answer", "Await", "Block", "Command", "Count", "Log", "Stop", "Tell"]
+
+
+Metric = Literal["loop", "intervention", "plugin_asked", "plugin_refused", "malformed", "spent"]
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """Add to a metric (`Metrics.<metric>(*labels)`)."""
+
+    metric: Metric
+    labels: tuple[str | int | float | None, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Act:
+    """Carry out `decision` (`Interventions.submit`) where this monitor acts for its
+    session, then `counts` (a new loop on the ladder is counted by the monitor that acts on
+    it); where another monitor does, log it as that one's (`Interventions.standby`)."""
+
+    decision: Intervene
+    counts: tuple[Count, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """The plugin was told to refuse the loop's call `call_id`: the intervention begins from
+    that refusal (`Interventions.blocked`)."""
+
+    decision: Intervene
+    call_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Answer a permission request where this monitor acts for its session, then `counts`;
+    a standby sends nothing and logs the loop a refusal stands for as the acting monitor's."""
+
+    reply: Reply
+    counts: tuple[Count, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Await:
+    """Wait `deadline.wait` seconds, then feed `Monitor.overdue(deadline)`."""
+
+    deadline: Deadline
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """Write one log line: names, ids and counts only (never an argument or an output)."""
+
+    level: Literal["debug", "info", "warning", "error"]
+    event: str
+    fields: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Tell:
+    """Show how an intervention ended to the person (a toast in the TUI) and, with `notify`,
+    send it to the webhook."""
+
+    decision: Intervene
+    outcome: Outcome
+    notify: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Nothing is left to follow (the one session `attach` followed was deleted)."""
+
+
+Command = Act | Block | Answer | Await | Count | Log | Tell | Stop

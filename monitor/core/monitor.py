@@ -1,0 +1,202 @@
+"""The monitor: the core's one face to the shell. Inputs in, commands out.
+
+`Monitor` takes what the shell sees (a frame fed to the tracker, the plugin's question and
+what came of its answer, a call's time bound run out, how an intervention ended, the role the
+shell's lock gives, what the server is, the time) and returns the commands to carry out
+(`monitor.core.commands`). It calls nothing back and is given no callbacks; the time comes in
+with each input. Every policy choice the shell used to make lives here: a standby refuses no
+question on its own account (the plugin's own rule judges), a session not yet read back is
+not judged on part of its history, a dry run allows what it would block, a deferred loop is
+not counted again, a deferred or standby outcome is not notified, a question that fell open
+is counted, a flood of refused questions or malformed frames gets one line per interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from monitor.core.commands import Act, Answer, Await, Block, Command, Count, Log, Stop, Tell
+from monitor.core.decisions import Deadline, Intervene, Outcome, Plan
+from monitor.core.fed import Fed
+from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, RequestRefused
+from monitor.core.plugin_stats import UNASKED_CHECK_S, PluginStats, Unasked
+from monitor.core.throttle import Throttle
+from monitor.core.tracker import Tracker
+
+__all__ = ["NOT_FOLLOWED", "STANDBY", "Monitor"]
+
+MALFORMED_LOG_EVERY_S = 10.0
+REFUSED_LOG_EVERY_S = 10.0
+# The plugin's 503 while the session's run is not known: its own rule judges the call.
+NOT_FOLLOWED = "the monitor is (re)connecting and has not read this session's run yet"
+# A standby refuses nothing on its own account: the plugin's own rule judges the call, the
+# acting monitor sees it on the stream (monitor.shell.acting). It serves the endpoint for at
+# most a poll: while a monitor without one gives it the role.
+STANDBY = "the monitor is another's standby and acts on nothing; the plugin's own rule judges"
+NOT_ASKING = (
+    "the server runs tool calls and no plugin asks this monitor: install the plugin where the "
+    "server looks (`opencode-loop-monitor plugin install`, then restart OpenCode) with this "
+    "monitor's --url; `plugin status` checks it"
+)
+# An outcome another monitor tells of (it acted, or it acts for this server): one
+# notification per loop.
+_NOT_NOTIFIED = (Outcome.DEFERRED, Outcome.STANDBY)
+
+
+class Monitor:
+    """Every session the daemon (or `attach`, `only_session`) follows, from a frame or a
+    question to the intervention's end, as the tracker keeps them; see the module."""
+
+    def __init__(
+        self, tracker: Tracker, dry_run: bool = False, only_session: str | None = None
+    ) -> None:
+        self.tracker = tracker
+        self.dry_run = dry_run
+        self.only_session = only_session
+        # Whether this monitor acts (the shell's lock says; a standby logs what it finds).
+        self.acting = True
+        self.plugin_stats = PluginStats()
+        # While the plugin endpoint is served and no plugin has asked yet.
+        self.unasked: Unasked | None = None
+        self._endpoint: str | None = None  # where the plugin endpoint is served
+        self._malformed = Throttle(MALFORMED_LOG_EVERY_S)
+        self._refusals = Throttle(REFUSED_LOG_EVERY_S)
+        self._ended = False
+
+    def serving_plugins(self, endpoint: str, unasked_after: float) -> None:
+        """The shell serves the plugin endpoint (`endpoint`, as a plugin reaches it) from now
+        on: say when no plugin asks."""
+        self._endpoint = endpoint
+        self.unasked = Unasked(unasked_after, min(UNASKED_CHECK_S, unasked_after / 5))
+
+    def question(
+        self, call: PluginCall, following: bool
+    ) -> tuple[PluginVerdict | RequestRefused, list[Command]]:
+        """The plugin's question about one call (`following`: the session's run is known,
+        not being read back): the answer, and what to carry out."""
+        if not self.acting:
+            return RequestRefused(503, STANDBY), []
+        if not following:
+            # Judged on part of its history, the loop's call was let through (a daemon
+            # restarted mid-run). The plugin's own rule, which saw every call, judges it.
+            return RequestRefused(503, NOT_FOLLOWED), []
+        judged = self.tracker.judge(call)
+        decision = judged.decision
+        if decision is None:
+            return judged.verdict, []
+        commands: list[Command] = []
+        commands.extend(_loop_counts(decision))
+        if judged.verdict == ALLOW or self.dry_run:
+            commands.append(Act(decision))  # a nudge, or what a dry run logs
+            return ALLOW, commands
+        commands.append(Block(decision, call.call_id))
+        return judged.verdict, commands
+
+    def answered(
+        self, call: PluginCall, verdict: PluginVerdict, now_unix: float, answered: bool = True
+    ) -> list[Command]:
+        """The plugin was answered (`answered` False: it had given up waiting)."""
+        label, fell_open = self.plugin_stats.asked(call, verdict, now_unix, answered)
+        return [Count("plugin_asked", (label, verdict.verdict, fell_open))]
+
+    def late(self, call: PluginCall, now_unix: float) -> list[Command]:
+        """A question the plugin gave up on before it was read: the call ran unasked (the
+        plugin counts it, and reports it with its next question); not judged."""
+        fields = {"session_id": call.session_id, "tool": call.tool}
+        return [Log("info", "plugin.late", fields), *self.answered(call, ALLOW, now_unix, False)]
+
+    def refused(self, refused: RequestRefused, now: float) -> list[Command]:
+        """A question refused (a wrong token, a bad body, a standby's 503, ...)."""
+        self.plugin_stats.refused += 1
+        commands: list[Command] = [Count("plugin_refused", (refused.status,))]
+        # Anyone who can connect can be refused as often as they like: one line per status
+        # per interval, or they would fill the journal and push loop.detected out with it.
+        count = self._refusals.due(str(refused.status), now)
+        if count is not None:
+            fields = {"status": refused.status, "reason": refused.message, "count": count}
+            commands.append(Log("warning", "plugin.refused", fields))
+        return commands
+
+    def fed(self, fed: Fed, now: float) -> Sequence[Command]:
+        """What one frame fed to the tracker (or one session read back) did."""
+        unasked = self.unasked
+        quiet = not (fed.decisions or fed.replies or fed.deadlines or fed.deleted) and (
+            fed.malformed is None and fed.spent is None
+        )
+        if quiet and (unasked is None or not unasked.due(now)):
+            return ()  # most frames: nothing to do, nothing allocated
+        commands: list[Command] = []
+        if fed.decisions or fed.replies:
+            self._carry_out(fed, commands)
+        commands.extend(Await(deadline) for deadline in fed.deadlines)
+        if fed.malformed is not None:
+            commands.append(Count("malformed"))
+            count = self._malformed.due("frame", now)
+            if count is not None:
+                fields = {"reason": fed.malformed, "count": self.tracker.malformed_total}
+                commands.append(Log("warning", "frame.malformed", fields))
+        if fed.spent is not None:
+            commands.append(Count("spent", fed.spent))
+        if fed.deleted is not None and fed.deleted == self.only_session and not self._ended:
+            self._ended = True
+            commands.append(Log("info", "attach.session_deleted", {"session_id": fed.deleted}))
+            commands.append(Stop())
+        if unasked is not None and unasked.due(now):
+            commands.extend(self.tick(now))
+        return commands
+
+    def overdue(self, deadline: Deadline) -> list[Command]:
+        """A call's time bound (or a loop's wait for its call's end) has run out."""
+        decision = self.tracker.overdue(deadline)
+        if decision is None:
+            return []
+        commands: list[Command] = []
+        self._carry_out(Fed((decision,)), commands)
+        return commands
+
+    def outcome(self, decision: Intervene, outcome: Outcome) -> list[Command]:
+        """How an intervention ended: the core decides what a hold means."""
+        self.tracker.outcome(decision, outcome)
+        return [
+            Count("intervention", (outcome,)),
+            Tell(decision, outcome, notify=outcome not in _NOT_NOTIFIED),
+        ]
+
+    def tick(self, now: float) -> list[Command]:
+        """The time passes with or without frames: say once when the server runs calls and
+        no plugin asks (the plugin silently misses this monitor: not installed where the
+        server looks, or pointing elsewhere)."""
+        unasked = self.unasked
+        if unasked is None or unasked.done:
+            return []
+        tracker = self.tracker
+        calls = unasked.check(
+            # Not the calls of new-engine sessions: 1.18 does not call a 1.x plugin for those.
+            lambda: sum(
+                view.calls
+                for view in tracker.sessions_view()
+                if tracker.adapter.engine(view.session_id) == 1
+            ),
+            bool(self.plugin_stats.by_directory),
+            now,
+        )
+        if calls is None:
+            return []
+        fields = {"endpoint": self._endpoint, "calls": calls, "hint": NOT_ASKING}
+        return [Log("warning", "plugin.not_asking", fields)]
+
+    def _carry_out(self, fed: Fed, commands: list[Command]) -> None:
+        """Every decision and permission answer takes this one path: a deferred loop stands
+        for one already counted."""
+        for decision in fed.decisions:
+            commands.append(Act(decision, _loop_counts(decision)))
+        for reply in fed.replies:
+            loop = reply.loop
+            commands.append(Answer(reply, () if loop is None else _loop_counts(loop)))
+
+
+def _loop_counts(decision: Intervene) -> tuple[Count, ...]:
+    """`loops_detected_total` for a new loop; a deferred one stands for a loop counted."""
+    if decision.plan == Plan.DEFER:
+        return ()
+    return (Count("loop", (decision.finding.shape()[0], decision.rule)),)
