@@ -603,7 +603,7 @@ async def test_no_request_breaks_metrics_or_status(folder) -> None:
             await stop(server, watch, task)
             raise
     try:
-        await wait_for(lambda: watch.plugin_server is not None and watch.metrics_server)
+        await wait_for(lambda: watch.plugins.server is not None and watch.metrics_server)
         connector = aiohttp.UnixConnector(str(path))
         async with aiohttp.ClientSession(connector=connector) as http:
             verdicts = []
@@ -671,13 +671,13 @@ async def test_a_question_before_the_resync_read_its_run_back_waits_for_it(folde
         server, watch, task = await start(fake, plugin_socket=str(folder / "plugin.sock"))
         try:
             await wait_for(lambda: fake.of("event"))  # the stream asked for, not answered
-            assert watch.judge(fourth) == RequestRefused(503, NOT_FOLLOWED)
+            assert watch.plugins.judge(fourth) == RequestRefused(503, NOT_FOLLOWED)
             connect.set()
             await wait_for(lambda: fake.of("status"))  # the resync asks which runs are busy
-            assert watch.judge(fourth) == RequestRefused(503, NOT_FOLLOWED)
+            assert watch.plugins.judge(fourth) == RequestRefused(503, NOT_FOLLOWED)
             resync.set()
             await wait_for(lambda: any(e["event"] == "stream.resynced" for e in logs))
-            assert watch.judge(fourth).verdict == "block"
+            assert watch.plugins.judge(fourth).verdict == "block"
         finally:
             await stop(server, watch, task)
     [detected] = [e for e in logs if e["event"] == "loop.detected"]
@@ -715,13 +715,13 @@ async def test_odd_but_well_formed_calls_are_judged_and_metrics_and_status_answe
         try:
             # After the first resync, which finds these sessions idle and would end their runs.
             await wait_for(lambda: any(e["event"] == "stream.resynced" for e in logs))
-            await wait_for(lambda: watch.plugin_server is not None and watch.metrics_server)
+            await wait_for(lambda: watch.plugins.server is not None and watch.metrics_server)
             verdicts = await ask_each(path, watch.metrics_server.port)
         finally:
             await stop(server, watch, task)
     assert verdicts == {name: ["allow"] * 3 + ["block"] for name in ODD_BUT_WELL_FORMED}
-    assert watch.plugin_stats.refused == 0
-    [entry] = watch.plugin_stats.view()
+    assert watch.monitor.plugin_stats.refused == 0
+    [entry] = watch.monitor.plugin_stats.view()
     assert (entry["requests"], entry["blocked"]) == (4 * len(ODD_BUT_WELL_FORMED), 6)
 
 
@@ -890,7 +890,7 @@ async def test_every_malformed_body_is_answered_and_every_odd_one_judged(
     with structlog.testing.capture_logs() as logs:
         server, watch, task = await start(fake, metrics_addr="127.0.0.1:0", plugin_socket=str(path))
         try:
-            await wait_for(lambda: watch.plugin_server is not None and watch.metrics_server)
+            await wait_for(lambda: watch.plugins.server is not None and watch.metrics_server)
             # The well-formed questions below are judged once the first resync has ended.
             await wait_for(lambda: any(e["event"] == "stream.resynced" for e in logs))
             port = watch.metrics_server.port

@@ -86,14 +86,14 @@ async def test_the_second_monitor_of_a_plugin_endpoint_reads_again_before_it_abo
     )
     with capture_logs() as logs:
         server, first, first_task = await start(fake, FIRST)
-        await wait_for(lambda: first.plugin_server is not None)
+        await wait_for(lambda: first.plugins.server is not None)
         second, second_task = watching(server, SECOND, tmp_path)
         await wait_for(lambda: len(events(logs, "intervention.outcome")) == 2)
         for watch, task in ((first, first_task), (second, second_task)):
             watch.stop()
             await task
         await server.close()
-    assert second.plugin_server is None and events(logs, "plugin.endpoint_taken")
+    assert second.plugins.server is None and events(logs, "plugin.endpoint_taken")
     assert len(fake.of("abort")) == 1 and len(fake.of("prompt_async")) == 1
     outcomes = sorted((e["outcome"], e.get("reason")) for e in events(logs, "intervention.outcome"))
     assert outcomes == [("aborted", None), ("deferred", "feedback already in the session")]

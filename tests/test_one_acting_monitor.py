@@ -153,7 +153,7 @@ async def test_the_monitor_serving_the_endpoint_acts_whichever_starts_first(
             # It stands by for a poll, serving its endpoint; the bare one gives it the role.
             await wait_for(lambda: events(logs, "monitor.took_over"))
             assert len(events(logs, "monitor.gave_way")) == 1
-        assert served.role is not None and served.role.acting and served.plugin_server
+        assert served.role is not None and served.role.acting and served.plugins.server
         assert bare.role is not None and not bare.role.acting
         assert await one_loop_once(server, logs) == ["aborted", "standby"]
         await asyncio.sleep(5 * QUICK.takeover)  # polls go on: nobody takes the role back
@@ -196,7 +196,7 @@ async def test_a_standby_without_the_endpoint_refuses_no_question(
         await wait_for(lambda: len(events(logs, "stream.resynced")) == 2)
     assert acting.role is not None and acting.role.acting
     asked = PluginCall(**CALL)  # type: ignore[arg-type]
-    assert standby.judge(asked) == RequestRefused(503, STANDBY)
+    assert standby.plugins.judge(asked) == RequestRefused(503, STANDBY)
 
 
 # -- a standby checks its settings as it starts ---------------------------------------------

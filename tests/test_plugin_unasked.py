@@ -46,7 +46,7 @@ async def test_nothing_is_said_when_a_plugin_asks():
         running = await start(fake, TIMING)
         watch = running[1]
         await wait_for(lambda: events(logs, "stream.resynced"))  # questions judged from here
-        socket = str(watch.plugin_server.endpoint.socket)
+        socket = str(watch.plugins.server.endpoint.socket)
         call = {
             "session_id": "ses_dd4d5c831ffemmgMvdYdtbM3cW",
             "call_id": "call_0",

@@ -20,6 +20,7 @@ from monitor.core.decisions import Deadline, Intervene, Outcome, Plan
 from monitor.core.fed import Fed
 from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, RequestRefused
 from monitor.core.plugin_stats import UNASKED_CHECK_S, PluginStats, Unasked
+from monitor.core.server import ServerKind
 from monitor.core.throttle import Throttle
 from monitor.core.tracker import Tracker
 
@@ -68,6 +69,11 @@ class Monitor:
         on: say when no plugin asks."""
         self._endpoint = endpoint
         self.unasked = Unasked(unasked_after, min(UNASKED_CHECK_S, unasked_after / 5))
+
+    def server(self, kind: ServerKind) -> None:
+        """What the server the next connect reaches serves: which routes a session's
+        actions take where its own frames have not said."""
+        self.tracker.server_routes(kind.classic)
 
     def question(
         self, call: PluginCall, following: bool

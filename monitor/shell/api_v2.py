@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -39,6 +38,7 @@ from monitor.config import ApiChoice
 from monitor.core.export import feedback_delivered
 from monitor.core.export_v2 import classic_messages
 from monitor.core.ids import is_permission_id
+from monitor.core.server import ServerKind
 from monitor.errors import (
     ConfigError,
     CredentialsRefused,
@@ -64,26 +64,6 @@ HISTORY_PAGES = 50
 # machine took over 2 s (attach's look-up failed on it in the suite): the bound is for a
 # server that does not answer, not for one that is slow.
 API_READ_S = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class ServerKind:
-    """What a server serves: the 1.x routes (`classic`), the `/api` routes of the new engine
-    (`engine`), and the version it gives (`/global/health`), if any."""
-
-    classic: bool
-    engine: bool
-    version: str | None = None
-
-    @property
-    def stream_path(self) -> str:
-        # 1.18.33's `/global/event` carries both engines (the new one's events as `sync`
-        # copies with their seq); a server without it has `/api/event`.
-        return "/global/event" if self.classic else "/api/event"
-
-    def describe(self) -> str:
-        engines = [name for name, has in (("1.x", self.classic), ("2.x", self.engine)) if has]
-        return f"opencode {self.version or '(no version given)'}: {' and '.join(engines)} API"
 
 
 def _api_path(session_id: str, action: str = "") -> str:

@@ -29,8 +29,7 @@ from monitor.core.commands import Act, Answer, Await, Block, Command, Count, Log
 from monitor.core.decisions import Deadline, Intervene, Outcome
 from monitor.core.detection import log_fields
 from monitor.core.monitor import Monitor
-from monitor.core.plugin_protocol import PluginCall, PluginVerdict, RequestRefused
-from monitor.core.plugin_stats import UNASKED_AFTER_S, PluginStats
+from monitor.core.plugin_stats import UNASKED_AFTER_S
 from monitor.core.status_view import sessions_status
 from monitor.core.tracker import Fed, Tracker
 from monitor.errors import ConfigError, ServerError
@@ -38,20 +37,20 @@ from monitor.shell.acting import POLL_S as TAKEOVER_POLL_S
 from monitor.shell.acting import Role, poll_role, role_view, take_role
 from monitor.shell.actions import Interventions, random_stagger
 from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
-from monitor.shell.api_v2 import EngineAPI, ServerKind
+from monitor.shell.api_v2 import EngineAPI
 from monitor.shell.backoff import Backoff
-from monitor.shell.decide import DecideServer
 from monitor.shell.diagnosis import directory_known
 from monitor.shell.endpoint import (
-    EndpointTaken,
     PluginEndpoint,
     check_endpoint,
     plugin_endpoint,
     state_dir,
 )
+from monitor.shell.locate import Locator
 from monitor.shell.logs import LoopErrors, lines_dropped, logging_off_the_loop
 from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
+from monitor.shell.plugin_service import PluginService
 from monitor.shell.record import Recorder, open_record
 from monitor.shell.resync import Resync
 from monitor.shell.silence import SILENCE_S, Silence
@@ -192,15 +191,14 @@ class Watch:
         # Calls' time bounds being waited for (`_deadline`), cancelled when watching stops.
         self._deadlines: set[asyncio.Task[None]] = set()
         self._fatal: BaseException | None = None
-        self._plugin_elsewhere = False
         # Whether this monitor acts or is another's standby (None: it acts, unguarded).
         self.role: Role | None = None
         self._ready_sent = False
         self._recorder: Recorder | None = None
         self._stream: EventStream | None = None
-        self.resync: Resync | None = None  # made once watching starts
-        self.server: ServerKind | None = None  # what the last stream that answered speaks
-        self._locating: ServerKind | None = None  # what the connect under way speaks
+        # Made once watching starts.
+        self.resync: Resync | None = None
+        self.locator: Locator | None = None
         self._last_frame_at: float | None = None
         self.metrics: Metrics | None = None
         if settings.metrics_addr is not None:
@@ -215,7 +213,7 @@ class Watch:
                 log_dropped=lines_dropped,
             )
         self.metrics_server: MetricsServer | None = None
-        self.plugin_server: DecideServer | None = None
+        self.plugins = PluginService(self.monitor, self._execute, self._following, timing.clock)
         self.webhook: Webhook | None = None
         if settings.notify_url is not None:
             self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
@@ -237,8 +235,7 @@ class Watch:
             finally:
                 if self.role is not None:
                     self.role.close()
-                if self.plugin_server is not None:
-                    await self.plugin_server.close()
+                await self.plugins.close()
                 if self.metrics_server is not None:
                     await self.metrics_server.close()
 
@@ -312,53 +309,21 @@ class Watch:
             await asyncio.sleep(self.timing.takeover)
             poll_role(role, self.scope.only_session)
             self.monitor.acting = role.acting
-            if role.serves and self.plugin_server is None and not self._plugin_elsewhere:
+            plugins = self.plugins
+            if role.serves and plugins.server is None and not plugins.elsewhere:
                 await self._serve_plugins()
 
     def _acts_for(self, session_id: str) -> bool:
         return self.role is None or self.role.acts_for(session_id)
 
-    @property
-    def plugin_stats(self) -> PluginStats:
-        return self.monitor.plugin_stats
-
     async def _serve_plugins(self) -> None:
         endpoint = self._endpoint()
-        if endpoint is None:
-            return
-        server = DecideServer(
-            endpoint, self.judge, self._on_plugin_asked, self._on_refused, self._on_plugin_late
-        )
-        try:
-            await server.start()
-        except EndpointTaken as exc:
-            # A second monitor of the same server: the first answers its plugins.
-            log.warning("plugin.endpoint_taken", reason=str(exc))
-            self._plugin_elsewhere = True
-            return
-        self.plugin_server = server
-        self.monitor.serving_plugins(self._plugin_address(), self.timing.unasked)
+        if endpoint is not None:
+            await self.plugins.start(endpoint, self.timing.unasked)
 
-    def judge(self, call: PluginCall) -> PluginVerdict | RequestRefused:
-        """The plugin's question about one call: the daemon's `judge` callback."""
+    def _following(self, session_id: str, directory: str | None) -> bool:
         resync = self.resync
-        following = resync is not None and resync.following(call.session_id, call.directory)
-        answer, commands = self.monitor.question(call, following)
-        self._execute(commands)
-        return answer
-
-    def _on_plugin_asked(
-        self, call: PluginCall, verdict: PluginVerdict, answered: bool = True
-    ) -> None:
-        self._execute(self.monitor.answered(call, verdict, time.time(), answered))
-
-    def _on_plugin_late(self, call: PluginCall) -> None:
-        """A request the plugin gave up on before we read it: the call ran unasked (the
-        plugin counts it, and reports it with its next request); not judged."""
-        self._execute(self.monitor.late(call, time.time()))
-
-    def _on_refused(self, refused: RequestRefused) -> None:
-        self._execute(self.monitor.refused(refused, self.timing.clock()))
+        return resync is not None and resync.following(session_id, directory)
 
     def _execute(self, commands: Sequence[Command]) -> None:
         """Carry out `Monitor`'s commands, in order, as they are."""
@@ -422,6 +387,9 @@ class Watch:
                 choice=settings.api,
             )
             self.toasts = Toasts(self.api)
+            locator = self.locator = Locator(
+                self.api, self.monitor, settings.url, settings.directory
+            )
             self.interventions = Interventions(
                 None if settings.dry_run else self.api,
                 forget=self.tracker.forget,
@@ -432,7 +400,7 @@ class Watch:
                 sleep=timing.sleep,
                 stagger=timing.stagger,
                 clock=timing.clock,
-                plugin_elsewhere=self._plugin_elsewhere,
+                plugin_elsewhere=self.plugins.elsewhere,
             )
             self.resync = Resync(
                 self.api,
@@ -457,7 +425,7 @@ class Watch:
                 read_timeout=timing.read_timeout,
                 sleep=timing.sleep,
                 clock=timing.clock,
-                locate=self._locate,
+                locate=locator.locate,
             )
             await self._until_stopped(stream)
             for task in self._deadlines:
@@ -562,6 +530,7 @@ class Watch:
         else:
             state = "connecting"
         stats, unasked = self.monitor.plugin_stats, self.monitor.unasked
+        server = None if self.locator is None else self.locator.server
         return {
             "version": __version__,
             "url": public_url(self.settings.url),
@@ -573,55 +542,17 @@ class Watch:
                 "frames": 0 if stream is None else stream.frames,
                 "last_frame_unix": self.last_frame_unix(),
                 # Which server the last connect found, and so which API and stream.
-                "server": None if self.server is None else self.server.describe(),
+                "server": None if server is None else server.describe(),
             },
             **sessions_status(self.tracker.sessions_view()),
             "plugins": {
-                "endpoint": None if self.plugin_server is None else self._plugin_address(),
+                "endpoint": self.plugins.address(),
                 "refused": stats.refused,
                 "directories": stats.view(),
                 # Tool calls the server ran with no plugin asking (`plugin.not_asking`).
                 "unasked_calls": None if unasked is None else unasked.said,
             },
         }
-
-    def _plugin_address(self) -> str:
-        assert self.plugin_server is not None
-        endpoint = self.plugin_server.endpoint
-        if endpoint.socket is not None:
-            return f"unix:{endpoint.socket}"
-        return f"http://{endpoint.host}:{self.plugin_server.port}"
-
-    async def _locate(self) -> str:
-        """Before every connect: which server this is (`--api`), and so which stream."""
-        try:
-            kind = await self.api.detect()
-        except ServerError:
-            # Down, starting or failing: the stream's own connect says so, with its hint.
-            kind = self.server or self.api.server
-        self._locating = kind
-        self.tracker.server_routes(kind.classic)
-        return stream_url(self.settings.url, self.settings.directory, api=not kind.classic)
-
-    def _say_server(self) -> None:
-        """`server.detected` once the stream of what `_locate` found has answered. Before,
-        nothing shows that an OpenCode server is there: a dead port or a failed TLS handshake
-        fails the health routes, and another web server answers them as a 1.x old enough to
-        have none would."""
-        kind, before = self._locating, self.server
-        if kind is None or kind == before:
-            return
-        self.server = kind
-        url = stream_url(self.settings.url, self.settings.directory, api=not kind.classic)
-        log.info(
-            "server.detected",
-            server=kind.describe(),
-            version=kind.version,
-            classic=kind.classic,
-            engine=kind.engine,
-            stream=public_url(url),
-            changed=before is not None,
-        )
 
     async def _on_connect(self) -> None:
         assert self.resync is not None
@@ -633,7 +564,8 @@ class Watch:
             self.resync.release()
 
     async def _connected(self) -> None:
-        self._say_server()
+        assert self.locator is not None
+        self.locator.say()
         self._silence.heard()
         self.notifier.status("streaming events")
         if self._ready_sent and self.metrics is not None:
