@@ -32,7 +32,8 @@ from monitor.shell.api import OpencodeAPI, Retry
 from monitor.shell.api_v2 import EngineAPI
 from monitor.shell.backoff import Backoff
 from monitor.shell.notify import Notifier
-from monitor.shell.watch import Timing, Watch
+from monitor.shell.timing import Timing
+from monitor.shell.watch import Watch
 from monitor.testing import FakeOpencode, frames
 from tests import frames_factory as ff
 from tests.frames_factory import BASH, READ, call, envelope

@@ -32,7 +32,7 @@ from monitor.core.plugin_protocol import (
 )
 from monitor.core.plugin_stats import PluginStats, Unasked
 from monitor.errors import ConfigError
-from monitor.shell import decide, endpoint, metrics
+from monitor.shell import decide, endpoint, metrics_server
 from monitor.shell.acting import Role
 from monitor.shell.decide import DecideServer
 from monitor.shell.endpoint import PluginEndpoint, state_dir
@@ -883,7 +883,7 @@ async def test_every_malformed_body_is_answered_and_every_odd_one_judged(
 
     assert len(MALFORMED) == 24
     # /status answers 20 a second (a burst of as many), the rest 429: this test asks more.
-    monkeypatch.setattr(metrics, "STATUS_RATE", 1e6)
+    monkeypatch.setattr(metrics_server, "STATUS_RATE", 1e6)
     fake = FakeOpencode()
     fake.streams = [fake.live]
     path = folder / "plugin.sock"

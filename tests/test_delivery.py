@@ -25,7 +25,8 @@ from monitor.core.ids import is_permission_id, is_session_id
 from monitor.errors import ConfigError
 from monitor.shell.api import path_segment
 from monitor.shell.notify import Notifier
-from monitor.shell.watch import Timing, Watch
+from monitor.shell.timing import Timing
+from monitor.shell.watch import Watch
 from monitor.testing import FakeOpencode, frames, play
 from tests import frames_factory as ff
 from tests.frames_factory import READ, call, envelope

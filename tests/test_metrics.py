@@ -11,12 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.core.events import _PARSERS, KNOWN_EVENT_TYPES, parse_event
-from monitor.shell.metrics import (
-    Metrics,
-    MetricsServer,
-    readiness,
-    start_metrics_server,
-)
+from monitor.shell.metrics import Metrics, readiness
+from monitor.shell.metrics_server import MetricsServer, start_metrics_server
 
 P = "opencode_loop_monitor_"
 LIMIT = 25.0

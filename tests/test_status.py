@@ -118,8 +118,8 @@ async def test_status_of_10000_sessions_is_bounded_cached_and_rate_limited(monke
     import time
 
     from monitor.core.status_view import STATUS_SESSIONS_MAX
-    from monitor.shell import metrics as metrics_module
-    from monitor.shell.metrics import STATUS_RATE, Cached, RateLimit
+    from monitor.shell import metrics_server as metrics_module
+    from monitor.shell.metrics_server import STATUS_RATE, Cached, RateLimit
 
     # The burst on a stopped clock: on a busy machine 100 requests took longer than a token's
     # refill (50 ms), and a 21st was answered (1 run in 4 beside the suite).

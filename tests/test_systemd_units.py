@@ -46,11 +46,11 @@ def test_notify_watchdog_and_restart_policy(path: Path) -> None:
 
 @both_units
 def test_open_file_limit_is_raised_well_above_the_connection_caps(path: Path) -> None:
-    from monitor.shell import decide, metrics
+    from monitor.shell import decide, metrics_server
 
     # systemd's default (1024) is what a flood of idle metrics connections exhausted; the
     # plugin endpoint's cap stays below it too, for a monitor started by hand (issue 25).
-    caps = metrics.MAX_CONNECTIONS + decide.MAX_CONNECTIONS
+    caps = metrics_server.MAX_CONNECTIONS + decide.MAX_CONNECTIONS
     assert int(value(load(path), "Service", "LimitNOFILE")) >= 8 * 1024 > 16 * caps
     assert 4 * caps < 1024
 

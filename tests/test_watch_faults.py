@@ -14,7 +14,8 @@ from structlog.testing import capture_logs
 from monitor.config import load_settings
 from monitor.errors import ConfigError
 from monitor.shell.notify import Notifier
-from monitor.shell.watch import Timing, Watch
+from monitor.shell.timing import Timing
+from monitor.shell.watch import Watch
 from monitor.testing import FakeOpencode, frames, no_headers, play
 from tests import frames_factory as ff
 from tests.frames_factory import call, envelope, idle

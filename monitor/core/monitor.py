@@ -75,6 +75,12 @@ class Monitor:
         actions take where its own frames have not said."""
         self.tracker.server_routes(kind.classic)
 
+    def engine_known(self, session_id: str, engine: int) -> None:
+        """`attach`'s session, looked up before its frames say which engine runs it: one of
+        the new engine (2) is read back and acted on by its routes from now on."""
+        if engine == 2:
+            self.tracker.engine_sessions((session_id,))
+
     def question(
         self, call: PluginCall, following: bool
     ) -> tuple[PluginVerdict | RequestRefused, list[Command]]:

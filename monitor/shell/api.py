@@ -30,6 +30,7 @@ from urllib.parse import quote, unquote
 import aiohttp
 from yarl import URL
 
+from monitor.config import Settings
 from monitor.core.export import feedback_delivered
 from monitor.core.frames import loads
 from monitor.core.ids import is_permission_id, is_session_id
@@ -43,8 +44,16 @@ from monitor.errors import (
 )
 from monitor.shell.backoff import Backoff
 from monitor.shell.diagnosis import refused_credentials
+from monitor.shell.stream import READ_BUFSIZE
 
-__all__ = ["OpencodeAPI", "Retry", "basic_auth_header", "path_segment", "session_path"]
+__all__ = [
+    "OpencodeAPI",
+    "Retry",
+    "basic_auth_header",
+    "http_session",
+    "path_segment",
+    "session_path",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,3 +377,11 @@ class OpencodeAPI:
             raise _NotSent(f"{what}: {type(exc).__name__}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise _Unanswered(f"{what}: {type(exc).__name__}") from None
+
+
+def http_session(settings: Settings) -> aiohttp.ClientSession:
+    """The HTTP client of a watch: the server's credentials with every request."""
+    headers = {}
+    if settings.password is not None:
+        headers = basic_auth_header(settings.username, settings.password)
+    return aiohttp.ClientSession(headers=headers, read_bufsize=READ_BUFSIZE)

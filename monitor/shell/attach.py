@@ -25,11 +25,12 @@ from monitor.core.export import feedback_count
 from monitor.core.ids import is_session_id
 from monitor.errors import MalformedId, ServerError, SessionGone
 from monitor.exits import EX_NOINPUT, EX_UNAVAILABLE
-from monitor.shell.api import OpencodeAPI
+from monitor.shell.api import OpencodeAPI, http_session
 from monitor.shell.api_v2 import EngineAPI
 from monitor.shell.diagnosis import diagnose_error
 from monitor.shell.logs import logging_off_the_loop
-from monitor.shell.watch import Timing, Watch, http_session
+from monitor.shell.timing import Timing
+from monitor.shell.watch import Watch
 
 __all__ = ["OneSession", "attach", "run_attach", "warn_if_followed"]
 

@@ -166,7 +166,7 @@ def journal_line(render: structlog.typing.Processor) -> structlog.typing.Process
 # what a busy monitor logs. Beyond, a line is dropped and counted, never waited for.
 QUEUE_LINES = 4096
 # At exit, how long the lines still queued get to be written (`monitor.stopped` is among
-# them): within the 5 s a SIGTERM may take (monitor.shell.watch.DRAIN_S).
+# them): within the 5 s a SIGTERM may take (monitor.shell.timing.DRAIN_S).
 FLUSH_S = 0.5
 # How long the writer waits at a time for a non-blocking descriptor to take more.
 WRITABLE_WAIT_S = 1.0

@@ -15,76 +15,49 @@ import gc
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
 
-import aiohttp
 import structlog
 
 from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
-from monitor.core.commands import Act, Answer, Await, Block, Command, Count, Log, Stop, Tell
 from monitor.core.decisions import Deadline, Intervene, Outcome
 from monitor.core.detection import log_fields
 from monitor.core.monitor import Monitor
-from monitor.core.plugin_stats import UNASKED_AFTER_S
 from monitor.core.status_view import sessions_status
 from monitor.core.tracker import Fed, Tracker
 from monitor.errors import ConfigError, ServerError
-from monitor.shell.acting import POLL_S as TAKEOVER_POLL_S
 from monitor.shell.acting import Role, poll_role, role_view, take_role
-from monitor.shell.actions import Interventions, random_stagger
-from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
+from monitor.shell.actions import Interventions
+from monitor.shell.api import http_session
 from monitor.shell.api_v2 import EngineAPI
-from monitor.shell.backoff import Backoff
 from monitor.shell.diagnosis import directory_known
-from monitor.shell.endpoint import (
-    PluginEndpoint,
-    check_endpoint,
-    plugin_endpoint,
-    state_dir,
-)
+from monitor.shell.endpoint import PluginEndpoint, check_endpoint, plugin_endpoint, state_dir
+from monitor.shell.executor import Executor
 from monitor.shell.locate import Locator
 from monitor.shell.logs import LoopErrors, lines_dropped, logging_off_the_loop
-from monitor.shell.metrics import Metrics, MetricsServer, start_metrics_server, wall_time
+from monitor.shell.metrics import Metrics, wall_time
+from monitor.shell.metrics_server import MetricsServer, serve_metrics
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.shell.plugin_service import PluginService
 from monitor.shell.record import Recorder, open_record
 from monitor.shell.resync import Resync
-from monitor.shell.silence import SILENCE_S, Silence
-from monitor.shell.stream import READ_BUFSIZE, READ_TIMEOUT_S, RECONNECT, EventStream, stream_url
+from monitor.shell.signals import catch_signals
+from monitor.shell.silence import Silence
+from monitor.shell.stream import EventStream, stream_url
+from monitor.shell.timing import AllSessions, Scope, Timing
 from monitor.shell.toast import Toasts
-from monitor.shell.webhook import Delivery, Webhook
+from monitor.shell.webhook import Webhook
 
-__all__ = ["Timing", "Watch", "http_session", "run_watch"]
+__all__ = ["Watch", "run_watch"]
 
 log = structlog.get_logger("monitor.shell.watch")
 
-# SIGTERM to exit must stay under 5 s: in-flight aborts get this long to finish.
-DRAIN_S = 3.0
-# Then notifications still being posted get this long (within the same 5 s).
+# After the interventions' drain (`Timing.drain`), notifications still being posted get this
+# long (within the same 5 s).
 WEBHOOK_DRAIN_S = 1.0
-# How long a loop `attach` finds at a call's start waits for that call's end: a plugin that
-# asks no monitor refuses the call by its own rule within milliseconds of its start.
-OWN_REFUSAL_WAIT_S = 1.0
 QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
-# Signals that must not end the daemon (their default action kills it silently, socket left
-# behind): SIGHUP, what a closed terminal and many operators' "reload" send, is ignored with
-# a line saying so (the settings are read once: a reload would rebuild every session's
-# tracking); SIGUSR1 logs what /status says (`monitor.status`); SIGUSR2 is ignored.
-HUP_IGNORED = "reloading is not offered: restart the monitor to apply changed settings"
-USR2_IGNORED = "SIGUSR2 has no meaning here"
-# Sessions a `monitor.status` line lists (held first, then busy): a log line stays short.
-STATUS_LINE_SESSIONS = 10
-
-
-def http_session(settings: Settings) -> aiohttp.ClientSession:
-    headers = {}
-    if settings.password is not None:
-        headers = basic_auth_header(settings.username, settings.password)
-    return aiohttp.ClientSession(headers=headers, read_bufsize=READ_BUFSIZE)
 
 
 def run_watch(settings: Settings) -> int:
@@ -102,60 +75,6 @@ def _frozen_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()  # a test process runs many watches: leave nothing held for ever
-
-
-@dataclass(frozen=True, slots=True)
-class Timing:
-    """The waits and the clock of the shell; tests shorten or replace them, the defaults suit
-    a real server."""
-
-    read_timeout: float = READ_TIMEOUT_S
-    reconnect: Backoff = RECONNECT
-    retry: Retry = Retry()
-    drain: float = DRAIN_S
-    # No event (heartbeats aside) for this long while runs are under way: ask the server.
-    silence: float = SILENCE_S
-    webhook: Delivery = Delivery()
-    # Tool calls with no plugin asking for this long: say so (`plugin.not_asking`).
-    unasked: float = UNASKED_AFTER_S
-    # How long `attach` waits to see whether a plugin refused a loop's call (OWN_REFUSAL_WAIT_S).
-    own_refusal: float = OWN_REFUSAL_WAIT_S
-    # How often a standby tries to take over from the acting monitor (monitor.shell.acting).
-    takeover: float = TAKEOVER_POLL_S
-    # How long the feedback waits after an abort (see monitor.shell.actions.STAGGER_S).
-    stagger: Callable[[], float] = random_stagger
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    clock: Callable[[], float] = time.monotonic
-
-
-class Scope(Protocol):
-    """Which sessions a watch follows, and when following them is over."""
-
-    @property
-    def only_session(self) -> str | None:
-        """The one session followed, or None for all; read once, when the watch starts."""
-        ...
-
-    async def still_there(self, api: OpencodeAPI) -> bool:
-        """On every (re)connect: False when there is nothing left to follow."""
-        ...
-
-    def engine(self, session_id: str) -> int:
-        """The engine a session is known to run on before the stream shows it (2: the new
-        one, whose actions and read-backs take the `/api` routes), else 1."""
-        ...
-
-
-class AllSessions:
-    """The daemon's scope: every session, for ever."""
-
-    only_session = None
-
-    async def still_there(self, api: OpencodeAPI) -> bool:
-        return True
-
-    def engine(self, session_id: str) -> int:
-        return 1
 
 
 class Watch:
@@ -181,11 +100,9 @@ class Watch:
             # `attach` answers no plugin: one may refuse calls by its own rule meanwhile.
             own_refusal_wait=0.0 if scope.only_session is None else timing.own_refusal,
         )
-        if scope.only_session is not None and scope.engine(scope.only_session) == 2:
-            # `attach`'s session, looked up as the new engine's: read back and acted on by
-            # its routes before its next frame says so.
-            self.tracker.engine_sessions((scope.only_session,))
         self.monitor = Monitor(self.tracker, settings.dry_run, scope.only_session)
+        if scope.only_session is not None:
+            self.monitor.engine_known(scope.only_session, scope.engine(scope.only_session))
         self._stop = asyncio.Event()
         self._stopped_by: str | None = None  # the signal that stopped the watch, if one did
         # Calls' time bounds being waited for (`_deadline`), cancelled when watching stops.
@@ -213,20 +130,24 @@ class Watch:
                 log_dropped=lines_dropped,
             )
         self.metrics_server: MetricsServer | None = None
-        self.plugins = PluginService(self.monitor, self._execute, self._following, timing.clock)
         self.webhook: Webhook | None = None
         if settings.notify_url is not None:
             self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
+        self._execute = Executor(
+            self.metrics, self.webhook, lambda: self.role, self._deadline, self._stop.set
+        )
+        self.plugins = PluginService(self.monitor, self._execute, self._following, timing.clock)
 
     async def run(self) -> int:
-        self._on_signals(asyncio.get_running_loop())
+        catch_signals(asyncio.get_running_loop(), self.status)
         with contextlib.ExitStack() as held:
             held.enter_context(_frozen_heap())
             if self.settings.record is not None:
                 record = held.enter_context(open_record(self.settings.record))
                 self._recorder = Recorder(self.settings.record, record)
-            if self.metrics is not None:
-                self.metrics_server = await self._serve_metrics(self.metrics)
+            address = self.settings.metrics_addr
+            if self.metrics is not None and address is not None:
+                self.metrics_server = await serve_metrics(self.metrics, address, self.status)
             try:
                 self._take_role()
                 if self.role is None or self.role.serves:
@@ -242,43 +163,6 @@ class Watch:
     def stop(self) -> None:
         """Make `run` return as SIGTERM does: stop reading, let in-flight actions finish."""
         self._stop.set()
-
-    def _on_signals(self, loop: asyncio.AbstractEventLoop) -> None:
-        """SIGHUP, SIGUSR1 and SIGUSR2 logged, never fatal (see HUP_IGNORED); SIGTERM and
-        SIGINT stop the watch, from `_run` on."""
-        loop.add_signal_handler(signal.SIGHUP, self._ignore, "SIGHUP", HUP_IGNORED)
-        loop.add_signal_handler(signal.SIGUSR2, self._ignore, "SIGUSR2", USR2_IGNORED)
-        loop.add_signal_handler(signal.SIGUSR1, self.log_status)
-
-    @staticmethod
-    def _ignore(name: str, reason: str) -> None:
-        log.warning("signal.ignored", signal=name, reason=reason)
-
-    def log_status(self) -> None:
-        """What /status says, as one `monitor.status` line (SIGUSR1): ids, names, counts and
-        states, never an argument or a password; at most STATUS_LINE_SESSIONS sessions."""
-        status = self.status()
-        sessions = status["sessions"]
-        assert isinstance(sessions, list)
-        omitted = status["sessions_omitted"]
-        assert isinstance(omitted, int)
-        status["sessions"] = sessions[:STATUS_LINE_SESSIONS]
-        status["sessions_omitted"] = omitted + len(sessions[STATUS_LINE_SESSIONS:])
-        log.info("monitor.status", **status)
-
-    async def _serve_metrics(self, metrics: Metrics) -> MetricsServer:
-        address = self.settings.metrics_addr
-        assert address is not None
-        try:
-            server = await start_metrics_server(
-                metrics, address.host, address.port, status=self.status
-            )
-        except OSError as exc:
-            raise ConfigError(
-                f"metrics_addr {address.host}:{address.port}: cannot listen ({exc.strerror})"
-            ) from None
-        log.info("metrics.listening", host=address.host, port=server.port)
-        return server
 
     def _endpoint(self) -> PluginEndpoint | None:
         """The plugin endpoint this watch serves; None for `attach` (plugins ask the daemon)."""
@@ -313,9 +197,6 @@ class Watch:
             if role.serves and plugins.server is None and not plugins.elsewhere:
                 await self._serve_plugins()
 
-    def _acts_for(self, session_id: str) -> bool:
-        return self.role is None or self.role.acts_for(session_id)
-
     async def _serve_plugins(self) -> None:
         endpoint = self._endpoint()
         if endpoint is not None:
@@ -324,41 +205,6 @@ class Watch:
     def _following(self, session_id: str, directory: str | None) -> bool:
         resync = self.resync
         return resync is not None and resync.following(session_id, directory)
-
-    def _execute(self, commands: Sequence[Command]) -> None:
-        """Carry out `Monitor`'s commands, in order, as they are."""
-        for command in commands:
-            match command:
-                case Act(decision, count):
-                    if self._acts_for(decision.session_id):
-                        self.interventions.submit(decision)
-                        self._execute(count)
-                    else:
-                        self.interventions.standby(decision, self._acting_pid())
-                case Answer(reply, count):
-                    if self._acts_for(reply.session_id):
-                        self.interventions.answer(reply)
-                        self._execute(count)
-                    elif reply.loop is not None:
-                        self.interventions.standby(reply.loop, self._acting_pid())
-                case Block(decision, call_id):
-                    self.interventions.blocked(decision, call_id)
-                case Await(deadline):
-                    self._deadline(deadline)
-                case Count(metric, labels):
-                    if self.metrics is not None:
-                        getattr(self.metrics, metric)(*labels)
-                case Log(level, event, fields):
-                    getattr(log, level)(event, **fields)
-                case Tell(decision, outcome, notify):
-                    self.toasts.show(decision, outcome)  # returns at once: posting runs apart
-                    if notify and self.webhook is not None:
-                        self.webhook.send(decision, outcome)
-                case Stop():
-                    self._stop.set()
-
-    def _acting_pid(self) -> int | None:
-        return None if self.role is None else self.role.holder()
 
     async def _run(self) -> int:
         settings = self.settings
@@ -402,6 +248,7 @@ class Watch:
                 clock=timing.clock,
                 plugin_elsewhere=self.plugins.elsewhere,
             )
+            self._execute.acting_through(self.interventions, self.toasts)
             self.resync = Resync(
                 self.api,
                 self.tracker,

@@ -1,0 +1,96 @@
+"""Carries out `Monitor`'s commands, in order, as they are: an intervention begun, a
+permission request answered, a metric counted, a line logged, a timer started, a person told.
+
+Whether this monitor acts for a session is the one question asked here, of the lock the
+shell holds (`Role.acts_for`: an `attach` may act for one session); everything else was
+decided in the core."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import structlog
+
+from monitor.core.commands import Act, Answer, Await, Block, Command, Count, Log, Stop, Tell
+from monitor.core.decisions import Deadline, Intervene
+from monitor.shell.acting import Role
+from monitor.shell.actions import Interventions
+from monitor.shell.metrics import Metrics
+from monitor.shell.toast import Toasts
+from monitor.shell.webhook import Webhook
+
+__all__ = ["Executor"]
+
+log = structlog.get_logger("monitor.shell.watch")
+
+
+class Executor:
+    """Counts and logs from the start; acts once `acting_through` has given it the
+    interventions and the toasts (no decision comes before: the plugin's questions are not
+    judged before the first connect's resync)."""
+
+    def __init__(
+        self,
+        metrics: Metrics | None,
+        webhook: Webhook | None,
+        role: Callable[[], Role | None],
+        wait: Callable[[Deadline], None],
+        stop: Callable[[], None],
+    ) -> None:
+        self._interventions: Interventions | None = None
+        self._toasts: Toasts | None = None
+        self._metrics = metrics
+        self._webhook = webhook
+        self._role = role
+        self._wait = wait
+        self._stop = stop
+
+    def acting_through(self, interventions: Interventions, toasts: Toasts) -> None:
+        self._interventions = interventions
+        self._toasts = toasts
+
+    def __call__(self, commands: Sequence[Command]) -> None:
+        for command in commands:
+            match command:
+                case Count(metric, labels):
+                    if self._metrics is not None:
+                        getattr(self._metrics, metric)(*labels)
+                case Log(level, event, fields):
+                    getattr(log, level)(event, **fields)
+                case Await(deadline):
+                    self._wait(deadline)
+                case Stop():
+                    self._stop()
+                case _:
+                    self._act(command)
+
+    def _act(self, command: Act | Answer | Block | Tell) -> None:
+        interventions, toasts = self._interventions, self._toasts
+        assert interventions is not None and toasts is not None
+        match command:
+            case Act(decision, counts):
+                if self._acts_for(decision.session_id):
+                    interventions.submit(decision)
+                    self(counts)
+                else:
+                    self._standby(interventions, decision)
+            case Answer(reply, counts):
+                if self._acts_for(reply.session_id):
+                    interventions.answer(reply)
+                    self(counts)
+                elif reply.loop is not None:
+                    self._standby(interventions, reply.loop)
+            case Block(decision, call_id):
+                interventions.blocked(decision, call_id)
+            case Tell(decision, outcome, notify):
+                toasts.show(decision, outcome)  # returns at once: posting runs apart
+                if notify and self._webhook is not None:
+                    self._webhook.send(decision, outcome)
+
+    def _acts_for(self, session_id: str) -> bool:
+        role = self._role()
+        return role is None or role.acts_for(session_id)
+
+    def _standby(self, interventions: Interventions, decision: Intervene) -> None:
+        role = self._role()
+        interventions.standby(decision, None if role is None else role.holder())
