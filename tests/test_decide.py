@@ -619,7 +619,7 @@ async def test_no_request_breaks_metrics_or_status(folder) -> None:
         assert verdicts == ["allow"] * 4 + ["block"]
         # The next connect's resync asks every other folder and keeps this session's run.
         with structlog.testing.capture_logs() as logs:
-            await watch.resync.run(first=False)
+            await watch.follow.resync.run(first=False)
         events = [entry["event"] for entry in logs]
         assert "stream.resynced" in events and "stream.resync_failed" not in events
         assert watch.tracker.running().keys() >= {CALL["session_id"]}

@@ -78,7 +78,7 @@ async def test_slow_server_delays_but_never_aborts_twice():
         server, watch, _ = running
         # The resync's reads go first: they need the pool the test is about to take.
         await wait_for(lambda: events(logs, "stream.resynced"))
-        http = watch.api._http
+        http = watch.follow.api._http
         limit = http.connector.limit
 
         async def take_a_connection() -> None:
@@ -406,7 +406,7 @@ async def test_max_sessions_is_a_setting():
         with capture_logs() as logs:
             running = await start(fake, max_sessions=bound)
             watch = running[1]
-            await wait_for(lambda w=watch: w._stream is not None and w._stream.frames == 16)
+            await wait_for(lambda w=watch: w.follow is not None and w.follow.stream.frames == 16)
             # Each frame is decided on as it is read: a loop was found by now, or none was;
             # the intervention of one that was is over when its outcome is logged.
             await wait_for(lambda n=loops: len(events(logs, "intervention.outcome")) >= n)

@@ -61,7 +61,7 @@ async def test_what_was_made_before_a_run_is_out_of_the_collectors_sight_until_i
     server, watch, task = await start(fake)
     try:
         # server.connected and the three updates of the call
-        await wait_for(lambda: watch._stream is not None and watch._stream.frames == 4)
+        await wait_for(lambda: watch.follow is not None and watch.follow.stream.frames == 4)
         frozen = gc.get_freeze_count()
     finally:
         assert await stop(server, watch, task) == 0
@@ -84,7 +84,7 @@ async def test_clean_end_reconnects_and_resyncs():
         watch = running[1]
         # Asked at the first connect, and at the reconnect for s1's directory and ours.
         await wait_for(lambda: fake.connections == 2 and len(fake.of("status")) == 3)
-        await wait_for(lambda: watch._stream.frames == frames_sent)
+        await wait_for(lambda: watch.follow.stream.frames == frames_sent)
         await stop(*running)
     # 3 calls before, 1 after: the history was dropped, and no decision was made.
     assert watch.tracker.interventions("s1") == 0 and fake.of("abort") == []
@@ -774,7 +774,7 @@ async def test_an_outage_is_one_warning_and_one_info_and_one_reconnect():
     with capture_logs() as logs:
         running = await start(fake, metrics_addr="127.0.0.1:0")
         watch = running[1]
-        await wait_for(lambda: fake.connections == 8 and watch._stream.connected)
+        await wait_for(lambda: fake.connections == 8 and watch.follow.stream.connected)
         async with aiohttp.ClientSession() as http:
             url = f"http://127.0.0.1:{watch.metrics_server.port}/metrics"
             async with http.get(url) as response:

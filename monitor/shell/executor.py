@@ -26,28 +26,31 @@ log = structlog.get_logger("monitor.shell.watch")
 
 class Executor:
     """Counts and logs from the start; acts once `acting_through` has given it the
-    interventions and the toasts (no decision comes before: the plugin's questions are not
-    judged before the first connect's resync)."""
+    interventions, the toasts and the timers (no decision comes before: the plugin's
+    questions are not judged before the first connect's resync)."""
 
     def __init__(
         self,
         metrics: Metrics | None,
         webhook: Webhook | None,
         role: Callable[[], Role | None],
-        wait: Callable[[Deadline], None],
         stop: Callable[[], None],
     ) -> None:
         self._interventions: Interventions | None = None
         self._toasts: Toasts | None = None
+        self._wait: Callable[[Deadline], None] | None = None
         self._metrics = metrics
         self._webhook = webhook
         self._role = role
-        self._wait = wait
         self._stop = stop
 
-    def acting_through(self, interventions: Interventions, toasts: Toasts) -> None:
+    def acting_through(
+        self, interventions: Interventions, toasts: Toasts, wait: Callable[[Deadline], None]
+    ) -> None:
+        """What carries out interventions, toasts and waits, once watching has begun."""
         self._interventions = interventions
         self._toasts = toasts
+        self._wait = wait
 
     def __call__(self, commands: Sequence[Command]) -> None:
         for command in commands:
@@ -57,16 +60,14 @@ class Executor:
                         getattr(self._metrics, metric)(*labels)
                 case Log(level, event, fields):
                     getattr(log, level)(event, **fields)
-                case Await(deadline):
-                    self._wait(deadline)
                 case Stop():
                     self._stop()
                 case _:
                     self._act(command)
 
-    def _act(self, command: Act | Answer | Block | Tell) -> None:
-        interventions, toasts = self._interventions, self._toasts
-        assert interventions is not None and toasts is not None
+    def _act(self, command: Act | Answer | Block | Await | Tell) -> None:
+        interventions, toasts, wait = self._interventions, self._toasts, self._wait
+        assert interventions is not None and toasts is not None and wait is not None
         match command:
             case Act(decision, counts):
                 if self._acts_for(decision.session_id):
@@ -82,6 +83,8 @@ class Executor:
                     self._standby(interventions, reply.loop)
             case Block(decision, call_id):
                 interventions.blocked(decision, call_id)
+            case Await(deadline):
+                wait(deadline)
             case Tell(decision, outcome, notify):
                 toasts.show(decision, outcome)  # returns at once: posting runs apart
                 if notify and self._webhook is not None:

@@ -22,32 +22,24 @@ import structlog
 
 from monitor import __version__
 from monitor.config import Settings, guard_of, public_url
-from monitor.core.decisions import Deadline, Intervene, Outcome
 from monitor.core.detection import log_fields
 from monitor.core.monitor import Monitor
 from monitor.core.status_view import sessions_status
-from monitor.core.tracker import Fed, Tracker
-from monitor.errors import ConfigError, ServerError
+from monitor.core.tracker import Tracker
+from monitor.errors import ConfigError
 from monitor.shell.acting import Role, poll_role, role_view, take_role
-from monitor.shell.actions import Interventions
 from monitor.shell.api import http_session
-from monitor.shell.api_v2 import EngineAPI
-from monitor.shell.diagnosis import directory_known
 from monitor.shell.endpoint import PluginEndpoint, check_endpoint, plugin_endpoint, state_dir
 from monitor.shell.executor import Executor
-from monitor.shell.locate import Locator
+from monitor.shell.follow import Follow
 from monitor.shell.logs import LoopErrors, lines_dropped, logging_off_the_loop
 from monitor.shell.metrics import Metrics, wall_time
 from monitor.shell.metrics_server import MetricsServer, serve_metrics
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
 from monitor.shell.plugin_service import PluginService
 from monitor.shell.record import Recorder, open_record
-from monitor.shell.resync import Resync
 from monitor.shell.signals import catch_signals
-from monitor.shell.silence import Silence
-from monitor.shell.stream import EventStream, stream_url
 from monitor.shell.timing import AllSessions, Scope, Timing
-from monitor.shell.toast import Toasts
 from monitor.shell.webhook import Webhook
 
 __all__ = ["Watch", "run_watch"]
@@ -57,7 +49,6 @@ log = structlog.get_logger("monitor.shell.watch")
 # After the interventions' drain (`Timing.drain`), notifications still being posted get this
 # long (within the same 5 s).
 WEBHOOK_DRAIN_S = 1.0
-QUIET_EVENTS = frozenset({"server.heartbeat", "server.connected"})
 
 
 def run_watch(settings: Settings) -> int:
@@ -105,26 +96,19 @@ class Watch:
             self.monitor.engine_known(scope.only_session, scope.engine(scope.only_session))
         self._stop = asyncio.Event()
         self._stopped_by: str | None = None  # the signal that stopped the watch, if one did
-        # Calls' time bounds being waited for (`_deadline`), cancelled when watching stops.
-        self._deadlines: set[asyncio.Task[None]] = set()
         self._fatal: BaseException | None = None
         # Whether this monitor acts or is another's standby (None: it acts, unguarded).
         self.role: Role | None = None
-        self._ready_sent = False
         self._recorder: Recorder | None = None
-        self._stream: EventStream | None = None
-        # Made once watching starts.
-        self.resync: Resync | None = None
-        self.locator: Locator | None = None
-        self._last_frame_at: float | None = None
+        self.follow: Follow | None = None  # made once watching starts
         self.metrics: Metrics | None = None
         if settings.metrics_addr is not None:
             self.metrics = Metrics(
-                connected=lambda: self._stream is not None and self._stream.connected,
+                connected=lambda: self.follow is not None and self.follow.stream.connected,
                 sessions=lambda: self.tracker.active_sessions,
                 held=lambda: self.tracker.held_sessions,
                 known=lambda: len(self.tracker.known()),
-                last_frame_at=lambda: self._last_frame_at,
+                last_frame_at=lambda: None if self.follow is None else self.follow.last_frame_at,
                 clock=timing.clock,
                 read_limit=timing.read_timeout,
                 log_dropped=lines_dropped,
@@ -133,9 +117,7 @@ class Watch:
         self.webhook: Webhook | None = None
         if settings.notify_url is not None:
             self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
-        self._execute = Executor(
-            self.metrics, self.webhook, lambda: self.role, self._deadline, self._stop.set
-        )
+        self._execute = Executor(self.metrics, self.webhook, lambda: self.role, self._stop.set)
         self.plugins = PluginService(self.monitor, self._execute, self._following, timing.clock)
 
     async def run(self) -> int:
@@ -203,8 +185,8 @@ class Watch:
             await self.plugins.start(endpoint, self.timing.unasked)
 
     def _following(self, session_id: str, directory: str | None) -> bool:
-        resync = self.resync
-        return resync is not None and resync.following(session_id, directory)
+        follow = self.follow
+        return follow is not None and follow.resync.following(session_id, directory)
 
     async def _run(self) -> int:
         settings = self.settings
@@ -223,63 +205,22 @@ class Watch:
         for warning in settings.warnings:
             log.warning("config.warning", message=warning)
         async with http_session(settings) as http:
-            timing = self.timing
-            self.api = EngineAPI(
+            follow = self.follow = Follow(
                 http,
-                settings.url,
-                timing.retry,
-                timing.sleep,
-                engine_of=self.tracker.route,
-                choice=settings.api,
-            )
-            self.toasts = Toasts(self.api)
-            locator = self.locator = Locator(
-                self.api, self.monitor, settings.url, settings.directory
-            )
-            self.interventions = Interventions(
-                None if settings.dry_run else self.api,
-                forget=self.tracker.forget,
-                on_fatal=self._fail,
-                on_outcome=self._on_outcome,
-                expire=self.tracker.expire,
-                run_over=self.tracker.run_over,
-                sleep=timing.sleep,
-                stagger=timing.stagger,
-                clock=timing.clock,
-                plugin_elsewhere=self.plugins.elsewhere,
-            )
-            self._execute.acting_through(self.interventions, self.toasts)
-            self.resync = Resync(
-                self.api,
-                self.tracker,
                 settings,
-                self.scope.only_session,
-                self.interventions,
-                self._carry_out,
-                self._take,
-                self._deadline,
+                self.timing,
+                self.scope,
+                self.monitor,
+                self._execute,
+                self.notifier,
+                self.metrics,
+                self._recorder,
+                self.plugins.elsewhere,
+                self._stop.set,
+                self._fail,
             )
-            self._silence = Silence(
-                self.api, self.tracker, settings.directory, timing.silence, timing.clock
-            )
-            stream = self._stream = EventStream(
-                http,
-                stream_url(settings.url, settings.directory),
-                on_frame=self._on_frame,
-                on_connect=self._on_connect,
-                on_disconnect=self._on_disconnect,
-                backoff=timing.reconnect,
-                read_timeout=timing.read_timeout,
-                sleep=timing.sleep,
-                clock=timing.clock,
-                locate=locator.locate,
-            )
-            await self._until_stopped(stream)
-            for task in self._deadlines:
-                task.cancel()
-            self.notifier.stopping()
-            await self.interventions.drain(timing.drain)
-            await self.toasts.close()
+            await self._until_stopped(follow)
+            await follow.finish()
             if self.webhook is not None:
                 await self.webhook.close(WEBHOOK_DRAIN_S)
         log.info("monitor.stopped", signal=self._stopped_by)
@@ -287,11 +228,11 @@ class Watch:
             raise self._fatal
         return 0
 
-    async def _until_stopped(self, stream: EventStream) -> None:
+    async def _until_stopped(self, follow: Follow) -> None:
         tasks = [
-            asyncio.create_task(stream.run()),
+            asyncio.create_task(follow.stream.run()),
             asyncio.create_task(self._stop.wait()),
-            asyncio.create_task(self._every_half_silence(stream)),
+            asyncio.create_task(follow.every_half_silence()),
         ]
         if self.role is not None:
             tasks.append(asyncio.create_task(self._keep_role(self.role)))
@@ -316,60 +257,15 @@ class Watch:
         self._fatal = exc
         self._stop.set()
 
-    def _on_frame(self, data: str) -> bool:
-        """Feed one frame to the tracker; True when it handed work to the executor."""
-        if self._recorder is not None:
-            self._recorder.write(data)
-        assert self.resync is not None
-        waiting = self.resync.waiting
-        if waiting is None:
-            return self._take(self.tracker.feed_data(data))
-        if (frame := waiting.admit(data)) is not None:
-            return self._take(self.tracker.feed(frame))
-        return False
-
-    def _take(self, fed: Fed) -> bool:
-        """Carry out and count what one frame fed to the tracker did; True when it handed
-        work on."""
-        now = self.timing.clock()
-        commands = self.monitor.fed(fed, now)
-        if commands:
-            self._execute(commands)
-        if fed.event_type not in QUIET_EVENTS:
-            self._silence.last_event_at = now
-        metrics = self.metrics
-        if metrics is not None:
-            self._last_frame_at = now
-            metrics.frame(fed.event_type)
-        return bool(fed.decisions or fed.replies)  # most frames decide nothing
-
-    def _carry_out(self, fed: Fed) -> None:
-        """What the read-back of a session decided, carried out as a frame's would be."""
-        self._execute(self.monitor.fed(fed, self.timing.clock()))
-
-    def _deadline(self, deadline: Deadline) -> None:
-        """Wait out a call's time bound, then ask whether the call still runs
-        (`Monitor.overdue`): the core keeps no clock, the time comes from here."""
-        task = asyncio.get_running_loop().create_task(self._overdue(deadline))
-        self._deadlines.add(task)
-        task.add_done_callback(self._deadlines.discard)
-
-    async def _overdue(self, deadline: Deadline) -> None:
-        await self.timing.sleep(deadline.wait)
-        self._execute(self.monitor.overdue(deadline))
-
-    def _on_outcome(self, decision: Intervene, outcome: Outcome) -> None:
-        self._execute(self.monitor.outcome(decision, outcome))
-
     def last_frame_unix(self) -> float | None:
         """When the last frame came, as a Unix timestamp (the shell keeps monotonic time)."""
-        if self._last_frame_at is None:
-            return None
-        return wall_time(self._last_frame_at, self.timing.clock(), time.time())
+        at = None if self.follow is None else self.follow.last_frame_at
+        return None if at is None else wall_time(at, self.timing.clock(), time.time())
 
     def status(self) -> dict[str, object]:
         """What `opencode-loop-monitor status` shows: served as JSON on /status."""
-        stream = self._stream
+        follow = self.follow
+        stream = None if follow is None else follow.stream
         if stream is not None and stream.connected:
             state = "connected"
         elif stream is not None and stream.ever_connected:
@@ -377,7 +273,7 @@ class Watch:
         else:
             state = "connecting"
         stats, unasked = self.monitor.plugin_stats, self.monitor.unasked
-        server = None if self.locator is None else self.locator.server
+        server = None if follow is None else follow.locator.server
         return {
             "version": __version__,
             "url": public_url(self.settings.url),
@@ -400,65 +296,3 @@ class Watch:
                 "unasked_calls": None if unasked is None else unasked.said,
             },
         }
-
-    async def _on_connect(self) -> None:
-        assert self.resync is not None
-        # Before anything awaits: frames of the sessions the resync rebuilds wait for it.
-        self.resync.hold()
-        try:
-            await self._connected()
-        finally:
-            self.resync.release()
-
-    async def _connected(self) -> None:
-        assert self.locator is not None
-        self.locator.say()
-        self._silence.heard()
-        self.notifier.status("streaming events")
-        if self._ready_sent and self.metrics is not None:
-            self.metrics.reconnect()  # every connection after the first is a reconnect
-        first = not self._ready_sent
-        if first:
-            self._ready_sent = True
-            self.notifier.ready()
-            await self._check_directory()
-        # Work the server's absence left undone goes first; the resync leaves its sessions
-        # to it (they are being acted on).
-        self.interventions.resume()
-        if not await self.scope.still_there(self.api):
-            self._stop.set()
-            return
-        assert self.resync is not None
-        await self.resync.run(first)
-
-    async def _every_half_silence(self, stream: EventStream) -> None:
-        """Bound the unwatched time of a stream that stalls but stays connected (see
-        monitor.shell.silence), go on with work a server away left, say when no plugin asks
-        although no frame comes."""
-        while True:
-            # A real wait, not `timing.sleep`: tests record those as the reconnect backoff's.
-            await asyncio.sleep(self.timing.silence / 2)
-            if stream.connected:
-                self.interventions.resume()  # due work left by a server away meanwhile
-            self._execute(self.monitor.tick(self.timing.clock()))
-            await self._silence.check(stream)
-
-    async def _check_directory(self) -> None:
-        """Warn once, at the first connect, when --directory names no project the server has.
-
-        A warning, not an exit: a project appears when someone first opens it, which may be
-        after the monitor starts (at boot, under systemd).
-        """
-        directory = self.settings.directory
-        if directory is None or self.scope.only_session is not None:
-            return
-        try:
-            known = await self.api.project_directories()
-        except ServerError as exc:
-            log.warning("stream.directory_unchecked", directory=directory, error=str(exc))
-            return
-        if not directory_known(directory, known):
-            log.warning("stream.directory_unknown", directory=directory, known=known)
-
-    def _on_disconnect(self, reason: str) -> None:
-        self.notifier.status(f"reconnecting: {reason}")
