@@ -102,7 +102,7 @@ def test_the_session_and_directory_of_a_frame_of_either_generation():
 def test_frames_wait_only_for_what_the_resync_reads_of_their_session():
     import json
 
-    from monitor.shell.resync import Waiting
+    from monitor.core.resync import Waiting
     from tests.frames_factory import call, envelope
 
     def data(session: str, directory: str) -> str:
@@ -145,7 +145,7 @@ def test_a_question_before_any_frame_of_its_session_waits_for_its_directory():
     # was let through. The question now places the session as its first frame would.
     import json
 
-    from monitor.shell.resync import Waiting
+    from monitor.core.resync import Waiting
     from tests.frames_factory import call, envelope
 
     waiting = Waiting([], ["/a", "/b"], None)
@@ -170,7 +170,7 @@ def test_a_question_before_any_frame_of_its_session_waits_for_its_directory():
 def test_frames_let_go_together_are_fed_in_the_streams_order_across_sessions():
     import json
 
-    from monitor.shell.resync import Waiting
+    from monitor.core.resync import Waiting
     from tests.frames_factory import call, envelope
 
     def data(session: str, part: str) -> str:
@@ -196,7 +196,7 @@ def test_frames_let_go_together_are_fed_in_the_streams_order_across_sessions():
 def test_each_engines_answer_frees_only_the_sessions_that_speak_it():
     import json
 
-    from monitor.shell.resync import Waiting
+    from monitor.core.resync import Waiting
     from monitor.testing import engine_event
     from tests.frames_factory import call, envelope
 
