@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, dataclass_transform
 
 from monitor.core.compaction import continues, is_summary
-from monitor.core.signature import text_crc
+from monitor.core.signature import int_digest, text_crc
 
 __all__ = [
     "Event",
@@ -588,11 +588,11 @@ def _session_diff(props: dict[str, Any], directory: str | None) -> SessionDiff:
             file, status = str(entry.get("file")), str(entry.get("status"))
             added, deleted = _count(entry.get("additions")), _count(entry.get("deletions"))
             summary.append(text_crc(f"{file}\0{added}\0{deleted}\0{status}"))
-    return SessionDiff(_text(props, "sessionID"), hash(tuple(summary)), directory)
+    return SessionDiff(_text(props, "sessionID"), int_digest(*summary), directory)
 
 
 # The digest of a `session.diff` that lists no file: what a run starts from.
-NO_DIFF = hash((0,))
+NO_DIFF = int_digest(0)
 
 
 def _file_edited(props: dict[str, Any], directory: str | None) -> FileEdited:

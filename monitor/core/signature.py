@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["canonical_signature", "signature_digest", "text_crc"]
+__all__ = ["canonical_signature", "int_digest", "signature_digest", "text_crc"]
 
 _dump_scalar: Callable[[Any], str] = json.JSONEncoder(
     ensure_ascii=False, allow_nan=True, separators=(",", ":")
@@ -100,3 +100,20 @@ def text_crc(text: str, seed: int = 0) -> int:
     is as cheap as `hash()` here, and these digests are only compared for equality, where
     one false match in 2**32 is nothing next to the repetitions a rule asks for."""
     return zlib.crc32(text.encode("utf-8", "surrogatepass"), seed)
+
+
+_M64 = (1 << 64) - 1
+
+
+def int_digest(*values: int | None) -> int:
+    """64 bits of a few integers (digests, counts; None for one not known), the same in
+    every process and every Python: FNV-1a over 64-bit words. Not the builtin `hash()` of a
+    tuple, which the style forbids in the core (its algorithm is CPython's to change, and a
+    str slipped into the tuple would make it salted per process). Compared for equality only;
+    signed, as `signature_digest`, so a history's `array("q")` holds either.
+    """
+    digest = 0xCBF29CE484222325
+    for value in values:
+        word = _M64 if value is None else value & _M64
+        digest = ((digest ^ word) * 0x100000001B3) & _M64
+    return digest - (1 << 64) if digest >> 63 else digest

@@ -31,6 +31,7 @@ from monitor.core.rules.facts import rule_args
 from monitor.core.rules.runaway import call_bound
 from monitor.core.runs import RunEvent, run_advance
 from monitor.core.session import PLUGIN_PART, Call, RecentMap, SessionRecord, call_digest
+from monitor.core.signature import int_digest
 
 __all__ = ["Seeding", "ToolUpdates"]
 
@@ -343,27 +344,10 @@ class ToolUpdates:
         finished = part.status in _FINISHED
         if not finished and part.status != "running":
             return None  # a status of no kind we know
-        if seeding is None:
-            event = CallEvent.FINISH if finished else CallEvent.RUN
-        else:
-            # The shell connects the stream before it reads the messages back, so nothing
-            # that happens in between is lost; an update made in that gap then reaches us
-            # twice, in the messages and on the stream, and must count once: every part read
-            # back stays in flight, also a finished one, and its later updates are repeats.
-            event = CallEvent.READ_FINISH if finished else CallEvent.READ_RUN
         if call is None:
             call = self._identify_part(part)
             session.start(call)
-        if seeding is None and session.stopping is not None:
-            # The run is being aborted (`SessionRecord.stopping`): a call that begins now is
-            # recorded (a repetition of the loop is that intervention again), but no call's
-            # end is taken, since the abort is what ends it ("Task cancelled" for each
-            # subagent, "Tool execution aborted"). The intervention's own cut covers only
-            # the calls in flight at its decision; a burst's later calls start after it.
-            if call.state is CallState.NEW:
-                event = CallEvent.RUN
-            elif finished and call.state in _CUTTABLE:
-                advance(call, CallEvent.CUT)
+        event = _call_event(session, call, finished, seeding)
         step = advance(call, event)
         if step is Step.AGAIN and event is CallEvent.RUN and call.state is CallState.RUNNING:
             # bash re-sends `running` while it streams output: only `runaway` reads those
@@ -381,27 +365,35 @@ class ToolUpdates:
             return None
         if outcome:
             call.finished(part.status, part.output, part.error, part.metadata)
-        if record:
-            session.calls += 1
-            session.run = run_advance(session.run, RunEvent.BEGIN)[0]
-            if seeding is not None:
-                if seeding.decided:
-                    # A run that looped several times before we came is stopped once, at the
-                    # first call where `watch` would have stopped it; later calls are counted
-                    # (positions stay call numbers) but not recorded.
-                    return None
-                if part.part_id == session.intervened_part:
-                    # The run read back is the one we just stopped, its feedback not stored
-                    # yet: the same loop must not be acted on twice.
-                    session.restart()
-                    seeding.decided = True
-                    return None
-            if not self._record_at_running:
-                call.recorded_as = hash((call.digest, call.outcome))
-            session.record(call.recorded_as, call.tool, self._detection.history)
+        if record and not self._record(session, call, part, seeding):
+            return None
         return self._rules(
             session, call, record, outcome, part.session_id, part.part_id, seeding is None
         )
+
+    def _record(
+        self, session: SessionRecord, call: Call, part: ToolPart, seeding: Seeding | None
+    ) -> bool:
+        """Count a call and put it in the run's history; False when a read-back leaves it
+        out of the history and unjudged."""
+        session.calls += 1
+        session.run = run_advance(session.run, RunEvent.BEGIN)[0]
+        if seeding is not None:
+            if seeding.decided:
+                # A run that looped several times before we came is stopped once, at the
+                # first call where `watch` would have stopped it; later calls are counted
+                # (positions stay call numbers) but not recorded.
+                return False
+            if part.part_id == session.intervened_part:
+                # The run read back is the one we just stopped, its feedback not stored
+                # yet: the same loop must not be acted on twice.
+                session.restart()
+                seeding.decided = True
+                return False
+        if not self._record_at_running:
+            call.recorded_as = int_digest(call.digest, call.outcome)
+        session.record(call.recorded_as, call.tool, self._detection.history)
+        return True
 
     def _rules(
         self,
@@ -467,3 +459,26 @@ def _judged(decision: Intervene | None) -> Judged:
     if decision.plan == Plan.NUDGE:
         return Judged(ALLOW, decision)
     return Judged(block(decision.refusal), decision)
+
+
+def _call_event(
+    session: SessionRecord, call: Call, finished: bool, seeding: Seeding | None
+) -> CallEvent:
+    """What an update of `call` is to its life."""
+    if seeding is not None:
+        # The shell connects the stream before it reads the messages back, so nothing that
+        # happens in between is lost; an update made in that gap then reaches us twice, in
+        # the messages and on the stream, and must count once: every part read back stays
+        # in flight, also a finished one, and its later updates are repeats.
+        return CallEvent.READ_FINISH if finished else CallEvent.READ_RUN
+    if session.stopping is not None:
+        # The run is being aborted (`SessionRecord.stopping`): a call that begins now is
+        # recorded (a repetition of the loop is that intervention again), but no call's end
+        # is taken, since the abort is what ends it ("Task cancelled" for each subagent,
+        # "Tool execution aborted"). The intervention's own cut covers only the calls in
+        # flight at its decision; a burst's later calls start after it.
+        if call.state is CallState.NEW:
+            return CallEvent.RUN
+        if finished and call.state in _CUTTABLE:
+            advance(call, CallEvent.CUT)
+    return CallEvent.FINISH if finished else CallEvent.RUN
