@@ -175,8 +175,20 @@ def test_no_test_module_imports_another_test_module() -> None:
     assert found == []
 
 
-# The executor of interventions carries out the core's commands: it must never decide again.
-EXECUTOR = PACKAGE / "shell" / "actions.py"
+# The shell carries out the core's commands: it must never decide again. Every shell module
+# is held to it but the adapters that turn what the core decided into the words, labels and
+# URLs of their medium (they read an outcome or a route to say it, never to choose what to do):
+ADAPTERS = {
+    "api.py": "a route to its URL",
+    "api_v2.py": "a route to its URL, a server's answers to its kind",
+    "attach.py": "looks the session up (which engine runs it is the server's answer)",
+    "diagnosis.py": "a failed connection to its hint",
+    "evaluate.py": "a command's report of what the rules found",
+    "metrics.py": "an outcome, a rule to a bounded label",
+    "toast.py": "an outcome to the TUI's words",
+    "webhook.py": "an outcome to a notification's words",
+}
+SHELL = sorted(path for path in (PACKAGE / "shell").glob("*.py") if path.name not in ADAPTERS)
 DECIDING = {"Plan", "Rule", "Outcome", "plan", "rule", "outcome", "finding", "action", "route"}
 # Nor does it work out which engine runs a session: the decision's commands carry the route.
 RESOLVING = {"new_engine", "engine_of", "engine", "route", "adapter", "server_routes"}
@@ -214,8 +226,14 @@ def decides(path: Path) -> list[str]:
     return [f"{path.name}:{line} {name}" for line, name in sorted(found)]
 
 
-def test_the_executor_never_looks_at_a_plan_a_rule_or_an_outcome() -> None:
-    assert decides(EXECUTOR) == []
+@pytest.mark.parametrize("path", SHELL, ids=lambda path: path.name)
+def test_no_shell_module_looks_at_a_plan_a_rule_or_an_outcome(path: Path) -> None:
+    assert decides(path) == []
+
+
+def test_the_loop_and_its_executors_are_held_to_it() -> None:
+    held = {path.name for path in SHELL}
+    assert {"actions.py", "executor.py", "follow.py", "watch.py", "resync.py"} <= held
 
 
 def resolves(path: Path) -> list[str]:
@@ -230,8 +248,9 @@ def resolves(path: Path) -> list[str]:
     return found
 
 
-def test_the_executor_never_works_out_an_engine() -> None:
-    assert resolves(EXECUTOR) == []
+@pytest.mark.parametrize("path", SHELL, ids=lambda path: path.name)
+def test_no_shell_module_works_out_an_engine(path: Path) -> None:
+    assert resolves(path) == []
 
 
 def test_the_engine_check_sees_a_look_up(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
-"""A model of what a real server and its neighbours do, driving the core in random
-interleavings (Hypothesis's `RuleBasedStateMachine`): "one loop, one intervention" and the
-other promises are checked after every step, whatever the order, instead of in the orders a
-test names (issue 43).
+"""A model of what a real server and its neighbours do, driving the core's one face,
+`Monitor`, in random interleavings (Hypothesis's `RuleBasedStateMachine`): "one loop, one
+intervention" and the other promises are checked after every step, whatever the order,
+instead of in the orders a test names (issue 43).
 
 The model plays three parts, as they are ordered in reality:
 - the server, which puts its events on one stream in its own order (NOTES.md): a run begins
@@ -13,8 +13,11 @@ The model plays three parts, as they are ordered in reality:
   as the model likes (`deliver`);
 - the plugin, whose question about a call comes out of band, after the server showed the call
   running and before it ran (or never: it fell open), so it may overtake the stream; and the
-  shell, which reports how each intervention ended, at once or later, in any order (an abort
-  or a refused `doom_loop` request ends the run on the server).
+  shell, which carries out `Monitor`'s commands as the daemon's executor does: each
+  intervention begun in the core's intervention table (`monitor.core.intervention`), its
+  commands answered by the server at once or later, in any order, now and then with a
+  failure, and its outcome fed back (`Monitor.outcome`); an abort or a refused permission
+  request ends the run on the server.
 
 What the core decides is checked against what the model knows of each call (its run, step
 and arguments, whether it was refused). Each counterexample found so far is a plain test:
@@ -34,9 +37,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from monitor.core.decisions import Intervene, Outcome, Plan, Reply
+from monitor.core import intervention as life
+from monitor.core.commands import Act, Answer, Block, Command
+from monitor.core.decisions import Intervene, Plan
 from monitor.core.feedback import MARK
-from monitor.core.plugin_protocol import PluginCall
+from monitor.core.monitor import Monitor
+from monitor.core.plugin_protocol import PluginCall, PluginVerdict
 from monitor.core.tracker import Detection, Tracker
 from tests.frames_factory import deleted, idle, status, tool_part, user_frames
 
@@ -51,10 +57,9 @@ REFUSED = f"{MARK}this call was refused"
 MAX_SESSIONS = 4
 # A step's calls: one call repeated (a burst), or a mix of both.
 PATTERNS = st.one_of(
-    st.tuples(st.sampled_from((0, 1)), st.integers(1, 6)).map(lambda t: [t[0]] * t[1]),
+    st.tuples(st.sampled_from((0, 1)), st.integers(3, 6)).map(lambda t: [t[0]] * t[1]),
     st.lists(st.sampled_from((0, 1)), min_size=1, max_size=6),
 )
-_STOPS = (Plan.STOP, Plan.HOLD)
 
 
 @dataclass
@@ -93,15 +98,25 @@ class Frame:
     call: Call | None = None
 
 
-class Monitor(RuleBasedStateMachine):
+@dataclass
+class UnderWay:
+    """An intervention the shell carries out: the command it waits on, and the run it was
+    decided in."""
+
+    intervention: life.Intervention
+    command: life.Command
+    run: int
+
+
+class Model(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.tracker = Tracker(Detection(permissions="gate", max_sessions=MAX_SESSIONS))
+        self.monitor = Monitor(self.tracker)
         self.sessions: dict[str, Session] = {}
         self.stream: deque[Frame] = deque()
         self.ids = itertools.count(1)
-        # Decisions handed to the shell whose outcome is still to come, with their run.
-        self.under_way: list[tuple[Intervene, Outcome, int]] = []
+        self.under_way: list[UnderWay] = []
         self.violations: list[str] = []
         self.trace: list[str] = []  # what happened, shortly, for a violation's message
 
@@ -190,41 +205,78 @@ class Monitor(RuleBasedStateMachine):
         tool, args = ARGS[call.args]
         self.trace.append(f"ask:{call.part_id}")
         question = PluginCall(sid, call.call_id, tool, args, "/p", message_id=call.step)
-        judged = self.tracker.judge(question)
-        blocked = judged.verdict.verdict == "block"
-        if blocked:
+        answer, commands = self.monitor.question(question, following=True)
+        if isinstance(answer, PluginVerdict) and answer.verdict == "block":
             call.refused = True
             self.end(sid, call, "error", REFUSED)  # the plugin threw: the server ends it
-        decision = judged.decision
-        if decision is None:
-            return
-        self.decided(sid, decision, call)
-        if not blocked:
-            self.hand_over(decision, Outcome.NUDGED, call.run)
-        elif decision.plan in _STOPS:
-            self.hand_over(decision, Outcome.HELD if decision.hold else Outcome.ABORTED, call.run)
-        elif decision.plan != Plan.DEFER:
-            self.tracker.outcome(decision, Outcome.BLOCKED)  # as `refused_call` does at once
+        for command in commands:
+            if isinstance(command, Act | Block):
+                self.decided(sid, command.decision, call)
+        self.carry_out(commands, call.run)
 
     # -- the shell ------------------------------------------------------------------------
 
     @precondition(lambda self: bool(self.under_way))
     @rule(data=st.data())
     def settle(self, data: st.DataObject) -> None:
-        """An intervention under way ends (the shell reports how), in any order; an abort or
-        a refused `doom_loop` request ends its run on the server."""
-        decision, outcome, run = self.under_way.pop(
-            data.draw(st.integers(0, len(self.under_way) - 1))
-        )
-        self.trace.append(f"{outcome}:#{decision.prior_interventions + 1}")
-        session = self.sessions.get(decision.session_id)
-        ends_run = outcome in (Outcome.ABORTED, Outcome.HELD, Outcome.REJECTED)
-        if session is not None and ends_run and session.run == run and session.busy:
-            session.ending = True
-        self.tracker.outcome(decision, outcome)
+        """The server answers an intervention's commands under way, one or more in a row (in
+        any order across interventions; one in ten fails); an abort, or a refused permission
+        request, ends its run on the server."""
+        work = self.under_way[data.draw(st.integers(0, len(self.under_way) - 1))]
+        while True:
+            turn = work.intervention.feed(self.answer(work, data.draw(st.integers(0, 9)) == 9))
+            self.report(turn)
+            if turn.command is None:
+                self.under_way.remove(work)
+                return
+            work.command = turn.command
+            if data.draw(st.integers(0, 3)) == 0:
+                return  # the next answer comes later
 
-    def hand_over(self, decision: Intervene, outcome: Outcome, run: int) -> None:
-        self.under_way.append((decision, outcome, run))
+    def answer(self, work: UnderWay, failed: bool) -> life.Happened:
+        """What came of the command `work` waits on."""
+        decision, command = work.intervention.decision, work.command
+        said = f"{type(command).__name__}{'!' if failed else ''}"
+        self.trace.append(f"{said}:#{decision.prior_interventions + 1}")
+        if isinstance(command, life.ReadRecent):
+            return life.Read(None if failed else [], run_over=self.tracker.run_over(decision))
+        if isinstance(command, life.Wait):
+            return life.Expired(self.tracker.expire(command.reply))
+        if failed:
+            return life.Sent(life.Result.FAILED, "500")
+        rejects = isinstance(command, life.Answer) and command.reply.reply == "reject"
+        if isinstance(command, life.Abort) or rejects:
+            self.run_ends(decision.session_id, work.run)
+        return life.Sent(life.Result.OK)
+
+    def run_ends(self, sid: str, run: int) -> None:
+        session = self.sessions.get(sid)
+        if session is not None and session.run == run and session.busy:
+            session.ending = True
+
+    def carry_out(self, commands: list[Command] | tuple[Command, ...], run: int) -> None:
+        """What the daemon's executor does with `Monitor`'s commands (this monitor acts for
+        every session); counts, lines, toasts and timers change nothing promised here."""
+        for command in commands:
+            if isinstance(command, Act):
+                self.begin(*life.found(command.decision, dry_run=False), run)
+            elif isinstance(command, Block):
+                began = life.refused_call(command.decision, "plugin", command.call_id)
+                self.begin(*began, run)
+            elif isinstance(command, Answer):
+                self.begin(*life.request(command.reply), run)
+
+    def begin(self, found: life.Intervention | None, turn: life.Turn, run: int) -> None:
+        self.report(turn)
+        if found is not None and turn.command is not None:
+            self.under_way.append(UnderWay(found, turn.command, run))
+
+    def report(self, turn: life.Turn) -> None:
+        for report in turn.reports:
+            if isinstance(report, life.Decided):
+                self.carry_out(self.monitor.outcome(report.decision, report.outcome), -1)
+            elif isinstance(report, life.Forget):
+                self.tracker.forget(report.session_id)
 
     # -- what the core said ---------------------------------------------------------------
 
@@ -235,27 +287,15 @@ class Monitor(RuleBasedStateMachine):
             f"{frame.data['type']}:{part.get('id', sid)}:{part.get('state', {}).get('status', '')}"
         )
         fed = self.tracker.feed(frame.data)
-        for decision in fed.decisions:
-            self.decided(sid, decision, frame.call, part.get("state", {}).get("error"))
-            if decision.plan == Plan.DEFER:
-                continue
-            if decision.refused and decision.plan not in _STOPS:
-                self.tracker.outcome(decision, Outcome.BLOCKED)
-            elif decision.plan == Plan.NUDGE:
-                self.hand_over(decision, Outcome.NUDGED, self.run_of(frame))
-            else:
-                stop = Outcome.HELD if decision.hold else Outcome.ABORTED
-                self.hand_over(decision, stop, self.run_of(frame))
-        for reply in fed.replies:
-            self.answered(sid, reply, frame)
+        commands = self.monitor.fed(fed, 0.0)
+        error = part.get("state", {}).get("error")
+        for command in commands:
+            if isinstance(command, Act):
+                self.decided(sid, command.decision, frame.call, error)
+            elif isinstance(command, Answer) and command.reply.loop is not None:
+                self.decided(sid, command.reply.loop, frame.call)
+        self.carry_out(commands, self.run_of(frame))
         self.check_state(frame)
-
-    def answered(self, sid: str, reply: Reply, frame: Frame) -> None:
-        if reply.loop is None:
-            return
-        self.decided(sid, reply.loop, frame.call)
-        if reply.loop.plan != Plan.DEFER:
-            self.hand_over(reply.loop, Outcome.REJECTED, self.run_of(frame))
 
     def decided(
         self, sid: str, decision: Intervene, call: Call | None, error: str | None = None
@@ -360,10 +400,10 @@ class Monitor(RuleBasedStateMachine):
         assert len(self.tracker.sessions_view()) <= MAX_SESSIONS
 
 
-Monitor.TestCase.settings = settings(
+Model.TestCase.settings = settings(
     max_examples=1000,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-TestMonitor = Monitor.TestCase
+TestMonitor = Model.TestCase

@@ -113,7 +113,7 @@ class PermissionGate:
                 return Reply(request, session_id, directory, "once", route=route)
             return None
         if request is not None:
-            return self._refuse(request, decision, 0.0)
+            return _refuse(request, decision, 0.0)
         asks = session.asks
         if call.asked or asks is None or asks.get(call.digest) is None:
             # Its request was answered already by someone else, or its like ran without
@@ -149,7 +149,7 @@ class PermissionGate:
             if decision.plan is Plan.DEFER:
                 return _again(session, event, decision, directory, route)
             wait = 0.0 if self.mode == "approve" else self.grace
-            return self._refuse(event.request_id, decision, wait)
+            return _refuse(event.request_id, decision, wait)
         if event.message_id is None or event.call_id is None:
             # Not a call's request: nothing to weigh it against.
             if self.mode == "approve":
@@ -167,7 +167,7 @@ class PermissionGate:
         self._ask(session, call, event.request_id)
         if call.loop is not None:
             decision, call.loop, call.request = call.loop, None, None
-            return self._refuse(event.request_id, decision, 0.0)
+            return _refuse(event.request_id, decision, 0.0)
         call.request = None
         if call.state is CallState.STOPPED or self.mode != "approve":
             return None
@@ -202,18 +202,19 @@ class PermissionGate:
         request = None if requests is None else requests.get(request_id)
         return request is not None and request.reply is None
 
-    @staticmethod
-    def _refuse(request_id: str, decision: Intervene, wait: float) -> Reply:
-        return Reply(
-            request_id,
-            decision.session_id,
-            decision.directory,
-            "reject",
-            message=decision.refusal,
-            loop=decision,
-            wait=wait,
-            route=decision.route,
-        )
+def _refuse(request_id: str, decision: Intervene, wait: float) -> Reply:
+    """Refuse a request for the loop `decision` stands for, with its refusal text (after
+    `wait` seconds of grace for a person)."""
+    return Reply(
+        request_id,
+        decision.session_id,
+        decision.directory,
+        "reject",
+        message=decision.refusal,
+        loop=decision,
+        wait=wait,
+        route=decision.route,
+    )
 
 
 def _again(
@@ -233,7 +234,7 @@ def _again(
     acted = session.acted
     if session.plugin and acted is not None and acted.decision.plan is Plan.REFUSE:
         return Reply(event.request_id, event.session_id, directory, "once", route=route)
-    return PermissionGate._refuse(event.request_id, decision, 0.0)
+    return _refuse(event.request_id, decision, 0.0)
 
 
 def _put_ask(session: SessionRecord, digest: int, permission: str | None) -> None:

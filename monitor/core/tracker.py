@@ -47,6 +47,7 @@ from monitor.core.ladder import FirstAction, OnLoop
 from monitor.core.permissions import DOOM_LOOP_CALLS, PermissionGate
 from monitor.core.plan import decide, withhold
 from monitor.core.plugin_protocol import PluginCall
+from monitor.core.resync import Waiting
 from monitor.core.rules.facts import SIGNALS, Signals
 from monitor.core.runs import RunEvent, run_advance
 from monitor.core.session import RecentMap, SessionRecord
@@ -241,6 +242,16 @@ class Tracker:
         """The server named these sessions as the new engine's (its list of active ones, a
         look-up): they are routed so before any frame of theirs comes."""
         self.adapter.speak_engine(session_ids)
+
+    def named_busy(self, engine: int, session_ids: Iterable[str]) -> None:
+        """The busy sessions one engine's route named (`engine` 2: the new one's list)."""
+        if engine == 2:
+            self.engine_sessions(session_ids)
+
+    def waits(self, waiting: Waiting, session_id: str, directory: str | None) -> bool:
+        """Whether a question about the session waits for the resync under way, placed as
+        its first frame would be: by the engine its frames (or the server) said it runs on."""
+        return waiting.waits(session_id, directory, self.adapter.engine(session_id))
 
     def route(self, session_id: str) -> int:
         """Which engine's routes act on the session (`Intervene.route`): 2 on a server

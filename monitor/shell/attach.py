@@ -45,7 +45,7 @@ class OneSession:
     def __init__(self, session_id: str, directory: str | None, engine: int = 1) -> None:
         self.only_session = session_id
         self._directory = directory
-        self._engine = engine
+        self.found_engine = engine
         self._over = False
 
     async def still_there(self, api: OpencodeAPI) -> bool:
@@ -59,9 +59,6 @@ class OneSession:
             # Cannot tell: keep following; the next reconnect asks again.
             log.warning("stream.resync_failed", error=str(exc))
         return True
-
-    def engine(self, session_id: str) -> int:
-        return self._engine if session_id == self.only_session else 1
 
     def _deleted(self) -> bool:
         """Log the deletion once; False, the answer to `still_there`."""

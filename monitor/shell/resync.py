@@ -116,8 +116,7 @@ class Resync:
         and none before the first connect's resync has ended."""
         if self.waiting is None:
             return self._synced
-        engine = self._tracker.adapter.engine(session_id)
-        return not self.waiting.waits(session_id, directory, engine)
+        return not self._tracker.waits(self.waiting, session_id, directory)
 
     def _live(self) -> set[str]:
         return set() if self.waiting is None else self.waiting.live
@@ -136,8 +135,7 @@ class Resync:
             # classic one (what a session speaks, its frames say).
             for engine, read in self._api.busy_reads():
                 found = await read(where)
-                if engine == 2:
-                    self._tracker.engine_sessions(found)
+                self._tracker.named_busy(engine, found)
                 sessions |= found
                 waited = waiting.answer(where, engine, found)
                 for session_id in waited:

@@ -62,9 +62,11 @@ class Scope(Protocol):
         """On every (re)connect: False when there is nothing left to follow."""
         ...
 
-    def engine(self, session_id: str) -> int:
-        """The engine a session is known to run on before the stream shows it (2: the new
-        one, whose actions and read-backs take the `/api` routes), else 1."""
+    @property
+    def found_engine(self) -> int:
+        """The engine the one session followed was found to run on when it was looked up,
+        before the stream shows it (2: the new one, whose actions and read-backs take the
+        `/api` routes), else 1."""
         ...
 
 
@@ -76,5 +78,4 @@ class AllSessions:
     async def still_there(self, api: OpencodeAPI) -> bool:
         return True
 
-    def engine(self, session_id: str) -> int:
-        return 1
+    found_engine = 1

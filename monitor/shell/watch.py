@@ -93,7 +93,7 @@ class Watch:
         )
         self.monitor = Monitor(self.tracker, settings.dry_run, scope.only_session)
         if scope.only_session is not None:
-            self.monitor.engine_known(scope.only_session, scope.engine(scope.only_session))
+            self.monitor.engine_known(scope.only_session, scope.found_engine)
         self._stop = asyncio.Event()
         self._stopped_by: str | None = None  # the signal that stopped the watch, if one did
         self._fatal: BaseException | None = None

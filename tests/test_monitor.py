@@ -1,0 +1,206 @@
+"""`Monitor`, the core's one face: each input and the commands it returns, synchronously.
+
+What the daemon's shell used to decide for itself is here, one policy a test: a standby
+refuses no question on its own account, a run not yet read back is not judged, a dry run
+allows what it would block, a deferred loop is not counted again, a deferred or standby
+outcome is not notified, a flood of refused questions or malformed frames is one line per
+interval, and the server running calls no plugin asks about is said once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monitor.core.commands import Act, Answer, Await, Block, Count, Log, Tell
+from monitor.core.decisions import Outcome, Plan
+from monitor.core.monitor import NOT_ASKING, NOT_FOLLOWED, STANDBY, Monitor
+from monitor.core.plugin_protocol import ALLOW, PluginCall, RequestRefused
+from monitor.core.rules.runaway import call_bound
+from monitor.core.server import ServerKind
+from monitor.core.tracker import Detection, Tracker
+from tests.frames_factory import doom_loop, tool_part
+
+S = "ses_1"
+READ = {"filePath": "README.md"}
+
+
+def asked(n: int, step: str | None = None) -> PluginCall:
+    return PluginCall(S, f"call_{n}", "read", READ, "/p", message_id=step or f"msg_{n}")
+
+
+def ran(n: int) -> list[dict[str, Any]]:
+    step = f"msg_{n}"
+    return [
+        tool_part(S, f"prt_{n}", "read", status, READ, "ok", call_id=f"call_{n}", message_id=step)
+        for status in ("running", "completed")
+    ]
+
+
+def looped(monitor: Monitor, calls: int = 3) -> None:
+    """`calls` reads of one file, each asked about and run."""
+    for n in range(calls):
+        answer, commands = monitor.question(asked(n), following=True)
+        assert (answer, commands) == (ALLOW, [])
+        for frame in ran(n):
+            assert list(monitor.fed(monitor.tracker.feed(frame), 0.0)) == []
+
+
+def test_the_fourth_read_is_blocked_counted_once_and_begun_from_its_refusal() -> None:
+    monitor = Monitor(Tracker())
+    looped(monitor)
+    answer, commands = monitor.question(asked(3), following=True)
+    assert answer.verdict == "block"  # type: ignore[union-attr]
+    [count, block] = commands
+    assert count == Count("loop", (1, "cycle"))
+    assert isinstance(block, Block) and block.call_id == "call_3"
+    assert block.decision.plan == Plan.REFUSE
+
+
+def test_a_standby_refuses_no_question_on_its_own_account() -> None:
+    monitor = Monitor(Tracker())
+    looped(monitor)
+    monitor.acting = False
+    assert monitor.question(asked(3), following=True) == (RequestRefused(503, STANDBY), [])
+
+
+def test_a_run_not_yet_read_back_is_not_judged() -> None:
+    monitor = Monitor(Tracker())
+    answer, commands = monitor.question(asked(0), following=False)
+    assert (answer, commands) == (RequestRefused(503, NOT_FOLLOWED), [])
+    assert monitor.tracker.sessions_seen == 0  # not even taken in
+
+
+def test_a_dry_run_allows_the_call_and_acts_on_the_decision_as_a_dry_run_does() -> None:
+    monitor = Monitor(Tracker(), dry_run=True)
+    looped(monitor)
+    answer, commands = monitor.question(asked(3), following=True)
+    assert answer == ALLOW
+    [count, act] = commands
+    assert count == Count("loop", (1, "cycle"))
+    assert isinstance(act, Act) and act.counts == ()  # counted once, here
+
+
+def test_a_loop_found_on_the_stream_is_counted_where_it_is_acted_on() -> None:
+    monitor = Monitor(Tracker())
+    for n in range(3):
+        for frame in ran(n):
+            assert list(monitor.fed(monitor.tracker.feed(frame), 0.0)) == []
+    commands = []
+    for frame in ran(3):
+        commands += monitor.fed(monitor.tracker.feed(frame), 0.0)
+    [act] = commands
+    assert isinstance(act, Act) and act.decision.plan == Plan.REFUSE  # no one asked: aborted
+    assert act.counts == (Count("loop", (1, "cycle")),)
+
+
+def test_a_burst_asked_about_again_is_deferred_and_not_counted_again() -> None:
+    monitor = Monitor(Tracker())
+    looped(monitor)
+    step = "msg_burst"
+    _, first = monitor.question(asked(3, step), following=True)
+    _, again = monitor.question(asked(4, step), following=True)
+    assert [type(c) for c in first] == [Count, Block]
+    [block] = again
+    assert isinstance(block, Block) and block.decision.plan == Plan.DEFER
+
+
+def test_a_doom_loop_request_for_a_refused_burst_is_approved_and_counted_nowhere() -> None:
+    tracker = Tracker(Detection(permissions="gate"))
+    monitor = Monitor(tracker)
+    session = "ses_doom"
+    for n in range(3):
+        call = PluginCall(session, f"c{n}", "read", READ, "/p", message_id="msg_b")
+        monitor.question(call, following=True)
+    call = PluginCall(session, "c3", "read", READ, "/p", message_id="msg_b")
+    _, refused = monitor.question(call, following=True)
+    assert [type(c) for c in refused] == [Count, Block]
+    block = refused[1]
+    assert isinstance(block, Block)
+    monitor.outcome(block.decision, Outcome.BLOCKED)
+    [answer] = monitor.fed(tracker.feed(doom_loop(4, session=session)), 0.0)
+    assert isinstance(answer, Answer) and answer.counts == ()
+
+
+def test_an_outcome_is_counted_told_and_notified_unless_another_monitor_tells_of_it() -> None:
+    monitor = Monitor(Tracker())
+    looped(monitor)
+    _, [_, block] = monitor.question(asked(3), following=True)
+    assert isinstance(block, Block)
+    decision = block.decision
+    assert monitor.outcome(decision, Outcome.BLOCKED) == [
+        Count("intervention", (Outcome.BLOCKED,)),
+        Tell(decision, Outcome.BLOCKED, notify=True),
+    ]
+    for quiet in (Outcome.DEFERRED, Outcome.STANDBY):
+        assert monitor.outcome(decision, quiet)[1] == Tell(decision, quiet, notify=False)
+
+
+def test_a_held_outcome_holds_the_session() -> None:
+    monitor = Monitor(Tracker())
+    looped(monitor)
+    _, [_, block] = monitor.question(asked(3), following=True)
+    assert isinstance(block, Block)
+    monitor.outcome(block.decision, Outcome.HELD)
+    assert monitor.tracker.held_sessions == 1
+
+
+def test_refused_questions_are_counted_each_and_logged_once_per_interval() -> None:
+    monitor = Monitor(Tracker())
+    refused = RequestRefused(401, "wrong token")
+    first = monitor.refused(refused, 0.0)
+    assert first == [
+        Count("plugin_refused", (401,)),
+        Log("warning", "plugin.refused", {"status": 401, "reason": "wrong token", "count": 1}),
+    ]
+    assert monitor.refused(refused, 5.0) == [Count("plugin_refused", (401,))]
+    assert monitor.refused(refused, 10.0)[1] == Log(
+        "warning", "plugin.refused", {"status": 401, "reason": "wrong token", "count": 2}
+    )
+    assert monitor.plugin_stats.refused == 3
+
+
+def test_malformed_frames_are_counted_each_and_logged_once_per_interval() -> None:
+    monitor = Monitor(Tracker())
+    tracker = monitor.tracker
+    first = monitor.fed(tracker.feed_data("{not json"), 0.0)
+    assert first[0] == Count("malformed")
+    assert isinstance(first[1], Log) and first[1].event == "frame.malformed"
+    assert list(monitor.fed(tracker.feed_data("{not json"), 1.0)) == [Count("malformed")]
+
+
+def test_a_call_starting_to_run_sets_its_time_bound() -> None:
+    monitor = Monitor(Tracker())
+    running = tool_part(S, "prt_1", "bash", "running", {"command": "sleep 1000"})
+    [wait] = monitor.fed(monitor.tracker.feed(running), 0.0)
+    assert isinstance(wait, Await) and wait.deadline.part_id == "prt_1"
+    assert wait.deadline.wait == call_bound("bash", {}, 0.0)  # the server's own limit
+
+
+def test_calls_no_plugin_asks_about_are_said_once_with_the_endpoint() -> None:
+    monitor = Monitor(Tracker())
+    monitor.serving_plugins("unix:/run/p.sock", unasked_after=5.0)
+    assert monitor.tick(0.0) == []  # the first check: the calls so far are the baseline
+    for n in range(2):
+        for frame in ran(n):
+            monitor.fed(monitor.tracker.feed(frame), 0.5)
+    assert monitor.tick(1.0) == []  # calls seen, counting from now
+    said = monitor.tick(7.0)
+    fields = {"endpoint": "unix:/run/p.sock", "calls": 2, "hint": NOT_ASKING}
+    assert said == [Log("warning", "plugin.not_asking", fields)]
+    assert monitor.tick(20.0) == []  # once
+
+
+def test_the_server_kind_decides_the_routes_of_sessions_not_yet_seen() -> None:
+    monitor = Monitor(Tracker())
+    assert monitor.tracker.route(S) == 1
+    monitor.server(ServerKind(classic=False, engine=True))
+    assert monitor.tracker.route(S) == 2
+
+
+def test_attachs_session_found_on_the_new_engine_takes_its_routes() -> None:
+    monitor = Monitor(Tracker(only_session=S), only_session=S)
+    monitor.engine_known(S, 2)
+    assert monitor.tracker.route(S) == 2
+    other = Monitor(Tracker(only_session=S), only_session=S)
+    other.engine_known(S, 1)
+    assert other.tracker.route(S) == 1
