@@ -169,15 +169,20 @@ class Printer:
         # The server reports the abort before the monitor logs its detection (the record
         # waits for the abort call's answer): the abort line waits for the detection line.
         self._abort_line: str | None = None
+        # The plugin asks before the stream shows the call: a detection of a call not yet
+        # shown waits for that call's line (number, line), so the refused call never reads
+        # as if it ran after its refusal.
+        self._detection_line: tuple[int, str] | None = None
 
     def say(self, line: str) -> None:
-        self._flush_abort()
+        self._flush()
         _say(self.out, line)
 
-    def _flush_abort(self) -> None:
-        if self._abort_line is not None:
-            _say(self.out, self._abort_line)
-            self._abort_line = None
+    def _flush(self) -> None:
+        for waiting in (self._detection_line and self._detection_line[1], self._abort_line):
+            if waiting is not None:
+                _say(self.out, waiting)
+        self._detection_line = self._abort_line = None
 
     def monitor_record(self, record: Mapping[str, Any]) -> None:
         event = record.get("event")
@@ -208,9 +213,12 @@ class Printer:
             "abort_failed": f"the abort failed ({record.get('error')})",
         }.get(str(outcome), str(outcome))
         # The record says what was found as the finding describes itself.
-        shape = record["finding"]
-        _say(self.out, f"monitor: loop detected on call {call}: {shape}; {done}")
-        self._flush_abort()
+        line = f"monitor: loop detected on call {call}: {record['finding']}; {done}"
+        if isinstance(call, int) and call > len(self.calls):
+            self._detection_line = (call, line)
+        else:
+            _say(self.out, line)
+            self._flush()
         self.detected.set()
 
     def server_frame(self, frame: object) -> None:
@@ -258,7 +266,12 @@ class Printer:
         number = self.calls[part_id] = len(self.calls) + 1
         tool = str(part.get("tool"))
         summary = _call_summary(tool, state.get("input") or {}, self.directory)
-        self.say(f"  call {number:<2}  {tool:<5}  {summary}".rstrip())
+        line = f"  call {number:<2}  {tool:<5}  {summary}".rstrip()
+        if self._detection_line is not None and self._detection_line[0] == number:
+            _say(self.out, line)  # then its detection, which waited for it
+            self._flush()
+        else:
+            self.say(line)
 
     def _text(self, part: Mapping[str, Any]) -> None:
         part_id, message_id = str(part.get("id")), part.get("messageID")
