@@ -92,14 +92,20 @@ def tool_frame(number: int, status: str) -> dict[str, object]:
     return {"type": "message.part.updated", "properties": {"sessionID": SESSION, "part": part}}
 
 
-def test_a_call_refused_before_the_stream_shows_it_is_said_after_its_own_line():
-    """Issue 45: the plugin asks before the stream shows call 6, so its refusal was printed
-    before `call 6 bash ls`, which then read as if it ran after being refused."""
+def printer_after_calls(calls: int, status: str) -> tuple[Printer, io.StringIO]:
+    """A printer that has shown the session's first `calls` calls, each in `status`."""
     out = io.StringIO()
     printer = Printer(out)
     printer.session_id = SESSION
-    for number in range(1, 6):
-        printer.server_frame(tool_frame(number, "completed"))
+    for number in range(1, calls + 1):
+        printer.server_frame(tool_frame(number, status))
+    return printer, out
+
+
+def test_a_call_refused_before_the_stream_shows_it_is_said_after_its_own_line():
+    """Issue 45: the plugin asks before the stream shows call 6, so its refusal was printed
+    before `call 6 bash ls`, which then read as if it ran after being refused."""
+    printer, out = printer_after_calls(5, "completed")
     printer.monitor_record(outcome("blocked"))
     assert printer.detected.is_set()  # the story goes on meanwhile
     printer.server_frame(tool_frame(6, "pending"))
@@ -113,10 +119,6 @@ def test_a_call_refused_before_the_stream_shows_it_is_said_after_its_own_line():
 
 
 def test_a_call_shown_before_its_detection_is_not_held_back():
-    out = io.StringIO()
-    printer = Printer(out)
-    printer.session_id = SESSION
-    for number in range(1, 7):
-        printer.server_frame(tool_frame(number, "running"))
+    printer, out = printer_after_calls(6, "running")
     printer.monitor_record(outcome("aborted"))
     assert out.getvalue().splitlines()[-1].startswith("monitor: loop detected on call 6: ")
