@@ -219,9 +219,10 @@ MODEL_DESCRIPTION = """\
 Serves the scripted model of `demo` alone, OpenAI-compatible, on 127.0.0.1:--port, so that
 your own `opencode serve` has a model that loops, with no API key and no network. Prints the
 opencode.json provider block to paste (then restart the server), then one line per answer.
-A prompt that says `loop` makes it read README.md and run ls again and again until stopped;
-`escalate` loops again after each feedback, until the monitor holds the session; any other
-prompt gets a line saying so. Runs until Ctrl-C or SIGTERM."""
+A prompt that says `loop` makes it read README.md and run ls again and again until the
+monitor stops it, then heed it and answer (in the same run when the plugin refused the
+call); `escalate` ignores every refusal and feedback and loops on, until the monitor holds
+the session; any other prompt gets a line saying so. Runs until Ctrl-C or SIGTERM."""
 
 MODEL_EPILOG = """\
 exit status: 0 stopped by Ctrl-C or SIGTERM, 1 the port could not be listened on, 78

@@ -1,15 +1,19 @@
 """Issue 32's "with your own server", as a person follows it: `opencode-loop-monitor model`
 running, its printed provider block as the server's only provider, the plugin installed by
 `plugin install`, `watch` beside the server, and `opencode run ... loop`: the loop's call is
-refused in band by the plugin, before it runs."""
+refused in band by the plugin, before it runs. Issue 45: each of the scripted model's two
+stories shows what docs/usage.md says the person sees (`loop` heeds the refusal and answers
+in the same run, `escalate` ignores each one until the session is held)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -17,11 +21,12 @@ import pytest
 from monitor.core.feedback import MARK
 from monitor.kit.model import MODEL_ID, PROVIDER
 from monitor.kit.sandbox import OpencodeServer, tool_parts
+from monitor.kit.scripted_model import DEFAULT_ANSWER
 from monitor.shell.endpoint import PluginEndpoint, socket_name
 from monitor.shell.plugin_install import FILE_NAME
 from tests.harness import REPO
 from tests.model_command import Served, block_of, model_command
-from tests.monitor_process import MonitorProcess
+from tests.monitor_process import MonitorProcess, Record
 
 pytestmark = pytest.mark.real_server
 
@@ -65,13 +70,17 @@ async def plugin_install(config_home: Path) -> str:
     return output.decode()
 
 
-async def test_the_printed_block_plugin_install_and_watch_refuse_the_loop_in_band(
+async def run_the_story(
     opencode_bin: Path,
     model: Served,
     start_monitor: Callable[..., MonitorProcess],
     http: aiohttp.ClientSession,
     runtime_dir: Path,
-) -> None:
+    prompt: str,
+) -> tuple[str, list[Record], list[dict[str, Any]]]:
+    """docs/usage.md followed: the printed block as the server's only provider, `plugin
+    install`, `watch` beside the server, `opencode run ... PROMPT`. What `opencode run`
+    printed, the monitor's outcomes and the session's messages."""
     block = block_of(await model.until("Ctrl-C here stops the model."))
     url = block["provider"][PROVIDER]["options"]["baseURL"]
     # The printed block is the server's only provider: the sandbox's own is replaced.
@@ -91,17 +100,65 @@ async def test_the_printed_block_plugin_install_and_watch_refuse_the_loop_in_ban
         await monitor.wait_event("stream.connected")
         code, output = await run(
             opencode_bin, server, "run", "--attach", server.url, "--dir", server.directory,
-            "--model", MODEL_ID, "loop",
+            "--model", MODEL_ID, prompt,
         )  # fmt: skip
         assert code == 0, output
-        [first, *_] = monitor.events("intervention.outcome")
-        messages = await server.client(http).messages(first["session_id"])
+        outcomes = monitor.events("intervention.outcome")
+        messages = await server.client(http).messages(outcomes[0]["session_id"])
+        return output, outcomes, messages
 
+
+Story = Callable[[str], Awaitable[tuple[str, list[Record], list[dict[str, Any]]]]]
+
+
+@pytest.fixture
+def story(
+    opencode_bin: Path,
+    model: Served,
+    start_monitor: Callable[..., MonitorProcess],
+    http: aiohttp.ClientSession,
+    runtime_dir: Path,
+) -> Story:
+    """`run_the_story` of one prompt, with this test's server, model and monitor."""
+    return functools.partial(run_the_story, opencode_bin, model, start_monitor, http, runtime_dir)
+
+
+async def test_loop_is_refused_in_band_and_the_model_answers_in_the_same_run(
+    story: Story, model: Served
+) -> None:
+    """usage.md's `loop` with the plugin: the 6th call is refused before it runs, and the
+    model answers in the same run (issue 45: it made its 12 calls, three were refused and
+    the session was held)."""
+    output, outcomes, messages = await story("loop")
+    [first] = outcomes  # one intervention: the model heeded it
     assert (first["outcome"], first["via"], first["call_index"]) == ("blocked", "plugin", 6)
     parts = tool_parts(messages)
-    assert [p["tool"] for p in parts[:6]] == ["read", "bash"] * 3
-    assert [p["state"]["status"] for p in parts[:6]] == ["completed"] * 5 + ["error"]
+    assert [p["tool"] for p in parts] == ["read", "bash"] * 3
+    assert [p["state"]["status"] for p in parts] == ["completed"] * 5 + ["error"]
     assert parts[5]["state"]["error"].startswith(MARK)  # refused before it ran
-    # The model printed each step it answered, the refused call among them.
+    # The model printed each step it answered, the refused call among them, then its answer.
     assert (await model.reach("call_0 ")).endswith(" call_0 read README.md")
     assert (await model.reach("call_5 ")).endswith(" call_5 bash ls")
+    assert (await model.reach("answers ")).endswith(f" answers {DEFAULT_ANSWER!r}")
+    assert DEFAULT_ANSWER in output and "Error: Aborted" not in output
+
+
+async def test_escalate_ignores_each_refusal_until_the_session_is_held(
+    story: Story, model: Served
+) -> None:
+    """usage.md's `escalate` with the plugin: each refused call is made again regardless, each
+    refused at once, until the third loop holds the session: its last error says so, and
+    `opencode run` ends with `Error: Aborted` (and exits 0)."""
+    output, outcomes, messages = await story("escalate")
+    assert [(o["outcome"], o["call_index"]) for o in outcomes] == [
+        ("blocked", 6),
+        ("blocked", 7),
+        ("held", 8),
+    ]
+    parts = tool_parts(messages)
+    assert [p["state"]["status"] for p in parts] == ["completed"] * 5 + ["error"] * 3
+    assert all(p["state"]["error"].startswith(MARK) for p in parts[5:])
+    assert "it is on hold until a person replies" in parts[7]["state"]["error"]
+    assert output.count("this call was refused and did not run") == 3
+    assert "on hold until a person replies" in output
+    assert output.rstrip().endswith("Aborted") and DEFAULT_ANSWER not in output

@@ -61,11 +61,10 @@ __all__ = ["DRY_RUN_ANSWER", "Printer", "run_demo", "watching_line"]
 PREFIX = "opencode-loop-monitor demo"
 LOG_NAME = "demo-monitor.log"
 
-# The scripted agent: read the README, list the files, and again, for up to CALLS calls.
+# The scripted agent: read the README, list the files, and again, for up to CALLS calls,
+# heeding the monitor (the `model` command's `loop`): refused in band (the plugin, the
+# permission gate), it answers in the same run; stopped, it answers the feedback.
 CALLS = 30
-# Under the permission gate the loop is stopped with the run going on: the script ends at the
-# refused call (the 6th, completing the 2-call cycle), and the model then answers.
-GATED_CALLS = 6
 # What the sandbox's config says when the monitor answers permission requests.
 ASK_EVERY_CALL = {"*": "ask"}
 # A real model takes time to answer; without any, the race between the abort and the next
@@ -405,10 +404,9 @@ async def _story(
     session = await client.create_session("loop-monitor demo")
     session_id = printer.session_id = session["id"]
     printer.say(f"session {session_id}: the model is scripted to {STORY}")
-    in_band = (_gated(settings) or plugin) and not settings.dry_run
-    calls = GATED_CALLS if in_band else CALLS
     answer = DRY_RUN_ANSWER if settings.dry_run else DEFAULT_ANSWER
-    await client.prompt_async(session_id, script(pattern, calls, delay=MODEL_DELAY, answer=answer))
+    loop = script(pattern, CALLS, delay=MODEL_DELAY, answer=answer, heed=True)
+    await client.prompt_async(session_id, loop)
 
     first_run = asyncio.create_task(client.wait_idle(session_id, RUN_TIMEOUT))
     detected = asyncio.create_task(printer.detected.wait())
