@@ -27,7 +27,14 @@ from monitor.kit.scripted_model import (
     on_demand_script,
 )
 from tests.harness import REPO
-from tests.model_command import LINE_S, Served, block_of, model_command
+from tests.model_command import (
+    ESCALATE_SHOWS,
+    LINE_S,
+    LOOP_SHOWS,
+    Served,
+    block_of,
+    model_command,
+)
 
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
 
@@ -160,3 +167,16 @@ def test_the_block_docs_usage_shows_is_the_one_printed_for_the_default_port() ->
     shown = text.split("## A model that loops when asked", 1)[1].split("```json\n", 1)[1]
     url = f"http://127.0.0.1:{DEFAULT_PORT}/v1"
     assert json.loads(shown.split("```", 1)[0]) == provider_block(url)
+
+
+def test_usage_tells_each_story_as_the_real_server_shows_it() -> None:
+    """Issue 45: usage.md promised the model's answer where `loop` made 12 calls and was held.
+    Each story's lines, which tests/test_real_model.py finds in `opencode run`'s output."""
+    text = (REPO / "docs" / "usage.md").read_text(encoding="utf-8")
+    section = " ".join(
+        text.split("## A model that loops when asked", 1)[1].split("\n## ")[0].split()
+    )
+    loop, escalate = section.split("- `loop`, ", 1)[1].split("- `escalate`, ", 1)
+    assert all(shown in loop for shown in LOOP_SHOWS)
+    assert "Error: Aborted" in escalate and all(shown in escalate for shown in ESCALATE_SHOWS)
+    assert "outcome=blocked" in loop and "outcome=held" in escalate
