@@ -95,6 +95,8 @@ def systemd_command(unit: Path, specifiers: Mapping[str, str], url: str) -> list
     argv = [str(CONSOLE_SCRIPT) if arg == INSTALLED_BINARY else arg for arg in shlex.split(text)]
     if "--url" in argv:
         argv[argv.index("--url") + 1] = url
+    if "--metrics-addr" in argv:  # 127.0.0.1:9464 may be taken on a test machine
+        argv[argv.index("--metrics-addr") + 1] = f"127.0.0.1:{free_loopback_port()}"
     return argv
 
 
@@ -223,12 +225,17 @@ async def test_user_unit_serves_where_plugin_install_points(root, server, monito
         "XDG_RUNTIME_DIR": str(xdg_runtime),
         "RUNTIME_DIRECTORY": str(runtime),
     }
-    monitor = start(monitors, systemd_command(USER_UNIT, specifiers, url), env, root)
+    argv = systemd_command(USER_UNIT, specifiers, url)
+    monitor = start(monitors, argv, env, root)
     socket = await serves_plugins(monitor)
     # `plugin install` in the person's shell (the same login, so the same $XDG_RUNTIME_DIR).
     shell = {"HOME": str(home), "XDG_RUNTIME_DIR": str(xdg_runtime)}
     endpoint = plugin_endpoint(load_settings({"url": url}, shell, isatty=False), shell)
     assert endpoint is not None and str(endpoint.socket) == socket
+    # Issue 45: `status` answered nothing after this set-up; it shows the monitor now.
+    code, out = await status(argv[argv.index("--metrics-addr") + 1])
+    assert code == 0 and "role: acting" in out.splitlines(), out
+    assert f"plugins asking at unix:{socket}:" in out.splitlines()
 
 
 @pytest.mark.parametrize("shell_runtime", [False, True], ids=["plain-shell", "xdg-shell"])
