@@ -147,7 +147,8 @@ def render_agent(
     lines = []
     for word in argv:
         if word in _COMMENTS:
-            lines.append(f"    <!-- {_COMMENTS[word]} -->")  # no "--" in a comment
+            # (Their texts hold no "--": an XML comment cannot.)
+            lines.append(f"    <!-- {_COMMENTS[word]} -->")
         lines.append(f"    <string>{escape(word)}</string>")
     return TEMPLATE.format(
         label=LABEL,
