@@ -11,13 +11,14 @@ import argparse
 import difflib
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from monitor import __version__
 from monitor.config import (
+    STATUS_ADDRESS,
     Group,
     Setting,
     Settings,
@@ -42,7 +43,11 @@ PROG = "opencode-loop-monitor"
 
 DESCRIPTION = """\
 Follows the event stream of `opencode serve`, spots AI coding agents that repeat the
-same tool calls, aborts the looping session and tells the model why.
+same tool calls and stops the loop. With its OpenCode plugin installed (`plugin install`,
+the recommended set-up), the plugin asks the monitor before every tool call and the call
+that completes a loop is refused before it runs: the model reads why and goes on in the
+same run. Without the plugin, the monitor refuses that call's permission request where the
+server asks one, or else aborts the run, and tells the model why.
 
 Every flag can also be set with an OPENCODE_LOOP_MONITOR_* environment variable or a
 key in a TOML file (--config). Flags win over variables, variables over the file.
@@ -72,6 +77,9 @@ class Command:
     # Commands under this one (`plugin install`), each with its own flags; then this one
     # takes none and `run` is never called.
     subcommands: tuple[Command, ...] = ()
+    # A setting that means something else here than in `watch` (status's --metrics-addr is
+    # where to ask, not where to serve): its help and default as this command takes them.
+    flag_help: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
 WATCH_DESCRIPTION = """\
@@ -80,10 +88,16 @@ session on its event stream (one project with --directory). A session loops when
 a block of 1 to --max-period calls --repeats times (rule cycle; a single call on its 4th),
 fails the same way --failure-repeats times in a row (failure), keeps waiting past
 --wait-calls calls (wait), or writes the same passage or answer again and again
-(text_repeat, text_steps); --rules seed keeps only the original cycle rule. The monitor
-then refuses the looping call's permission request where the server asks one (--permissions
-gate, the default), or else aborts the run, and posts feedback telling the model what it
-repeated; after --max-interventions in one session, the next one holds it for a person.
+(text_repeat, text_steps); --rules seed keeps only the original cycle rule.
+
+The monitor then stops the loop at its call. Where its OpenCode plugin is installed (`plugin
+install`, the recommended set-up), the plugin asks this monitor before every tool call (on
+--plugin-socket) and the call that completes the loop is refused before it runs, its error
+telling the model what it repeated: the model goes on in the same run. Without the plugin,
+it refuses that call's permission request where the server asks one (--permissions gate,
+the default), or else aborts the run and posts feedback telling the model what it repeated.
+After --max-interventions in one session, the next loop holds it for a person. With
+--metrics-addr it serves /metrics and /status there (what `status` shows).
 
 It runs until SIGTERM or SIGINT, waits for the server while it is away (reconnecting with
 backoff), and logs one JSON object per line when stdout is not a terminal (docs/logs.md);
@@ -205,9 +219,10 @@ MODEL_DESCRIPTION = """\
 Serves the scripted model of `demo` alone, OpenAI-compatible, on 127.0.0.1:--port, so that
 your own `opencode serve` has a model that loops, with no API key and no network. Prints the
 opencode.json provider block to paste (then restart the server), then one line per answer.
-A prompt that says `loop` makes it read README.md and run ls again and again until stopped;
-`escalate` loops again after each feedback, until the monitor holds the session; any other
-prompt gets a line saying so. Runs until Ctrl-C or SIGTERM."""
+A prompt that says `loop` makes it read README.md and run ls again and again until the
+monitor stops it, then heed it and answer (in the same run when the plugin refused the
+call); `escalate` ignores every refusal and feedback and loops on, until the monitor holds
+the session; any other prompt gets a line saying so. Runs until Ctrl-C or SIGTERM."""
 
 MODEL_EPILOG = """\
 exit status: 0 stopped by Ctrl-C or SIGTERM, 1 the port could not be listened on, 78
@@ -229,21 +244,49 @@ def _run_model(settings: Settings, args: argparse.Namespace) -> int:
 
 
 UNIT_DESCRIPTION = """\
-Prints the systemd user unit that runs `watch` beside your `opencode serve` (the recommended
-set-up on Linux, docs/operations.md), with ExecStart= naming this install's console script,
-so that it runs and `systemd-analyze --user verify` passes as printed. Install it with:
+Prints the service that runs `watch` beside your `opencode serve`, naming this install's
+console script, so that it runs as printed: the systemd user unit (the recommended set-up on
+Linux; `systemd-analyze --user verify` passes on it), or with --launchd the LaunchAgent plist
+for macOS. Either serves /status on --metrics-addr (127.0.0.1:9464: where `status` asks)
+and the plugin endpoint where the plugin `plugin install` wrote asks. With --password-file
+FILE it names that file; the password itself is never printed. Install them with:
   mkdir -p ~/.config/systemd/user
   opencode-loop-monitor unit > ~/.config/systemd/user/opencode-loop-monitor.service
-  systemctl --user daemon-reload && systemctl --user enable --now opencode-loop-monitor"""
+  systemctl --user daemon-reload && systemctl --user enable --now opencode-loop-monitor
+or, on macOS:
+  opencode-loop-monitor unit --launchd > ~/Library/LaunchAgents/dev.opencode-loop-monitor.plist
+  launchctl bootstrap gui/$(id -u) ~/Library/LaunchAgents/dev.opencode-loop-monitor.plist
+What the service could get wrong that the file cannot say (a password only this shell has;
+for launchd: no plugin installed yet, a command that does not run as launchd runs it, such as
+one of a Python older than 3.11) is said on stderr as a warning."""
 
 UNIT_EPILOG = """\
-exit status: 0 printed, 78 configuration error (a bad --url), 130 interrupted."""
+exit status: 0 printed (warnings or not), 78 configuration error (a bad --url, a password
+file that cannot be read), 130 interrupted."""
+
+UNIT_METRICS_HELP = "serve /metrics and /status on HOST:PORT, where `status` asks"
+
+
+def _unit_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--launchd",
+        action="store_true",
+        help="print the macOS LaunchAgent plist instead of the systemd user unit",
+    )
 
 
 def _run_unit(settings: Settings, args: argparse.Namespace) -> int:
-    from monitor.shell.unit import render, this_install
+    from monitor.shell import launchd, unit
 
-    print(render(this_install(), settings.url), end="")
+    metrics = settings.metrics_addr or STATUS_ADDRESS
+    if args.launchd:
+        text, notes = launchd.agent(unit.this_install(), settings, os.environ)
+    else:
+        text = unit.render(unit.this_install(), settings.url, settings.password_file, metrics)
+        notes = unit.notes(settings, os.environ)
+    for note in notes:
+        print(f"{PROG} unit: warning: {note}", file=sys.stderr)
+    print(text, end="")
     return EX_OK
 
 
@@ -277,11 +320,13 @@ def _run_attach(settings: Settings, args: argparse.Namespace) -> int:
 
 
 STATUS_DESCRIPTION = """\
-Shows what a running `watch` sees, asked on its --metrics-addr (GET /status): the stream's
-state, the sessions it follows (busy, idle or held for a person), the tool calls of each
-one's current run and its interventions. Give the same --metrics-addr (or variable, or
-file) as the monitor; without one it asks 127.0.0.1:9464. A held session stays held, also
-across restarts of the monitor, until a person writes to it. --json prints the answer for
+Shows what a running `watch` sees, asked where it serves /status (`watch --metrics-addr`):
+its role (acting, or standby for another monitor), the stream's state, whether plugins ask
+it, the sessions it follows (busy, idle or held for a person), the tool calls of each one's
+current run and its interventions. The monitor `unit` and `unit --launchd` print serves it
+on 127.0.0.1:9464, where this command asks unless given --metrics-addr (or its variable, or
+a file): then give the address the monitor serves. A held session stays held, also across
+restarts of the monitor, until a person writes to it. --json prints the answer for
 scripts."""
 
 STATUS_EPILOG = """\
@@ -291,6 +336,9 @@ exit status: 0 shown, 69 no monitor answers on that address, 78 configuration er
 
 def _status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the JSON the monitor answers")
+
+
+STATUS_ADDRESS_HELP = "where the monitor serves /status: the HOST:PORT of its --metrics-addr"
 
 
 def _run_status(settings: Settings, args: argparse.Namespace) -> int:
@@ -312,9 +360,9 @@ interrupted; each action lists its own under --help."""
 PLUGIN_INSTALL_DESCRIPTION = """\
 Writes the plugin user-wide ($XDG_CONFIG_HOME/opencode/plugins/) or, with --project DIR, into
 DIR/.opencode/plugins/; OpenCode loads it when it next starts. With the default plugin
-settings it finds the monitor of the server it runs in, whatever its port (no --url needed);
-with --plugin-socket PATH or --plugin-addr it asks there. Running it again replaces the file
-it wrote."""
+settings it finds the monitor of the server it runs in, whatever its port (--url is no
+longer needed: still accepted, with a note); with --plugin-socket PATH or --plugin-addr it
+asks there. Running it again replaces the file it wrote."""
 
 PLUGIN_INSTALL_EPILOG = """\
 exit status: 0 installed, 78 configuration error (the folder cannot be written, a file there
@@ -352,9 +400,22 @@ def _project(args: argparse.Namespace) -> Path | None:
     return None if args.project is None else Path(args.project).resolve()
 
 
+# `plugin install --url URL` was the documented command until the plugin found its own
+# server's monitor: scripts keep it, so it is taken, with a note that it is needless. It
+# still means what it meant: the monitor of that server, now asked only by a plugin that
+# cannot learn its own server's URL (loop-guard.ts: `socket`, beside `socketDir`).
+URL_NOT_NEEDED = (
+    "no longer needed: the plugin finds the monitor of the server it runs in, whatever its "
+    "port; accepted for scripts written for earlier releases, it names the server whose "
+    "monitor is asked only where the plugin cannot learn its own server's URL"
+)
+
+
 def _run_plugin_install(settings: Settings, args: argparse.Namespace) -> int:
     from monitor.shell import plugin_install
 
+    if "url" in vars(args):  # given as a flag (a variable is shared with `watch`)
+        print(f"{PROG} plugin install: note: --url is {URL_NOT_NEEDED}", file=sys.stderr)
     print(plugin_install.install(settings, _project(args), os.environ))
     return EX_OK
 
@@ -383,10 +444,12 @@ PLUGIN_ACTIONS: tuple[Command, ...] = (
         "install",
         "write the plugin where OpenCode loads it",
         _run_plugin_install,
-        frozenset({Group.PLUGIN}),  # where it asks; the server's URL it learns at load
+        # Where it asks; the server's URL it learns at load (--url only for old scripts).
+        frozenset({Group.PLUGIN, "url"}),
         PLUGIN_INSTALL_DESCRIPTION,
         PLUGIN_INSTALL_EPILOG,
         _project_argument,
+        flag_help={"url": (URL_NOT_NEEDED, "none")},
     ),
     Command(
         "uninstall",
@@ -471,14 +534,19 @@ COMMANDS: tuple[Command, ...] = (
         STATUS_DESCRIPTION,
         STATUS_EPILOG,
         _status_arguments,
+        flag_help={"metrics_addr": (STATUS_ADDRESS_HELP, str(STATUS_ADDRESS))},
     ),
     Command(
         "unit",
-        "print a systemd user unit that runs this install's watch",
+        "print the systemd unit or launchd agent for this install",
         _run_unit,
-        frozenset({"url"}),  # the server it watches; other settings go in monitor.env
+        # The server it watches, its password file, where it serves /status; other settings
+        # go in monitor.env, or the plist.
+        frozenset({"url", "password_file", "metrics_addr"}),
         UNIT_DESCRIPTION,
         UNIT_EPILOG,
+        _unit_arguments,
+        flag_help={"metrics_addr": (UNIT_METRICS_HELP, str(STATUS_ADDRESS))},
     ),
     Command(
         "plugin",
@@ -528,7 +596,7 @@ def _add_commands(
             _add_commands(below, command.subcommands)
             continue
         command.add_arguments(subparser)
-        _add_setting_flags(subparser, command.uses)
+        _add_setting_flags(subparser, command)
 
 
 def _dest(command: Command) -> str:
@@ -544,23 +612,25 @@ def chosen(args: argparse.Namespace) -> tuple[Command, ...]:
     return tuple(path)
 
 
-def _add_setting_flags(parser: argparse.ArgumentParser, uses: frozenset[Group | str]) -> None:
-    used = settings_for(uses)
+def _add_setting_flags(parser: argparse.ArgumentParser, command: Command) -> None:
+    used = settings_for(command.uses)
     for group in Group:
         members = [setting for setting in used if setting.group is group]
         if members:
             section = parser.add_argument_group(f"{group.value} settings")
             for setting in members:
-                _add_flag(section, setting)
+                _add_flag(section, setting, command.flag_help.get(setting.name))
 
 
-def _add_flag(section: argparse._ArgumentGroup, setting: Setting) -> None:
+def _add_flag(
+    section: argparse._ArgumentGroup, setting: Setting, own: tuple[str, str] | None = None
+) -> None:
     # SUPPRESS leaves flags that were not given out of the namespace, which is how
     # load_settings tells "not given" from "given", so env and file values can show through.
     options: dict[str, Any] = {
         "dest": setting.name,
         "default": argparse.SUPPRESS,
-        "help": _flag_help(setting),
+        "help": _flag_help(setting, *(own or (setting.help, setting.default_text))),
     }
     if setting.is_switch:
         # --no-dry-run lets a flag switch off what the environment or the file switched on.
@@ -571,8 +641,8 @@ def _add_flag(section: argparse._ArgumentGroup, setting: Setting) -> None:
         section.add_argument(setting.flag, metavar=setting.metavar, **options)
 
 
-def _flag_help(setting: Setting) -> str:
-    text = f"{setting.help} [env {setting.env_var}; default: {setting.default_text}]"
+def _flag_help(setting: Setting, help: str, default: str) -> str:
+    text = f"{help} [env {setting.env_var}; default: {default}]"
     return text.replace("%", "%%")  # argparse expands %-formats in help text
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "SERVER_USERNAME_VAR",
     "SETTINGS",
     "SETTINGS_BY_NAME",
+    "STATUS_ADDRESS",
     "Setting",
     "Settings",
     "detection_of",
@@ -96,6 +97,14 @@ class ListenAddress(NamedTuple):
 
     host: str
     port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+# Where `status` asks when not told otherwise, and what the services `unit` prints serve
+# (--metrics-addr): so that `status` answers after the README's set-up with no flag.
+STATUS_ADDRESS = ListenAddress("127.0.0.1", 9464)
 
 
 @dataclass(frozen=True, slots=True)
@@ -814,7 +823,8 @@ class Settings:
     metrics_addr: ListenAddress | None = field(
         metadata=_row(
             _listen_address,
-            "serve Prometheus /metrics, /healthz and /readyz on HOST:PORT",
+            "serve Prometheus /metrics, /healthz, /readyz and /status (what `status` shows) on "
+            "HOST:PORT; the services `unit` prints serve 127.0.0.1:9464",
             Group.WATCH,
             default=None,
             metavar="HOST:PORT",

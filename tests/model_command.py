@@ -14,6 +14,15 @@ from tests.harness import REPO
 
 LINE_S = 30  # a fresh interpreter importing aiohttp on a busy machine
 
+# What docs/usage.md says a person sees of each story (`opencode run` with the plugin and
+# `watch`), which tests/test_real_model.py finds in what `opencode run` printed.
+LOOP_SHOWS = (
+    "ls failed",
+    "[opencode-loop-monitor] Loop guard: this call was refused and did not run: ",
+    "Understood. I will stop repeating and change approach.",
+)
+ESCALATE_SHOWS = ("it is on hold until a person replies", "Error: ")
+
 
 class Served:
     def __init__(self, process: asyncio.subprocess.Process, printed: list[str]) -> None:

@@ -7,8 +7,9 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from monitor.cli import COMMANDS, main
 from monitor.config import (
     SERVER_PASSWORD_VAR,
     SETTINGS_BY_NAME,
+    STATUS_ADDRESS,
     Group,
     Settings,
     settings_for,
@@ -394,9 +396,10 @@ OWN_FLAGS: dict[tuple[str, ...], set[str]] = {
     | {"--cache-dir", "--plugin"},
     ("model",): setting_flags() | {"--port"},
     ("status",): setting_flags("metrics_addr") | {"--json"},
-    ("unit",): setting_flags("url"),
+    ("unit",): setting_flags("url", "password_file", "metrics_addr") | {"--launchd"},
     ("plugin",): set(),
-    ("plugin", "install"): group_flags(Group.PLUGIN) | {"--project"},
+    # --url: the documented flag of earlier releases, taken with a note (issue 45).
+    ("plugin", "install"): group_flags(Group.PLUGIN) | {"--project", "--url"},
     ("plugin", "uninstall"): setting_flags() | {"--project"},
     ("plugin", "status"): setting_flags("url") | group_flags(Group.PLUGIN) | {"--project"},
 }
@@ -425,6 +428,114 @@ def test_the_flags_of_one_command_are_refused_by_another(
     err = capsys.readouterr().err
     assert err.startswith("usage: opencode-loop-monitor plugin install ")
     assert "unrecognized arguments: --api 2" in err
+
+
+def prose_flags(description: str) -> set[str]:
+    """The flags a description names as this command's: not those of another command or an
+    example (in backticks, or on an indented line of commands)."""
+    prose = "\n".join(line for line in description.splitlines() if not line.startswith("  "))
+    return set(re.findall(r"--[a-z][\w-]*", re.sub(r"`[^`]*`", "", prose)))
+
+
+def commands_and_actions() -> list[tuple[tuple[str, ...], str]]:
+    found = [((c.name,), c.description) for c in COMMANDS if not c.subcommands]
+    found += [((c.name, a.name), a.description) for c in COMMANDS for a in c.subcommands]
+    return found
+
+
+@pytest.mark.parametrize(("path", "description"), commands_and_actions(), ids=str)
+def test_each_description_names_only_flags_its_command_takes(
+    path: tuple[str, ...], description: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 45: `status --help` spoke of watch's --metrics-addr as its own flag line did."""
+    assert main([*path, "--help"]) == 0
+    assert prose_flags(description) <= options_in(capsys.readouterr().out)
+
+
+def test_the_checks_of_descriptions_catch_a_flag_of_another_command() -> None:
+    assert prose_flags("Asks on --metrics-addr, as `watch --record FILE` writes.") == {
+        "--metrics-addr"
+    }
+    assert prose_flags("Install it with:\n  systemctl --user enable --now x") == set()
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("path", [(), ("watch",)], ids=["top", "watch"])
+def test_the_help_names_the_plugins_in_band_refusal(
+    path: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 45: the help said the monitor aborts the session or refuses a permission
+    request; with the recommended set-up the plugin refuses the call in band."""
+    assert main([*path, "--help"]) == 0
+    out = one_line(capsys.readouterr().out)
+    assert "`plugin install`" in out and "the recommended set-up" in out
+    assert "the call that completes a loop is refused before it runs" in out or (
+        "the call that completes the loop is refused before it runs" in out
+    )
+    assert "goes on in the same run" in out
+
+
+def test_status_help_says_where_status_asks(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 45: the description said it asks 127.0.0.1:9464, the flag line (watch's words)
+    "serve Prometheus /metrics ... default: none"."""
+    assert main(["status", "--help"]) == 0
+    out = one_line(capsys.readouterr().out)
+    setting = SETTINGS_BY_NAME["metrics_addr"]
+    [flag_line] = re.findall(r"--metrics-addr HOST:PORT ([^]]*\])", out)
+    assert flag_line == (
+        "where the monitor serves /status: the HOST:PORT of its --metrics-addr "
+        f"[env {setting.env_var}; default: {STATUS_ADDRESS}]"
+    )
+    assert "serve Prometheus" not in out
+    assert f"on {STATUS_ADDRESS}, where this command asks" in out
+
+
+def test_status_asks_the_address_its_help_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from monitor.shell import status
+
+    asked = []
+
+    def fetch(address: object, timeout: float = 0.0) -> dict[str, object]:
+        asked.append(address)
+        raise OSError("nothing there")
+
+    monkeypatch.setattr(status, "fetch_status", fetch)
+    assert main(["status"]) == 69
+    assert asked == [STATUS_ADDRESS]
+
+
+@pytest.fixture
+def short_path() -> Iterator[Path]:
+    # Short: a socket's path under it holds at most 107 bytes; pytest's tmp_path is long.
+    with tempfile.TemporaryDirectory(prefix="olm-") as name:
+        yield Path(name)
+
+
+def test_plugin_install_takes_the_url_of_earlier_releases_with_a_note(
+    short_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 45: `plugin install --url http://127.0.0.1:4096`, the README's command until this
+    release, ended in a bare "unrecognized arguments" (rc 2)."""
+    tmp_path = short_path
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    plugin = tmp_path / "config" / "opencode" / "plugins" / "opencode-loop-monitor.ts"
+    assert main(["plugin", "install"]) == 0
+    written = plugin.read_text()
+    assert capsys.readouterr().err == ""
+    assert main(["plugin", "install", "--url", "http://127.0.0.1:4096"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "opencode-loop-monitor plugin install: note: --url is no longer needed: the plugin "
+        "finds the monitor of the server it runs in, whatever its port; accepted for scripts "
+        "written for earlier releases, it names the server whose monitor is asked only where "
+        "the plugin cannot learn its own server's URL\n"
+    )
+    assert captured.out.startswith(f"wrote {plugin}\n")
+    assert plugin.read_text() == written  # the default server's URL: the same plugin
 
 
 def test_each_plugin_action_help_shows_its_own_exit_statuses(

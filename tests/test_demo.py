@@ -79,3 +79,46 @@ def test_the_dry_run_answer_does_not_answer_feedback_never_sent():
 def test_a_session_held_at_its_first_stop_says_once():
     text = feedback_text(CallCycle(("read", "bash"), 3), hold=True, interventions=1)
     assert "looped once (this run is stopped)" in text and "1 times" not in text
+
+
+def tool_frame(number: int, status: str) -> dict[str, object]:
+    part = {
+        "id": f"prt_{number}",
+        "type": "tool",
+        "tool": "bash",
+        "sessionID": SESSION,
+        "state": {"status": status, "input": {"command": "ls"}},
+    }
+    return {"type": "message.part.updated", "properties": {"sessionID": SESSION, "part": part}}
+
+
+def printer_after_calls(calls: int, status: str) -> tuple[Printer, io.StringIO]:
+    """A printer that has shown the session's first `calls` calls, each in `status`."""
+    out = io.StringIO()
+    printer = Printer(out)
+    printer.session_id = SESSION
+    for number in range(1, calls + 1):
+        printer.server_frame(tool_frame(number, status))
+    return printer, out
+
+
+def test_a_call_refused_before_the_stream_shows_it_is_said_after_its_own_line():
+    """Issue 45: the plugin asks before the stream shows call 6, so its refusal was printed
+    before `call 6 bash ls`, which then read as if it ran after being refused."""
+    printer, out = printer_after_calls(5, "completed")
+    printer.monitor_record(outcome("blocked"))
+    assert printer.detected.is_set()  # the story goes on meanwhile
+    printer.server_frame(tool_frame(6, "pending"))
+    printer.server_frame(tool_frame(6, "error"))
+    lines = out.getvalue().splitlines()
+    assert lines[-2:] == [
+        "  call 6   bash   ls",
+        "monitor: loop detected on call 6: 2 calls (read, bash) repeated 3 times; "
+        "refused in band by the plugin: it never ran",
+    ]
+
+
+def test_a_call_shown_before_its_detection_is_not_held_back():
+    printer, out = printer_after_calls(6, "running")
+    printer.monitor_record(outcome("aborted"))
+    assert out.getvalue().splitlines()[-1].startswith("monitor: loop detected on call 6: ")

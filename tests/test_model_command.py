@@ -15,11 +15,26 @@ import aiohttp
 import pytest
 
 from monitor.cli import main
+from monitor.core.feedback import MARK
 from monitor.exits import EX_FAILED
 from monitor.kit.model import DEFAULT_PORT, MODEL_ID, provider_block, run_model
-from monitor.kit.scripted_model import ON_DEMAND_ANSWER, on_demand_script
+from monitor.kit.scripted_model import (
+    DEFAULT_ANSWER,
+    ON_DEMAND_ANSWER,
+    Text,
+    ToolCall,
+    decide,
+    on_demand_script,
+)
 from tests.harness import REPO
-from tests.model_command import LINE_S, Served, block_of, model_command
+from tests.model_command import (
+    ESCALATE_SHOWS,
+    LINE_S,
+    LOOP_SHOWS,
+    Served,
+    block_of,
+    model_command,
+)
 
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
 
@@ -92,7 +107,43 @@ def test_which_prompts_loop(prompt: str, loops: bool, again: bool) -> None:
     assert (found is not None) is loops
     if found is not None:
         assert (found.after_feedback == "loop") is again
+        assert found.heed is not again  # `loop` heeds the monitor, `escalate` ignores it
         assert [tool for tool, _ in found.pattern] == ["read", "bash"]
+
+
+def conversation(prompt: str, results: list[str], feedback: str | None = None) -> list[dict]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    messages += [{"role": "tool", "content": result} for result in results]
+    if feedback is not None:
+        messages.append({"role": "user", "content": feedback})
+    return messages
+
+
+REFUSAL = f"Error: {MARK}a repeated tool-call cycle was detected; this call did not run."
+
+
+@pytest.mark.parametrize("where", ["plugin", "permission"])
+def test_loop_heeds_a_refusal_in_the_same_run_and_escalate_ignores_it(where: str) -> None:
+    """Issue 45: with the plugin, `loop` made its 12 calls whatever was refused, so the
+    person saw three refusals and a hold where usage.md promised the model's answer."""
+    # The plugin's refusal is the call's error; a refused permission request quotes it.
+    result = REFUSAL if where == "plugin" else f"The user rejected this call: {REFUSAL}"
+    loop, escalate = on_demand_script("loop"), on_demand_script("escalate")
+    assert loop is not None and escalate is not None
+    refused = conversation("loop", ["ok"] * 5 + [result])
+    assert decide(loop, refused) == Text(DEFAULT_ANSWER)
+    assert isinstance(decide(escalate, refused), ToolCall)  # call_6, on and on
+    # A failure of its own is no refusal: `loop` goes on until the monitor stops it.
+    assert isinstance(decide(loop, conversation("loop", ["ok"] * 5 + ["Error: no"])), ToolCall)
+
+
+def test_after_an_abort_loop_answers_the_feedback_and_escalate_loops_again() -> None:
+    loop, escalate = on_demand_script("loop"), on_demand_script("escalate")
+    assert loop is not None and escalate is not None
+    stopped = conversation("loop", ["ok"] * 6, feedback=f"{MARK}stop repeating")
+    assert decide(loop, stopped) == Text(DEFAULT_ANSWER)
+    again = decide(escalate, stopped)
+    assert isinstance(again, ToolCall) and again.call_id == "call_0"
 
 
 def test_a_port_in_use_is_said_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
@@ -116,3 +167,16 @@ def test_the_block_docs_usage_shows_is_the_one_printed_for_the_default_port() ->
     shown = text.split("## A model that loops when asked", 1)[1].split("```json\n", 1)[1]
     url = f"http://127.0.0.1:{DEFAULT_PORT}/v1"
     assert json.loads(shown.split("```", 1)[0]) == provider_block(url)
+
+
+def test_usage_tells_each_story_as_the_real_server_shows_it() -> None:
+    """Issue 45: usage.md promised the model's answer where `loop` made 12 calls and was held.
+    Each story's lines, which tests/test_real_model.py finds in `opencode run`'s output."""
+    text = (REPO / "docs" / "usage.md").read_text(encoding="utf-8")
+    section = " ".join(
+        text.split("## A model that loops when asked", 1)[1].split("\n## ")[0].split()
+    )
+    loop, escalate = section.split("- `loop`, ", 1)[1].split("- `escalate`, ", 1)
+    assert all(shown in loop for shown in LOOP_SHOWS)
+    assert "Error: Aborted" in escalate and all(shown in escalate for shown in ESCALATE_SHOWS)
+    assert "outcome=blocked" in loop and "outcome=held" in escalate

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from monitor.config import STATUS_ADDRESS, ListenAddress
+from monitor.shell.unit import render
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = "opencode-loop-monitor"
 # Programs a reader installs or has beside the monitor (the README says where from).
@@ -129,9 +132,11 @@ def check_text(body: str) -> list[str]:
                 if f"{key}=" not in source_text() and f"`{key}`" not in logs_doc:
                     wrong.append(f"log field {key} of {entry['event']} is never logged")
             continue
-        # Ids, numbers and names are filled in: some fixed run of words must be the code's.
+        # Ids, numbers, names and URLs are filled in: some fixed run of words must be the
+        # code's.
+        words = re.sub(r"\w+://\S+", " ", line)
         runs = [
-            r for r in re.findall(r"[A-Za-z][A-Za-z,;']*(?: [A-Za-z,;']+)*", line) if len(r) >= 8
+            r for r in re.findall(r"[A-Za-z][A-Za-z,;']*(?: [A-Za-z,;']+)*", words) if len(r) >= 8
         ]
         if runs and not any(run in source_text() for run in runs):
             wrong.append(f"sample line not printed by the code: {line!r}")
@@ -193,12 +198,27 @@ def test_the_checks_catch_what_is_wrong():
     assert blocks(indented) == [("sh", "opencode serve --port 4096\n")]
 
 
-def test_readme_opens_with_its_three_commands_see_it_work_run_it_run_the_tests():
-    demo, watch, tests = readme_commands()[:3]
+def test_readme_opens_with_see_it_work_then_run_it_with_status_then_the_tests():
+    """Issue 45: the tests sat between `watch` and the recommended set-up, so a reader who
+    started `watch` learnt afterwards that the plugin goes in before the server starts; and
+    `status` failed after that set-up, as neither its `watch` nor the unit served /status."""
+    found = readme_commands()
+    demo, plugin, *run_it, tests = found
     assert demo.startswith("python3 -m venv .venv && .venv/bin/pip install . && ")
     assert demo.endswith(".venv/bin/opencode-loop-monitor demo")
-    assert watch == ".venv/bin/opencode-loop-monitor watch --url http://127.0.0.1:4096"
+    assert plugin == ".venv/bin/opencode-loop-monitor plugin install"
     assert tests == TEST_COMMAND
+    script = ".venv/bin/opencode-loop-monitor"
+    unit, launchd, watch, status = run_it
+    assert f"{script} unit > ~/.config/systemd/user/opencode-loop-monitor.service" in unit
+    assert launchd.startswith(
+        f"{script} unit --launchd > ~/Library/LaunchAgents/dev.opencode-loop-monitor.plist"
+    )
+    assert watch == f"{script} watch --url http://127.0.0.1:4096 --metrics-addr 127.0.0.1:9464"
+    # `status` with no flag asks where each of the three serves it.
+    assert status == f"{script} status"
+    assert STATUS_ADDRESS == ListenAddress("127.0.0.1", 9464)
+    assert f"--metrics-addr {STATUS_ADDRESS}" in render([script])
 
 
 def test_readme_is_read_in_two_minutes():

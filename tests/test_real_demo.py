@@ -176,9 +176,10 @@ async def test_demo_shows_the_plugin_refusing_the_loop_in_band(opencode_bin, tmp
     assert lines[detected] == (
         f"monitor: loop detected on call 6: {SHAPE}; refused in band by the plugin: it never ran"
     )
-    # The plugin asks before the stream shows the call: its line may follow the detection.
-    after = [line for line in lines[detected + 1 :] if not line.startswith("  call 6 ")]
-    assert after[0] == f'model: "{DEFAULT_ANSWER}"'
+    # The plugin asks before the stream shows the call; its line still comes first (issue
+    # 45: printed after the refusal, it read as if it ran).
+    assert lines[detected - 1].startswith("  call 6 ")
+    assert lines[detected + 1] == f'model: "{DEFAULT_ANSWER}"'
     assert "MessageAbortedError" not in output and "feedback sent" not in output
     assert lines[-1] == (
         "demo finished: the model asked for 6 calls, 5 ran: call 6 completed the loop and was "

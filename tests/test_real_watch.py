@@ -14,6 +14,7 @@ import pytest
 from monitor.kit.poll import until
 from monitor.kit.sandbox import free_loopback_port, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
+from monitor.shell.stream import CONNECTION_LOST
 from tests.harness import (
     MODEL_DELAY,
     STATUS_FLAGS,
@@ -113,7 +114,9 @@ async def test_loop_caught_after_the_server_restarts(
 ):
     monitor = await start_watching(start_monitor, opencode_server)
     await opencode_server.stop()
-    await monitor.wait_event("stream.disconnected")
+    [down] = await monitor.wait_event("stream.disconnected")
+    # Issue 45: said in people's words, not as aiohttp's ClientPayloadError.
+    assert down["reason"] == CONNECTION_LOST
     await opencode_server.start()
     await monitor.wait_event("stream.connected", count=2, timeout=40)
     client = opencode_server.client(http)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from monitor.config import SERVER_PASSWORD_VAR, STATUS_ADDRESS
 from tests.units import (
     INSTALLED_BINARY,
     SERVICE,
@@ -117,9 +118,11 @@ def test_plugin_socket_goes_to_a_private_runtime_directory(path: Path, folder: s
 
 def test_user_unit_runs_the_system_units_command_and_policy() -> None:
     user, system = load(USER_UNIT), load(SERVICE)
-    # The same command, without the credential: a person's own server usually has no password.
+    # The same command, without the credential (a person's own server usually has no
+    # password), serving /status where `status` asks (issue 45: it answered nothing there).
     assert value(user, "Service", "ExecStart") == value(system, "Service", "ExecStart").replace(
-        " --password-file ${CREDENTIALS_DIRECTORY}/opencode-password", ""
+        " --password-file ${CREDENTIALS_DIRECTORY}/opencode-password",
+        f" --metrics-addr {STATUS_ADDRESS}",
     )
     for key in ("Type", "NotifyAccess", "WatchdogSec", "Restart", "RestartPreventExitStatus"):
         assert value(user, "Service", key) == value(system, "Service", key), key
@@ -316,7 +319,15 @@ def test_the_printed_unit_runs_the_console_script_of_this_install(
     # The venv the README's commands make (here: the one running the tests).
     assert argv[0] == str(Path(sys.executable).parent / "opencode-loop-monitor")
     assert os.access(argv[0], os.X_OK)
-    assert argv[1:] == ["watch", "--url", "http://127.0.0.1:4096", "--log-format", "json"]
+    assert argv[1:] == [
+        "watch",
+        "--url",
+        "http://127.0.0.1:4096",
+        "--metrics-addr",
+        "127.0.0.1:9464",
+        "--log-format",
+        "json",
+    ]
     # Nothing else differs from the shipped unit.
     shipped = load(USER_UNIT)
     assert {k: v for k, v in unit.items() if k != "Service"} == {
@@ -349,3 +360,35 @@ def test_systemd_analyze_verify_passes_on_the_printed_unit_as_printed(
     runtime.mkdir(mode=0o700)
     (tmp_path / USER_UNIT.name).write_text(printed_unit(capsys))
     assert verify_problems(tmp_path, USER_UNIT.name, "--user", XDG_RUNTIME_DIR=str(runtime)) == []
+
+
+def test_the_printed_unit_names_a_password_file_never_the_password(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    password = tmp_path / "password"
+    password.write_text("s3cret-pw\n")
+    password.chmod(0o600)
+    monkeypatch.chdir(tmp_path)
+    text = printed_unit(capsys, "--password-file", "password")  # made whole: systemd runs in /
+    argv = value(parse_unit(text), "Service", "ExecStart").split()
+    assert argv[argv.index("--password-file") + 1] == str(password)
+    assert "s3cret-pw" not in text
+
+
+def test_a_password_only_in_the_shell_is_warned_about(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unit's service does not inherit the shell's variables: a server password set only
+    there would be a 401 at the service's start (exit 78)."""
+    from monitor.cli import main
+
+    monkeypatch.setenv(SERVER_PASSWORD_VAR, "s3cret-pw")
+    assert main(["unit"]) == 0
+    captured = capsys.readouterr()
+    assert "s3cret-pw" not in captured.out + captured.err
+    assert captured.err == (
+        f"opencode-loop-monitor unit: warning: {SERVER_PASSWORD_VAR} is set in this shell, but "
+        f"the unit's service does not inherit it: put {SERVER_PASSWORD_VAR}=... in "
+        "~/.config/opencode-loop-monitor/monitor.env (chmod 600), or run `unit --password-file "
+        "FILE`\n"
+    )

@@ -19,12 +19,15 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
+from monitor.cli import main
 from monitor.config import load_settings
+from monitor.kit.sandbox import free_loopback_port
 from monitor.shell.endpoint import plugin_endpoint
+from monitor.shell.plugin_install import asked_at, installed_endpoint
 from monitor.testing import FakeOpencode, play
+from tests.harness import status
 from tests.monitor_process import CONSOLE_SCRIPT, MonitorProcess
 from tests.units import (
-    AGENT,
     INSTALLED_BINARY,
     SERVICE,
     TCP_DROP_IN,
@@ -92,6 +95,8 @@ def systemd_command(unit: Path, specifiers: Mapping[str, str], url: str) -> list
     argv = [str(CONSOLE_SCRIPT) if arg == INSTALLED_BINARY else arg for arg in shlex.split(text)]
     if "--url" in argv:
         argv[argv.index("--url") + 1] = url
+    if "--metrics-addr" in argv:  # 127.0.0.1:9464 may be taken on a test machine
+        argv[argv.index("--metrics-addr") + 1] = f"127.0.0.1:{free_loopback_port()}"
     return argv
 
 
@@ -220,31 +225,62 @@ async def test_user_unit_serves_where_plugin_install_points(root, server, monito
         "XDG_RUNTIME_DIR": str(xdg_runtime),
         "RUNTIME_DIRECTORY": str(runtime),
     }
-    monitor = start(monitors, systemd_command(USER_UNIT, specifiers, url), env, root)
+    argv = systemd_command(USER_UNIT, specifiers, url)
+    monitor = start(monitors, argv, env, root)
     socket = await serves_plugins(monitor)
     # `plugin install` in the person's shell (the same login, so the same $XDG_RUNTIME_DIR).
     shell = {"HOME": str(home), "XDG_RUNTIME_DIR": str(xdg_runtime)}
     endpoint = plugin_endpoint(load_settings({"url": url}, shell, isatty=False), shell)
     assert endpoint is not None and str(endpoint.socket) == socket
+    # Issue 45: `status` answered nothing after this set-up; it shows the monitor now.
+    code, out = await status(argv[argv.index("--metrics-addr") + 1])
+    assert code == 0 and "role: acting" in out.splitlines(), out
+    assert f"plugins asking at unix:{socket}:" in out.splitlines()
 
 
-async def test_launchd_agent_serves_where_plugin_install_points(root, server, monitors):
+@pytest.mark.parametrize("shell_runtime", [False, True], ids=["plain-shell", "xdg-shell"])
+async def test_launchd_agent_unit_prints_serves_where_plugin_install_points(
+    root, server, monitors, monkeypatch, capsys, shell_runtime
+):
+    """`plugin install` and `unit --launchd` in the person's shell, then the plist's
+    ProgramArguments run as launchd runs them: with the person's HOME, USER and SHELL, its
+    short PATH, no XDG_* (issue 45: a shell with $XDG_RUNTIME_DIR pointed the plugin
+    elsewhere than the agent served), and the plist's own variables."""
     _, url = server
     home = folder(root / "Users" / "u", 0o755)
-    password = folder(home / ".config" / "opencode-loop-monitor") / "password"
-    password.write_text(PASSWORD + "\n")
     folder(home / "Library" / "Logs", 0o755)
-    with AGENT.open("rb") as stream:
-        agent = plistlib.load(stream)
-    argv = [
-        str(CONSOLE_SCRIPT) if arg == INSTALLED_BINARY else arg.replace("/Users/USER", str(home))
-        for arg in agent["ProgramArguments"]
-    ]
-    argv[argv.index("--url") + 1] = url
-    # What launchd gives an agent: the person's HOME, USER, PATH, SHELL, TMPDIR; no XDG_*.
-    env = {**agent["EnvironmentVariables"], "HOME": str(home), "USER": "u", "SHELL": "/bin/sh"}
+    for name in list(os.environ):
+        if name.startswith(("XDG_", "OPENCODE_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(home))
+    if shell_runtime:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder(root / "run" / "user")))
+    assert main(["plugin", "install"]) == 0
+    metrics = f"127.0.0.1:{free_loopback_port()}"  # the default, 9464, may be taken here
+    assert main(["unit", "--launchd", "--url", url, "--metrics-addr", metrics]) == 0
+    printed = capsys.readouterr()
+    assert "warning" not in printed.err
+    agent = plistlib.loads(printed.out[printed.out.index("<?xml") :].encode())
+    argv = agent["ProgramArguments"]
+    assert argv[0] == str(CONSOLE_SCRIPT)
+    env = {
+        **agent["EnvironmentVariables"],
+        "HOME": str(home),
+        "USER": "u",
+        "SHELL": "/bin/sh",
+        "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
+    }
     monitor = start(monitors, argv, env, root)
     socket = await serves_plugins(monitor)
-    shell = {"HOME": str(home)}
-    endpoint = plugin_endpoint(load_settings({"url": url}, shell, isatty=False), shell)
-    assert endpoint is not None and str(endpoint.socket) == socket
+    installed = installed_endpoint(
+        (home / ".config" / "opencode" / "plugins" / "opencode-loop-monitor.ts").read_text()
+    )
+    assert installed is not None and asked_at(installed, url) == socket
+    # `status` in the person's shell, with no flag but the address it was printed with.
+    code, out = await status(metrics)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == f"monitor 0.1.0 watching {url}" and "role: acting" in lines
+    # The monitor, its role and the plugin asking (serves_plugins asked once, as a plugin).
+    assert f"plugins asking at unix:{socket}:" in lines
+    assert "  /srv/project: 1 calls, 0 blocked, 0 fell open, last request " in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import io
+import socket
 
 import pytest
 from aiohttp import web
@@ -14,6 +15,7 @@ from structlog.testing import capture_logs
 from monitor.config import load_settings
 from monitor.errors import ConfigError
 from monitor.shell.notify import Notifier
+from monitor.shell.stream import CONNECTION_LOST
 from monitor.shell.timing import Timing
 from monitor.shell.watch import Watch
 from monitor.testing import FakeOpencode, frames, no_headers, play
@@ -222,8 +224,9 @@ async def test_error_in_mid_read_reconnects():
         running = await start(fake)
         await wait_for(lambda: fake.connections >= 2)
         await stop(*running)
+    # Issue 45: the reason in people's words, not aiohttp's ClientPayloadError.
     reason = events(logs, "stream.disconnected")[0]["reason"]
-    assert reason in ("ClientPayloadError", "ServerDisconnectedError")
+    assert reason == CONNECTION_LOST
 
 
 async def test_silent_stream_hits_read_timeout_and_reconnects():
@@ -428,10 +431,46 @@ async def test_unauthorized_stream_is_a_config_error():
     server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
     settings = load_settings({"url": str(server.make_url("")).rstrip("/")}, {}, isatty=False)
-    with pytest.raises(ConfigError, match="401"):
+    with capture_logs() as logs, pytest.raises(ConfigError, match="401") as raised:
         await asyncio.wait_for(Watch(settings, Notifier(None), FAST).run(), 5)
     await server.close()
     assert fake.connections == 1
+    # Issue 45: a bare `monitor.stopped` came before the error, as if stopped cleanly; the
+    # last line now says why it stopped.
+    last = logs[-1]
+    assert (last["event"], last["log_level"], last["error"]) == (
+        "monitor.stopped",
+        "error",
+        str(raised.value),
+    )
+    assert last["signal"] is None
+
+
+async def test_the_role_lines_of_watch_name_no_session(tmp_path):
+    """Issue 45: `monitor.acting session_id=None` at every start of `watch`."""
+    fake = FakeOpencode(streams=[play()])
+    with capture_logs() as logs:
+        running = await start(fake, roles=tmp_path, plugin_socket="off")
+        await wait_for(lambda: events(logs, "stream.resynced"))
+        await stop(*running)
+    roles = [e for e in logs if e["event"] in ("monitor.acting", "monitor.standby")]
+    assert roles and all("session_id" not in e for e in roles)
+
+
+async def test_a_metrics_address_in_use_says_a_monitor_probably_runs_there():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        flags = {"url": "http://127.0.0.1:1", "metrics_addr": f"127.0.0.1:{port}"}
+        settings = load_settings(flags, {}, isatty=False)
+        with pytest.raises(ConfigError) as raised:
+            await asyncio.wait_for(Watch(settings, Notifier(None), FAST).run(), 5)
+    assert str(raised.value).startswith(f"metrics_addr 127.0.0.1:{port}: cannot listen (")
+    assert str(raised.value).endswith(
+        "another monitor is probably running there already (`opencode-loop-monitor status "
+        f"--metrics-addr 127.0.0.1:{port}` shows it): give this one another address"
+    )
 
 
 async def test_credentials_refused_after_the_stream_worked_are_retried_not_fatal():

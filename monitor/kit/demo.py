@@ -61,11 +61,10 @@ __all__ = ["DRY_RUN_ANSWER", "Printer", "run_demo", "watching_line"]
 PREFIX = "opencode-loop-monitor demo"
 LOG_NAME = "demo-monitor.log"
 
-# The scripted agent: read the README, list the files, and again, for up to CALLS calls.
+# The scripted agent: read the README, list the files, and again, for up to CALLS calls,
+# heeding the monitor (the `model` command's `loop`): refused in band (the plugin, the
+# permission gate), it answers in the same run; stopped, it answers the feedback.
 CALLS = 30
-# Under the permission gate the loop is stopped with the run going on: the script ends at the
-# refused call (the 6th, completing the 2-call cycle), and the model then answers.
-GATED_CALLS = 6
 # What the sandbox's config says when the monitor answers permission requests.
 ASK_EVERY_CALL = {"*": "ask"}
 # A real model takes time to answer; without any, the race between the abort and the next
@@ -169,15 +168,20 @@ class Printer:
         # The server reports the abort before the monitor logs its detection (the record
         # waits for the abort call's answer): the abort line waits for the detection line.
         self._abort_line: str | None = None
+        # The plugin asks before the stream shows the call: a detection of a call not yet
+        # shown waits for that call's line (number, line), so the refused call never reads
+        # as if it ran after its refusal.
+        self._detection_line: tuple[int, str] | None = None
 
     def say(self, line: str) -> None:
-        self._flush_abort()
+        self._flush()
         _say(self.out, line)
 
-    def _flush_abort(self) -> None:
-        if self._abort_line is not None:
-            _say(self.out, self._abort_line)
-            self._abort_line = None
+    def _flush(self) -> None:
+        for waiting in (self._detection_line and self._detection_line[1], self._abort_line):
+            if waiting is not None:
+                _say(self.out, waiting)
+        self._detection_line = self._abort_line = None
 
     def monitor_record(self, record: Mapping[str, Any]) -> None:
         event = record.get("event")
@@ -208,9 +212,12 @@ class Printer:
             "abort_failed": f"the abort failed ({record.get('error')})",
         }.get(str(outcome), str(outcome))
         # The record says what was found as the finding describes itself.
-        shape = record["finding"]
-        _say(self.out, f"monitor: loop detected on call {call}: {shape}; {done}")
-        self._flush_abort()
+        line = f"monitor: loop detected on call {call}: {record['finding']}; {done}"
+        if isinstance(call, int) and call > len(self.calls):
+            self._detection_line = (call, line)
+        else:
+            _say(self.out, line)
+            self._flush()
         self.detected.set()
 
     def server_frame(self, frame: object) -> None:
@@ -258,7 +265,12 @@ class Printer:
         number = self.calls[part_id] = len(self.calls) + 1
         tool = str(part.get("tool"))
         summary = _call_summary(tool, state.get("input") or {}, self.directory)
-        self.say(f"  call {number:<2}  {tool:<5}  {summary}".rstrip())
+        line = f"  call {number:<2}  {tool:<5}  {summary}".rstrip()
+        if self._detection_line is not None and self._detection_line[0] == number:
+            _say(self.out, line)  # then its detection, which waited for it
+            self._flush()
+        else:
+            self.say(line)
 
     def _text(self, part: Mapping[str, Any]) -> None:
         part_id, message_id = str(part.get("id")), part.get("messageID")
@@ -392,10 +404,9 @@ async def _story(
     session = await client.create_session("loop-monitor demo")
     session_id = printer.session_id = session["id"]
     printer.say(f"session {session_id}: the model is scripted to {STORY}")
-    in_band = (_gated(settings) or plugin) and not settings.dry_run
-    calls = GATED_CALLS if in_band else CALLS
     answer = DRY_RUN_ANSWER if settings.dry_run else DEFAULT_ANSWER
-    await client.prompt_async(session_id, script(pattern, calls, delay=MODEL_DELAY, answer=answer))
+    loop = script(pattern, CALLS, delay=MODEL_DELAY, answer=answer, heed=True)
+    await client.prompt_async(session_id, loop)
 
     first_run = asyncio.create_task(client.wait_idle(session_id, RUN_TIMEOUT))
     detected = asyncio.create_task(printer.detected.wait())

@@ -4,7 +4,8 @@ The demo and the playground bring their own isolated server; a person who wants 
 monitor beside their own `opencode serve` needs a model that loops, and no API key. This
 serves the scripted model of the demo and the tests on loopback, prints the `opencode.json`
 provider block that makes it one of the server's models, and prints each step it answers.
-A prompt that says `loop` makes it loop (`monitor.kit.scripted_model.on_demand_script`).
+A prompt that says `loop` makes it loop and heed the monitor, `escalate` loop and ignore it
+(`monitor.kit.scripted_model.on_demand_script`).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ Merge this into opencode.json (~/.config/opencode/opencode.json, or your project
 {block}
 
 In a session of that server, pick the model {MODEL_ID} and write `loop`: it reads README.md
-and runs ls, again and again, until stopped, then answers the feedback (`escalate`: it loops
-again after each feedback, until the session is held). For example:
+and runs ls, again and again, until the monitor stops it, then heeds it and answers (in the
+same run when the plugin refused the call). `escalate`: it ignores every refusal and
+feedback and loops on, until the monitor holds the session. For example:
   opencode run --attach http://127.0.0.1:4096 --model {MODEL_ID} loop
 Ctrl-C here stops the model."""
 

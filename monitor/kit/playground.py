@@ -36,9 +36,10 @@ from monitor.kit.scripted_model import ModelRequest, ScriptedModel, find_script,
 __all__: list[str] = []
 
 PROG = "python -m monitor.kit.playground"
-# What `opencode run` sends: read a file, list the folder, again and again (12 calls).
+# What `opencode run` sends: read a file, list the folder, again and again (12 calls), until
+# the monitor stops it, then heed it (the `model` command's `loop`).
 PATTERN = [("read", {"filePath": "README.md"}), ("bash", {"command": "ls"})]
-LOOP = script(PATTERN, 12, delay=0.5)
+LOOP = script(PATTERN, 12, delay=0.5, heed=True)
 # The same, but after each feedback the model loops again: the monitor escalates and, at
 # the stop after --max-interventions, holds the session for a person.
 ESCALATE = script(PATTERN, 12, delay=0.5, after_feedback="loop")

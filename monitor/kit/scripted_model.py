@@ -15,6 +15,10 @@ one model serves any number of sessions and needs no per-test setup:
 - ``after_feedback``: what to do once a later user message (a monitor's feedback) arrived:
   ``"answer"`` replies with the answer text, ``"loop"`` runs the pattern again from its
   start, counting tool results after that last user message.
+- ``heed``: a call refused in band (its result carries the monitor's feedback, `MARK`: the
+  plugin's refusal, or a refused permission request) is heeded: the model answers with the
+  answer text at its next step, in the same run. Without it, a refusal is one more tool
+  result and the pattern goes on (what most tests of repeated refusals need).
 - ``repeat``: the answer is its text this many times over (a model stuck repeating itself).
 - ``reasoning``, ``reasoning_repeat``: reasoning streamed before the answer, as
   ``delta.reasoning_content`` (what ``@ai-sdk/openai-compatible`` makes reasoning parts of).
@@ -31,9 +35,11 @@ one model serves any number of sessions and needs no per-test setup:
 
 Requests that carry no script or no tools (OpenCode's title generation) get a short text.
 Served for a person (`opencode-loop-monitor model`, `on_demand`), a prompt that is no script
-loops when it asks for a loop in words: ``loop`` reads README.md and lists the folder until
-stopped, then answers the feedback; ``escalate`` loops again after each feedback. Any other
-prompt is answered with a line saying so.
+loops when it asks for a loop in words, one behaviour per story docs/usage.md tells:
+``loop`` reads README.md and lists the folder until stopped, then heeds the monitor (answers
+its refusal in the same run, or its feedback after an abort); ``escalate`` ignores every
+refusal and feedback and loops on, until the monitor holds the session. Any other prompt is
+answered with a line saying so.
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from aiohttp import web
+
+from monitor.core.feedback import MARK
 
 __all__ = [
     "DEFAULT_ANSWER",
@@ -71,12 +79,13 @@ DEFAULT_ANSWER = "Understood. I will stop repeating and change approach."
 OVERFLOW_TOKENS = 1_000_000
 UNSCRIPTED_ANSWER = "Scripted session"
 # What a prompt in words gets from a model served on demand: the demo's loop (read a file,
-# list the folder, 12 calls), the same looping again after each feedback, or this answer.
+# list the folder, 12 calls) heeding the monitor, the same ignoring it, or this answer.
 ON_DEMAND_PATTERN = (("read", {"filePath": "README.md"}), ("bash", {"command": "ls"}))
 ON_DEMAND_ANSWER = (
     "I am the scripted model of opencode-loop-monitor: write `loop` and I loop (read "
-    "README.md, run ls, again and again) until stopped; `escalate` and I loop again after "
-    "each feedback, until the session is held."
+    "README.md, run ls, again and again) until the monitor stops me, then answer it; "
+    "`escalate` and I ignore every refusal and feedback and loop on, until the session is "
+    "held."
 )
 
 AfterFeedback = Literal["answer", "loop"]
@@ -98,6 +107,7 @@ def script(
     chunk_delay: float = 0.0,
     parallel: int = 1,
     compact_after: int = 0,
+    heed: bool = False,
 ) -> str:
     """The prompt text that makes the scripted model follow this script."""
     body: dict[str, Any] = {
@@ -121,6 +131,7 @@ def script(
         "chunk_delay": (chunk_delay, 0.0),
         "parallel": (parallel, 1),
         "compact_after": (compact_after, 0),
+        "heed": (heed, False),
     }
     body.update({key: value for key, (value, default) in optional.items() if value != default})
     return json.dumps(body)
@@ -142,6 +153,7 @@ class Script:
     chunk_delay: float = 0.0
     parallel: int = 1
     compact_after: int = 0
+    heed: bool = False
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
@@ -165,6 +177,7 @@ class Script:
             chunk_delay=float(data.get("chunk_delay", 0.0)),
             parallel=parallel,
             compact_after=int(data.get("compact_after", 0)),
+            heed=data.get("heed", False) is True,
         )
 
 
@@ -210,7 +223,7 @@ def on_demand_script(text: str) -> Script | None:
     if "escalate" in words:
         return Script(ON_DEMAND_PATTERN, 12, delay=0.5, after_feedback="loop")
     if "loop" in words:
-        return Script(ON_DEMAND_PATTERN, 12, delay=0.5)
+        return Script(ON_DEMAND_PATTERN, 12, delay=0.5, heed=True)
     return None
 
 
@@ -265,12 +278,24 @@ def _message_text(message: Mapping[str, Any]) -> str:
     return ""
 
 
+def _since_last_user(messages: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
+    user_indexes = [i for i, message in enumerate(messages) if message.get("role") == "user"]
+    return messages[user_indexes[-1] + 1 :] if user_indexes else messages
+
+
 def calls_done(messages: Sequence[Mapping[str, Any]]) -> int:
     """How far this run of the pattern has got: each finished tool call comes back as one
     `tool` message, counted since the last user message."""
-    user_indexes = [i for i, message in enumerate(messages) if message.get("role") == "user"]
-    after_last_user = messages[user_indexes[-1] + 1 :] if user_indexes else messages
-    return sum(1 for message in after_last_user if message.get("role") == "tool")
+    return sum(1 for message in _since_last_user(messages) if message.get("role") == "tool")
+
+
+def refused(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a call of this run was refused in band: its result carries the monitor's
+    feedback (the plugin's refusal, or the reason a permission request was refused)."""
+    return any(
+        message.get("role") == "tool" and MARK in _message_text(message)
+        for message in _since_last_user(messages)
+    )
 
 
 def decide(script_: Script, messages: Sequence[Mapping[str, Any]], before: int = 0) -> Reply:
@@ -279,6 +304,8 @@ def decide(script_: Script, messages: Sequence[Mapping[str, Any]], before: int =
     user_indexes = [i for i, message in enumerate(messages) if message.get("role") == "user"]
     feedback_arrived = len(user_indexes) > 1
     if feedback_arrived and script_.after_feedback == "answer":
+        return Text(script_.answer)
+    if script_.heed and refused(messages):
         return Text(script_.answer)
     done = before + calls_done(messages)
     if done >= script_.calls:

@@ -275,6 +275,11 @@ class Role:
         return f"{self._attach_prefix}{_UNSAFE.sub('_', session_id)}.lock"
 
 
+def _session_field(session_id: str | None) -> dict[str, str]:
+    """`attach`'s session, for the role's lines; `watch` acts for every session: none."""
+    return {} if session_id is None else {"session_id": session_id}
+
+
 def take_role(folder: Path, url: str, session_id: str | None, endpoint: bool) -> Role | None:
     """Act, or stand by for the monitor that acts for this server; None (unguarded) when the
     folder of the locks cannot be made private."""
@@ -285,12 +290,12 @@ def take_role(folder: Path, url: str, session_id: str | None, endpoint: bool) ->
         return None
     role = Role(folder, url, session_id, endpoint)
     if role.try_acting():
-        log.info("monitor.acting", session_id=session_id)
+        log.info("monitor.acting", **_session_field(session_id))
     else:
         log.warning(
             "monitor.standby",
             acting_pid=role.holder(),
-            session_id=session_id,
+            **_session_field(session_id),
             message="another monitor acts for this server: this one logs the loops it "
             "finds and takes over when that one stops",
         )
@@ -308,7 +313,7 @@ def poll_role(role: Role, session_id: str | None) -> None:
             "from its next poll, this one stands by",
         )
     elif role.try_acting() and not was_acting:
-        log.warning("monitor.took_over", session_id=session_id)
+        log.warning("monitor.took_over", **_session_field(session_id))
 
 
 def role_view(role: Role | None, dry_run: bool) -> dict[str, object]:

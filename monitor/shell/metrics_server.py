@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 from collections.abc import Callable
@@ -159,8 +160,14 @@ async def serve_metrics(
     try:
         server = await start_metrics_server(metrics, address.host, address.port, status=status)
     except OSError as exc:
+        taken = (
+            "; another monitor is probably running there already (`opencode-loop-monitor "
+            f"status --metrics-addr {address}` shows it): give this one another address"
+            if exc.errno == errno.EADDRINUSE
+            else ""
+        )
         raise ConfigError(
-            f"metrics_addr {address.host}:{address.port}: cannot listen ({exc.strerror})"
+            f"metrics_addr {address}: cannot listen ({exc.strerror}){taken}"
         ) from None
     log.info("metrics.listening", host=address.host, port=server.port)
     return server

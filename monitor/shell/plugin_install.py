@@ -26,7 +26,16 @@ from monitor.shell.endpoint import (
     socket_name,
 )
 
-__all__ = ["FILE_NAME", "install", "installed_endpoint", "render", "status", "uninstall"]
+__all__ = [
+    "FILE_NAME",
+    "asked_at",
+    "install",
+    "installed_endpoint",
+    "plugins_dir",
+    "render",
+    "status",
+    "uninstall",
+]
 
 FILE_NAME = "opencode-loop-monitor.ts"
 # The one line of the shipped file that install rewrites (earlier releases spelled out its

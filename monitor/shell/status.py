@@ -1,9 +1,9 @@
 """`opencode-loop-monitor status`: what a running monitor sees, read from its /status.
 
 The monitor answers on its `--metrics-addr`; this command asks there, so it needs the same
-address (flag, variable or file) and nothing else; without one it asks 127.0.0.1:9464, the
-address the docs and the playground serve on. A plain blocking request: one call, no event
-loop.
+address (flag, variable or file) and nothing else; without one it asks STATUS_ADDRESS
+(127.0.0.1:9464), the address the services `unit` prints, the README's `watch` and the
+playground serve on. A plain blocking request: one call, no event loop.
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from monitor.config import ListenAddress, Settings
+from monitor.config import STATUS_ADDRESS, ListenAddress, Settings
 from monitor.errors import ConfigError
 from monitor.exits import EX_OK, EX_UNAVAILABLE
 
 __all__ = ["render_status", "run_status"]
 
 TIMEOUT_S = 5.0
-# Where `status` asks when no metrics_addr is set: the documented `--metrics-addr`.
-DEFAULT_ADDRESS = ListenAddress("127.0.0.1", 9464)
 
 
 def status_url(address: ListenAddress) -> str:
@@ -133,7 +131,7 @@ def render_status(status: dict[str, Any], now: float) -> str:
 
 
 def run_status(settings: Settings, as_json: bool) -> int:
-    address = settings.metrics_addr or DEFAULT_ADDRESS
+    address = settings.metrics_addr or STATUS_ADDRESS
     if address.port == 0:
         raise ConfigError(
             "metrics_addr: status asks the monitor on the address `watch --metrics-addr` "
@@ -145,7 +143,7 @@ def run_status(settings: Settings, as_json: bool) -> int:
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         print(
             f"opencode-loop-monitor: no monitor answers on {status_url(address)} ({reason}); "
-            f"is `watch` running with --metrics-addr {address.host}:{address.port}?",
+            f"is `watch` running with --metrics-addr {address}?",
             file=sys.stderr,
         )
         return EX_UNAVAILABLE

@@ -41,6 +41,7 @@ from monitor.shell.diagnosis import (
 )
 
 __all__ = [
+    "CONNECTION_LOST",
     "EventStream",
     "READ_BUFSIZE",
     "READ_TIMEOUT_S",
@@ -110,6 +111,11 @@ class _NoFrame(Exception):
     """Bytes came, frames did not: the stream is stalled whatever the socket says."""
 
 
+# The reason of a connection the server dropped mid-stream (aiohttp names it by a payload
+# or disconnect error): a server stopped, killed or restarting, as people put it.
+CONNECTION_LOST = "connection lost: the server closed it mid-stream (stopped or restarted?)"
+
+
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, (_NotAStream, _NoHeaders, _NoFrame)):
         return str(exc)
@@ -118,6 +124,9 @@ def _reason(exc: BaseException) -> str:
     # Only the exception type and aiohttp's own text: never frame content.
     if isinstance(exc, aiohttp.ClientConnectorError):
         return f"cannot connect ({exc.os_error.strerror or type(exc.os_error).__name__})"
+    lost = (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+    if isinstance(exc, lost):
+        return CONNECTION_LOST
     if isinstance(exc, OSError) and not isinstance(exc, aiohttp.ClientError):
         return str(exc)  # the operating system's text, never frame content
     return type(exc).__name__

@@ -8,14 +8,15 @@ printed. The shipped file is this text for the /opt path (tests/test_systemd_uni
 
 from __future__ import annotations
 
+import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from monitor.config import public_url
+from monitor.config import SERVER_PASSWORD_VAR, STATUS_ADDRESS, ListenAddress, Settings, public_url
 
-__all__ = ["INSTALLED_BINARY", "render", "this_install"]
+__all__ = ["INSTALLED_BINARY", "notes", "render", "this_install"]
 
 SCRIPT = "opencode-loop-monitor"
 # Where the system units, and the shipped copy of this one, expect the console script.
@@ -39,8 +40,10 @@ Description=opencode loop monitor (aborts sessions that loop on tool calls)
 # READY=1 once the configuration is read and the event stream is open, as in the system unit.
 Type=notify
 NotifyAccess=main
+# --metrics-addr: Prometheus /metrics and /status, where `opencode-loop-monitor status` asks.
 ExecStart={command} watch \\
     --url {url} \\
+{password}    --metrics-addr {metrics} \\
     --log-format json
 # Optional: OPENCODE_LOOP_MONITOR_<FLAG>= lines, OPENCODE_SERVER_PASSWORD= (your server's
 # password; keep the file chmod 600) or OPENCODE_LOOP_MONITOR_PASSWORD_FILE=.
@@ -89,8 +92,36 @@ def this_install() -> list[str]:
     return [sys.executable, "-m", "monitor"]
 
 
-def render(command: Sequence[str], url: str = DEFAULT_URL) -> str:
-    # A password in the URL stays out of a file others may read: monitor.env carries it.
-    return TEMPLATE.format(
-        command=" ".join(_word(word) for word in command), url=_word(public_url(url))
+def render(
+    command: Sequence[str],
+    url: str = DEFAULT_URL,
+    password_file: Path | None = None,
+    metrics: ListenAddress = STATUS_ADDRESS,
+) -> str:
+    # A password in the URL stays out of a file others may read: monitor.env carries it,
+    # or the file given, which the unit names.
+    # systemd runs it from /: a relative path is made whole here.
+    password = (
+        ""
+        if password_file is None
+        else f"    --password-file {_word(os.path.abspath(password_file))} \\\n"
     )
+    return TEMPLATE.format(
+        command=" ".join(_word(word) for word in command),
+        url=_word(public_url(url)),
+        password=password,
+        metrics=_word(str(metrics)),
+    )
+
+
+def notes(settings: Settings, environ: Mapping[str, str]) -> list[str]:
+    """What the printed unit would get wrong that it cannot say itself."""
+    found = list(settings.warnings)  # a password file others can read, say
+    if settings.password_file is None and environ.get(SERVER_PASSWORD_VAR):
+        found.append(
+            f"{SERVER_PASSWORD_VAR} is set in this shell, but the unit's service does not "
+            f"inherit it: put {SERVER_PASSWORD_VAR}=... in "
+            "~/.config/opencode-loop-monitor/monitor.env (chmod 600), or run `unit "
+            "--password-file FILE`"
+        )
+    return found

@@ -223,9 +223,11 @@ class Watch:
             await follow.finish()
             if self.webhook is not None:
                 await self.webhook.close(WEBHOOK_DRAIN_S)
-        log.info("monitor.stopped", signal=self._stopped_by)
         if self._fatal is not None:
+            # The stop's cause on its own line, before the command says it again on stderr.
+            log.error("monitor.stopped", signal=self._stopped_by, error=str(self._fatal))
             raise self._fatal
+        log.info("monitor.stopped", signal=self._stopped_by)
         return 0
 
     async def _until_stopped(self, follow: Follow) -> None:
