@@ -60,7 +60,7 @@ from typing import Any
 from monitor.core.findings import Finding, NoProgress
 from monitor.core.rules.facts import OutcomeRule, remember, run_state, server_changed, workspace
 from monitor.core.session import Call, SessionRecord, outcome_digest
-from monitor.core.signature import text_crc
+from monitor.core.signature import int_digest, text_crc
 
 __all__ = ["NoProgressRule", "is_keystroke"]
 
@@ -188,7 +188,7 @@ class Measured:
     def runs(self, digest: int, outcome: int, state: int, fresh: bool, max_checks: int) -> int:
         """The runs of check `digest` with `outcome` so far, this one (in workspace `state`)
         counted; `fresh`: the arguments' count of it started over (a step somewhere new)."""
-        visit = hash((digest, outcome, state)) & 0xFFFFFFFF
+        visit = int_digest(digest, outcome, state) & 0xFFFFFFFF
         came_back = visit in self.visits
         if not came_back:
             self.oldest = remember(self.visits, self.oldest, visit, MAX_VISITS)

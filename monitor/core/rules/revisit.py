@@ -36,6 +36,7 @@ from monitor.core.findings import Finding, Revisit
 from monitor.core.rules.facts import OutcomeRule, named, remember, run_state, server_changed
 from monitor.core.rules.waiting import answers_in_progress, waits_by_command
 from monitor.core.session import Call, SessionRecord
+from monitor.core.signature import int_digest
 
 __all__ = ["RevisitRule", "WINDOW"]
 
@@ -126,7 +127,7 @@ class RevisitRule(OutcomeRule):
         if changes:
             state.clear()
         else:
-            pair = hash((call.digest, outcome)) & 0xFFFFFFFF
+            pair = int_digest(call.digest, outcome) & 0xFFFFFFFF
             seen = state.seen
             # A wait (a poll answered "in progress") is `wait`'s, with its larger allowance.
             window = _window(call)
