@@ -311,6 +311,41 @@ def test_the_servers_signals_of_an_edit_are_that_edit_not_more_changes() -> None
     ]
 
 
+def refused(name: str, args: dict[str, Any], error: str) -> list[dict]:
+    """A call the tool refused: its final update in state `error`."""
+    part = f"prt_{next(_parts)}"
+    frames = call_frames(SES, part, name, args)
+    state = frames[-1]["properties"]["part"]["state"]
+    state["status"] = "error"
+    del state["output"]
+    state["error"] = error
+    return frames
+
+
+def test_a_change_that_failed_changed_nothing() -> None:
+    """Issue 44: a `write` refused ("File already exists ... Cannot overwrite") and an `edit`
+    whose old text was not found, between runs of a check, changed nothing: the reruns are
+    plain reruns, neither counted nor reset, and the failures are no check either."""
+
+    def write(n: int) -> list[dict]:
+        exists = "File already exists: calc.py. Cannot overwrite"
+        return refused("write", {"filePath": "calc.py", "content": f"v{n}"}, exists)
+
+    def missing(n: int) -> list[dict]:
+        args = {"filePath": "calc.py", "oldString": "v1", "newString": f"v{n}"}
+        return refused("edit", args, "oldString not found in content")
+
+    steps = [edit(0), bash("pytest")]
+    for n in range(2, 8):
+        steps += [write(n) if n % 2 else missing(n), bash("pytest")]
+    assert first(Tracker(replace(ONLY, revisits=0)), steps) is None
+    # the same edits applied are a loop (each rewrites the run's own line): 5th run at 10
+    applied = [edit(0), bash("pytest")] + [
+        s for n in range(1, 7) for s in (edit(n), bash("pytest"))
+    ]
+    assert first(Tracker(replace(ONLY, revisits=0)), applied) == ("no_progress", 10)
+
+
 def test_the_outcome_masks_the_line_counter_of_a_long_lived_bash() -> None:
     # SWE-agent's shell numbers its lines: the same failing check, run after each edit
     # (doubao jackson-databind-4320), must read as the same outcome

@@ -10,6 +10,10 @@ changes, are a loop. Plain reruns with nothing changed in between are `cycle`'s 
 neither count nor reset; a different outcome resets the check's count (the edits did
 something).
 
+An edit or write that failed (state `error`: a write refused with "File already exists",
+an edit whose old text was not found) changed nothing and checked nothing: neither a change
+nor a check (`failed_change`, issue 44).
+
 A check that prints nothing and succeeds is never counted: silence says nothing about
 whether an edit mattered (`sed -i` and `grep -q` in turn are normal), and runs of silent
 successes are legitimate work (the real corpus's `silent_success` set). Nor is a keystroke
@@ -58,7 +62,14 @@ from array import array
 from typing import Any
 
 from monitor.core.findings import Finding, NoProgress
-from monitor.core.rules.facts import OutcomeRule, remember, run_state, server_changed, workspace
+from monitor.core.rules.facts import (
+    OutcomeRule,
+    failed_change,
+    remember,
+    run_state,
+    server_changed,
+    workspace,
+)
 from monitor.core.session import Call, SessionRecord, outcome_digest
 from monitor.core.signature import int_digest, text_crc
 
@@ -291,8 +302,11 @@ class NoProgressRule(OutcomeRule):
     def finished_call(
         self, session: SessionRecord, call: Call, outcome: int, changes: bool
     ) -> Finding | None:
-        # A silent success, a keystroke: no check, and no change either.
-        checks_nothing = not changes and (outcome in SILENT or is_keystroke(call))
+        # A silent success, a keystroke: no check, and no change either; nor is a change that
+        # failed (a write refused: issue 44), whose error says nothing of the work.
+        checks_nothing = not changes and (
+            outcome in SILENT or is_keystroke(call) or failed_change(call)
+        )
         state = run_state(session, NAME, Checks, needed=not checks_nothing)
         if state is None:
             return None
