@@ -19,6 +19,7 @@ from monitor.core.plugin_protocol import PluginCall
 from monitor.core.rules.circles import filter_of, found_nothing, looks
 from monitor.core.rules.facts import COMMAND_EDGE, TEXT_EDGE, changes_files, rule_args
 from monitor.core.rules.no_progress import is_keystroke
+from monitor.core.rules.revisit import Seen
 from monitor.core.rules.runaway import repeats
 from monitor.core.rules.waiting import waits_by_command
 from monitor.core.session import Call, outcome_digest
@@ -409,9 +410,41 @@ def read(name: str, output: str = "text") -> list[dict]:
         # polling: the wait rule's, with its allowance
         ([bash("sleep 5 && gh run view 1", "status: queued", 0)] * 19, None),
         # a window that creeps back and forth over lines 100-172 (issue 31): no two of the
-        # first 23 reads are the same call, each reads mostly lines read before; the first
-        # reads new lines, every later one is a revisit, the 12th at call 1 + 12
-        ([window(100 + (7 * i) % 23, 50) for i in range(30)], ("revisit", 13)),
+        # first 23 reads are the same call; offsets 100 107 114 121 105 112: from 114 on,
+        # 4 reads in a row of nearly one window (issue 44; 13 before, 12 of 16)
+        ([window(100 + (7 * i) % 23, 50) for i in range(30)], ("revisit", 6)),
+        # the issue's creeping read: 8 windows around lines 118-170, caught at the 4th
+        (
+            [window(o, n) for o, n in ((120, 40), (118, 40), (120, 50), (121, 40))] * 2,
+            ("revisit", 4),
+        ),
+        # the same in a shell (`sed -n 'A,Bp' FILE`, mini-swe-agent's paging)
+        (
+            [bash(f"sed -n '{o},{o + 40}p' Big.java", f"{o}", 0) for o in (120, 118, 121, 119)],
+            ("revisit", 4),
+        ),
+        # the creeping read with a search between each: not in a row
+        (
+            [
+                s
+                for o in (120, 118, 121, 119, 120, 122)
+                for s in (window(o, 40), tool("grep", {"pattern": f"f{o}"}, f"a.py:{o}"))
+            ],
+            None,
+        ),
+        # a second, shorter pass over pages read before, left at the next call: each window
+        # half of a page, nearly none read before (12 re-reads in a row by the union before)
+        ([window(100 * i, 100) for i in range(16)] + [window(50 * i, 50) for i in range(12)], None),
+        # windows of failed reads ("Invalid `view_range`") are not read: reading them then is
+        # reading them for the first time
+        (
+            [
+                refused("read", {"filePath": "Big.java", "offset": 100 * i, "limit": 100}, "bad")
+                for i in range(16)
+            ]
+            + [window(100 * i, 100) for i in range(16)],
+            None,
+        ),
         # paging on through a file, 50 lines at a time: new lines each time
         ([window(50 * i, 50) for i in range(40)], None),
         # the same creeping window with an edit between each: what was read may differ now
@@ -419,7 +452,33 @@ def read(name: str, output: str = "text") -> list[dict]:
     ],
 )
 def test_revisit(steps: list[list[dict]], expected: tuple[str, int] | None) -> None:
-    assert first(Tracker(replace(ONLY, no_progress_runs=0)), steps) == expected
+    assert first(Tracker(replace(ONLY, no_progress_runs=0, circles=0)), steps) == expected
+
+
+def test_a_reread_is_nearly_the_same_window_as_one_read_before() -> None:
+    """Issue 44: lines 174-206 after 150-185 and 185-215 read what neither read; a window
+    inside an earlier full-file read is another window; 118-158 after 120-160 is nearly it."""
+    seen = Seen()
+    assert [seen.reread("a.py", *w) for w in ((150, 185), (185, 215), (174, 206))] == [
+        False,
+        False,
+        False,
+    ]
+    assert [seen.reread("b.py", *w) for w in ((0, 2000), (120, 160), (118, 158))] == [
+        False,
+        False,
+        True,
+    ]
+    assert seen.reread("a.py", 150, 185) is True  # the same window again
+
+
+def test_a_creeping_read_names_its_tool_and_count() -> None:
+    tracker = Tracker(replace(ONLY, no_progress_runs=0))
+    steps = [window(o, n) for o, n in ((120, 40), (118, 40), (120, 50), (121, 40))]
+    [decision] = [d for frames in steps for f in frames for d in tracker.feed(f).decisions]
+    assert decision.finding.describe() == (
+        "4 of the last 4 calls (read) brought back what was already seen"
+    )
 
 
 def test_revisit_names_its_tools_and_window() -> None:
