@@ -156,22 +156,22 @@ def change(path: str, old: str, new: str) -> list[dict]:
             + [s for i in range(4, 12) for s in (edit(i), bash("pytest"))],
             ("no_progress", 18),
         ),
-        # a different line of one module each time, the script's output the same (issue 31):
-        # the first edit is a file new to the run, then the same file again and again: caught
-        # on the script's 5th rerun
+        # working through a list in one file (issue 44): a different placeholder each time,
+        # no edit touching text an earlier one touched or added, an unrelated check the
+        # same after each: progress (no_progress at the check's 5th run, 11, before)
         (
             [bash("python3 repro.py", "ValueError: bad total")]
             + [
                 s
                 for i in range(8)
                 for s in (
-                    change("calc.py", f"a{i} = 0", f"a{i} = 1"),
+                    change("calc.py", f"a{i} = TODO", f"a{i} = int(a{i})"),
                     bash("python3 repro.py", "ValueError: bad total"),
                 )
             ],
-            ("no_progress", 11),
+            None,
         ),
-        # several edits of one file between the reruns, each different: the same
+        # several edits of one file between the reruns, each at a new place: the same
         (
             [
                 s
@@ -182,7 +182,22 @@ def change(path: str, old: str, new: str) -> list[dict]:
                     bash("pytest", "ValueError: bad total"),
                 )
             ],
-            ("no_progress", 15),
+            None,
+        ),
+        # the real loops of that shape come back to lines they wrote: two lines of one
+        # file written, then rewritten in turn, the script's error the same after each
+        (
+            [change("calc.py", "a = TODO", "a = f0(x)"), change("calc.py", "b = TODO", "b = g0(x)")]
+            + [
+                s
+                for i in range(8)
+                for v, f in [("ab"[i % 2], "fg"[i % 2])]
+                for s in (
+                    change("calc.py", f"{v} = {f}{i // 2}(x)", f"{v} = {f}{i // 2 + 1}(x)"),
+                    bash("python3 repro.py", "ValueError: bad total"),
+                )
+            ],
+            ("no_progress", 12),
         ),
         # edit, run the test under the debugger (the same prompt), `quit` (the same answer)
         (
@@ -190,14 +205,14 @@ def change(path: str, old: str, new: str) -> list[dict]:
                 s
                 for i in range(8)
                 for s in (
-                    change("calc.py", f"a{i} = 0", f"a{i} = 1"),
+                    change("calc.py", f"a = {i}", f"a = {i + 1}"),
                     bash("python -m pytest --pdb test_calc.py", "> test_calc.py(4)\n(Pdb)", 0),
                     bash("quit", "Exit: Quitting debugger", 0),
                 )
             ],
             ("no_progress", 14),
         ),
-        # two files edited in turn, the other one's own lines each time: the same work
+        # two files edited in turn, the other one's own lines each time: new places
         (
             [
                 s
@@ -208,7 +223,35 @@ def change(path: str, old: str, new: str) -> list[dict]:
                     bash("pytest", "ValueError: bad total"),
                 )
             ],
-            ("no_progress", 15),
+            None,
+        ),
+        # a debugging script that can never print anything else, run after each rewrite,
+        # while the tests between its runs go from failing to passing and back (issue 44):
+        # the work moves; caught at the script's 5th run (14) before
+        (
+            [
+                s
+                for i in range(8)
+                for s in (
+                    edit(i),
+                    bash("python debug.py", "value: None", 0),
+                    bash("pytest", *(("1 failed", 1) if i % 2 else ("3 passed", 0))),
+                )
+            ],
+            None,
+        ),
+        # the same with the tests failing the same way throughout: stalled, both of them
+        (
+            [
+                s
+                for i in range(8)
+                for s in (
+                    edit(i),
+                    bash("python debug.py", "value: None", 0),
+                    bash("pytest", "1 failed", 1),
+                )
+            ],
+            ("no_progress", 14),
         ),
         # an interrupt after different launches, changes between: no check
         (
