@@ -968,3 +968,28 @@ def test_the_same_runs_get_the_same_verdicts_under_any_hash_seed(corpus: Path) -
         outputs.append(done.stdout)
     assert outputs[0].count("\n") >= 20  # the loops among them are found
     assert outputs[1:] == outputs[:1] * 2
+
+
+def test_evaluate_and_replay_give_the_same_lines_under_ten_hash_seeds() -> None:
+    """Issue 44: `evaluate tests/corpus` and `replay` of the real model's recordings, in
+    processes of hash seeds 0 to 9, print the same lines (the real runs: the test above)."""
+    import subprocess
+    import sys
+
+    realmodel = sorted((SHARED.parent.parent / "realmodel").glob("*.sse"))
+    corpus = Path(__file__).parent / "corpus"
+    both = (
+        "import sys; from monitor.cli import main; "
+        "main(['evaluate', sys.argv[1]]); main(['replay', *sys.argv[2:]])"
+    )
+    outputs = set()
+    for seed in range(10):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        done = subprocess.run(
+            [sys.executable, "-c", both, str(corpus), *map(str, realmodel)],
+            capture_output=True, text=True, env=env, timeout=600,
+        )  # fmt: skip
+        outputs.add(done.stdout)
+    [output] = outputs
+    assert "total: 37 loops, 37 caught at the labelled call" in output
+    assert output.count('"loop.detected"') == (3 if realmodel else 0)
