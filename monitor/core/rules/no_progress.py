@@ -259,11 +259,12 @@ def _failed(call: Call) -> bool:
     return call.status == "error" or (type(code) is int and code != 0)
 
 
-def _moved(outcome: int, packed: int, now: int, failed: bool) -> bool:
-    """Whether a check's result moved since its last run (`outcome`, `packed` counters):
-    from failing to passing or back. Another answer in the same state (a file shown again
-    after an edit, 3 failures where there were 4) is not counted as the work moving."""
-    return now != outcome and bool(packed & _FAILED) != failed
+def _moved(last: int, packed: int, outcome: int, failed: bool) -> bool:
+    """Whether a check's result moved since its last run (outcome `last`, counters
+    `packed`) to this one (`outcome`, `failed`): from failing to passing or back. Another
+    answer that fails or passes as before (a file shown again after an edit, 3 failures
+    where there were 4) is not counted as the work moving."""
+    return outcome != last and bool(packed & _FAILED) != failed
 
 
 def _find(checks: array[int], digest: int) -> int:
