@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 
 from monitor.core.compaction import by_compaction, is_summary
+from monitor.core.decisions import Outcome
 from monitor.core.detection import Detection
 from monitor.core.export import answered, current_run, export_frames
 from monitor.core.findings import CallCycle
 from monitor.core.tracker import Tracker
 from tests.captures import CAPTURES, capture_frames
-from tests.frames_factory import feed_all, loop_of, user_message
+from tests.frames_factory import feed_all, idle, loop_of, status, user_message
 
 RECORDING = "compaction-6-reads.event.sse"
 
@@ -179,3 +180,76 @@ def test_the_summary_is_no_step_of_the_model_that_repeats_its_answer():
     decisions += [d for step in range(4, 10) for d in feed_all(tracker, said("ses_1", step, same))]
     # The 8th step with the same words, the 4th after the summary, as without a compaction.
     assert [(d.rule, d.part_id) for d in decisions][:1] == [("text_steps", "prt_said7")]
+
+
+def asked_compaction(session: str) -> list[object]:
+    """A compaction a person asked for (`POST /session/{id}/summarize`), as 1.18.33 sent it
+    (tests/test_real_compaction.py): the recording's, its request's part `auto: false`,
+    without the "continue"; after the summary `session.compacted`, busy, then the run's end
+    (docs/detection.md, "Compaction")."""
+    frames = the_compaction(session)
+    cont = next(
+        i
+        for i, f in enumerate(frames)
+        if payload_type(f) == "message.part.updated"
+        and f["properties"]["part"].get("synthetic") is True  # type: ignore[index]
+    )
+    frames = frames[: cont - 1]  # the continue's message and its part go
+    for frame in frames:
+        part = frame["properties"].get("part", {})  # type: ignore[index]
+        if part.get("type") == "compaction":
+            part["auto"] = False
+    compacted = {"type": "session.compacted", "properties": {"sessionID": session}}
+    return [*frames, compacted, status(session, "busy"), status(session, "idle"), idle(session)]
+
+
+def prompt(session: str, text: str) -> list[object]:
+    """A person's prompt as the stream carries it: its user message, then the run busy."""
+    info = {"id": f"msg_u_{text}", "role": "user", "sessionID": session}
+    return [{"type": "message.updated", "properties": {"info": info}}, status(session, "busy")]
+
+
+def test_a_summarize_in_the_middle_of_a_loop_changes_nothing_about_its_call():
+    """Issue 44: three identical reads, a person's `/summarize` (the run ends in idle), then
+    "Please continue with the task." and the same read: the 4th call of the loop, in the run
+    it began in, as without the summarize (it was the new run's 1st call, and the loop was
+    caught 3 calls later)."""
+    tracker = Tracker()
+    assert feed_all(tracker, [status("ses_1", "busy"), *loop_of("ses_1", 3)]) == []
+    assert feed_all(tracker, asked_compaction("ses_1")) == []
+    again = [
+        *prompt("ses_1", "Please continue with the task."),
+        *loop_of("ses_1", 1, prefix="after"),
+    ]
+    [decision] = feed_all(tracker, again)
+    assert (decision.rule, decision.part_id, decision.call_index, decision.run) == (
+        "cycle",
+        "after1",
+        4,
+        0,
+    )
+
+
+def test_a_summarize_between_a_stopped_loop_and_its_relapse_uses_up_no_run():
+    """Issue 44: a stopped loop stays armed for the next run; a person compacting the idle
+    session in between is no run, so the same read asked for again is refused at once (it
+    ran 3 times before the refusal when the compaction used that run up)."""
+    tracker = Tracker()
+    [stopped] = feed_all(tracker, [status("ses_1", "busy"), *loop_of("ses_1", 4)])
+    tracker.outcome(stopped, Outcome.ABORTED)
+    feed_all(tracker, [status("ses_1", "idle"), idle("ses_1")])
+    busy = status("ses_1", "busy")
+    assert feed_all(tracker, [busy, *asked_compaction("ses_1")]) == []
+    [again] = feed_all(tracker, [*prompt("ses_1", "read it"), *loop_of("ses_1", 1, prefix="after")])
+    # The session's 5th call, in its 2nd run (run 1): the compaction counted no run.
+    assert (again.part_id, again.call_index, again.run) == ("after1", 5, 1)
+    assert again.finding == stopped.finding
+
+
+def test_an_aborted_run_after_a_summarize_still_ends():
+    """The run after a compaction is a run: its idle ends it (history and all)."""
+    tracker = Tracker()
+    feed_all(tracker, [status("ses_1", "busy"), *loop_of("ses_1", 3), *asked_compaction("ses_1")])
+    feed_all(tracker, [*prompt("ses_1", "go on"), status("ses_1", "idle"), idle("ses_1")])
+    assert feed_all(tracker, [*prompt("ses_1", "again"), *loop_of("ses_1", 3, prefix="x")]) == []
+    assert tracker.history_length("ses_1") == 3

@@ -56,12 +56,15 @@ w-failure-tool-error-state.sse                   loop at 4    failure at 4      
 w-identical-read.sse                             loop at 4    cycle at 4         caught
 w-legit-batch-edits.sse                          legit        -                  ok
 w-legit-ci-polling.sse                           legit        -                  ok
+w-legit-debug-script-while-tests-move.sse        legit        -                  ok
 w-legit-different-failures.sse                   legit        -                  ok
 w-legit-distinct-edits-same-check.sse            legit        -                  ok
 w-legit-health-and-log-in-turn.sse               legit        -                  ok
 w-legit-interrupt-after-launches.sse             legit        -                  ok
+w-legit-list-in-one-file.sse                     legit        -                  ok
 w-legit-long-streams.sse                         legit        -                  ok
 w-legit-many-reads.sse                           legit        -                  ok
+w-legit-refused-changes-between-checks.sse       legit        -                  ok
 w-legit-routine-of-6-over-modules.sse            legit        -                  ok
 w-legit-same-description-different-commands.sse  legit        -                  ok
 w-legit-silent-successes.sse                     legit        -                  ok
@@ -72,10 +75,11 @@ w-legit-todo-between-different-reads.sse         legit        -                 
 w-legit-wait-for-server.sse                      legit        -                  ok
 w-no-progress-debugger-quit.sse                  loop at 14   no_progress at 14  caught
 w-no-progress-failures-between-edits.sse         loop at 10   no_progress at 10  caught
+w-no-progress-lines-rewritten-in-turn.sse        loop at 12   no_progress at 12  caught
 w-no-progress-rewrites-own-change.sse            loop at 10   no_progress at 10  caught
-w-no-progress-same-file-other-lines.sse          loop at 11   no_progress at 11  caught
 w-pair-cycle.sse                                 loop at 6    cycle at 6         caught
 w-relabelled-task.sse                            loop at 4    cycle at 4         caught
+w-revisit-creeping-read.sse                      loop at 4    revisit at 4       caught
 w-runaway-while-true.sse                         loop at 2    runaway at 2       caught
 w-timeout-raised-each-retry.sse                  loop at 4    cycle at 4         caught
 w-todo-between-identical-reads.sse               loop at 4    cycle at 4         caught
@@ -89,19 +93,19 @@ failure           7      0      0             0  4, 4, 4, 4, 4, 4, 4
 wait              2      0      0             0  20, 20
 text_repeat       3      0      0             0  29, 72, 33
 text_steps        1      0      0             0  8
-no_progress       6      0      0             0  10, 10, 14, 10, 10, 11
-revisit           4      0      0             0  26, 29, 17, 20
+no_progress       6      0      0             0  10, 10, 14, 10, 12, 10
+revisit           5      0      0             0  26, 29, 17, 20, 4
 circles           3      0      0             0  11, 12, 7
 runaway           1      0      0             0  2
 budget            0      0      0             0  -
 tree              0      0      0             0  -
 doom_loop         0      0      0             0  -
-total: 36 loops, 36 caught at the labelled call, 0 early or late, 0 missed; 27 legit, 0 false alarms
+total: 37 loops, 37 caught at the labelled call, 0 early or late, 0 missed; 30 legit, 0 false alarms
 """
 
 SEED_TOTAL = (
-    "total: 36 loops, 4 caught at the labelled call, 2 early or late, 30 missed; "
-    "27 legit, 5 false alarms"
+    "total: 37 loops, 4 caught at the labelled call, 2 early or late, 31 missed; "
+    "30 legit, 5 false alarms"
 )
 
 
@@ -121,7 +125,7 @@ def test_corpus_has_both_sides_and_recordings():
     traces = sorted(CORPUS.glob("*.sse"))
     labels = [parse_label(path.open().readline()) for path in traces]
     assert len(traces) >= 30
-    assert sum(label.loop_at is None for label in labels) == 27
+    assert sum(label.loop_at is None for label in labels) == 30
     # Recorded from the real server: 10 tool traces, 9 text traces; and 7 progress traces.
     assert sum(not path.name.startswith("w-") for path in traces) == 26
 

@@ -357,3 +357,29 @@ def test_the_face_check_sees_a_module_without_all_and_a_name_left_out(tmp_path: 
         "monitor/core/b.py takes LIMIT from monitor.core.a, not in its __all__",
         "monitor/core/b.py takes helper from monitor.core.a, not in its __all__",
     ]
+
+
+def hash_calls(layer: str, top: Path = PACKAGE) -> list[str]:
+    """Every call of the builtin `hash()` in `layer`: salted per process for a str or bytes
+    (PYTHONHASHSEED), an address for None on 3.11, so no decision may rest on it."""
+    root = top.joinpath(*layer.split(".")[1:])
+    return [
+        f"{path.relative_to(top.parent)}:{node.lineno}"
+        for path in sorted(root.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hash"
+    ]
+
+
+def test_the_core_never_calls_the_builtin_hash() -> None:
+    """Issue 44: the same recording, the same verdicts in every process; the core's digests
+    are `signature.text_crc`, `signature_digest` and `int_digest`."""
+    assert hash_calls("monitor.core") == []
+
+
+def test_the_hash_check_sees_a_call(tmp_path: Path) -> None:
+    top = tmp_path / "monitor"
+    (top / "core" / "rules").mkdir(parents=True)
+    source = "def f(x):\n    key = x.__hash__()\n    return hash((x, None)) & 1\n"
+    (top / "core" / "rules" / "probe.py").write_text(source, encoding="utf-8")
+    assert hash_calls("monitor.core", top) == ["monitor/core/rules/probe.py:3"]

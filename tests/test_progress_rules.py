@@ -19,6 +19,7 @@ from monitor.core.plugin_protocol import PluginCall
 from monitor.core.rules.circles import filter_of, found_nothing, looks
 from monitor.core.rules.facts import COMMAND_EDGE, TEXT_EDGE, changes_files, rule_args
 from monitor.core.rules.no_progress import is_keystroke
+from monitor.core.rules.revisit import Seen
 from monitor.core.rules.runaway import repeats
 from monitor.core.rules.waiting import waits_by_command
 from monitor.core.session import Call, outcome_digest
@@ -155,22 +156,22 @@ def change(path: str, old: str, new: str) -> list[dict]:
             + [s for i in range(4, 12) for s in (edit(i), bash("pytest"))],
             ("no_progress", 18),
         ),
-        # a different line of one module each time, the script's output the same (issue 31):
-        # the first edit is a file new to the run, then the same file again and again: caught
-        # on the script's 5th rerun
+        # working through a list in one file (issue 44): a different placeholder each time,
+        # no edit touching text an earlier one touched or added, an unrelated check the
+        # same after each: progress (no_progress at the check's 5th run, 11, before)
         (
             [bash("python3 repro.py", "ValueError: bad total")]
             + [
                 s
                 for i in range(8)
                 for s in (
-                    change("calc.py", f"a{i} = 0", f"a{i} = 1"),
+                    change("calc.py", f"a{i} = TODO", f"a{i} = int(a{i})"),
                     bash("python3 repro.py", "ValueError: bad total"),
                 )
             ],
-            ("no_progress", 11),
+            None,
         ),
-        # several edits of one file between the reruns, each different: the same
+        # several edits of one file between the reruns, each at a new place: the same
         (
             [
                 s
@@ -181,7 +182,22 @@ def change(path: str, old: str, new: str) -> list[dict]:
                     bash("pytest", "ValueError: bad total"),
                 )
             ],
-            ("no_progress", 15),
+            None,
+        ),
+        # the real loops of that shape come back to lines they wrote: two lines of one
+        # file written, then rewritten in turn, the script's error the same after each
+        (
+            [change("calc.py", "a = TODO", "a = f0(x)"), change("calc.py", "b = TODO", "b = g0(x)")]
+            + [
+                s
+                for i in range(8)
+                for v, f in [("ab"[i % 2], "fg"[i % 2])]
+                for s in (
+                    change("calc.py", f"{v} = {f}{i // 2}(x)", f"{v} = {f}{i // 2 + 1}(x)"),
+                    bash("python3 repro.py", "ValueError: bad total"),
+                )
+            ],
+            ("no_progress", 12),
         ),
         # edit, run the test under the debugger (the same prompt), `quit` (the same answer)
         (
@@ -189,14 +205,14 @@ def change(path: str, old: str, new: str) -> list[dict]:
                 s
                 for i in range(8)
                 for s in (
-                    change("calc.py", f"a{i} = 0", f"a{i} = 1"),
+                    change("calc.py", f"a = {i}", f"a = {i + 1}"),
                     bash("python -m pytest --pdb test_calc.py", "> test_calc.py(4)\n(Pdb)", 0),
                     bash("quit", "Exit: Quitting debugger", 0),
                 )
             ],
             ("no_progress", 14),
         ),
-        # two files edited in turn, the other one's own lines each time: the same work
+        # two files edited in turn, the other one's own lines each time: new places
         (
             [
                 s
@@ -207,7 +223,35 @@ def change(path: str, old: str, new: str) -> list[dict]:
                     bash("pytest", "ValueError: bad total"),
                 )
             ],
-            ("no_progress", 15),
+            None,
+        ),
+        # a debugging script that can never print anything else, run after each rewrite,
+        # while the tests between its runs go from failing to passing and back (issue 44):
+        # the work moves; caught at the script's 5th run (14) before
+        (
+            [
+                s
+                for i in range(8)
+                for s in (
+                    edit(i),
+                    bash("python debug.py", "value: None", 0),
+                    bash("pytest", *(("1 failed", 1) if i % 2 else ("3 passed", 0))),
+                )
+            ],
+            None,
+        ),
+        # the same with the tests failing the same way throughout: stalled, both of them
+        (
+            [
+                s
+                for i in range(8)
+                for s in (
+                    edit(i),
+                    bash("python debug.py", "value: None", 0),
+                    bash("pytest", "1 failed", 1),
+                )
+            ],
+            ("no_progress", 14),
         ),
         # an interrupt after different launches, changes between: no check
         (
@@ -311,6 +355,41 @@ def test_the_servers_signals_of_an_edit_are_that_edit_not_more_changes() -> None
     ]
 
 
+def refused(name: str, args: dict[str, Any], error: str) -> list[dict]:
+    """A call the tool refused: its final update in state `error`."""
+    part = f"prt_{next(_parts)}"
+    frames = call_frames(SES, part, name, args)
+    state = frames[-1]["properties"]["part"]["state"]
+    state["status"] = "error"
+    del state["output"]
+    state["error"] = error
+    return frames
+
+
+def test_a_change_that_failed_changed_nothing() -> None:
+    """Issue 44: a `write` refused ("File already exists ... Cannot overwrite") and an `edit`
+    whose old text was not found, between runs of a check, changed nothing: the reruns are
+    plain reruns, neither counted nor reset, and the failures are no check either."""
+
+    def write(n: int) -> list[dict]:
+        exists = "File already exists: calc.py. Cannot overwrite"
+        return refused("write", {"filePath": "calc.py", "content": f"v{n}"}, exists)
+
+    def missing(n: int) -> list[dict]:
+        args = {"filePath": "calc.py", "oldString": "v1", "newString": f"v{n}"}
+        return refused("edit", args, "oldString not found in content")
+
+    steps = [edit(0), bash("pytest")]
+    for n in range(2, 8):
+        steps += [write(n) if n % 2 else missing(n), bash("pytest")]
+    assert first(Tracker(replace(ONLY, revisits=0)), steps) is None
+    # the same edits applied are a loop (each rewrites the run's own line): 5th run at 10
+    applied = [edit(0), bash("pytest")] + [
+        s for n in range(1, 7) for s in (edit(n), bash("pytest"))
+    ]
+    assert first(Tracker(replace(ONLY, revisits=0)), applied) == ("no_progress", 10)
+
+
 def test_the_outcome_masks_the_line_counter_of_a_long_lived_bash() -> None:
     # SWE-agent's shell numbers its lines: the same failing check, run after each edit
     # (doubao jackson-databind-4320), must read as the same outcome
@@ -374,9 +453,41 @@ def read(name: str, output: str = "text") -> list[dict]:
         # polling: the wait rule's, with its allowance
         ([bash("sleep 5 && gh run view 1", "status: queued", 0)] * 19, None),
         # a window that creeps back and forth over lines 100-172 (issue 31): no two of the
-        # first 23 reads are the same call, each reads mostly lines read before; the first
-        # reads new lines, every later one is a revisit, the 12th at call 1 + 12
-        ([window(100 + (7 * i) % 23, 50) for i in range(30)], ("revisit", 13)),
+        # first 23 reads are the same call; offsets 100 107 114 121 105 112: from 114 on,
+        # 4 reads in a row of nearly one window (issue 44; 13 before, 12 of 16)
+        ([window(100 + (7 * i) % 23, 50) for i in range(30)], ("revisit", 6)),
+        # the issue's creeping read: 8 windows around lines 118-170, caught at the 4th
+        (
+            [window(o, n) for o, n in ((120, 40), (118, 40), (120, 50), (121, 40))] * 2,
+            ("revisit", 4),
+        ),
+        # the same in a shell (`sed -n 'A,Bp' FILE`, mini-swe-agent's paging)
+        (
+            [bash(f"sed -n '{o},{o + 40}p' Big.java", f"{o}", 0) for o in (120, 118, 121, 119)],
+            ("revisit", 4),
+        ),
+        # the creeping read with a search between each: not in a row
+        (
+            [
+                s
+                for o in (120, 118, 121, 119, 120, 122)
+                for s in (window(o, 40), tool("grep", {"pattern": f"f{o}"}, f"a.py:{o}"))
+            ],
+            None,
+        ),
+        # a second, shorter pass over pages read before, left at the next call: each window
+        # half of a page, nearly none read before (12 re-reads in a row by the union before)
+        ([window(100 * i, 100) for i in range(16)] + [window(50 * i, 50) for i in range(12)], None),
+        # windows of failed reads ("Invalid `view_range`") are not read: reading them then is
+        # reading them for the first time
+        (
+            [
+                refused("read", {"filePath": "Big.java", "offset": 100 * i, "limit": 100}, "bad")
+                for i in range(16)
+            ]
+            + [window(100 * i, 100) for i in range(16)],
+            None,
+        ),
         # paging on through a file, 50 lines at a time: new lines each time
         ([window(50 * i, 50) for i in range(40)], None),
         # the same creeping window with an edit between each: what was read may differ now
@@ -384,7 +495,33 @@ def read(name: str, output: str = "text") -> list[dict]:
     ],
 )
 def test_revisit(steps: list[list[dict]], expected: tuple[str, int] | None) -> None:
-    assert first(Tracker(replace(ONLY, no_progress_runs=0)), steps) == expected
+    assert first(Tracker(replace(ONLY, no_progress_runs=0, circles=0)), steps) == expected
+
+
+def test_a_reread_is_nearly_the_same_window_as_one_read_before() -> None:
+    """Issue 44: lines 174-206 after 150-185 and 185-215 read what neither read; a window
+    inside an earlier full-file read is another window; 118-158 after 120-160 is nearly it."""
+    seen = Seen()
+    assert [seen.reread("a.py", *w) for w in ((150, 185), (185, 215), (174, 206))] == [
+        False,
+        False,
+        False,
+    ]
+    assert [seen.reread("b.py", *w) for w in ((0, 2000), (120, 160), (118, 158))] == [
+        False,
+        False,
+        True,
+    ]
+    assert seen.reread("a.py", 150, 185) is True  # the same window again
+
+
+def test_a_creeping_read_names_its_tool_and_count() -> None:
+    tracker = Tracker(replace(ONLY, no_progress_runs=0))
+    steps = [window(o, n) for o, n in ((120, 40), (118, 40), (120, 50), (121, 40))]
+    [decision] = [d for frames in steps for f in frames for d in tracker.feed(f).decisions]
+    assert decision.finding.describe() == (
+        "4 of the last 4 calls (read) brought back what was already seen"
+    )
 
 
 def test_revisit_names_its_tools_and_window() -> None:
@@ -831,3 +968,28 @@ def test_the_same_runs_get_the_same_verdicts_under_any_hash_seed(corpus: Path) -
         outputs.append(done.stdout)
     assert outputs[0].count("\n") >= 20  # the loops among them are found
     assert outputs[1:] == outputs[:1] * 2
+
+
+def test_evaluate_and_replay_give_the_same_lines_under_ten_hash_seeds() -> None:
+    """Issue 44: `evaluate tests/corpus` and `replay` of the real model's recordings, in
+    processes of hash seeds 0 to 9, print the same lines (the real runs: the test above)."""
+    import subprocess
+    import sys
+
+    realmodel = sorted((SHARED.parent.parent / "realmodel").glob("*.sse"))
+    corpus = Path(__file__).parent / "corpus"
+    both = (
+        "import sys; from monitor.cli import main; "
+        "main(['evaluate', sys.argv[1]]); main(['replay', *sys.argv[2:]])"
+    )
+    outputs = set()
+    for seed in range(10):
+        env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+        done = subprocess.run(
+            [sys.executable, "-c", both, str(corpus), *map(str, realmodel)],
+            capture_output=True, text=True, env=env, timeout=600,
+        )  # fmt: skip
+        outputs.add(done.stdout)
+    [output] = outputs
+    assert "total: 37 loops, 37 caught at the labelled call" in output
+    assert output.count('"loop.detected"') == (3 if realmodel else 0)

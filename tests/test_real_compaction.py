@@ -119,3 +119,101 @@ async def test_a_new_task_after_a_compaction_is_a_new_run(
 
     assert len(tool_parts(messages)) == 6
     assert monitor.events("loop.detected") == []
+
+
+async def summarize(http: Any, server: OpencodeServer, session_id: str) -> None:
+    """What `/compact` does: `POST /session/{id}/summarize` with the session's model."""
+    url = f"{server.url}/session/{session_id}/summarize"
+    body = {"providerID": "fake", "modelID": "looper"}
+    params = {"directory": server.directory}
+    async with http.post(url, json=body, params=params, headers=server.headers) as response:
+        assert response.status == 200, await response.text()
+
+
+async def summarized(client: Any, session_id: str) -> list[dict[str, Any]] | None:
+    """The session's messages once a summary is written and the session is idle."""
+    if session_id in await client.status():
+        return None
+    messages = await client.messages(session_id)
+    done = [m for m in messages if m["info"].get("summary") is True and m["info"].get("finish")]
+    return messages if done else None
+
+
+async def test_a_summarize_in_the_middle_of_a_loop_changes_nothing_about_its_call(
+    opencode_bin, scripted_model, start_monitor, http
+):
+    """Issue 44: three identical reads, a person's `/summarize` while the run goes on (the
+    run ends), then "Please continue with the task.": the loop is caught at its 4th call,
+    the new run's first, as without the summarize (it was the new run's 4th before)."""
+    async with OpencodeServer(opencode_bin, scripted_model.url) as server:
+        monitor = await start_watching(start_monitor, server)
+        client = server.client(http)
+        session = await client.create_session("summarized loop")
+        # The summary the model writes is the script (`compact_after`: 3 calls before it),
+        # so it goes on with the reads after "continue"; a step takes 2 s, time to ask.
+        prompt = script([READ_CALL], 12, delay=2.0, compact_after=3)
+        await client.prompt_async(session["id"], prompt)
+
+        async def three_reads() -> bool:
+            parts = tool_parts(await client.messages(session["id"]))
+            return len(parts) == 3 and all(p["state"]["status"] == "completed" for p in parts)
+
+        await until(three_reads, 60, what="three reads")
+        await summarize(http, server, session["id"])
+        before = await until(lambda: summarized(client, session["id"]), 60, what="the summary")
+        assert len(tool_parts(before)) == 3
+        await client.prompt_async(session["id"], "Please continue with the task.")
+        [detected] = await monitor.wait_event("loop.detected", timeout=90)
+        messages = await client.wait_idle(session["id"], 90, user_messages=4)
+
+    parts = tool_parts(messages)
+    assert (detected["rule"], detected["call_index"], detected["part_id"]) == (
+        "cycle",
+        4,
+        parts[3]["id"],
+    )
+
+
+async def test_a_summarize_between_a_stopped_loop_and_its_relapse_changes_nothing(
+    opencode_bin, scripted_model, start_monitor, http
+):
+    """Issue 44: a loop stopped at its 4th call stays armed for the next run; a person
+    compacting the idle session in between uses that run up no more: the same reads asked
+    for again are stopped at the first (they ran 3 times before the refusal). Held (`--on-loop
+    hold`), so that the next run is the person's, not the feedback's."""
+    async with OpencodeServer(opencode_bin, scripted_model.url) as server:
+        monitor = await start_watching(start_monitor, server, "--on-loop", "hold")
+        client = server.client(http)
+        session = await client.create_session("summarized relapse")
+        # `compact_after` only so that the summary the model writes is a script.
+        prompt = script([READ_CALL], 8, delay=MODEL_DELAY, compact_after=8)
+        await client.prompt_async(session["id"], prompt)
+        [stopped] = await monitor.wait_event("intervention.outcome", timeout=90)
+        await monitor.wait_event("feedback.sent", timeout=60)
+        first = await until(lambda: summarized_or_idle(client, session["id"]), 60, what="idle")
+        await summarize(http, server, session["id"])
+        await until(lambda: summarized(client, session["id"]), 60, what="the summary")
+        again = script([READ_CALL], 6, delay=MODEL_DELAY, answer="Read again.")
+        await client.prompt_async(session["id"], again)
+        detected = await monitor.wait_event("loop.detected", count=2, timeout=90)
+        await monitor.wait_event("intervention.outcome", count=2, timeout=90)
+        messages = await client.messages(session["id"])
+
+    assert (stopped["outcome"], stopped["call_index"]) == ("held", 4)
+    assert len(tool_parts(first)) == 4
+    # The relapse is that loop again at its first read, the session's 5th call, in the run
+    # after the compaction; nothing of it ran.
+    parts = tool_parts(messages)
+    assert (detected[1]["rule"], detected[1]["call_index"], detected[1]["part_id"]) == (
+        "cycle",
+        5,
+        parts[4]["id"],
+    )
+    assert len(parts) == 5
+
+
+async def summarized_or_idle(client: Any, session_id: str) -> list[dict[str, Any]] | None:
+    """The session's messages once it is idle."""
+    if session_id in await client.status():
+        return None
+    return await client.messages(session_id)

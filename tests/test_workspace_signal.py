@@ -80,9 +80,8 @@ def first(steps: list[list[dict]], detection: Detection = ONLY) -> tuple[str, in
 
 def edit_and_checkout(project: Project, rounds: int = 6) -> list[list[dict]]:
     """Edit x = 1 to x = 2 with the edit tool, check, put x.py back with git, check again:
-    the lines each edit replaces are not the run's own, but it edits the file the stretch
-    before its check's previous run edited too (the same work), and the workspace says the
-    run goes round."""
+    each edit replaces the line the edit before replaced (put back by git: text the run
+    touched, issue 44), and the workspace says the run goes round."""
     steps = []
     for _ in range(rounds):
         steps += [project.edit("x = 1", "x = 2"), project.check()]
@@ -90,10 +89,10 @@ def edit_and_checkout(project: Project, rounds: int = 6) -> list[list[dict]]:
     return steps
 
 
-def test_an_edit_revert_loop_is_caught_on_the_5th_check_by_the_workspace_or_the_same_file() -> None:
+def test_an_edit_checkout_loop_is_caught_on_the_5th_check_with_or_without_the_workspace() -> None:
     assert first(edit_and_checkout(Project())) == ("no_progress", 10)
-    # Without snapshots (a server with `"snapshot": false`) the arguments see it too since
-    # an edit of the file the stretch before edited is the same work (issue 31).
+    # Without snapshots (a server with `"snapshot": false`) the arguments see it too: each
+    # edit comes back to the line the one before replaced (issue 44).
     assert first(edit_and_checkout(Project(measured=False))) == ("no_progress", 10)
 
 

@@ -305,6 +305,7 @@ class SessionRecord:
         "step",
         "past_steps",
         "summary",
+        "compacted",
         "acted",
         "armed",
         "armed_runs",
@@ -352,8 +353,11 @@ class SessionRecord:
         # message id), and the steps before it (`at_step`).
         self.step: str | None = None
         self.past_steps: tuple[str, ...] = ()
-        # The message of the latest compaction's summary (monitor/core/compaction.py).
+        # The message of the latest compaction's summary (monitor/core/compaction.py), and
+        # whether that summary is the newest step the session finished, no user message
+        # since: the idle that follows ends the compaction, not a run.
         self.summary: str | None = None
+        self.compacted = False
         # The intervention that stands for its loop in this run, if any.
         self.acted: Acted | None = None
         # The calls of the last loop stopped (their digests) and what was found then: a call

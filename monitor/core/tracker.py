@@ -349,6 +349,13 @@ class Tracker:
         if session is None:
             return None
         released, session.pending = session.pending, None
+        if session.compacted:
+            # A compaction a person asked for (`/summarize`) ends in idle, and a person's
+            # prompt goes on: a compaction is not a run (issue 44), as an automatic one is
+            # not. The run's history, the rules' state, its budget, and the runs a stopped loop
+            # stays armed for all go on.
+            session.run = run_advance(session.run, RunEvent.END)[0]
+            return released
         session.run, ended = run_advance(session.run, RunEvent.END)
         session.restart()
         self._budgets.end_run(session_id)  # idempotent: a spent budget reset twice is reset
@@ -430,8 +437,10 @@ class Tracker:
     def _on_user(self, event: UserMessage, label: str) -> Fed:
         # A held session waits for a person; which message is theirs, its text tells.
         asked = self._sessions.get(event.session_id)
-        if asked is not None and asked.held is not None:
-            asked.held = event.message_id
+        if asked is not None:
+            if asked.held is not None:
+                asked.held = event.message_id
+            asked.compacted = False  # a prompt (or the "continue"): the compaction is over
         return QUIET[label]
 
     def _on_summary(self, event: Summary, label: str) -> Fed:
@@ -496,6 +505,9 @@ class Tracker:
 
     def _usage(self, usage: MessageUsage, label: str) -> Fed:
         """A step's spend, and the end of the run if it ended it (`ends_run`)."""
+        finished = self._sessions.get(usage.session_id)
+        if finished is not None:  # a compaction's summary finished, or a step after it
+            finished.compacted = usage.message_id == finished.summary
         fed = self._spend(usage, label)
         if not usage.ends_run:
             return fed

@@ -209,11 +209,12 @@ TRACES: dict[str, tuple[str, list[Call]]] = {
             )
         ],
     ),
-    # Issue 31: a different line of one module each time, never a line an earlier edit
-    # added, and the reproduction script printing the same error after each: the same file
-    # worked on again and again is no step somewhere new; `no_progress` at its 5th rerun.
-    "w-no-progress-same-file-other-lines": (
-        "loop at 11",
+    # Working through a list in one file: a different line of one module each time, never a
+    # line an earlier edit touched or added, while a script prints the same error after each
+    # (issue 44: this was "w-no-progress-same-file-other-lines", a loop at 11 by issue 31's
+    # same-file rule; the real loops of this shape come back to lines they wrote).
+    "w-legit-list-in-one-file": (
+        "legit",
         [fails("python3 repro.py", "ValueError: total 41 != 42")]
         + [
             c
@@ -224,15 +225,40 @@ TRACES: dict[str, tuple[str, list[Call]]] = {
             )
         ],
     ),
+    # The real loops of that shape (issue 44): two lines of one module written, then
+    # rewritten in turn, the script printing the same error after each; `no_progress` at
+    # its 5th rerun.
+    "w-no-progress-lines-rewritten-in-turn": (
+        "loop at 12",
+        [
+            edit("src/calc.py", "    a = round(a)", "    a = int(a)"),
+            edit("src/calc.py", "    b = round(b)", "    b = int(b)"),
+        ]
+        + [
+            c
+            for n in range(8)
+            for c in (
+                edit(
+                    "src/calc.py",
+                    f"    {'ab'[n % 2]} = {('int', 'floor', 'ceil', 'trunc')[n // 2]}"
+                    f"({'ab'[n % 2]})",
+                    f"    {'ab'[n % 2]} = {('floor', 'ceil', 'trunc', 'abs')[n // 2]}"
+                    f"({'ab'[n % 2]})",
+                ),
+                fails("python3 repro.py", "ValueError: total 41 != 42"),
+            )
+        ],
+    ),
     # Issue 31: edit, run the test under the debugger (it stops at the same prompt), `quit`
     # (answered the same): the debugger's run is the check; `no_progress` at its 5th run.
+    # Each edit rewrites the line the one before wrote (issue 44).
     "w-no-progress-debugger-quit": (
         "loop at 14",
         [
             c
             for n in range(8)
             for c in (
-                edit("src/calc.py", f"    b{n} = 0", f"    b{n} = 1"),
+                edit("src/calc.py", f"    b = {n}", f"    b = {n + 1}"),
                 sh("python -m pytest --pdb tests/test_calc.py", "> tests/test_calc.py(9)\n(Pdb)"),
                 sh("quit", "Exit: Quitting debugger"),
             )
@@ -470,6 +496,63 @@ TRACES: dict[str, tuple[str, list[Call]]] = {
         "legit",
         [sh("sleep 2 && curl -s localhost:3000/health", "not ready")] * 5
         + [sh("sleep 2 && curl -s localhost:3000/health", "ok")],
+    ),
+}
+
+
+# Issue 44's other shapes: a change that failed, a check stalled while the tests move, a read
+# that creeps.
+TRACES |= {
+    # Writes refused ("File already exists") and edits whose old text was not found between
+    # the runs of a check: nothing changed, the reruns are plain reruns.
+    "w-legit-refused-changes-between-checks": (
+        "legit",
+        [
+            edit("src/calc.py", "    c = 0", "    c = 1"),
+            fails("pytest -q", PYTEST_FAIL.format(3, 1)),
+        ]
+        + [
+            c
+            for n in range(6)
+            for c in (
+                error(
+                    "write",
+                    {"filePath": "src/calc.py", "content": f"c = {n + 2}\n"},
+                    "File already exists: src/calc.py. Cannot overwrite",
+                )
+                if n % 2
+                else error(
+                    "edit",
+                    {"filePath": "src/calc.py", "oldString": "    c = 0", "newString": f"c = {n}"},
+                    "oldString not found in content",
+                ),
+                fails("pytest -q", PYTEST_FAIL.format(3, 1)),
+            )
+        ],
+    ),
+    # A debugging script that prints before the value it shows is computed, run after each
+    # edit, while the tests between its runs go from failing to passing and back.
+    "w-legit-debug-script-while-tests-move": (
+        "legit",
+        [
+            c
+            for n in range(8)
+            for c in (
+                edit("src/calc.py", f"    d = {n}", f"    d = {n + 1}"),
+                sh("python3 debug.py", "value: None"),
+                fails("pytest -q", PYTEST_FAIL.format(3, 1))
+                if n % 2
+                else sh("pytest -q", "3 passed"),
+            )
+        ],
+    ),
+    # One function read again and again through windows that creep around it, nothing changed.
+    "w-revisit-creeping-read": (
+        "loop at 4",
+        [
+            ok("read", {"filePath": "src/calc.py", "offset": o, "limit": n}, f"<file>{o}</file>")
+            for o, n in ((120, 40), (118, 40), (120, 50), (121, 40), (119, 45), (122, 40))
+        ],
     ),
 }
 

@@ -9,7 +9,9 @@ digest for every rule). What they add is here:
   and bash commands that write (redirections into files, `sed -i`, `tee`, `patch`,
   `git apply`, ...). Deliberately broad: a change wrongly assumed makes `no_progress` see
   edits where there were none (it then needs a real repeat anyway), a change missed makes
-  `revisit` take a re-read after an edit for a loop;
+  `revisit` take a re-read after an edit for a loop. A call of that kind that failed (state
+  `error`: a write refused, an edit whose old text was not found, `failed_change`) changed
+  nothing;
 - `Signals`: the server's own progress signals for the run, kept in the session's rule state
   under `SIGNALS` by the tracker: a `session.diff` whose files differ from the previous one,
   and a `file.edited` in the session's directory (that event names no session), each count
@@ -41,6 +43,7 @@ __all__ = [
     "Signals",
     "TEXT_EDGE",
     "changes_files",
+    "failed_change",
     "named",
     "remember",
     "rule_args",
@@ -134,6 +137,14 @@ def changes_files(tool: str, args: Any) -> bool:
     return tool_is(tool, args, EDIT_TOOLS, _WRITES)
 
 
+def failed_change(call: Call) -> bool:
+    """Whether a call that would change files failed (state `error`: a `write` refused with
+    "File already exists", an `edit` whose old text was not found): it changed nothing
+    (issue 44). A bash command's non-zero exit is not such a failure: it may have written
+    before it failed."""
+    return call.status == "error" and changes_files(call.tool, call.args)
+
+
 class Signals:
     """The server's change signals in the current run: how many, the last diff seen, and the
     workspace state the server measured last (`workspace`, 0 while unknown) with how many such
@@ -216,7 +227,8 @@ class OutcomeRule:
             return None
         changes = call.changes
         if changes is None:  # asked by each of these rules: found once
-            changes = call.changes = changes_files(call.tool, call.args)
+            # A call that failed changed nothing (`failed_change`).
+            changes = call.changes = call.status != "error" and changes_files(call.tool, call.args)
         return self.finished_call(session, call, outcome, changes)
 
     def finished_call(

@@ -8,25 +8,34 @@ with the same `Call.digest`, after at least one change since its previous run, a
 the same `Call.outcome` as then. `repeats` runs of one check with the same outcome, each after
 changes, are a loop. Plain reruns with nothing changed in between are `cycle`'s business and
 neither count nor reset; a different outcome resets the check's count (the edits did
-something).
+something). A check stalls only while the work does: when another check run again moves
+(from failing to passing, or back: the tests between the runs of a debugging script that
+can never print anything else), every check's count starts over (issue 44). Another answer
+that fails or passes as before (a file shown again after an edit, 3 failures where there
+were 4) does not move the work: on the real runs, counting it would have delayed two true
+loops by 2 and 3 calls and silenced none.
+
+An edit or write that failed (state `error`: a write refused with "File already exists",
+an edit whose old text was not found) changed nothing and checked nothing: neither a change
+nor a check (`failed_change`, issue 44).
 
 A check that prints nothing and succeeds is never counted: silence says nothing about
 whether an edit mattered (`sed -i` and `grep -q` in turn are normal), and runs of silent
 successes are legitimate work (the real corpus's `silent_success` set). Nor is a keystroke
 sent to a running program (`C-c`, answered `^C`) or an empty command: it checks nothing.
 
-Which changes count: in the real loops the agent rewrites its own earlier, unverified change
-(an edit whose `oldString` holds lines an earlier edit of the same file added, or a file it
-wrote written again), flips between two versions (the same thing: the flip's old text is
-what the previous edit added), or keeps editing the same file, other lines each time, while
-the check's result stays the same (issue 31: 13 different edits of one module, 13 identical
-outputs of one script). So an edit of known place counts when it rewrites the run's own
-lines or touches a file the edits before the check's previous run touched too. An edit of
-known place that does neither (a file the previous stretch of edits left alone) is a step
-somewhere new: progress, so every check's count starts over (one TODO after another in
-turn over three files while an unrelated check keeps printing the same). A change whose
-place is unknown (a bash command that writes, SWE-agent's line-range `edit`, a patch, the
-server's signals) counts as before.
+Which changes count: in the real loops the agent comes back to text its own edits touched:
+it rewrites its earlier, unverified change (an edit whose `oldString` holds lines an earlier
+edit of the same file added, or a file it wrote written again), flips between two versions
+(the flip's old text is what the previous edit added), or edits again a line an earlier
+edit replaced and something put back (edit, `git checkout`, edit). So an edit of known place
+counts when its old text holds a line an earlier edit of the run added or replaced (context
+lines, in both its old and new text, are neither). An edit of known place that does not is
+a step somewhere new: progress, so every check's count starts over (one TODO after another
+in one file or three while an unrelated check keeps printing the same; issue 44: counting
+every edit of a file edited before took working through a list in one file for a loop). A
+change whose place is unknown (a bash command that writes, SWE-agent's line-range `edit`,
+a patch, the server's signals) counts as before.
 
 Where the server measured the workspace (each step's snapshot, `workspace` in facts.py) since
 the run's last changing call, the measure decides instead (`Measured`): a check answering the
@@ -40,15 +49,15 @@ Signals read: each finished call's `digest`, `outcome`, tool and arguments (for
 the server's change signals (`session.diff` with new files, a `file.edited` in the session's
 directory: `server_changes`), each counted as a change.
 `todo.updated` is not progress; and the server's last workspace state with the number of
-measures in the run. Memory: at most `MAX_CHECKS` checks per run, the least
-recently run forgotten first, packed in one array (24 bytes a check, 288 bytes when full),
-made at the first check or change of the run; the lines the run's edits added, as 32-bit
-digests of (file, line), at most `MAX_ADDED` in a ring (320 bytes full); the files edited
-since the last check and in the stretch before it, at most `MAX_FILES` each (4 bytes a
-file); on a measured workspace, its checks again (288 bytes full) and `MAX_VISITS` 32-bit
-digests of (check, outcome, state) in a ring (256 bytes full). Cost per finished call: a
-search of at most 36 machine words (in C), and for an edit one hash per line of its old and
-new text (at most `MAX_EDIT_LINES` each).
+measures in the run. Memory: at most `MAX_CHECKS` checks per run, the least recently run
+forgotten first, packed in one array (24 bytes a check, 288 bytes when full; a bit of its
+counters says whether its last run failed), made at the first check or change of the run;
+the lines the run's edits added or replaced, and the files they edited, as 32-bit digests of
+(file, line) and (file), at most `MAX_ADDED` in a ring (256 bytes full); on a measured
+workspace, its checks again (288 bytes full) and `MAX_VISITS` 32-bit digests of (check,
+outcome, state) in a ring (256 bytes full). Cost per finished call: a search of at most 36
+machine words (in C), and for an edit one digest per line of its old and new text (at most
+`MAX_EDIT_LINES` each).
 """
 
 from __future__ import annotations
@@ -58,16 +67,22 @@ from array import array
 from typing import Any
 
 from monitor.core.findings import Finding, NoProgress
-from monitor.core.rules.facts import OutcomeRule, remember, run_state, server_changed, workspace
+from monitor.core.rules.facts import (
+    OutcomeRule,
+    failed_change,
+    remember,
+    run_state,
+    server_changed,
+    workspace,
+)
 from monitor.core.session import Call, SessionRecord, outcome_digest
-from monitor.core.signature import text_crc
+from monitor.core.signature import int_digest, text_crc
 
 __all__ = ["NoProgressRule", "is_keystroke"]
 
 NAME = "no_progress"
 MAX_CHECKS = 12
 MAX_ADDED = 64
-MAX_FILES = 8
 MAX_EDIT_LINES = 512
 MAX_VISITS = 64
 # A keystroke sent to a running program (tmux's names: `C-c`, `M-x`, `Enter`; or `^C`).
@@ -80,26 +95,18 @@ SILENT = frozenset(
     }
 )
 # A check's counters, packed in one 64-bit word: the changes seen at its last run and at its
-# first (24 bits each, compared modulo 2**24), and its runs (15 bits).
+# first (24 bits each, compared modulo 2**24), its runs (14 bits) and whether it failed then.
 _BITS = 24
 _MASK = (1 << _BITS) - 1
+_RUNS = (1 << 14) - 1
+_FAILED = 1 << 62
 
 
 class Checks:
     """One run's checks, packed in one array, three words a check: its digest, its outcome
     and its counters."""
 
-    __slots__ = (
-        "changes",
-        "signals",
-        "edited",
-        "checks",
-        "added",
-        "oldest",
-        "stretches",
-        "split",
-        "measured",
-    )
+    __slots__ = ("changes", "signals", "edited", "checks", "added", "oldest", "measured")
 
     def __init__(self) -> None:
         self.changes = 0  # changing calls and server change signals seen so far
@@ -108,41 +115,30 @@ class Checks:
         # (its `file.edited`, the step's `session.diff`) are that change, not more of them.
         self.edited = False
         self.checks = array("q")
-        # What the run's edits of known place added: a ring of 32-bit digests of (file, line),
-        # and of (file, None) for each file edited (made at the first such edit).
+        # What the run's edits of known place added or replaced: a ring of 32-bit digests of
+        # (file, line), and of (file, None) for each file edited (made at the first such edit).
         self.added: array[int] | None = None
         self.oldest = 0
-        # The files edited (digests of (file, None)) in the stretch of edits before the last
-        # check (`[:split]`) and since (`[split:]`), at most MAX_FILES each: the same file
-        # edited again is the same work going on. One array (made with `added`): 4 bytes a
-        # file, where a tuple of ints took 700 bytes a session (bench.memory).
-        self.stretches: array[int] | None = None
-        self.split = 0
         # The checks as the server's workspace measures count them: made at the run's first
         # check or change on a measured workspace, so a run with no snapshots pays one word.
         self.measured: Measured | None = None
 
-    def checked(self) -> None:
-        """A check ran: the edits since the previous one are the stretch before it now."""
-        stretches = self.stretches
-        if stretches is not None and len(stretches) > self.split:
-            del stretches[: self.split]
-            self.split = len(stretches)
+    def moved(self) -> None:
+        """A check's result moved: every check's count starts over."""
+        del self.checks[:]
+        if self.measured is not None:
+            del self.measured.checks[:]
 
     def counts(self, tool: str, args: Any) -> bool:
-        """Whether a change goes on with the same work (it rewrites the run's own earlier
-        change, edits a file the previous stretch edited, or its place is unknown) rather than
-        stepping somewhere new; notes what it adds and where."""
+        """Whether a change goes on with the same work (it comes back to text the run's own
+        edits wrote, or its place is unknown) rather than stepping somewhere new; notes what
+        it adds."""
         pieces = _pieces(tool, args)
         if pieces is None:
             return True
         added = self.added
         if added is None:
             added = self.added = array("I")
-        stretches = self.stretches
-        if stretches is None:
-            stretches = self.stretches = array("I")
-        split = self.split
         same = False
         for path, old, new in pieces:
             edited = _digest(path, None)
@@ -151,23 +147,11 @@ class Checks:
                 same |= edited in added
             else:
                 same |= any(line in added for line in old_lines)
-            same |= _among(stretches, edited, 0, split)
-            now = len(stretches)
-            if now - split < MAX_FILES and not _among(stretches, edited, split, now):
-                stretches.append(edited)
-            for digest in (_lines(path, new) - old_lines) | {edited}:
+            # What it changed, both ways: the lines it added and the lines it replaced.
+            for digest in (_lines(path, new) ^ old_lines) | {edited}:
                 if digest not in added:
                     self.oldest = remember(added, self.oldest, digest, MAX_ADDED)
         return same
-
-
-def _among(digests: array[int], digest: int, start: int, stop: int) -> bool:
-    """Whether `digest` is in `digests[start:stop]` (searched in place)."""
-    try:
-        digests.index(digest, start, stop)
-    except ValueError:
-        return False
-    return True
 
 
 class Measured:
@@ -188,7 +172,7 @@ class Measured:
     def runs(self, digest: int, outcome: int, state: int, fresh: bool, max_checks: int) -> int:
         """The runs of check `digest` with `outcome` so far, this one (in workspace `state`)
         counted; `fresh`: the arguments' count of it started over (a step somewhere new)."""
-        visit = hash((digest, outcome, state)) & 0xFFFFFFFF
+        visit = int_digest(digest, outcome, state) & 0xFFFFFFFF
         came_back = visit in self.visits
         if not came_back:
             self.oldest = remember(self.visits, self.oldest, visit, MAX_VISITS)
@@ -268,6 +252,21 @@ def is_keystroke(call: Call) -> bool:
     return isinstance(output, str) and output.strip() == "^C"
 
 
+def _failed(call: Call) -> bool:
+    """Whether a check failed: state `error`, or a non-zero exit status."""
+    metadata = call.metadata
+    code = metadata.get("exit") if isinstance(metadata, dict) else None
+    return call.status == "error" or (type(code) is int and code != 0)
+
+
+def _moved(last: int, packed: int, outcome: int, failed: bool) -> bool:
+    """Whether a check's result moved since its last run (outcome `last`, counters
+    `packed`) to this one (`outcome`, `failed`): from failing to passing or back. Another
+    answer that fails or passes as before (a file shown again after an edit, 3 failures
+    where there were 4) is not counted as the work moving."""
+    return outcome != last and bool(packed & _FAILED) != failed
+
+
 def _find(checks: array[int], digest: int) -> int:
     """Where the check `digest` starts in `checks`, or -1."""
     start = 0
@@ -291,8 +290,11 @@ class NoProgressRule(OutcomeRule):
     def finished_call(
         self, session: SessionRecord, call: Call, outcome: int, changes: bool
     ) -> Finding | None:
-        # A silent success, a keystroke: no check, and no change either.
-        checks_nothing = not changes and (outcome in SILENT or is_keystroke(call))
+        # A silent success, a keystroke: no check, and no change either; nor is a change that
+        # failed (a write refused: issue 44), whose error says nothing of the work.
+        checks_nothing = not changes and (
+            outcome in SILENT or is_keystroke(call) or failed_change(call)
+        )
         state = run_state(session, NAME, Checks, needed=not checks_nothing)
         if state is None:
             return None
@@ -311,15 +313,22 @@ class NoProgressRule(OutcomeRule):
         if checks_nothing:
             return None
         state.edited = False
-        state.checked()
         now = state.changes & _MASK
         checks = state.checks
         index = _find(checks, call.digest)
+        failed = _failed(call)
+        if index >= 0 and _moved(checks[index + 1], checks[index + 2], outcome, failed):
+            # A check run again whose result moved (the tests went from failing to passing,
+            # or back): the work is not stalled, whatever another check says; every check's
+            # count starts over (issue 44).
+            state.moved()
+            index = -1
         if index < 0 or checks[index + 1] != outcome:
             runs, first = 1, now
         else:
             packed = checks[index + 2]
-            last, first, runs = packed & _MASK, (packed >> _BITS) & _MASK, packed >> 2 * _BITS
+            last, first = packed & _MASK, (packed >> _BITS) & _MASK
+            runs = (packed >> 2 * _BITS) & _RUNS
             if last != now:
                 runs += 1
         fresh = index < 0 or checks[index + 1] != outcome
@@ -335,5 +344,6 @@ class NoProgressRule(OutcomeRule):
             runs = min(runs, self.repeats - 1)  # the arguments' count is not the measure
         elif runs >= self.repeats:
             return NoProgress(call.tool, runs, (now - first) & _MASK)
-        checks.extend((call.digest, outcome, (runs << 2 * _BITS) | (first << _BITS) | now))
+        packed = (runs << 2 * _BITS) | (first << _BITS) | now
+        checks.extend((call.digest, outcome, packed | _FAILED if failed else packed))
         return None

@@ -7,11 +7,15 @@ nothing new. A call is a *revisit* when the same call (`Call.digest`) came back 
 `Call.outcome` earlier in the run (within the last `MEMORY` distinct calls) and nothing
 changed files since then. `revisits` of the last `WINDOW` calls are a loop.
 
-A `read` (with a `limit`) of lines the run already read from the same file, nothing changed
-since, is a revisit too, whatever its `offset` and `limit`: at least `COVERED` of its window
-was in the windows read before (a window that creeps or slides back and forth over the same lines;
-paging on through a file reads new lines each time and is none). At most `FILES` files'
-windows are kept, as merged ranges.
+A read of a window of lines (a `read` with a `limit`, or a shell's `sed -n 'A,Bp' FILE`) is
+a revisit too when it is nearly the same window as one read before from the same file,
+nothing changed since: they overlap by at least `NEAR` of the larger, whatever the calls'
+arguments (a window that creeps around the same lines is another call with another answer
+each time). A window inside the union of several earlier ones, or inside one much larger
+(a full-file read), reads something else (issue 44: a second, shorter pass over pages read
+before was stopped as a loop); a read that failed ("Invalid `view_range`") read no window.
+`CREEP` reads in a row of nearly one window (the first of them), nothing changed, are a
+loop at once. At most `RANGES` windows of `FILES` files are kept.
 
 Position-dependent calls (`scroll_down`, `goto`) are the same call each time; their outcome
 tells the views apart, so a scroll through a file is no revisit until it wraps around.
@@ -24,34 +28,41 @@ A call that waits (monitor/core/rules/waiting.py: it sleeps or polls, or its ans
 "in progress") is never a revisit: waiting is rule `wait`'s, with its own allowance.
 `todo.updated` is ignored. Memory per run: `MEMORY` 32-bit (call, outcome) digests in an
 array (256 bytes at 64) and the window as one int bitmask, made at the run's first call
-that changes nothing; cost per finished call: a search
-of 64 machine words (in C) and a popcount.
+that changes nothing, the windows read (a list of pairs a file) and the creeping read (one
+tuple); cost per finished call: a search of 64 machine words (in C), a popcount and, for a
+window, a look at the file's at most `RANGES` earlier ones.
 """
 
 from __future__ import annotations
 
+import re
 from array import array
 
 from monitor.core.findings import Finding, Revisit
 from monitor.core.rules.facts import OutcomeRule, named, remember, run_state, server_changed
 from monitor.core.rules.waiting import answers_in_progress, waits_by_command
 from monitor.core.session import Call, SessionRecord
+from monitor.core.signature import int_digest
 
 __all__ = ["RevisitRule", "WINDOW"]
 
 NAME = "revisit"
 WINDOW = 16
 MEMORY = 64
-# A window that much inside what was read before reads (almost) nothing new.
-COVERED = 0.8
+# Two windows of one file that overlap by this much of the larger read nearly the same.
+NEAR = 0.8
 FILES = 16
-RANGES = 16  # apart, of one file
+RANGES = 16  # distinct windows, of one file
+# Reads in a row of nearly one window, nothing changed, that make a loop at once (a window
+# that creeps around the same lines, each one another call with another answer).
+CREEP = 4
 
 
 class Seen:
-    """One run's remembered (call, outcome) digests since the last change, and the window."""
+    """One run's remembered (call, outcome) digests since the last change, the window, the
+    windows read by file, and the reads in a row of nearly one window (`creep`)."""
 
-    __slots__ = ("seen", "next", "bits", "calls", "signals", "tools", "windows")
+    __slots__ = ("seen", "next", "bits", "calls", "signals", "tools", "windows", "creep")
 
     def __init__(self) -> None:
         self.seen = array("I")  # a ring of at most MEMORY, 32 bits each
@@ -60,36 +71,74 @@ class Seen:
         self.calls = 0
         self.signals = 0  # `server_changes` at the previous call
         self.tools: list[str] | None = None  # tools of the revisits, for the finding
-        self.windows: dict[str, list[tuple[int, int]]] | None = None  # lines read, by file
+        # The windows read since the last change, by file, newest file last: at most RANGES
+        # distinct windows a file, FILES files.
+        self.windows: dict[str, list[tuple[int, int]]] | None = None
+        # The reads in a row of nearly one window: the first one's (file, start, end) and
+        # how many.
+        self.creep: tuple[str, int, int, int] | None = None
 
     def clear(self) -> None:
         del self.seen[:]
         self.next = 0
-        self.windows = None
+        self.windows = self.creep = None
 
     def reread(self, path: str, start: int, end: int) -> bool:
-        """Whether lines `start` to `end` of `path` were mostly read before; they are now."""
+        """Whether lines `start` to `end` of `path` are nearly the same window as one read
+        before (`near`); they are read now."""
         windows = self.windows
         if windows is None:  # made at the first read of a range: most runs read none
             windows = self.windows = {}
-        ranges = windows.pop(path, [])
-        before = sum(max(0, min(end, b) - max(start, a)) for a, b in ranges)
-        merged: list[tuple[int, int]] = []
-        for a, b in sorted([*ranges, (start, end)]):
-            if merged and a <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-            else:
-                merged.append((a, b))
-        windows[path] = merged[-RANGES:]  # the newest file last
+        kept = windows.pop(path, [])
+        again = any(near(a, b, start, end) for a, b in kept)
+        if (start, end) not in kept:
+            kept = [*kept[1 - RANGES :], (start, end)]
+        windows[path] = kept
         while len(windows) > FILES:
             del windows[next(iter(windows))]
-        return before >= COVERED * (end - start)
+        return again
+
+    def crept(self, window: tuple[str, int, int] | None) -> int:
+        """How many reads in a row, this one (`window`, None for any other call) included,
+        read nearly the window the first of them read."""
+        creep = self.creep
+        if window is None:
+            self.creep = None
+            return 0
+        path, start, end = window
+        if creep is not None and creep[0] == path and near(creep[1], creep[2], start, end):
+            self.creep = (*creep[:3], creep[3] + 1)
+        else:
+            self.creep = (path, start, end, 1)
+        return self.creep[3]
+
+
+def near(a: int, b: int, start: int, end: int) -> bool:
+    """Whether windows `a`-`b` and `start`-`end` are nearly the same: they overlap by at
+    least `NEAR` of the larger. A window inside a much larger one read before (a full-file
+    read), or inside the union of several, reads something else (issue 44)."""
+    overlap = min(b, end) - max(a, start)
+    return overlap > 0 and overlap >= NEAR * max(b - a, end - start)
+
+
+# What reads a window in a shell: `sed -n 'A,Bp' FILE`, or `cat FILE` / `nl -ba FILE` into
+# it (mini-swe-agent's way of paging: 6,328 of its commands in the shared real runs).
+_SED_WINDOW = re.compile(
+    r"(?:(?:cat|nl)(?:\s+-\w+)*\s+(?P<piped>[^\s|;&<>]+)\s*\|\s*)?"
+    r"sed\s+-n\s+(?P<q>['\"]?)(?P<a>\d+),(?P<b>\d+)p(?P=q)(?:\s+(?P<file>[^\s|;&<>]+))?"
+)
 
 
 def _window(call: Call) -> tuple[str, int, int] | None:
-    """The file and lines a `read` reads, or None for any other call."""
+    """The file and lines a call reads, if it reads a window: a `read` with a `limit`, or a
+    shell's `sed -n 'A,Bp'` of one file; None for any other call, and for one that failed
+    (its window was not read: "Invalid `view_range`")."""
     args = call.args
-    if call.tool != "read" or not isinstance(args, dict):
+    if call.status == "error" or not isinstance(args, dict):
+        return None
+    if call.tool == "bash":
+        return _shell_window(args.get("command"))
+    if call.tool != "read":
         return None
     # Without a limit the lines read depend on the file's length, which the call does not say.
     path, offset, limit = args.get("filePath"), args.get("offset", 0), args.get("limit")
@@ -98,6 +147,16 @@ def _window(call: Call) -> tuple[str, int, int] | None:
     if offset < 0 or limit <= 0:
         return None
     return path, offset, offset + limit
+
+
+def _shell_window(command: object) -> tuple[str, int, int] | None:
+    if not isinstance(command, str) or "sed" not in command:
+        return None
+    found = _SED_WINDOW.fullmatch(command.strip())
+    if found is None or (found["piped"] is None) == (found["file"] is None):
+        return None  # no file, or two
+    start, end = int(found["a"]), int(found["b"]) + 1
+    return (found["piped"] or found["file"], start, end) if start < end else None
 
 
 def _waits(call: Call) -> bool:
@@ -122,11 +181,11 @@ class RevisitRule(OutcomeRule):
             return None
         if server_changed(session, state):
             state.clear()
-        revisit = False
+        revisit, crept = False, 0
         if changes:
             state.clear()
         else:
-            pair = hash((call.digest, outcome)) & 0xFFFFFFFF
+            pair = int_digest(call.digest, outcome) & 0xFFFFFFFF
             seen = state.seen
             # A wait (a poll answered "in progress") is `wait`'s, with its larger allowance.
             window = _window(call)
@@ -134,12 +193,16 @@ class RevisitRule(OutcomeRule):
             revisit = (pair in seen or reread) and not _waits(call)
             if not revisit and pair not in seen:
                 state.next = remember(seen, state.next, pair, self.memory)
+            crept = state.crept(window)
         state.bits = ((state.bits << 1) | revisit) & ((1 << WINDOW) - 1)
         state.calls += 1
         if not revisit:
             return None
         state.tools = named(state.tools, call.tool)
         count = state.bits.bit_count()
+        if crept >= CREEP:  # nearly one window read again and again, in a row
+            state.bits, state.tools, state.creep = 0, None, None
+            return Revisit(crept, crept, (call.tool,))
         if count < self.revisits:
             return None
         found = Revisit(count, min(state.calls, WINDOW), tuple(state.tools))
