@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -879,7 +880,7 @@ async def test_every_malformed_body_is_answered_and_every_odd_one_judged(
     # answer after each. Reports never cost a decision: an unusable optional field is
     # taken as unknown and logged once.
     from monitor.testing import FakeOpencode
-    from tests.harness import start, stop
+    from tests.harness import FAST, start, stop
 
     assert len(MALFORMED) == 24
     # /status answers 20 a second (a burst of as many), the rest 429: this test asks more.
@@ -887,8 +888,13 @@ async def test_every_malformed_body_is_answered_and_every_odd_one_judged(
     fake = FakeOpencode()
     fake.streams = [fake.live]
     path = folder / "plugin.sock"
+    # A read limit no loaded machine reaches: a reconnect's resync would answer a question
+    # 503 while it reads the new session's directory back (seen at a load average of 10).
+    patient = dataclasses.replace(FAST, read_timeout=30.0)
     with structlog.testing.capture_logs() as logs:
-        server, watch, task = await start(fake, metrics_addr="127.0.0.1:0", plugin_socket=str(path))
+        server, watch, task = await start(
+            fake, patient, metrics_addr="127.0.0.1:0", plugin_socket=str(path)
+        )
         try:
             await wait_for(lambda: watch.plugins.server is not None and watch.metrics_server)
             # The well-formed questions below are judged once the first resync has ended.

@@ -202,6 +202,7 @@ class PermissionGate:
         request = None if requests is None else requests.get(request_id)
         return request is not None and request.reply is None
 
+
 def _refuse(request_id: str, decision: Intervene, wait: float) -> Reply:
     """Refuse a request for the loop `decision` stands for, with its refusal text (after
     `wait` seconds of grace for a person)."""
