@@ -368,7 +368,7 @@ class SessionRecord:
         self.armed_finding: Finding | None = None
         # A refusal decided after its call ran (a failure loop, no progress, a budget), in a
         # session whose plugin asks: the session's next call is refused with it, in band,
-        # instead of the run being aborted (`Tracker.withhold`).
+        # instead of the run being aborted (`plan.withhold`).
         self.pending: Intervene | None = None
         # The intervention whose abort stops this run (a stop or a hold, or a block that
         # nothing can refuse in band), from its decision until the run ends, unless its

@@ -12,7 +12,7 @@ comments. So the read limit is also kept on frames: a connection that brings no 
 server's heartbeat is one) for the read limit is dropped as `no frame`. And the resync that
 runs at each connect does not stop the reading: frames that come meanwhile are read off the
 socket and handed on at once; the watch holds those of the sessions the resync rebuilds
-(`monitor.shell.resync.Waiting`) and feeds the others, so a stop goes ahead of bulk reads.
+(`monitor.core.resync.Waiting`) and feeds the others, so a stop goes ahead of bulk reads.
 
 The stream is decoded in whatever chunks have arrived rather than line by line: at tens of
 thousands of frames a second, a coroutine round trip per line cost more than decoding the
