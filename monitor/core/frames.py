@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 
 import orjson
 
+from monitor.core import deep_json
 from monitor.errors import ServerError
 
 __all__ = [
@@ -28,6 +29,10 @@ __all__ = [
 # A tool output can be large (a whole file read), but a frame beyond this is not something
 # the server sends: refuse it rather than hold it in memory.
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+# JSON nested deeper than `json.loads` reads (a tool call's arguments 3,000 levels deep, which
+# an MCP tool takes) is read by `deep_json`, a few times slower, up to this size: 1 MiB takes
+# 0.25 to 0.55 s, the most one frame or answer may hold up the event loop. Past it, refused.
+MAX_DEEP_BYTES = 1024 * 1024
 
 
 class FrameError(ServerError, ValueError):
@@ -55,11 +60,23 @@ def loads(text: str | bytes) -> object:
     stream goes through here, and orjson takes a third of `json.loads`' time), `json.loads`
     for the rest: NaN and Infinity, lone surrogates, bytes that are not UTF-8, numbers past
     a double, nesting deeper than orjson's 1,024. So every answer and every error is
-    `json.loads`' but for integers, read by `json_int` on both paths."""
+    `json.loads`' but for integers, read by `json_int` on both paths. Nesting deeper than
+    `json.loads` reads is read by `deep_json` up to MAX_DEEP_BYTES (FrameError past it)."""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
+        pass
+    try:
         return json.loads(text, parse_int=json_int)
+    except RecursionError:
+        pass
+    # Still JSON, and it may hold a call that loops: four calls of an MCP tool, their
+    # arguments 3,000 levels deep, ran unseen (issue 46).
+    if len(text) > MAX_DEEP_BYTES:
+        raise FrameError("nested too deeply")
+    if isinstance(text, bytes):
+        text = text.decode(json.detect_encoding(text), "surrogatepass")  # as json.loads does
+    return deep_json.loads(text, parse_int=json_int)
 
 
 def decode_frame(data: str) -> object:
@@ -68,7 +85,7 @@ def decode_frame(data: str) -> object:
         raise FrameError("frame too large")
     try:
         return loads(data)
-    except RecursionError:
+    except FrameError:
         raise FrameError("frame nested too deeply") from None
     except ValueError:
         raise FrameError("frame is not JSON") from None

@@ -41,14 +41,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from monitor.core import deep_json
-from monitor.core.frames import json_int
+from monitor.core.frames import loads
 from monitor.core.ids import is_session_id
 
 __all__ = [
@@ -165,13 +163,9 @@ def read_body(body: bytes) -> PluginCall | RequestRefused:
     if len(body) > MAX_BODY:
         return too_large()
     try:
-        try:
-            data = json.loads(body, parse_int=json_int)
-        except RecursionError:
-            # Nested deeper than `json.loads` recurses: odd, still JSON (and only a holder
-            # of the socket or the token gets this far).
-            text = body.decode(json.detect_encoding(body), "surrogatepass")
-            data = deep_json.loads(text, parse_int=json_int)
+        # Nested deeper than `json.loads` recurses is read too (within MAX_BODY, which is
+        # frames.MAX_DEEP_BYTES): odd, still JSON.
+        data = loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         return RequestRefused(400, f"body is not JSON: {exc}")
     return _call(data)

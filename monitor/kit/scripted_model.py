@@ -32,6 +32,9 @@ one model serves any number of sessions and needs no per-test setup:
   summary (a request with no tools) and goes on from it alone, without the prompt: the
   model's summary is the script itself, and it follows that on after the compaction, its
   ``calls`` counting those made before it.
+- ``nest``: each call's arguments also carry ``"nested"``, a value nested this many levels
+  deep (arrays around a 1), written as text: past the depth `json.loads` reads, as an MCP
+  tool's arguments can be (issue 46).
 
 Requests that carry no script or no tools (OpenCode's title generation) get a short text.
 Served for a person (`opencode-loop-monitor model`, `on_demand`), a prompt that is no script
@@ -108,6 +111,7 @@ def script(
     parallel: int = 1,
     compact_after: int = 0,
     heed: bool = False,
+    nest: int = 0,
 ) -> str:
     """The prompt text that makes the scripted model follow this script."""
     body: dict[str, Any] = {
@@ -132,6 +136,7 @@ def script(
         "parallel": (parallel, 1),
         "compact_after": (compact_after, 0),
         "heed": (heed, False),
+        "nest": (nest, 0),
     }
     body.update({key: value for key, (value, default) in optional.items() if value != default})
     return json.dumps(body)
@@ -154,6 +159,7 @@ class Script:
     parallel: int = 1
     compact_after: int = 0
     heed: bool = False
+    nest: int = 0
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
@@ -178,6 +184,7 @@ class Script:
             parallel=parallel,
             compact_after=int(data.get("compact_after", 0)),
             heed=data.get("heed", False) is True,
+            nest=int(data.get("nest", 0)),
         )
 
 
@@ -188,6 +195,16 @@ class ToolCall:
     args: dict[str, Any]
     text: str = ""  # streamed before the call
     reasoning: str = ""
+    nest: int = 0  # Script.nest
+
+    def arguments(self) -> str:
+        """The arguments as the model writes them: JSON text, with `nest` levels of nesting
+        under "nested" (as text: `json.dumps` would recurse that deep)."""
+        text = json.dumps(self.args)
+        if not self.nest:
+            return text
+        nested = f'"nested": {"[" * self.nest}1{"]" * self.nest}'
+        return f"{text[:-1]}, {nested}}}" if self.args else f"{{{nested}}}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +333,7 @@ def decide(script_: Script, messages: Sequence[Mapping[str, Any]], before: int =
             *script_.pattern[index % len(script_.pattern)],
             script_.say,
             script_.think,
+            script_.nest,
         )
         for index in range(done, min(done + script_.parallel, script_.calls))
     )
@@ -423,7 +441,7 @@ def _stream_chunks(reply: Reply, model: str, size: int = 0, tokens: int = 0) -> 
                         "index": index,
                         "id": call.call_id,
                         "type": "function",
-                        "function": {"name": call.tool, "arguments": json.dumps(call.args)},
+                        "function": {"name": call.tool, "arguments": call.arguments()},
                     }
                 ],
             }
