@@ -18,6 +18,7 @@ __all__ = [
     "EX_NOINPUT",
     "EX_NOT_INSTALLED",
     "EX_OK",
+    "EX_OTHER_RELEASE",
     "EX_OTHER_SERVER",
     "EX_PIPE",
     "EX_UNAVAILABLE",
@@ -31,6 +32,9 @@ EX_FAILED = 1  # demo, playground, model: what they started failed (the server, 
 EX_USAGE = 2  # a file could not be read or is not a recording (InputError); argparse's own code
 EX_NOT_INSTALLED = 3  # plugin status: no plugin of ours in the folder
 EX_OTHER_SERVER = 4  # plugin status: a monitor answers the plugin, not the one of --url
+# plugin status: the plugin file, this command and the monitor are not of one release, or the
+# monitor refuses the plugin's questions
+EX_OTHER_RELEASE = 5
 EX_NOINPUT = os.EX_NOINPUT  # attach: the session does not exist
 EX_UNAVAILABLE = os.EX_UNAVAILABLE  # ServerError; plugin status: the monitor cannot be asked
 EX_CONFIG = os.EX_CONFIG  # a setting is wrong: no retry (monitor/errors.py)

@@ -21,6 +21,7 @@ from monitor.core.rules.cycle import detect_cycle
 from monitor.kit.sandbox import default_cache_dir, find_or_install_bun
 from monitor.shell.decide import DecideServer
 from monitor.shell.endpoint import PluginEndpoint, socket_name
+from tests import earlier_plugins
 from tests.harness import REPO
 
 TIMEOUT_S = 120
@@ -143,3 +144,105 @@ async def test_the_plugin_and_the_daemon_prove_each_other_over_tcp(bun: Path, tm
     assert process.returncode == 0, err.decode()
     assert json.loads(out) == [{"block": "stop it"}, {"block": None}]
     assert [call.tool for call in judged] == ["bash", "read"]
+
+
+async def run_bun(bun: Path, script: str) -> tuple[int, bytes, bytes]:
+    """`bun -e script` in the repository, in its own process group, killed if it outlives
+    TIMEOUT_S or the test."""
+    process = await asyncio.create_subprocess_exec(
+        bun, "-e", script, cwd=REPO, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
+    finally:
+        if process.returncode is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, out, err
+
+
+@pytest.mark.parametrize(
+    ("plugin", "told"),
+    [
+        # The file `plugin install` of this release writes: nothing to say on either side.
+        ("installed", None),
+        # The package's own file, which says "dev": the daemon and the plugin each say so once.
+        ("monitor/plugin/loop-guard.ts", "dev"),
+        # A plugin file of a release before the signature, left behind by an upgrade: it
+        # sends the token in the clear, and is told to be installed again (issue 46).
+        ("db8faf3", "clear"),
+    ],
+)
+async def test_a_plugin_and_todays_daemon_of_each_release_over_tcp(
+    bun: Path, tmp_path: Path, plugin: str, told: str | None
+) -> None:
+    import structlog
+
+    from monitor.core.plugin_protocol import CLEAR_TOKEN
+    from monitor.shell.plugin_file import shipped_version
+    from monitor.shell.plugin_install import render
+
+    token_file = tmp_path / "token"
+    judged: list[PluginCall] = []
+
+    def judge(call: PluginCall) -> PluginVerdict:
+        judged.append(call)
+        return ALLOW
+
+    server = DecideServer(
+        PluginEndpoint(None, "127.0.0.1", 0, token_file), judge, lambda c, v: None, print
+    )
+    await server.start()
+    try:
+        endpoint = PluginEndpoint(None, "127.0.0.1", server.port, token_file)
+        path = tmp_path / "opencode-loop-monitor.ts"
+        if plugin == "installed":
+            path.write_text(render(endpoint))
+        elif plugin == "db8faf3":
+            path.write_text(earlier_plugins.text(plugin))
+        else:
+            path = REPO / plugin
+        script = (
+            f"const plugin = await import({json.dumps(str(path))});"
+            "const lines = [];"
+            f"const ask = plugin.makeAsker({json.dumps(_address(endpoint))}, null,"
+            "  (line) => lines.push(line));"
+            "const { judge } = plugin.makeJudge(ask, '/p', (line) => lines.push(line));"
+            "const out = [];"
+            "for (let i = 0; i < 2; i++)"
+            "  out.push(await judge('ses_dd4d5c831ffemmgMvdYdtbM3cW', `c${i}`, 'read', {}));"
+            "console.log(JSON.stringify({ out, lines }))"
+        )
+        with structlog.testing.capture_logs() as logs:
+            code, out, err = await run_bun(bun, script)
+    finally:
+        await server.close()
+    assert code == 0, err.decode()
+    result = json.loads(out)
+    assert result["out"] == [None, None]  # allowed: by the daemon, or unasked by its own rule
+    said = [log for log in logs if log["event"] == "plugin.version_differs"]
+    if told is None:
+        assert (len(judged), said, result["lines"]) == (2, [], [])
+    elif told == "dev":
+        assert len(judged) == 2 and [log["plugin_version"] for log in said] == ["dev"]
+        where = f"http://127.0.0.1:{server.port}/v1/decide"
+        assert result["lines"] == [
+            f"opencode-loop-monitor: this plugin is version dev, the monitor at {where} "
+            f"{shipped_version()}: run `opencode-loop-monitor plugin install` and restart OpenCode"
+        ]
+    else:
+        assert (judged, said) == ([], [])
+        [line] = result["lines"]  # once per session, as every fall-open reason is
+        assert f"refused: 401 {CLEAR_TOKEN}" in line
+        assert token_file.read_text().strip() not in line
+
+
+def _address(endpoint: PluginEndpoint) -> dict[str, str | None]:
+    return {
+        "url": endpoint.url,
+        "socket": None,
+        "socketDir": None,
+        "tokenFile": None if endpoint.token_file is None else str(endpoint.token_file),
+    }

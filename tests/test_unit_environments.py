@@ -8,8 +8,10 @@ the plugin of the set-up asks, and keep running.
 
 from __future__ import annotations
 
+import json
 import os
 import plistlib
+import secrets
 import shlex
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -21,6 +23,7 @@ from aiohttp.test_utils import TestServer
 
 from monitor.cli import main
 from monitor.config import load_settings
+from monitor.core.plugin_protocol import question_mac
 from monitor.kit.sandbox import free_loopback_port
 from monitor.shell.endpoint import plugin_endpoint
 from monitor.shell.plugin_install import asked_at, installed_endpoint
@@ -141,7 +144,11 @@ async def serves_plugins(monitor: MonitorProcess, token: str | None = None) -> s
         lambda rs: {"stream.resynced", "plugin.listening"} <= {r.get("event") for r in rs}
     )
     [listening] = [r for r in records if r.get("event") == "plugin.listening"]
-    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    body = json.dumps(CALL).encode()
+    headers = {"Content-Type": "application/json"}
+    if token is not None:  # signed, as the plugin signs (the token in the clear is refused)
+        nonce = secrets.token_hex(16)
+        headers["Authorization"] = f"OLM-HMAC {nonce} {question_mac(token, nonce, body)}"
     if listening["port"] is None:
         connector = aiohttp.UnixConnector(listening["socket"])
         url = "http://localhost/v1/decide"
@@ -149,7 +156,7 @@ async def serves_plugins(monitor: MonitorProcess, token: str | None = None) -> s
         connector = aiohttp.TCPConnector()
         url = f"http://127.0.0.1:{listening['port']}/v1/decide"
     async with aiohttp.ClientSession(connector=connector) as http:
-        async with http.post(url, json=CALL, headers=headers) as answer:
+        async with http.post(url, data=body, headers=headers) as answer:
             assert (answer.status, await answer.json()) == (200, {"verdict": "allow"})
     assert monitor.process is not None and monitor.process.poll() is None
     return str(listening["socket"] if listening["port"] is None else listening["port"])

@@ -12,22 +12,29 @@ across steps), `tool`, `args` (an object), `directory` (the server's project, ab
 `message_id` (the model step, an assistant message, the call is of, as the server's own
 events told the plugin; optional: the stream may show the step after the question comes),
 `args_cut: true` in place of `args` for a call whose arguments are too large to send (the
-plugin's own rule judges it; the daemon learns that the session's plugin asks).
+plugin's own rule judges it; the daemon learns that the session's plugin asks),
+`plugin_version` and `protocol` (the release that wrote the plugin file and PROTOCOL as it
+knew it; absent from plugins before issue 46: taken as an earlier release, and answered).
 Reports never cost a decision: only a missing or malformed `session_id`, `tool` or `args`
 refuses the question. Any other field that cannot be used (`call_id`, `directory`,
 `message_id` or `fell_open` of the wrong type or out of range) is taken as unknown (None, a
 count of 0) and named in `PluginCall.unusable`, which the shell logs once per field; fields
 this version does not know are ignored (a newer plugin's). A number past what `int` parses
 (over 4,300 digits) is read as a float, not refused.
-Answer: `{"verdict": "allow"}` or `{"verdict": "block", "feedback": TEXT}`.
+Answer: `{"verdict": "allow"}` or `{"verdict": "block", "feedback": TEXT}`. Every answer,
+a refusal too, says the daemon's own plugin version in VERSION_HEADER (`VERSION;
+protocol=N`): a plugin of another release says so in the server's log. `{"probe": true}`
+with `plugin_version` and `protocol` is answered `{"monitor_version", "protocol"}` and judges
+nothing (`plugin status` asks it as the plugin would, to learn whether the daemon answers).
 
 On loopback TCP, where any local user can listen on the port while the daemon is down, a
 question is signed rather than carrying the token: `Authorization: OLM-HMAC NONCE MAC`, MAC
 the HMAC-SHA256 (hex) with the shared token of `question NONCE\n` and the body, NONCE fresh
 per question; the daemon proves its answer with PROOF_HEADER, the HMAC of `answer NONCE\n`
 and the answer's body. An impostor learns neither the token nor how to prove an answer; the
-plugin takes an answer without a valid proof for no answer. (`Bearer TOKEN`, what earlier
-plugins send, is still taken; their answers are proven to no one.)
+plugin takes an answer without a valid proof for no answer. `Bearer TOKEN`, what plugins
+before the signature sent, is refused with a message telling the user to run `plugin install`
+again: a plugin file left behind by an upgrade must not keep sending the token in the clear.
 
 Strings are taken as JSON gives them, lone surrogates (`"\\ud800"`, valid JSON, not UTF-8)
 included: a call is judged on what it is, and the stream's update of the same call carries
@@ -51,26 +58,45 @@ from monitor.core.ids import is_session_id
 
 __all__ = [
     "ALLOW",
+    "CLEAR_TOKEN",
     "DECIDE_PATH",
     "FellOpen",
     "MAX_BODY",
     "Nonces",
     "PROOF_HEADER",
+    "PROTOCOL",
     "PluginCall",
     "PluginVerdict",
+    "Probe",
     "RequestRefused",
     "Signature",
+    "VERSION_HEADER",
+    "VersionSkew",
+    "Versions",
     "answer_proof",
     "block",
     "check_head",
     "check_signature",
+    "plugin_release",
+    "probe_answer",
     "question_mac",
     "read_body",
+    "skew_advice",
     "signed",
     "too_large",
+    "version_header",
 ]
 
 VERSION = "v1"
+# What the plugin and the daemon know of each other's questions and answers, beyond the path's
+# VERSION (which every release so far takes): 1, the plugins before issue 46 (no version, the
+# token in the clear over TCP, refused since); 2, those sending `plugin_version` and `protocol`.
+PROTOCOL = 2
+VERSION_HEADER = "X-Loop-Monitor-Version"
+CLEAR_TOKEN = (
+    "this plugin sends the token in the clear (a plugin file of an earlier release, left "
+    "behind by an upgrade): run `opencode-loop-monitor plugin install` again and restart OpenCode"
+)
 DECIDE_PATH = f"/{VERSION}/decide"
 # A `write` call carries the whole file it writes; 1 MiB holds any a model sends in one call,
 # and bounds what one request can make the daemon read.
@@ -105,6 +131,18 @@ class PluginCall:
     # The arguments were too large to send (`args_cut`; `args` is empty): the call is not
     # judged on them, the stream carries them (`ToolUpdates.judge`).
     cut: bool = False
+    # The release that wrote the plugin file and its PROTOCOL; None: not sent (a plugin from
+    # before issue 46) or not usable.
+    plugin_version: str | None = None
+    protocol: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """`plugin status` asking, as the plugin would, whether the daemon answers it."""
+
+    plugin_version: str | None
+    protocol: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,15 +188,17 @@ def check_head(
         return RequestRefused(404, f"no such endpoint {path}: use POST {DECIDE_PATH}")
     if method != "POST":
         return RequestRefused(405, f"{DECIDE_PATH} takes POST, not {method}")
-    if token is not None and not _authorized(headers.get("Authorization", ""), token):
-        return RequestRefused(401, "missing or wrong bearer token or signature")
+    if token is not None:
+        refused = _authorization(headers.get("Authorization", ""), token)
+        if refused is not None:
+            return refused
     content_type = headers.get("Content-Type", "").split(";")[0].strip().lower()
     if content_type != "application/json":
         return RequestRefused(415, f"expected Content-Type application/json, got {content_type!r}")
     return None
 
 
-def read_body(body: bytes) -> PluginCall | RequestRefused:
+def read_body(body: bytes) -> PluginCall | Probe | RequestRefused:
     """The call a request body names, or why it names none."""
     if len(body) > MAX_BODY:
         return too_large()
@@ -176,12 +216,16 @@ def too_large() -> RequestRefused:
     return RequestRefused(413, f"request body over {MAX_BODY} bytes")
 
 
-def _authorized(header: str, token: str) -> bool:
-    """The right bearer token, or a signature well formed (checked with the body)."""
+def _authorization(header: str, token: str) -> RequestRefused | None:
+    """None for a signature well formed (checked with the body); else why not."""
     scheme, _, given = header.partition(" ")
-    if scheme.lower() == SIGNED:
-        return signed(header) is not None
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
+    if scheme.lower() == SIGNED and signed(header) is not None:
+        return None
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token):
+        # Our own plugin, of a release before the signature: told what to do about it (the
+        # plugin writes the refusal in the server's log).
+        return RequestRefused(401, CLEAR_TOKEN)
+    return RequestRefused(401, "missing or wrong bearer token or signature")
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,9 +288,13 @@ class Nonces:
         return True
 
 
-def _call(data: object) -> PluginCall | RequestRefused:
+def _call(data: object) -> PluginCall | Probe | RequestRefused:
     if not isinstance(data, dict):
         return RequestRefused(400, "body must be a JSON object")
+    unusable: list[str] = []
+    plugin_version, protocol = _release(data, unusable)
+    if data.get("probe") is True:
+        return Probe(plugin_version, protocol)
     session_id = data.get("session_id")
     if not isinstance(session_id, str) or not is_session_id(session_id):
         return RequestRefused(400, "session_id must be an OpenCode session id (ses_...)")
@@ -257,7 +305,6 @@ def _call(data: object) -> PluginCall | RequestRefused:
     args = {} if cut else data.get("args")
     if not isinstance(args, dict):
         return RequestRefused(400, "args must be a JSON object")
-    unusable = []
     call_id = data.get("call_id")
     if not isinstance(call_id, str) or not _is_id(call_id):
         call_id = None
@@ -283,8 +330,97 @@ def _call(data: object) -> PluginCall | RequestRefused:
         message_id = None
         unusable.append("message_id")
     return PluginCall(
-        session_id, call_id, tool, args, directory, fell_open, tuple(unusable), message_id, cut
+        session_id,
+        call_id,
+        tool,
+        args,
+        directory,
+        fell_open,
+        tuple(unusable),
+        message_id,
+        cut,
+        plugin_version,
+        protocol,
     )
+
+
+def _release(data: dict[str, Any], unusable: list[str]) -> tuple[str | None, int | None]:
+    """The plugin's `plugin_version` and `protocol`, each None when absent or not usable."""
+    version = data.get("plugin_version")
+    if version is not None and not (isinstance(version, str) and _is_id(version)):
+        version = None
+        unusable.append("plugin_version")
+    protocol = data.get("protocol")
+    if protocol is not None and (
+        not isinstance(protocol, int) or isinstance(protocol, bool) or not 0 < protocol < 1 << 16
+    ):
+        protocol = None
+        unusable.append("protocol")
+    return version, protocol
+
+
+def plugin_release(package_version: str, template: str) -> str:
+    """The version of the plugin file a release ships: its package version and a digest of
+    the file (monitor/plugin/loop-guard.ts as shipped). The package version alone can stay
+    the same from one commit to the next; any change to the plugin changes the digest."""
+    digest = hashlib.sha256(template.encode("utf-8")).hexdigest()[:8]
+    return f"{package_version}+{digest}"
+
+
+def probe_answer(monitor_version: str) -> dict[str, object]:
+    """What a probe is answered: this daemon's plugin version and protocol."""
+    return {"monitor_version": monitor_version, "protocol": PROTOCOL}
+
+
+def version_header(monitor_version: str) -> str:
+    """VERSION_HEADER's value on every answer (loop-guard.ts reads it)."""
+    return f"{monitor_version}; protocol={PROTOCOL}"
+
+
+def skew_advice(plugin_version: str | None, protocol: int | None, monitor_version: str) -> str:
+    """What a person reads when the plugin file and the daemon are of different releases."""
+    if plugin_version is None:
+        plugin = "of an earlier release (it says no version)"
+    else:
+        plugin = f"version {plugin_version}"
+    said = f"the installed plugin is {plugin}, this monitor {monitor_version}: "
+    if protocol is not None and protocol > PROTOCOL:
+        # The plugin knows more than this daemon: the daemon is the one left behind.
+        return said + "restart the monitor with the release that installed the plugin"
+    return said + "run `opencode-loop-monitor plugin install` and restart OpenCode"
+
+
+@dataclass(frozen=True, slots=True)
+class VersionSkew:
+    """A plugin of another release asked: what `plugin.version_differs` logs."""
+
+    directory: str | None
+    plugin_version: str | None
+    protocol: int | None
+    advice: str
+
+
+class Versions:
+    """Which plugins of another release were said (logged) already: once per server
+    directory and version, a bounded number (the oldest said forgotten first)."""
+
+    def __init__(self, monitor_version: str, size: int = 64) -> None:
+        self.monitor_version = monitor_version
+        self._said: dict[tuple[str | None, str | None], None] = {}
+        self._size = size
+
+    def differs(self, call: PluginCall) -> VersionSkew | None:
+        """The skew to say for this question, the first time for its directory; else None."""
+        if call.plugin_version == self.monitor_version:
+            return None
+        key = (call.directory, call.plugin_version)
+        if key in self._said:
+            return None
+        if len(self._said) >= self._size:
+            del self._said[next(iter(self._said))]
+        self._said[key] = None
+        advice = skew_advice(call.plugin_version, call.protocol, self.monitor_version)
+        return VersionSkew(call.directory, call.plugin_version, call.protocol, advice)
 
 
 def _is_id(value: str) -> bool:

@@ -24,6 +24,8 @@ class PluginStats:
         self.by_directory: dict[str, dict[str, float]] = {}
         self.refused = 0
         self._fell_open = FellOpen(MAX_DIRECTORIES)
+        # The plugin version each directory's plugin last sent (None: none, an earlier one).
+        self.versions: dict[str, str | None] = {}
 
     def label(self, directory: str | None) -> str:
         # Cleaned: a label Prometheus cannot encode (a lone surrogate) would break /metrics.
@@ -48,10 +50,14 @@ class PluginStats:
         entry["blocked"] += verdict.verdict == "block"
         entry["fell_open"] += fell_open
         entry["last_request_unix"] = now_unix
+        self.versions[label] = call.plugin_version
         return label, fell_open
 
     def view(self) -> list[dict[str, object]]:
-        return [{"directory": name, **entry} for name, entry in self.by_directory.items()]
+        return [
+            {"directory": name, **entry, "plugin_version": self.versions.get(name)}
+            for name, entry in self.by_directory.items()
+        ]
 
 
 # How long the server may run tool calls with no plugin asking before `watch` says so. The

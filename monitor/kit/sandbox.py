@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -257,6 +257,7 @@ class OpencodeServer:
         permission: str | Mapping[str, str] = NEVER_ASK,
         plugin: PluginEndpoint | None = None,
         config: Mapping[str, Any] | None = None,
+        plugin_text: Callable[[PluginEndpoint], str] = render_plugin,
     ) -> None:
         self.binary = binary
         self.permission = permission
@@ -264,8 +265,10 @@ class OpencodeServer:
         # the person's, as `opencode-loop-monitor model` prints it, and the model it names.
         self.config = dict(config or {})
         # With an endpoint, the monitor's plugin is installed user-wide in the sandbox and
-        # asks there before every call.
+        # asks there before every call; `plugin_text` writes the file (a test installs the
+        # file of an earlier release with it).
         self.plugin = plugin
+        self.plugin_text = plugin_text
         self.model_url = model_url
         self.port = port
         self.env_extra = dict(env_extra or {})
@@ -377,7 +380,7 @@ class OpencodeServer:
         if self.plugin is not None:
             plugins = config_dir / "plugins"
             plugins.mkdir()
-            (plugins / PLUGIN_FILE).write_text(render_plugin(self.plugin), encoding="utf-8")
+            (plugins / PLUGIN_FILE).write_text(self.plugin_text(self.plugin), encoding="utf-8")
             _seed_plugin_dependencies(self.binary, config_dir)
         _make_project(self.project, self._environment())
 

@@ -37,6 +37,13 @@ import { dirname } from "node:path"
 // neither, `url` over loopback TCP with the token in `tokenFile`.
 export type Endpoint = { url: string; socket: string | null; socketDir: string | null; tokenFile: string | null }
 const ENDPOINT: Endpoint = {"url": "http://localhost/v1/decide", "socket": null, "socketDir": null, "tokenFile": null}
+// The release that wrote this file: `plugin install` writes it here (as ENDPOINT), "dev" in
+// the package itself. Sent with every question with PROTOCOL, and compared with the version
+// the daemon answers with, so that a plugin and a daemon of different releases say so.
+export const VERSION = "dev"
+// What this plugin knows of the daemon's questions and answers (plugin_protocol.py PROTOCOL).
+export const PROTOCOL = 2
+export const VERSION_HEADER = "X-Loop-Monitor-Version"
 // The longest a call waits for the daemon before the plugin's own rule decides.
 const WAIT_MS = 200
 // Sessions already warned about, bounded: a server can run for weeks.
@@ -367,9 +374,36 @@ const NOTHING_LISTENS = new Set(["FailedToOpenSocket", "ConnectionRefused", "ENO
 type Verdict = { block: string | null } | { fellOpen: string }
 type Asker = (body: Record<string, unknown>, tool: string) => Promise<Verdict>
 
+/**
+ * What the server's log says when the daemon at `where` is of another release than this
+ * plugin, from the version it answers with (`header`, null when it says none: a daemon from
+ * before versions, which refuses this plugin's questions), or null when both are one release.
+ */
+export function versionSkew(header: string | null, where: string): string | null {
+  if (header === null) {
+    return (
+      `opencode-loop-monitor: the monitor at ${where} says no version: it is of an earlier ` +
+      `release than this plugin (${VERSION}); restart it (\`opencode-loop-monitor watch\`, or its service)`
+    )
+  }
+  const [theirs, ...rest] = header.split(";").map((part) => part.trim())
+  if (theirs === VERSION) return null
+  const protocol = Number(/^protocol=(\d+)$/.exec(rest.join(";"))?.[1] ?? NaN)
+  const advice =
+    protocol < PROTOCOL
+      ? "restart the monitor with the release that installed this plugin"
+      : "run `opencode-loop-monitor plugin install` and restart OpenCode"
+  return `opencode-loop-monitor: this plugin is version ${VERSION}, the monitor at ${where} ${theirs}: ${advice}`
+}
+
 /** Asks the daemon at `endpoint`; at most WAIT_MS. The block text, null to allow, or why
- * it fell open (then the caller's own rule decides). */
-export function makeAsker(endpoint: Endpoint, serverUrl: string | null): Asker {
+ * it fell open (then the caller's own rule decides). A daemon of another release is said
+ * in `log`, once until it answers with another version. */
+export function makeAsker(
+  endpoint: Endpoint,
+  serverUrl: string | null,
+  log: (line: string) => void = console.error,
+): Asker {
   const socket =
     endpoint.socketDir && serverUrl ? socketFor(endpoint.socketDir, serverUrl) : endpoint.socket
   const where = socket ?? endpoint.url
@@ -383,6 +417,8 @@ export function makeAsker(endpoint: Endpoint, serverUrl: string | null): Asker {
   }
   let token = readToken()
   const uid = process.getuid?.() ?? -1
+  // The version the daemon answered with last (undefined: none yet): a change is said once.
+  let version: string | null | undefined = undefined
   return async (body: Record<string, unknown>, tool: string): Promise<Verdict> => {
     if (socket) {
       const untrusted = untrustedSocket(socket, uid)
@@ -411,6 +447,12 @@ export function makeAsker(endpoint: Endpoint, serverUrl: string | null): Asker {
         ...(socket ? { unix: socket } : {}),
       } as RequestInit)
       status = response.status
+      const theirs = response.headers.get(VERSION_HEADER)
+      if (theirs !== version) {
+        version = theirs
+        const skew = versionSkew(theirs, where)
+        if (skew !== null) log(skew)
+      }
       const text = new Uint8Array(await response.arrayBuffer())
       if (signed) proven = signed.proves(text, response.headers.get(PROOF_HEADER))
       answer = JSON.parse(new TextDecoder().decode(text))
@@ -475,6 +517,8 @@ export function makeJudge(
       ...(cut ? { args_cut: true } : { args: args ?? {} }),
       directory,
       fell_open: reported,
+      plugin_version: VERSION,
+      protocol: PROTOCOL,
     }
     const step = steps.of(sessionID)
     if (step !== undefined) body.message_id = step

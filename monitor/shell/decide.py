@@ -34,11 +34,14 @@ from monitor.core.plugin_protocol import (
     Nonces,
     PluginCall,
     PluginVerdict,
+    Probe,
     RequestRefused,
     Signature,
+    Versions,
     answer_proof,
     check_head,
     check_signature,
+    probe_answer,
     read_body,
     signed,
     too_large,
@@ -46,6 +49,7 @@ from monitor.core.plugin_protocol import (
 from monitor.errors import ConfigError
 from monitor.shell.endpoint import PluginEndpoint, check_endpoint, clear_stale_socket
 from monitor.shell.listener import Limits, Listening, listen_tcp, listen_unix, trust
+from monitor.shell.plugin_file import say_version, shipped_version, stamp_version
 
 __all__ = ["MAX_CONNECTIONS", "DecideServer", "Judge"]
 
@@ -84,6 +88,7 @@ class DecideServer:
         self._on_late = on_late
         self._token: str | None = None
         self._nonces = Nonces()
+        self._versions = Versions(shipped_version())
         self._unusable_said: set[str] = set()  # the fields `plugin.report_unusable` named
         self._runner: web.AppRunner | None = None
         self._listening: Listening | None = None
@@ -94,6 +99,7 @@ class DecideServer:
         # aiohttp refuses bodies over client_max_size itself; the handler turns that into
         # our JSON 413.
         app = web.Application(client_max_size=MAX_BODY)
+        app.on_response_prepare.append(stamp_version)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
@@ -142,6 +148,9 @@ class DecideServer:
             else:
                 signature = self._signature(request)
                 parsed = self._authentic(signature, body) or read_body(body)
+                if isinstance(parsed, Probe):
+                    answer = web.json_response(probe_answer(self._versions.monitor_version))
+                    return self._proven(answer, signature)
                 if isinstance(parsed, PluginCall) and _gone(request):
                     # The plugin gave up waiting (we were stalled): the call ran, and
                     # judging it now would act on a run that went on without us.
@@ -149,6 +158,7 @@ class DecideServer:
                     return self._proven(web.json_response(ALLOW.to_json()), signature)
                 if isinstance(parsed, PluginCall):
                     self._say_unusable(parsed)
+                    say_version(self._versions, parsed)
                     trust(request)
                     return self._proven(self._answer(parsed), signature)
                 refused = parsed

@@ -10,14 +10,20 @@ import os
 import secrets
 import socket
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from monitor.config import Settings, public_url
+from monitor.core.plugin_protocol import skew_advice
 from monitor.errors import ConfigError
-from monitor.exits import EX_NOT_INSTALLED, EX_OK, EX_OTHER_SERVER, EX_UNAVAILABLE
+from monitor.exits import (
+    EX_NOT_INSTALLED,
+    EX_OK,
+    EX_OTHER_RELEASE,
+    EX_OTHER_SERVER,
+    EX_UNAVAILABLE,
+)
 from monitor.shell.endpoint import (
     PluginEndpoint,
     open_folder,
@@ -25,12 +31,15 @@ from monitor.shell.endpoint import (
     read_or_create_token,
     socket_name,
 )
+from monitor.shell.plugin_file import shipped_version, template
+from monitor.shell.plugin_probe import Probed, probe
 
 __all__ = [
     "FILE_NAME",
     "asked_at",
     "install",
     "installed_endpoint",
+    "installed_version",
     "plugins_dir",
     "render",
     "status",
@@ -42,6 +51,8 @@ FILE_NAME = "opencode-loop-monitor.ts"
 # type: a file of theirs is read too, so it can be uninstalled).
 _ENDPOINT_LINE = "const ENDPOINT: Endpoint = "
 _ENDPOINT_START, _VALUE_START = "const ENDPOINT:", " = {"
+# The line carrying the release that wrote the file (none in files before issue 46).
+_VERSION_LINE = "export const VERSION = "
 # Said by the file itself, so uninstall removes only a file we wrote.
 _MARK = "opencode-loop-monitor plugin install"
 PROBE_TIMEOUT_S = 0.5
@@ -57,10 +68,6 @@ def plugins_dir(project: Path | None, environ: Mapping[str, str]) -> Path:
     return Path(config) / "opencode" / "plugins"
 
 
-def template() -> str:
-    return (resources.files("monitor") / "plugin" / "loop-guard.ts").read_text(encoding="utf-8")
-
-
 def _address(endpoint: PluginEndpoint) -> dict[str, str | None]:
     def text(path: Path | None) -> str | None:
         return None if path is None else str(path)
@@ -74,11 +81,25 @@ def _address(endpoint: PluginEndpoint) -> dict[str, str | None]:
 
 
 def render(endpoint: PluginEndpoint) -> str:
-    """The plugin's source, pointing at `endpoint`."""
+    """The plugin's source, pointing at `endpoint`, carrying this release's version."""
     lines = template().splitlines(keepends=True)
     [index] = [n for n, line in enumerate(lines) if line.startswith(_ENDPOINT_LINE)]
     lines[index] = _ENDPOINT_LINE + json.dumps(_address(endpoint)) + "\n"
+    [index] = [n for n, line in enumerate(lines) if line.startswith(_VERSION_LINE)]
+    lines[index] = _VERSION_LINE + json.dumps(shipped_version()) + "\n"
     return "".join(lines)
+
+
+def installed_version(text: str) -> str | None:
+    """The version an installed plugin says; None for a file from before versions."""
+    for line in text.splitlines():
+        if line.startswith(_VERSION_LINE):
+            try:
+                version = json.loads(line[len(_VERSION_LINE) :])
+            except ValueError:
+                return None
+            return version if isinstance(version, str) else None
+    return None
 
 
 def installed_endpoint(text: str) -> dict[str, str | None] | None:
@@ -210,11 +231,12 @@ def status(settings: Settings, project: Path | None, environ: Mapping[str, str])
     """Where the plugin is and whether the monitor of the server at --url answers it."""
     path = plugins_dir(project, environ) / FILE_NAME
     try:
-        address = installed_endpoint(_read_ours(path))
+        text = _read_ours(path)
     except FileNotFoundError:
         return PluginStatus(f"not installed ({path} does not exist)", EX_NOT_INSTALLED)
     except (OSError, ValueError):
-        address = None
+        text = ""
+    address = installed_endpoint(text)
     if address is None:
         return PluginStatus(
             f"not installed: {path} exists but was not written by this release's `plugin install`",
@@ -240,8 +262,48 @@ def status(settings: Settings, project: Path | None, environ: Mapping[str, str])
             f"{watch_at}: it watches another server, or run `plugin install` again"
         )
         return PluginStatus("\n".join(lines), EX_OTHER_SERVER)
-    lines.append("a monitor answers there")
-    return PluginStatus("\n".join(lines), EX_OK)
+    return _releases(lines, address, asked, installed_version(text))
+
+
+def _releases(
+    lines: list[str], address: Mapping[str, str | None], asked: str, version: str | None
+) -> PluginStatus:
+    """The end of `status` once a monitor answers where the plugin asks: whether the plugin
+    file, this command and that monitor are of one release, and the monitor takes the
+    plugin's questions (asked as the plugin asks: an upgrade can leave either behind)."""
+    ours = shipped_version()
+    answered = probe(asked, address.get("tokenFile"), version, PROBE_TIMEOUT_S)
+    if not isinstance(answered, Probed):
+        lines.append(f"a monitor answers there, but not the plugin's question: {answered}")
+        return PluginStatus("\n".join(lines), EX_UNAVAILABLE)
+    code = EX_OK
+    if version != ours:
+        lines.append(skew_advice(version, None, ours))
+        code = EX_OTHER_RELEASE
+    if answered.refused is not None:
+        refused = f"the monitor there refuses the plugin's questions ({answered.status} "
+        if answered.monitor_version is None:
+            refused += (
+                f"{answered.refused}): it says no version, a monitor of an earlier release "
+                f"than this one ({ours}): restart it"
+            )
+        else:
+            refused += f"{answered.refused}); it is version {answered.monitor_version}"
+        lines.append(refused)
+        return PluginStatus("\n".join(lines), EX_OTHER_RELEASE)
+    if answered.monitor_version != ours:
+        monitor = (
+            "of an earlier release (it says no version)"
+            if answered.monitor_version is None
+            else f"version {answered.monitor_version}"
+        )
+        lines.append(
+            f"the monitor there is {monitor}, this command {ours}: restart the monitor "
+            "with this release"
+        )
+        return PluginStatus("\n".join(lines), EX_OTHER_RELEASE)
+    lines.append(f"a monitor answers there, version {answered.monitor_version}")
+    return PluginStatus("\n".join(lines), code)
 
 
 def _answers(where: str) -> bool:

@@ -16,6 +16,7 @@ import urllib.request
 from typing import Any
 
 from monitor.config import STATUS_ADDRESS, ListenAddress, Settings
+from monitor.core.plugin_protocol import skew_advice
 from monitor.errors import ConfigError
 from monitor.exits import EX_OK, EX_UNAVAILABLE
 
@@ -64,11 +65,17 @@ def _plugin_lines(plugins: dict[str, Any] | None, now: float) -> list[str]:
         ]
     if not asking:
         return [f"plugins: none asked yet at {plugins['endpoint']}"]
-    return [f"plugins asking at {plugins['endpoint']}:"] + [
-        f"  {entry['directory']}: {entry['requests']} calls, {entry['blocked']} blocked, "
-        f"{entry['fell_open']} fell open, last request {_ago(entry['last_request_unix'], now)}"
-        for entry in asking
-    ]
+    lines = [f"plugins asking at {plugins['endpoint']}:"]
+    for entry in asking:
+        lines.append(
+            f"  {entry['directory']}: {entry['requests']} calls, {entry['blocked']} blocked, "
+            f"{entry['fell_open']} fell open, last request {_ago(entry['last_request_unix'], now)}"
+        )
+        # A monitor from before versions says neither (issue 46).
+        ours = plugins.get("version")
+        if ours is not None and "plugin_version" in entry and entry["plugin_version"] != ours:
+            lines.append(f"    {skew_advice(entry['plugin_version'], None, ours)}")
+    return lines
 
 
 def _role_lines(role: dict[str, Any] | None) -> list[str]:

@@ -36,6 +36,7 @@ from monitor.shell.logs import LoopErrors, lines_dropped, logging_off_the_loop
 from monitor.shell.metrics import Metrics, wall_time
 from monitor.shell.metrics_server import MetricsServer, serve_metrics
 from monitor.shell.notify import Notifier, watchdog_interval, watchdog_pings
+from monitor.shell.plugin_file import shipped_version
 from monitor.shell.plugin_service import PluginService
 from monitor.shell.record import Recorder, open_record
 from monitor.shell.signals import catch_signals
@@ -294,6 +295,7 @@ class Watch:
                 "endpoint": self.plugins.address(),
                 "refused": stats.refused,
                 "directories": stats.view(),
+                "version": shipped_version(),  # what a plugin of this release says
                 # Tool calls the server ran with no plugin asking (`plugin.not_asking`).
                 "unasked_calls": None if unasked is None else unasked.said,
             },

@@ -14,6 +14,9 @@ import plugin, {
   MAX_SESSIONS,
   MAX_STEPS,
   OWN_REFUSAL,
+  PROTOCOL,
+  VERSION,
+  VERSION_HEADER,
   blockText,
   canonical,
   endedSession,
@@ -28,10 +31,13 @@ import plugin, {
   Steps,
   socketFor,
   untrustedSocket,
+  versionSkew,
   type V2PermissionEvent,
   type V2ToolEvent,
 } from "../../monitor/plugin/loop-guard.ts"
 
+// What every question carries besides the call (issue 46).
+const RELEASE = { plugin_version: VERSION, protocol: PROTOCOL }
 const A: [string, object] = ["read", { filePath: "a.txt" }]
 const B: [string, object] = ["bash", { command: "ls", description: "list" }]
 const C: [string, object] = ["grep", { pattern: "x" }]
@@ -221,7 +227,7 @@ describe("the judge: the daemon first, the local rule when it does not answer", 
     const { judge } = makeJudge(async (body) => (asked.push(body), { block: null }), "/p", silent)
     for (let i = 0; i < 5; i++) expect(await judge("ses_1", `c${i}`, ...A)).toBeNull()
     expect(asked.map((b) => b.call_id)).toEqual(["c0", "c1", "c2", "c3", "c4"])
-    expect(asked[0]).toEqual({ session_id: "ses_1", call_id: "c0", tool: "read", args: A[1], directory: "/p", fell_open: 0 })
+    expect(asked[0]).toEqual({ session_id: "ses_1", call_id: "c0", tool: "read", args: A[1], directory: "/p", fell_open: 0, ...RELEASE })
   })
 
   test("no daemon: the 4th identical call is refused, the log says so once, fell_open counts what ran", async () => {
@@ -314,7 +320,7 @@ describe("the judge: the daemon first, the local rule when it does not answer", 
     for (let i = 0; i < 4; i++) results.push(await judge("ses_1", `c${i}`, "write", big))
     expect(results.map((r) => r === null)).toEqual([true, true, true, false])
     expect(results[3]!.startsWith(OWN_REFUSAL)).toBe(true)
-    expect(asked[0]).toEqual({ session_id: "ses_1", call_id: "c0", tool: "write", args_cut: true, directory: "/p", fell_open: 0 })
+    expect(asked[0]).toEqual({ session_id: "ses_1", call_id: "c0", tool: "write", args_cut: true, directory: "/p", fell_open: 0, ...RELEASE })
     // The daemon took each count: the calls that ran are reported once, with the next.
     expect(asked.map((b) => b.fell_open)).toEqual([0, 1, 1, 1])
     block = "refused by the daemon"
@@ -432,7 +438,7 @@ describe("the 2.x entry with a stand-in ctx", () => {
     await v2Hooks(ctx, async (body) => (bodies.push(body), { block: "daemon says no" }))
     const check = await call(hooks, "c0")
     expect([check.effect, check.message]).toEqual(["deny", "daemon says no"])
-    expect(bodies[0]).toEqual({ session_id: "ses_1", call_id: "c0", tool: "shell", args: { command: "ls" }, directory: "/p", fell_open: 0 })
+    expect(bodies[0]).toEqual({ session_id: "ses_1", call_id: "c0", tool: "shell", args: { command: "ls" }, directory: "/p", fell_open: 0, ...RELEASE })
   })
 })
 
@@ -460,7 +466,7 @@ describe("asking the daemon (a stand-in on a Unix socket)", () => {
   afterAll(() => server.stop(true))
   const endpoint = { url: "http://localhost/v1/decide", socket: null, socketDir: dir, tokenFile: null }
   const ask = makeAsker(endpoint, "http://127.0.0.1:4096/")
-  const body = (tool: string) => ({ session_id: "ses_1", call_id: "c", tool, args: {}, directory: "/p", fell_open: 0 })
+  const body = (tool: string) => ({ session_id: "ses_1", call_id: "c", tool, args: {}, directory: "/p", fell_open: 0, ...RELEASE })
 
   test("the server's own socket is asked; its verdicts are taken", async () => {
     expect(await ask(body("allow"), "allow")).toEqual({ block: null })
@@ -596,6 +602,61 @@ describe("a socket another user could have put there is not asked", () => {
         root ? null : `the folder ${dir} belongs to another user (uid ${uid})`,
       )
     } finally {
+      rmSync(dir, { recursive: true, force: true })
+    }
+  })
+})
+
+describe("versions: a plugin and a daemon of different releases say so (issue 46)", () => {
+  const where = "/run/olm/plugin-4096.sock"
+
+  test("the daemon's version header against the plugin's own", () => {
+    expect(versionSkew(`${VERSION}; protocol=${PROTOCOL}`, where)).toBeNull()
+    expect(versionSkew(null, where)).toBe(
+      `opencode-loop-monitor: the monitor at ${where} says no version: it is of an earlier release ` +
+        `than this plugin (${VERSION}); restart it (\`opencode-loop-monitor watch\`, or its service)`,
+    )
+    expect(versionSkew(`9.0.0+0123abcd; protocol=${PROTOCOL + 1}`, where)).toBe(
+      `opencode-loop-monitor: this plugin is version ${VERSION}, the monitor at ${where} 9.0.0+0123abcd: ` +
+        "run `opencode-loop-monitor plugin install` and restart OpenCode",
+    )
+    expect(versionSkew("0.0.1+0123abcd; protocol=1", where)).toBe(
+      `opencode-loop-monitor: this plugin is version ${VERSION}, the monitor at ${where} 0.0.1+0123abcd: ` +
+        "restart the monitor with the release that installed this plugin",
+    )
+  })
+
+  test("said in the server's log once, and again only when the daemon's version changes", async () => {
+    const dir = mkdtempSync(`${tmpdir()}/olm-`)
+    const socket = `${dir}/plugin-4096.sock`
+    // An older daemon first (no version; it refuses fields it does not know, as releases
+    // before ee7c001 did), then this release's, then the older one again.
+    const versions: (string | null)[] = [null, null, `${VERSION}; protocol=${PROTOCOL}`, null]
+    const server = Bun.serve({
+      unix: socket,
+      fetch() {
+        const version = versions.shift() ?? null
+        if (version === null) return Response.json({ error: "unknown field(s): plugin_version, protocol" }, { status: 400 })
+        return Response.json({ verdict: "allow" }, { headers: { [VERSION_HEADER]: version } })
+      },
+    })
+    try {
+      const lines: string[] = []
+      const ask = makeAsker({ url: "http://localhost/v1/decide", socket, socketDir: null, tokenFile: null }, null, (line) =>
+        lines.push(line),
+      )
+      const body = { session_id: "ses_1", call_id: "c", tool: "read", args: {}, directory: "/p", fell_open: 0, ...RELEASE }
+      const verdicts = []
+      for (let i = 0; i < 4; i++) verdicts.push(await ask(body, "read"))
+      expect(verdicts).toEqual([
+        { fellOpen: `the monitor at ${socket} refused: 400 unknown field(s): plugin_version, protocol` },
+        { fellOpen: `the monitor at ${socket} refused: 400 unknown field(s): plugin_version, protocol` },
+        { block: null },
+        { fellOpen: `the monitor at ${socket} refused: 400 unknown field(s): plugin_version, protocol` },
+      ])
+      expect(lines).toEqual([versionSkew(null, socket), versionSkew(null, socket)])
+    } finally {
+      server.stop(true)
       rmSync(dir, { recursive: true, force: true })
     }
   })
