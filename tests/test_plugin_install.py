@@ -166,7 +166,8 @@ def test_uninstall_leaves_a_link_and_a_file_not_ours(home: Path) -> None:
     assert uninstall(home / "nowhere", env(home)).startswith("not installed")
 
 
-def test_status_for_each_state(home: Path) -> None:
+def test_status_for_each_state(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plugin_install, "ANSWER_TIMEOUT_S", 0.2)
     environ = env(home)
     text, code = status(settings(), None, environ)
     assert code == EX_NOT_INSTALLED and text.startswith("not installed")

@@ -126,8 +126,9 @@ async def test_a_plugin_sending_the_token_in_the_clear_is_refused_and_told_to_re
         assert (detected["call_index"], detected["interventions"]) == (4, 1)
         assert len(monitor.events("intervention.outcome")) == 1
         assert [m["info"]["role"] for m in messages].count("user") == 1
-        [refused] = monitor.events("plugin.refused")
-        assert (refused["status"], refused["reason"]) == (401, CLEAR_TOKEN)
+        # One line per status per 10 s: one, or more on a slow machine, all alike.
+        refused = monitor.events("plugin.refused")
+        assert {(r["status"], r["reason"]) for r in refused} == {(401, CLEAR_TOKEN)}
         # What the person reads in the server's log: what to do.
         log = server.log_path.read_text()
         assert f"refused: 401 {CLEAR_TOKEN}" in log

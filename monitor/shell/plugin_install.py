@@ -56,6 +56,9 @@ _VERSION_LINE = "export const VERSION = "
 # Said by the file itself, so uninstall removes only a file we wrote.
 _MARK = "opencode-loop-monitor plugin install"
 PROBE_TIMEOUT_S = 0.5
+# How long the monitor may take to answer the plugin's question asked by `status`: a person
+# waits, not a tool call, and a busy machine must not read as a monitor that cannot answer.
+ANSWER_TIMEOUT_S = 5.0
 # Written mode 0644, as an editor would: OpenCode, maybe run as another user, reads it.
 FILE_MODE = 0o644
 
@@ -272,7 +275,7 @@ def _releases(
     file, this command and that monitor are of one release, and the monitor takes the
     plugin's questions (asked as the plugin asks: an upgrade can leave either behind)."""
     ours = shipped_version()
-    answered = probe(asked, address.get("tokenFile"), version, PROBE_TIMEOUT_S)
+    answered = probe(asked, address.get("tokenFile"), version, ANSWER_TIMEOUT_S)
     if not isinstance(answered, Probed):
         lines.append(f"a monitor answers there, but not the plugin's question: {answered}")
         return PluginStatus("\n".join(lines), EX_UNAVAILABLE)
