@@ -354,7 +354,7 @@ docs/operations.md). When no monitor answers, it applies its own loop rule. Run
 `opencode-loop-monitor plugin ACTION --help` for the flags of each action."""
 
 PLUGIN_EPILOG = """\
-exit status: 0 done, 3 or 4 or 69 (status) what it found, 78 configuration error, 130
+exit status: 0 done, 3, 4, 5 or 69 (status) what it found, 78 configuration error, 130
 interrupted; each action lists its own under --help."""
 
 PLUGIN_INSTALL_DESCRIPTION = """\
@@ -379,12 +379,15 @@ exit status: 0 removed (or there was none), 78 the file there is not ours or can
 PLUGIN_STATUS_DESCRIPTION = """\
 Says where the plugin is installed, where it asks in the server at --url and whether a
 monitor answers there (and whether it is the monitor of that server, with these plugin
-settings)."""
+settings), asking it as the plugin would: whether it takes the plugin's questions, and
+whether the plugin file, this command and that monitor are of one release."""
 
 PLUGIN_STATUS_EPILOG = """\
 exit status: 0 installed, and the monitor of --url answers where it asks, 3 not installed,
-4 a monitor answers where the plugin asks but it is not the one of --url, 69 installed but
-nothing answers, 78 configuration error (the endpoint is off), 130 interrupted."""
+4 a monitor answers where the plugin asks but it is not the one of --url, 5 the plugin file,
+this command and the monitor are not of one release (run `plugin install`, or restart the
+monitor) or the monitor refuses the plugin's questions, 69 installed but nothing answers (or
+answers no question), 78 configuration error (the endpoint is off), 130 interrupted."""
 
 
 def _project_argument(parser: argparse.ArgumentParser) -> None:
