@@ -129,19 +129,10 @@ async def test_the_plugin_and_the_daemon_prove_each_other_over_tcp(bun: Path, tm
             "for (const tool of ['bash', 'read']) out.push(await ask(body(tool), tool));"
             "console.log(JSON.stringify(out))"
         )
-        process = await asyncio.create_subprocess_exec(
-            bun, "-e", script, cwd=REPO, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
-        try:
-            out, err = await asyncio.wait_for(process.communicate(), TIMEOUT_S)
-        finally:
-            if process.returncode is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                await process.wait()
+        code, out, err = await run_bun(bun, script)
     finally:
         await server.close()
-    assert process.returncode == 0, err.decode()
+    assert code == 0, err.decode()
     assert json.loads(out) == [{"block": "stop it"}, {"block": None}]
     assert [call.tool for call in judged] == ["bash", "read"]
 
