@@ -57,57 +57,78 @@ def loads(text: str, parse_int: Callable[[str], Any] = int) -> Any:
     stack: list[list[Any] | _Object] = []  # the arrays and objects open, innermost last
     pos = _skip(text, 0)
     while True:
-        opened = _OBJECT.match(text, pos)
-        while opened is not None:
-            stack.append(_Object(opened.group(1)))
-            pos = opened.end()
-            opened = _OBJECT.match(text, pos)
-        run = _ARRAYS.match(text, pos)
-        if run is not None:
-            stack.extend([] for _ in range(run.group().count("[")))
-            pos = run.end()
-        if run is not None and text.startswith("]", pos):  # the last one opened is empty
-            value: Any = stack.pop()
-            pos += 1
-        else:
-            value, pos, other = _value(text, pos)
-            if other is not None:
-                stack.append(other)
-                continue
+        value, pos = _open(text, pos, stack)
+        if value is _OPENED:
+            continue
         if isinstance(value, _Number):
             value = parse_int(value) if value.integer else float(value)
-        # A value is read: put it in its container, closing every container that ends here.
-        while True:
-            run = _CLOSING.match(text, pos)
-            if run is not None:
-                for _ in range(run.group().count("]")):
-                    array = stack.pop() if stack else None
-                    if not isinstance(array, list):
-                        raise ValueError(f"unexpected ']' near character {pos}")
-                    array.append(value)
-                    value = array
-                pos = run.end()
-            pos = _skip(text, pos)
-            if not stack:
-                if pos != len(text):
-                    raise ValueError(f"extra data at character {pos}")
-                return value
-            top = stack[-1]
-            if isinstance(top, list):
-                top.append(value)
-            else:
-                top.members[top.key] = value
-            char = text[pos : pos + 1]
-            if char == ",":
-                pos = _skip(text, pos + 1)
-                if isinstance(top, _Object):
-                    top.key, pos = _key(text, pos)
-                break
-            if char != ("]" if isinstance(top, list) else "}"):
-                raise ValueError(f"expected ',' or a closing bracket at character {pos}")
-            pos += 1
-            stack.pop()
-            value = top if isinstance(top, list) else top.members
+        done, value, pos = _settle(text, pos, value, stack)
+        if done:
+            return value
+
+
+# What `_open` returns when it opened a container whose first value is still to be read.
+_OPENED = object()
+
+
+def _open(text: str, pos: int, stack: list[list[Any] | _Object]) -> tuple[Any, int]:
+    """Open the containers that start at `pos`, then read the value there: the value (an
+    empty array closed at once included) and where it ends, or `_OPENED` and where the first
+    value of the object it opened starts."""
+    opened = _OBJECT.match(text, pos)
+    while opened is not None:
+        stack.append(_Object(opened.group(1)))
+        pos = opened.end()
+        opened = _OBJECT.match(text, pos)
+    run = _ARRAYS.match(text, pos)
+    if run is not None:
+        stack.extend([] for _ in range(run.group().count("[")))
+        pos = run.end()
+        if text.startswith("]", pos):  # the last one opened is empty
+            return stack.pop(), pos + 1
+    value, pos, other = _value(text, pos)
+    if other is not None:
+        stack.append(other)
+        return _OPENED, pos
+    return value, pos
+
+
+def _settle(
+    text: str, pos: int, value: Any, stack: list[list[Any] | _Object]
+) -> tuple[bool, Any, int]:
+    """Put a value read in its container, closing every container that ends here: whether
+    the document is whole (then its value), else where the next value starts."""
+    while True:
+        run = _CLOSING.match(text, pos)
+        if run is not None:
+            for _ in range(run.group().count("]")):
+                array = stack.pop() if stack else None
+                if not isinstance(array, list):
+                    raise ValueError(f"unexpected ']' near character {pos}")
+                array.append(value)
+                value = array
+            pos = run.end()
+        pos = _skip(text, pos)
+        if not stack:
+            if pos != len(text):
+                raise ValueError(f"extra data at character {pos}")
+            return True, value, pos
+        top = stack[-1]
+        if isinstance(top, list):
+            top.append(value)
+        else:
+            top.members[top.key] = value
+        char = text[pos : pos + 1]
+        if char == ",":
+            pos = _skip(text, pos + 1)
+            if isinstance(top, _Object):
+                top.key, pos = _key(text, pos)
+            return False, None, pos
+        if char != ("]" if isinstance(top, list) else "}"):
+            raise ValueError(f"expected ',' or a closing bracket at character {pos}")
+        pos += 1
+        stack.pop()
+        value = top if isinstance(top, list) else top.members
 
 
 class _Number(str):
