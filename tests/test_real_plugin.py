@@ -612,3 +612,37 @@ async def test_a_monitor_stopped_during_a_loop_and_resumed_counts_the_plugins_re
     assert len(users) == 2  # the prompt, and the hold's feedback after the model's answer
     assert user_texts(messages)[1].startswith(MARK) and user_texts(messages)[1].endswith(HOLD_NOTE)
     assert messages[-1]["info"]["role"] == "user"  # stored without a reply
+
+
+async def test_a_loop_of_calls_too_large_to_ask_about_is_one_counted_refusal_and_no_abort(
+    plugin_server, start_monitor, http, socket_path
+):
+    """Issue 43: four identical 5 MB writes, each too large for the plugin to send the daemon
+    (over its MAX_CHARS): it tells the daemon of each call without its arguments, its own
+    rule refuses the 4th in band, and the daemon, which found the loop on the stream, counts
+    that refusal as the loop's one intervention: no abort, no feedback message."""
+    monitor = await start_watching(
+        start_monitor, plugin_server, "--plugin-socket", str(socket_path)
+    )
+    client = plugin_server.client(http)
+    session = await client.create_session("large writes")
+    write = ("write", {"filePath": "big.txt", "content": "FILL"})
+    await client.prompt_async(session["id"], script([write], 4, delay=0.1, fill=5_000_000))
+    messages = await client.wait_idle(session["id"], 180)
+    written = (plugin_server.project / "big.txt").stat().st_size
+
+    parts = tool_parts(messages)
+    assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"]
+    assert parts[3]["state"]["error"].startswith(OWN_REFUSAL)
+    assert written == 5_000_000
+    assert [m["info"]["role"] for m in messages].count("user") == 1  # no feedback posted
+    assert all(m["info"].get("error") is None for m in messages)  # no abort
+    [detected] = monitor.events("loop.detected")
+    [outcome] = monitor.events("intervention.outcome")
+    assert (outcome["outcome"], outcome["call_index"], outcome["interventions"]) == (
+        "blocked",
+        4,
+        1,
+    )
+    assert detected["session_id"] == outcome["session_id"] == session["id"]
+    assert monitor.events("feedback.sent") == []

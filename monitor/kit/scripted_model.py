@@ -35,6 +35,9 @@ one model serves any number of sessions and needs no per-test setup:
 - ``nest``: each call's arguments also carry ``"nested"``, a value nested this many levels
   deep (arrays around a 1), written as text: past the depth `json.loads` reads, as an MCP
   tool's arguments can be (issue 46).
+- ``fill``: each string argument that reads ``FILL`` is written as this many characters (a
+  call too large for the plugin to send the monitor, issue 43) while the script in the
+  prompt stays small.
 
 Requests that carry no script or no tools (OpenCode's title generation) get a short text.
 Served for a person (`opencode-loop-monitor model`, `on_demand`), a prompt that is no script
@@ -81,6 +84,8 @@ DEFAULT_ANSWER = "Understood. I will stop repeating and change approach."
 # Prompt tokens reported by the step of `compact_after`: past any context limit a test sets.
 OVERFLOW_TOKENS = 1_000_000
 UNSCRIPTED_ANSWER = "Scripted session"
+# The largest request body served: a conversation of a few `fill` calls.
+MAX_REQUEST = 256 * 1024 * 1024
 # What a prompt in words gets from a model served on demand: the demo's loop (read a file,
 # list the folder, 12 calls) heeding the monitor, the same ignoring it, or this answer.
 ON_DEMAND_PATTERN = (("read", {"filePath": "README.md"}), ("bash", {"command": "ls"}))
@@ -112,6 +117,7 @@ def script(
     compact_after: int = 0,
     heed: bool = False,
     nest: int = 0,
+    fill: int = 0,
 ) -> str:
     """The prompt text that makes the scripted model follow this script."""
     body: dict[str, Any] = {
@@ -137,6 +143,7 @@ def script(
         "compact_after": (compact_after, 0),
         "heed": (heed, False),
         "nest": (nest, 0),
+        "fill": (fill, 0),
     }
     body.update({key: value for key, (value, default) in optional.items() if value != default})
     return json.dumps(body)
@@ -160,6 +167,7 @@ class Script:
     compact_after: int = 0
     heed: bool = False
     nest: int = 0
+    fill: int = 0
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Self:
@@ -185,6 +193,7 @@ class Script:
             compact_after=int(data.get("compact_after", 0)),
             heed=data.get("heed", False) is True,
             nest=int(data.get("nest", 0)),
+            fill=int(data.get("fill", 0)),
         )
 
 
@@ -196,11 +205,15 @@ class ToolCall:
     text: str = ""  # streamed before the call
     reasoning: str = ""
     nest: int = 0  # Script.nest
+    fill: int = 0  # Script.fill
 
     def arguments(self) -> str:
         """The arguments as the model writes them: JSON text, with `nest` levels of nesting
-        under "nested" (as text: `json.dumps` would recurse that deep)."""
+        under "nested" (as text: `json.dumps` would recurse that deep), and each "FILL"
+        written as `fill` characters."""
         text = json.dumps(self.args)
+        if self.fill:
+            text = text.replace('"FILL"', '"' + "x" * self.fill + '"')
         if not self.nest:
             return text
         nested = f'"nested": {"[" * self.nest}1{"]" * self.nest}'
@@ -334,6 +347,7 @@ def decide(script_: Script, messages: Sequence[Mapping[str, Any]], before: int =
             script_.say,
             script_.think,
             script_.nest,
+            script_.fill,
         )
         for index in range(done, min(done + script_.parallel, script_.calls))
     )
@@ -486,7 +500,10 @@ class ScriptedModel:
         return [r for r in self.requests if r.scripted and r.conversation == prompt]
 
     async def start(self) -> None:
-        app = web.Application()
+        # A conversation holds every call made so far: a `fill` script's 5 MB calls go past
+        # aiohttp's 1 MiB default, which answers 413 (OpenCode takes that for a context
+        # overflow and compacts).
+        app = web.Application(client_max_size=MAX_REQUEST)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
