@@ -5,7 +5,8 @@ Each path a refusal's text takes to the model (the plugin's block, a refused per
 request, a refused `doom_loop` request, a refusal waiting for the session's next call, the
 posted feedback of a hold) is driven after an earlier, different loop of the same session;
 every text is held to its own decision's finding and to none of the others', and the last
-one to what the scenario's last call did. The real model's case: after a loop of 4 calls
+one to what the scenario's last call did; and, for any order of calls, bursts and run ends,
+each block the plugin throws to the call it refused. The real model's case: after a loop of 4 calls
 (bash, edit, read, write) was refused, a single `git pull` was refused "4 calls (bash, edit,
 read, write) repeated 3 times"."""
 
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from monitor.core import feedback
 from monitor.core.decisions import Intervene, Outcome, Plan
@@ -57,26 +60,23 @@ class Session:
     def _feed(self, frame: dict) -> None:
         fed = self.tracker.feed(frame)
         for decision in fed.decisions:
-            self._decided(decision)
+            self.decisions.append(decision)
             if decision.plan is not Plan.DEFER and not decision.refused:
                 self.said.append((decision, decision.feedback))  # posted after the abort
         for reply in fed.replies:
             if reply.loop is not None:
-                self._decided(reply.loop)
+                self.decisions.append(reply.loop)
                 self.tracker.outcome(reply.loop, Outcome.REJECTED)  # an abort stays under way
                 assert reply.message is not None
                 self.said.append((reply.loop, reply.message))
                 if reply.loop.plan in (Plan.STOP, Plan.HOLD):
                     self.said.append((reply.loop, reply.loop.feedback))
 
-    def _decided(self, decision: Intervene) -> None:
-        self.decisions.append(decision)
-
     def asked(
         self, call: tuple[str, dict[str, Any]], status: str = "completed", same_step: bool = False
-    ) -> None:
+    ) -> Said | None:
         """A call the plugin asks about first (a model step of its own, or of the step of the
-        call before); blocked, its end is the plugin's error."""
+        call before); blocked, its end is the plugin's error. Returns the block's text."""
         self.n += 1
         tool, args = call
         step = f"msg_{self.n - 1 if same_step else self.n}"
@@ -86,16 +86,19 @@ class Session:
         decision = judged.decision
         blocked = judged.verdict.verdict == "block"
         if decision is not None:
-            self._decided(decision)
+            self.decisions.append(decision)
             self.tracker.outcome(decision, Outcome.BLOCKED if blocked else Outcome.NUDGED)
+        block = None
         if blocked:
             assert decision is not None and judged.verdict.feedback is not None
-            self.said.append((decision, judged.verdict.feedback))
+            block = decision, judged.verdict.feedback
+            self.said.append(block)
             if decision.plan in (Plan.STOP, Plan.HOLD):
                 self.said.append((decision, decision.feedback))
             status = "error"
         for state in ("running", status):
             self._feed(self._frames(self.n, tool, args, state))
+        return block
 
     def permitted(self, call: tuple[str, dict[str, Any]], asks: bool = True) -> None:
         """A call on the stream that asks permission (`asks`), answered once unless refused;
@@ -241,19 +244,25 @@ CASES: dict[str, tuple[Callable[[Session], None], Detection, str]] = {
 }
 
 
+def held_to_own(session: Session) -> None:
+    """Every text the session's model read describes its own decision's finding, and no
+    other finding of the session."""
+    found = {decision.finding.describe() for decision in session.decisions}
+    for decision, text in session.said:
+        own = decision.finding.describe()
+        assert own in text, (own, text)
+        for other in found - {own}:
+            assert other not in text, (other, text)
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_every_refusal_text_describes_its_own_finding(name: str) -> None:
     scenario, detection, last = CASES[name]
     session = Session(detection)
     scenario(session)
     assert len(session.said) >= 2, "the scenario refuses twice"
-    found = {decision.finding.describe() for decision in session.decisions}
-    assert FIRST in found
-    for decision, text in session.said:
-        own = decision.finding.describe()
-        assert own in text, (own, text)
-        for other in found - {own}:
-            assert other not in text, (other, text)
+    assert FIRST in {decision.finding.describe() for decision in session.decisions}
+    held_to_own(session)
     decision, text = session.said[-1]
     assert decision.finding.describe() == last and last in text
     assert FIRST not in text
@@ -268,6 +277,58 @@ def test_a_call_of_an_armed_loop_is_that_loop_on_the_ladder_and_in_the_logs() ->
     assert (again.rule, again.finding.shape()) == (first.rule, first.finding.shape())
     assert again.prior_interventions == first.prior_interventions + 1
     assert again.fields()["finding"] == AGAIN
+
+
+# The calls a session may make in any order: the loop's four, and a failing `make` whose
+# arguments change (its loop is a `failure`, found after it ran).
+ALPHABET = [*CYCLE, ("bash", {"command": "make"})]
+# A refusal for what the calls before it did (`plan.withhold`): it names their finding.
+AFTER = feedback.MARK + "this call was refused and did not run, because of what your last"
+
+
+def refused_tool(finding: object) -> str | None:
+    """The tool of the call that a finding says is refused (None: it names no one call)."""
+    if isinstance(finding, LoopAgain):
+        return finding.tool
+    if isinstance(finding, CallCycle):
+        return finding.tools[-1]  # the call that would have completed the block
+    return None
+
+
+# A move: the loop's four calls in order, one call of the alphabet (in a step of its own, or in
+# the step of the call before), or the run's end.
+MOVES = st.one_of(
+    st.just(("loop", 0)),
+    st.tuples(st.sampled_from(["step", "burst"]), st.integers(0, len(ALPHABET) - 1)),
+    st.just(("end", 0)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(MOVES, max_size=20))
+def test_every_block_describes_the_call_it_refused(moves: list[tuple[str, int]]) -> None:
+    """Any order of the loop's calls, failures, bursts and run ends: each text describes its
+    own finding and no other, and a block's finding is of the call it refused (a `git pull`
+    is never refused as a block that ends with `write`)."""
+    session = Session()
+    for move, index in moves:
+        if move == "end":
+            session.tracker.end_run(S)
+            continue
+        for tool, args in CYCLE if move == "loop" else [ALPHABET[index]]:
+            failing = args.get("command") == "make"
+            if failing:
+                args = {"command": f"make {session.n}"}
+            status = "error" if failing else "completed"
+            block = session.asked((tool, args), status, same_step=move == "burst")
+            if block is None:
+                continue
+            decision, text = block
+            if not text.startswith(AFTER):
+                assert refused_tool(decision.finding) in (tool, None), (tool, text)
+            if decision.plan in (Plan.STOP, Plan.HOLD):
+                session.tracker.end_run(S)  # aborted
+    held_to_own(session)
 
 
 # -- no name a model could take for a tool ------------------------------------------------------
