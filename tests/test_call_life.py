@@ -13,6 +13,7 @@ from monitor.core.budget import Budget
 from monitor.core.calls import TABLE, CallEvent, CallState, Step, advance
 from monitor.core.decisions import Plan
 from monitor.core.feedback import MARK
+from monitor.core.findings import LoopAgain
 from monitor.core.frames import iter_sse_data
 from monitor.core.plugin_protocol import PluginCall
 from monitor.core.runs import RUN_TABLE, RunEvent, RunState, run_advance
@@ -130,7 +131,7 @@ def test_the_idle_pair_ends_one_run_for_the_armed_loop() -> None:
     tracker.feed(status("s", "busy"))
     [again] = feed_all(tracker, loop_of("s", 1, prefix="r"))
     assert (again.call_index, again.prior_interventions) == (5, 1)
-    assert again.finding == first.finding
+    assert again.finding == LoopAgain("read", first.finding)
 
 
 def test_a_run_ended_by_the_resync_loses_its_run_budget_as_one_ended_by_idle() -> None:
@@ -225,7 +226,11 @@ def test_a_burst_the_plugin_asks_about_is_one_intervention() -> None:
     ]
     assert [j.verdict.verdict for j in judged] == ["allow"] * 3 + ["block"] * 2
     assert [j.decision.plan for j in judged[3:] if j.decision] == [Plan.REFUSE, Plan.DEFER]
-    assert judged[4].verdict == judged[3].verdict  # the same refusal text
+    # The same intervention, in words for its own call, not a copy of the first refusal's.
+    first, again = judged[3].decision, judged[4].decision
+    assert first is not None and again is not None
+    assert again.finding == LoopAgain("read", first.finding)
+    assert again.finding.describe() in str(judged[4].verdict.feedback)
     assert tracker.interventions("ses_1") == 1
 
 

@@ -18,7 +18,7 @@ from monitor.core.compaction import by_compaction, is_summary
 from monitor.core.decisions import Outcome
 from monitor.core.detection import Detection
 from monitor.core.export import answered, current_run, export_frames
-from monitor.core.findings import CallCycle
+from monitor.core.findings import CallCycle, LoopAgain
 from monitor.core.tracker import Tracker
 from tests.captures import CAPTURES, capture_frames
 from tests.frames_factory import feed_all, idle, loop_of, status, user_message
@@ -156,7 +156,7 @@ def test_the_ladder_and_the_armed_loop_survive_a_compaction():
         1,
         0,
     )
-    assert again.finding == nudged.finding
+    assert again.finding == LoopAgain("read", nudged.finding)
 
 
 def said(session: str, step: int, text: str) -> list[object]:
@@ -243,7 +243,7 @@ def test_a_summarize_between_a_stopped_loop_and_its_relapse_uses_up_no_run():
     [again] = feed_all(tracker, [*prompt("ses_1", "read it"), *loop_of("ses_1", 1, prefix="after")])
     # The session's 5th call, in its 2nd run (run 1): the compaction counted no run.
     assert (again.part_id, again.call_index, again.run) == ("after1", 5, 1)
-    assert again.finding == stopped.finding
+    assert again.finding == LoopAgain("read", stopped.finding)
 
 
 def test_an_aborted_run_after_a_summarize_still_ends():

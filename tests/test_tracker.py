@@ -4,7 +4,7 @@ import pytest
 
 from monitor.core.decisions import Plan
 from monitor.core.feedback import MARK
-from monitor.core.findings import CallCycle
+from monitor.core.findings import CallCycle, LoopAgain
 from monitor.core.rules.cycle import Cycle
 from monitor.core.tracker import SEED, Detection, Fed, Intervene, Tracker
 from tests.captures import capture_frames
@@ -136,7 +136,7 @@ def test_history_resets_after_intervention_but_the_loop_stays_armed():
     assert (again.call_index, again.prior_interventions, again.finding) == (
         8,
         1,
-        decisions[0].finding,
+        LoopAgain("read", decisions[0].finding),
     )
 
 

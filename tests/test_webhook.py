@@ -121,7 +121,8 @@ async def test_every_intervention_and_hold_is_posted(serve):
     assert second == {
         **common,
         "text": "opencode-loop-monitor: session ses_1 in /w looped "
-        "(1 call (read) repeated 4 times) and was stopped and put on hold: "
+        "(read with the same arguments again, a call of the loop interrupted before) and was "
+        "stopped and put on hold: "
         "it waits for a person to read the feedback and go on",
         "event": "hold",
         "interventions": 2,

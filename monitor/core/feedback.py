@@ -16,6 +16,7 @@ from monitor.core.findings import (
     EndlessWait,
     FailureRun,
     Finding,
+    LoopAgain,
     NoProgress,
     Revisit,
     RunawayCall,
@@ -133,6 +134,11 @@ def _found(finding: Finding) -> tuple[str, str]:
         return (
             f"your run was stopped because your subagents ran away: {finding.describe()}."
         ), _TREE_ADVICE
+    if isinstance(finding, LoopAgain):
+        return (
+            "a loop interrupted before was started again and your run was stopped at this "
+            f"call: {finding.describe()}."
+        ), _CALL_ADVICE
     if isinstance(finding, FailureRun):
         return (
             "a repeated failure was detected and your run was stopped at this call: "
@@ -225,9 +231,12 @@ def rejection_text(
     """The message of a refused permission: the model reads it as the result of the call that
     completed the loop, which never ran; its run goes on. `interventions` counts this one,
     `earlier` as in `feedback_text`."""
+    if isinstance(finding, LoopAgain):
+        found = finding.describe()
+    else:
+        found = f"it would have completed a loop, {finding.describe()} with the same arguments"
     return _message(
-        "this call was refused and did not run: it would have completed a loop, "
-        f"{finding.describe()} with the same arguments.",
+        f"this call was refused and did not run: {found}.",
         "Do not make the same call again. Compare what you expected the earlier calls to do "
         "with what they actually returned. Then either take a materially different action "
         "based on that evidence, or explain briefly why you are blocked and what information "

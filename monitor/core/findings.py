@@ -23,6 +23,7 @@ __all__ = [
     "EndlessWait",
     "FailureRun",
     "Finding",
+    "LoopAgain",
     "NoProgress",
     "RULES",
     "Revisit",
@@ -373,6 +374,34 @@ class DoomLoop(_Kind):
         return 1, self.calls, (self.tool,)
 
 
+@dataclass(frozen=True, slots=True)
+class LoopAgain(_Kind):
+    """A call of `tool` that is a call of `loop`, a loop stopped before and still armed
+    (`SessionRecord.armed`): with the same arguments as one of its calls, or (`failed`)
+    failing as it did. Its own finding, not `loop`'s: the text the model reads says what this
+    call did (a single `git pull` is not "4 calls repeated 3 times", issue 47), while the
+    rule, the logs' shape and the metric's label stay the loop's, which it continues."""
+
+    names_calls: ClassVar[bool] = True
+    tool: str
+    loop: Finding
+    failed: bool = False
+
+    @property
+    def rule(self) -> Rule:
+        return self.loop.rule
+
+    def describe(self) -> str:
+        """`bash with the same arguments again, a call of the loop interrupted before`."""
+        tool = clean_tool_name(self.tool)
+        if self.failed:
+            return f"the same error from {tool} again, the failure of the loop interrupted before"
+        return f"{tool} with the same arguments again, a call of the loop interrupted before"
+
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        return self.loop.shape()
+
+
 Finding = (
     CallCycle
     | EndlessWait
@@ -386,6 +415,7 @@ Finding = (
     | BudgetSpent
     | TreeShape
     | DoomLoop
+    | LoopAgain
 )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from monitor.core.calls import CallEvent, advance
-from monitor.core.decisions import Action, Intervene, Plan
+from monitor.core.decisions import Action, Intervene, Outcome, Plan
 from monitor.core.detection import Detection
 from monitor.core.feedback import (
     OWN_REFUSAL,
@@ -79,11 +79,21 @@ def decide(
             advance(call, CallEvent.CUT)
     acted = session.acted
     if loop and acted is not None and acted.same(loop, session.step):
+        # That intervention again, with texts written for this finding rather than copied
+        # from it: a call of its loop, or a part of it (a `doom_loop` request naming one of
+        # its calls), is refused for what it did itself (issue 47).
+        stands = acted.decision
+        feedback, refusal = _texts(
+            finding, stands.plan, stands.hold, stands.prior_interventions, stands.prior_outcomes
+        )
         return dataclasses.replace(
-            acted.decision,
+            stands,
+            finding=finding,
             part_id=part_id,
             call_index=session.calls,
             plan=Plan.DEFER,
+            feedback=feedback,
+            refusal=refusal,
             refused=refused,
         )
     if repeats:
@@ -103,11 +113,7 @@ def decide(
         # repeating itself until its token limit, a root waiting on its subagents): only the
         # abort stops it, whatever the first action.
         step = dataclasses.replace(step, action=Action.STOP, plan=Plan.STOP)
-    if step.plan == Plan.NUDGE:
-        feedback = nudge_text(finding, prior + 1)
-    else:
-        feedback = feedback_text(finding, step.hold, prior + 1, session.outcomes)
-    refusal = rejection_text(finding, step.hold, prior + 1, session.outcomes)
+    feedback, refusal = _texts(finding, step.plan, step.hold, prior, session.outcomes)
     decision = Intervene(
         session_id=session_id,
         directory=session.directory or directory,
@@ -133,6 +139,18 @@ def decide(
         # its calls' ends bring from now until it ends is the abort's doing, not the model's.
         session.stopping = decision
     return decision
+
+
+def _texts(
+    finding: Finding, plan: Plan, hold: bool, prior: int, earlier: tuple[Outcome, ...]
+) -> tuple[str, str]:
+    """The feedback and the refusal text of a decision for `finding`, after `prior`
+    interventions that ended as `earlier` says: each says what this finding is."""
+    if plan == Plan.NUDGE:
+        feedback = nudge_text(finding, prior + 1)
+    else:
+        feedback = feedback_text(finding, hold, prior + 1, earlier)
+    return feedback, rejection_text(finding, hold, prior + 1, earlier)
 
 
 # The plans whose decision aborts the run whatever the channel.

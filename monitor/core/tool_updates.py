@@ -21,7 +21,7 @@ from monitor.core.decisions import Deadline, Intervene, Plan, Reply
 from monitor.core.detection import Detection
 from monitor.core.events import ToolPart
 from monitor.core.fed import QUIET, Fed, Judged
-from monitor.core.findings import FailureRun, Finding, RunawayCall
+from monitor.core.findings import FailureRun, Finding, LoopAgain, RunawayCall
 from monitor.core.permissions import PermissionGate
 from monitor.core.plan import failed_as, own_refusal, refused, withhold
 from monitor.core.plugin_protocol import ALLOW, PluginCall, block
@@ -408,16 +408,20 @@ class ToolUpdates:
         """Ask the rules about a call just recorded or finished; the first finding decides.
 
         A call of the loop stopped last (`SessionRecord.armed`) is that loop again at once:
-        a model that ignores the feedback gets no fresh budget of repetitions. Not for calls
-        read back (`live` False): those were seen, and judged, before.
+        a model that ignores the feedback gets no fresh budget of repetitions. Its finding is
+        its own (`LoopAgain`: this call, of that loop), so what the model reads is what this
+        call did. Not for calls read back (`live` False): those were seen, and judged, before.
         """
-        armed, finding = session.armed, session.armed_finding
-        if live and armed is not None and finding is not None:
-            if (record and call.digest in armed) or (
+        armed, loop = session.armed, session.armed_finding
+        if live and armed is not None and loop is not None:
+            again = None
+            if record and call.digest in armed:
+                again = LoopAgain(call.tool, loop)
+            elif outcome and isinstance(loop, FailureRun) and failed_as(call) in armed:
                 # A stopped failure loop repeats as its failure, whatever the arguments.
-                outcome and isinstance(finding, FailureRun) and failed_as(call) in armed
-            ):
-                return self._decide(session, session_id, finding, part_id, rearm=False)
+                again = LoopAgain(call.tool, loop, failed=True)
+            if again is not None:
+                return self._decide(session, session_id, again, part_id, rearm=False)
         for rule in self._call_rules[record, outcome]:
             found = rule.call(session, call, record, outcome)
             if found is not None:
