@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -36,6 +37,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp.test_utils import TestServer
 
+from monitor.core.plugin_protocol import question_mac
 from monitor.testing import FakeOpencode, frames
 from tests import frames_factory as ff
 from tests.monitor_process import MonitorProcess
@@ -106,12 +108,19 @@ async def decide_call(port: int, token: str) -> tuple[int, float]:
         "args": {"filePath": "/w/a"},
         "directory": "/w",
     }
+    body = json.dumps(call).encode()
+    nonce = secrets.token_hex(16)
+    # Signed as the plugin signs its questions: the token in the clear is refused.
+    headers = {
+        "Content-Type": "application/json",
+        "Authorization": f"OLM-HMAC {nonce} {question_mac(token, nonce, body)}",
+    }
     started = time.monotonic()
     async with aiohttp.ClientSession() as http:
         async with http.post(
             f"http://127.0.0.1:{port}/v1/decide",
-            json=call,
-            headers={"Authorization": f"Bearer {token}"},
+            data=body,
+            headers=headers,
             timeout=aiohttp.ClientTimeout(total=5),
         ) as r:
             await r.read()
@@ -119,19 +128,24 @@ async def decide_call(port: int, token: str) -> tuple[int, float]:
 
 
 FLOOD = """
-import asyncio, json, sys
+import asyncio, hashlib, hmac, json, secrets, sys
 port, count, token = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 body = json.dumps({"session_id": "ses_floodxx", "call_id": "c", "tool": "read", "args": {},
                    "directory": "/w"}).encode()
-request = (f"POST /v1/decide HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\n"
-           f"Authorization: Bearer {token}\\r\\nContent-Length: {len(body)}\\r\\n\\r\\n"
-           ).encode() + body
+def request():
+    # Each question signed afresh, as the plugin signs: a nonce asked before is refused.
+    nonce = secrets.token_hex(16)
+    mac = hmac.new(token.encode(), b"question " + nonce.encode() + b"\\n" + body,
+                   hashlib.sha256).hexdigest()
+    return (f"POST /v1/decide HTTP/1.1\\r\\nHost: x\\r\\nContent-Type: application/json\\r\\n"
+            f"Authorization: OLM-HMAC {nonce} {mac}\\r\\nContent-Length: {len(body)}\\r\\n\\r\\n"
+            ).encode() + body
 async def one():
     while True:
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             while True:
-                writer.write(request)
+                writer.write(request())
                 if not await reader.readline():
                     break
                 while await reader.readline() not in (b"\\r\\n", b""):

@@ -16,6 +16,7 @@ ALLOWS = {
     "EndlessWait": (True, True, True),
     "FailureRun": (True, True, True),
     "DoomLoop": (True, True, True),
+    "LoopAgain": (True, True, True),
     "TextPassage": (False, False, True),
     "RunawayCall": (False, False, True),
     "TreeShape": (False, False, False),
