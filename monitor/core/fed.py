@@ -29,11 +29,16 @@ class Fed:
     replies: tuple[Reply, ...] = ()
     spent: tuple[str | None, int, float] | None = None
     deadlines: tuple[Deadline, ...] = ()  # calls that started running: their time bounds
+    # Nothing in it for the shell to act on: the shared results below (`QUIET`), which
+    # `Monitor.fed` passes over with one test.
+    quiet: bool = False
 
 
 # Most frames change nothing the shell must act on: one shared result per event type, so the
 # hot path allocates nothing for them.
-QUIET = {label: Fed(event_type=label) for label in (*KNOWN_EVENT_TYPES, OTHER, MALFORMED)}
+QUIET = {
+    label: Fed(event_type=label, quiet=True) for label in (*KNOWN_EVENT_TYPES, OTHER, MALFORMED)
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,9 @@ class Monitor:
         # While the plugin endpoint is served and no plugin has asked yet.
         self.unasked: Unasked | None = None
         self._endpoint: str | None = None  # where the plugin endpoint is served
+        # When `tick` next has anything to do (`Unasked.next_check`): a quiet frame before
+        # then costs one comparison.
+        self._next_tick = float("inf")
         self._malformed = Throttle(MALFORMED_LOG_EVERY_S)
         self._refusals = Throttle(REFUSED_LOG_EVERY_S)
         self._ended = False
@@ -69,6 +72,7 @@ class Monitor:
         on: say when no plugin asks."""
         self._endpoint = endpoint
         self.unasked = Unasked(unasked_after, min(UNASKED_CHECK_S, unasked_after / 5))
+        self._next_tick = self.unasked.next_check
 
     def server(self, kind: ServerKind) -> None:
         """What the server the next connect reaches serves: which routes a session's
@@ -131,11 +135,7 @@ class Monitor:
 
     def fed(self, fed: Fed, now: float) -> Sequence[Command]:
         """What one frame fed to the tracker (or one session read back) did."""
-        unasked = self.unasked
-        quiet = not (fed.decisions or fed.replies or fed.deadlines or fed.deleted) and (
-            fed.malformed is None and fed.spent is None
-        )
-        if quiet and (unasked is None or not unasked.due(now)):
+        if fed.quiet and now < self._next_tick:
             return ()  # most frames: nothing to do, nothing allocated
         commands: list[Command] = []
         if fed.decisions or fed.replies:
@@ -153,7 +153,7 @@ class Monitor:
             self._ended = True
             commands.append(Log("info", "attach.session_deleted", {"session_id": fed.deleted}))
             commands.append(Stop())
-        if unasked is not None and unasked.due(now):
+        if now >= self._next_tick:
             commands.extend(self.tick(now))
         return commands
 
@@ -192,6 +192,7 @@ class Monitor:
             bool(self.plugin_stats.by_directory),
             now,
         )
+        self._next_tick = unasked.next_check
         if calls is None:
             return []
         fields = {"endpoint": self._endpoint, "calls": calls, "hint": NOT_ASKING}

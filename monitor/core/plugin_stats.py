@@ -92,6 +92,11 @@ class Unasked:
         # The calls it said ran with no plugin asking; None until it says so.
         self.said: int | None = None
 
+    @property
+    def next_check(self) -> float:
+        """When `check` next has anything to do (infinity once it is done)."""
+        return float("inf") if self.done else self._checked_at + self._every
+
     def due(self, now: float) -> bool:
         """Whether `check` has anything to do at `now`: asked on every frame, so it is
         cheap, and `check` (which counts every call) runs at most once per `every`."""
