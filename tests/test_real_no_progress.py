@@ -46,13 +46,16 @@ async def run(server: OpencodeServer, http, title: str, pattern: list[Call]):
     return session, await client.wait_idle(session["id"], 120)
 
 
-async def test_edits_of_other_lines_of_one_file_with_the_same_check_result_are_refused_in_band(
+async def test_rewrites_of_one_line_with_the_same_check_result_are_refused_in_band(
     plugin_server, start_monitor, http, socket_path
 ):
-    """Run the check, then edit `ak = 0` to `ak = 1` for k = 0, 1, ... each followed by the
-    check again. The first edit is a file new to the run (the check's count starts over from
-    it), every later one the same file again: the check's 5th rerun (call 11) completes the
-    loop, and the next call (call 12, the edit of a5) is refused in band, never applied."""
+    """Run the check, then rewrite `a0 = k` to `a0 = k+1` for k = 0, 1, ..., each followed by
+    the check again (issue 44: what the real loops of this shape do, coming back to the text
+    they touched; a list worked through line by line is progress, tests/test_progress_rules).
+    The first edit is a place new to the run (the check's count starts over from it), every
+    later one rewrites the line an earlier edit wrote: the check's 5th rerun (call 11)
+    completes the loop, and the next call (call 12, the rewrite to `a0 = 6`) is refused in
+    band, never applied."""
     (plugin_server.project / "check.py").write_text(CHECK_PY)
     (plugin_server.project / "calc.py").write_text(CALC_PY)
     monitor = await start_watching(
@@ -61,9 +64,9 @@ async def test_edits_of_other_lines_of_one_file_with_the_same_check_result_are_r
     check = bash("python3 check.py")
     pattern = [check]
     for k in range(5):
-        pattern += [edit("calc.py", f"a{k} = 0", f"a{k} = 1"), check]
-    pattern += [edit("calc.py", "a5 = 0", "a5 = 1")]  # the 12th: refused, never applied
-    session, messages = await run(plugin_server, http, "same file, other lines", pattern)
+        pattern += [edit("calc.py", f"a0 = {k}", f"a0 = {k + 1}"), check]
+    pattern += [edit("calc.py", "a0 = 5", "a0 = 6")]  # the 12th: refused, never applied
+    session, messages = await run(plugin_server, http, "one line rewritten", pattern)
 
     parts = tool_parts(messages)
     assert [(p["tool"], p["state"]["status"]) for p in parts] == [
@@ -89,8 +92,8 @@ async def test_edits_of_other_lines_of_one_file_with_the_same_check_result_are_r
     assert error.startswith(REFUSED + "the same result from bash 5 times"), error
     assert "check that they reach what it runs" in error
     assert (plugin_server.project / "calc.py").read_text() == CALC_PY.replace(
-        "".join(f"a{k} = 0\n" for k in range(5)), "".join(f"a{k} = 1\n" for k in range(5))
-    )  # a0-a4 edited, a5 never
+        "a0 = 0\n", "a0 = 5\n"
+    )  # rewritten five times, the sixth never applied
     [outcome] = monitor.events("intervention.outcome")
     assert (outcome["session_id"], outcome["rule"]) == (session["id"], "no_progress")
     assert (outcome["outcome"], outcome["via"], outcome["call_index"]) == ("blocked", "plugin", 11)
