@@ -94,13 +94,10 @@ class Unasked:
 
     @property
     def next_check(self) -> float:
-        """When `check` next has anything to do (infinity once it is done)."""
+        """When `check` next has anything to do (infinity once it is done): `Monitor` runs
+        it no sooner, so a frame before then costs one comparison, and `check` (which
+        counts every call) runs at most once per `every`."""
         return float("inf") if self.done else self._checked_at + self._every
-
-    def due(self, now: float) -> bool:
-        """Whether `check` has anything to do at `now`: asked on every frame, so it is
-        cheap, and `check` (which counts every call) runs at most once per `every`."""
-        return not self.done and now - self._checked_at >= self._every
 
     def check(self, calls: Callable[[], int], asked: bool, now: float) -> int | None:
         """The calls seen since the first check, once, when it is time to say no plugin
