@@ -18,7 +18,7 @@ LINE_S = 30  # a fresh interpreter importing aiohttp on a busy machine
 # `watch`), which tests/test_real_model.py finds in what `opencode run` printed.
 LOOP_SHOWS = (
     "ls failed",
-    "[opencode-loop-monitor] Loop guard: this call was refused and did not run: ",
+    "Automatic notice: this call was refused and did not run: ",
     "Understood. I will stop repeating and change approach.",
 )
 ESCALATE_SHOWS = ("it is on hold until a person replies", "Error: ")

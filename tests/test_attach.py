@@ -266,12 +266,13 @@ def test_feedback_count_ignores_other_user_messages():
     assert feedback_count([user("Loop guards are nice"), user("go"), *reads(2)]) == 0
 
 
-def test_feedback_names_the_monitor_and_earlier_marks_still_count():
+def test_feedback_says_it_is_automatic_and_earlier_marks_still_count():
     from monitor.core.export import feedback_count
     from monitor.core.feedback import MARK
 
-    # A person at the TUI sees who wrote it.
-    assert MARK.startswith("[opencode-loop-monitor] ")
-    earlier = user("Loop guard: a repeated tool-call cycle was detected ...")
-    now = user(MARK + "a repeated tool-call cycle was detected ...")
-    assert feedback_count([earlier, *reads(2), now]) == 2
+    # A person at the TUI sees that nobody typed it.
+    assert MARK == "Automatic notice: "
+    oldest = user("Loop guard: a repeated tool-call cycle was detected ...")
+    earlier = user("[opencode-loop-monitor] Loop guard: a repeated tool-call cycle was ...")
+    now = user(MARK + "your run was stopped ...")
+    assert feedback_count([oldest, *reads(2), earlier, now]) == 3

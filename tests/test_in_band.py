@@ -82,7 +82,7 @@ def test_a_failure_found_after_its_call_ran_refuses_the_next_call_the_plugin_ask
     assert decision.plan == Plan.REFUSE
     assert judged.verdict.feedback == decision.refusal
     assert decision.refusal.startswith(
-        "[opencode-loop-monitor] Loop guard: this call was refused and did not run, because "
+        "Automatic notice: this call was refused and did not run, because "
         "of what your last calls did: the same error 4 times in a row (bash)."
     )
     # The refused call's own updates (the plugin's thrown text) are no call of the run.

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from monitor.core import feedback
 from monitor.core.feedback import MARK, OWN_REFUSAL
 from monitor.core.limits import HISTORY_FLOOR
 from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, block
@@ -92,10 +93,11 @@ def test_the_plugins_rule_finds_what_the_daemons_cycle_rule_finds(bun: Path) -> 
 
 
 def test_the_plugin_speaks_with_the_guards_mark_and_history(bun: Path) -> None:
-    assert evaluate(bun, "[plugin.MARK, plugin.HISTORY, plugin.OWN_REFUSAL]") == [
+    assert evaluate(bun, "[plugin.MARK, plugin.HISTORY, plugin.OWN_REFUSAL, plugin.STEP]") == [
         MARK,
         HISTORY_FLOOR,
         OWN_REFUSAL,
+        feedback._CALL_STEP,
     ]
 
 

@@ -531,7 +531,7 @@ def test_revisit_names_its_tools_and_window() -> None:
     assert decision.finding.describe() == (
         "12 of the last 16 calls (read) brought back what was already seen"
     )
-    assert "nothing has changed since" in decision.feedback
+    assert "Nothing has changed since you read it" in decision.feedback
 
 
 # -- circles ---------------------------------------------------------------------------------

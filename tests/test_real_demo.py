@@ -129,9 +129,8 @@ async def test_demo_stops_the_loop_and_everything_it_started(opencode_bin, tmp_p
     assert lines[detected - 1].startswith("  call 6 ")
     assert lines[detected + 1] == "server: run aborted (MessageAbortedError)"
     assert lines[detected + 2] == (
-        'monitor: feedback sent to the model: "[opencode-loop-monitor] Loop guard: a repeated '
-        "tool-call cycle was "
-        f'detected and your run was stopped at this call: {SHAPE} with the same arguments."'
+        'monitor: feedback sent to the model: "Automatic notice: your run was stopped at this '
+        f'call, because it kept making the same calls: {SHAPE} with the same arguments."'
     )
     assert lines[detected + 3] == f'model: "{DEFAULT_ANSWER}"'
     assert lines[-1] == (

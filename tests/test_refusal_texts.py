@@ -364,14 +364,24 @@ def test_the_tool_like_pattern_finds_what_models_called() -> None:
     assert TOOL_LIKE.findall(said) == ["opencode-loop-monitor", "loop-guard", "read_file"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every text starts with feedback.MARK, '[opencode-loop-monitor] Loop guard: ', a "
-    "hyphenated product name a model called as a tool (issue 47), and a cycle's feedback says "
-    "'tool-call cycle'. MARK is also how earlier feedback is recognised (MARKS, "
-    "is_hold_feedback, OWN_REFUSAL and the plugin's copy of it, export): a new mark without "
-    "such a name is needed, with MARKS keeping the old one",
-)
 def test_no_text_holds_a_name_a_model_could_take_for_a_tool() -> None:
     found = {name for text in every_text() for name in TOOL_LIKE.findall(text)}
     assert found == set()
+
+
+def test_the_second_refusal_is_not_a_copy_of_the_first() -> None:
+    """Tiers: the first refusal gives the finding's own step, the second a firmer one, which
+    counts the session's interventions (the first step did not work)."""
+    session = Session()
+    plugin_armed_call(session)
+    (first, first_text), (second, second_text) = session.said
+    assert (first.prior_interventions, second.prior_interventions) == (0, 1)
+    assert first_text == (
+        feedback.MARK + "this call was refused and did not run: it would have completed a loop, "
+        f"{FIRST} with the same arguments.\n\n" + feedback._CALL_STEP
+    )
+    assert second_text == (
+        feedback.MARK + f"this call was refused and did not run: {AGAIN}.\n\nYour calls in this "
+        "session have now been stopped 2 times. Do not call a tool now: reply to the person "
+        "with what you have done so far and what is blocking you."
+    )

@@ -159,7 +159,7 @@ def test_tracker_stops_a_repeated_sentence_and_says_so_without_quoting_it():
     assert (Cycle(*decision.finding.shape()[:2]), decision.finding.shape()[2]) == (Cycle(1, 5), ())
     assert decision.position == chunk_of("", ONE_LINE)
     assert not decision.hold and not decision.escalated and decision.prior_interventions == 0
-    assert decision.feedback.startswith("[opencode-loop-monitor] Loop guard: ")
+    assert decision.feedback.startswith("Automatic notice: ")
     assert "in your answer you wrote the same sentence 5 times in a row" in decision.feedback
     assert "configuration" not in decision.feedback
     # Every delta after the one that decided was streamed for nothing.
@@ -174,7 +174,7 @@ def test_a_text_loop_is_stopped_also_where_the_first_action_is_a_nudge():
     [decision] = stream_part(Tracker(Detection(first_action="nudge")), "prt_a", ONE_LINE * 9)
     assert (decision.plan, decision.action) == ("stop", "stop")
     assert decision.feedback.startswith(
-        "[opencode-loop-monitor] Loop guard: your run was stopped because it was repeating"
+        "Automatic notice: your run was stopped because it was repeating"
     )
 
 

@@ -370,10 +370,9 @@ def test_decision_fields_and_feedback_text():
     assert decision.refusal.startswith(MARK) and "did not run" in decision.refusal
     text = decision.feedback
     assert "3 calls (read, edit, bash) repeated 3 times" in text
-    assert "repeated tool-call cycle was detected" in text
-    assert "stopped at this call" in text
-    assert "expected" in text and "materially different action" in text
-    assert "blocked" in text and "information you need" in text
+    assert "kept making the same calls" in text and "stopped at this call" in text
+    assert "reply to the person now without calling a tool" in text
+    assert "make a call you have not made yet" in text
     assert '"a"' not in text and "filePath" not in text
 
 

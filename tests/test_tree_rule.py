@@ -51,7 +51,7 @@ def test_the_fourth_level_stops_the_tree_at_its_root() -> None:
         "subagent session ses_d4 is at depth 4 (more than 3 levels of subagents)"
     )
     assert decision.feedback.startswith(
-        "[opencode-loop-monitor] Loop guard: your run was stopped because your subagents ran "
+        "Automatic notice: your run was stopped because your subagents ran "
         "away: subagent session ses_d4 is at depth 4 (more than 3 levels of subagents)."
     )
     assert "Do not start more subagents" in decision.feedback

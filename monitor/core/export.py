@@ -11,7 +11,7 @@ from typing import Any
 
 from monitor.core.compaction import by_compaction, is_summary
 from monitor.core.events import Malformed
-from monitor.core.feedback import MARKS, OWN_REFUSAL, is_hold_feedback
+from monitor.core.feedback import MARKS, OWN_REFUSALS, is_hold_feedback
 
 __all__ = [
     "answered",
@@ -188,7 +188,7 @@ def intervened(
 def _monitor_refused(error: str) -> bool:
     """Whether a call's error is a monitor's refusal; the plugin's own rule is nobody's
     intervention (`OWN_REFUSAL`: the acting monitor counts it as its own)."""
-    return any(mark in error for mark in MARKS) and OWN_REFUSAL not in error
+    return any(mark in error for mark in MARKS) and not any(own in error for own in OWN_REFUSALS)
 
 
 def _aborted(message: object) -> bool:

@@ -32,6 +32,7 @@ __all__ = [
     "MARK",
     "MARKS",
     "OWN_REFUSAL",
+    "OWN_REFUSALS",
     "TOOL_NAME_MAX",
     "clean_tool_name",
     "earlier_by_name",
@@ -42,117 +43,127 @@ __all__ = [
     "rejection_text",
 ]
 
-# How every feedback message starts: the monitor finds its own earlier interventions in a
-# session's messages by it (escalation survives a restart of the monitor). It names the
-# monitor, so a person at the TUI does not take the message for one they typed.
-MARK = "[opencode-loop-monitor] Loop guard: "
+# How every text the guard gives the model starts: the monitor finds its own earlier
+# interventions in a session's messages by it (escalation survives a restart of the monitor),
+# and a person at the TUI reads that the message is automatic, not one they typed. Plain
+# words: a small model took the earlier mark's names (`opencode-loop-monitor`, "Loop guard")
+# for tools and called them (issue 47's study, 6 of the 8 calls that followed a refusal and
+# differed from the looping one).
+MARK = "Automatic notice: "
 # What earlier versions started with: their interventions count too.
-MARKS = (MARK, "Loop guard: ")
+MARKS = (MARK, "[opencode-loop-monitor] Loop guard: ", "Loop guard: ")
 # How the plugin's own rule refuses a call, when no monitor answered its question (the
 # plugin's OWN_REFUSAL, monitor/plugin/loop-guard.ts): nobody's intervention yet, so the
 # acting monitor takes it for its own (`Intervene.refused`) instead of deferring to it.
-OWN_REFUSAL = MARK + "this call was refused by the plugin and did not run"
+_OWN_WORDS = "this call was refused by the plugin and did not run"
+OWN_REFUSAL = MARK + _OWN_WORDS
+# The same, as every plugin so far wrote it.
+OWN_REFUSALS = tuple(mark + _OWN_WORDS for mark in MARKS)
 # How the feedback of a hold ends, in every version so far: a session whose last user message
 # ends so is still held when the monitor reads it back (monitor/core/export.py).
 HOLD_NOTE = "on hold until a person replies. Do not call tools until then."
 
-_CALL_ADVICE = (
-    "Do not retry the same sequence unchanged. Compare what you expected each earlier "
-    "attempt to do with what it actually returned. Then either take a materially "
-    "different action based on that new evidence, or explain briefly why you are blocked "
-    "and what information you need."
+# Each text says what was repeated and gives one next step the model can take. Measured on a
+# small local model (docs/detection.md, "A real local model"): what it does after a refusal
+# follows the first instruction it reads, so the step comes first and is concrete; a longer
+# explanation of why was read past.
+_CALL_STEP = (
+    "Its result is already above and will not change. Use it: if it answers the task, reply "
+    "to the person now without calling a tool; if not, make a call you have not made yet."
 )
-_TEXT_ADVICE = (
-    "Do not write it again. State once what you have established so far, then either "
-    "take a different next step based on it, or explain briefly why you are blocked "
-    "and what information you need."
+_TEXT_STEP = (
+    "Do not write it again. Reply to the person once with what you have established, or take "
+    "a different next step."
 )
-
-_NO_PROGRESS_ADVICE = (
-    "Your changes do not change what that check reports, so check that they reach what it "
-    "runs: the file it imports or executes may not be the one you edit (another installed "
-    "copy, a cached build, a different path), or the check may not exercise what you "
-    "changed. Find that out before you edit again, or explain briefly why you are blocked."
+_FAILURE_STEP = (
+    "It fails the same way each time. Do not make it again: tell the person what fails and "
+    "the error it gives, or try another way."
 )
-_REVISIT_ADVICE = (
-    "You are reading again what you have already read, and nothing has changed since. "
-    "State once what you learned from it, then take a next step that brings something "
-    "new (a different file, a search, an edit, a test), or explain briefly why you are "
-    "blocked and what information you need."
+_NO_PROGRESS_STEP = (
+    "Your changes do not change what that check reports: the file it imports or runs may not "
+    "be the one you edit (another copy, a cached build, another path). Find that out before "
+    "you edit again, or tell the person what the check reports and what you changed."
 )
-_CIRCLES_ADVICE = (
-    "What you are searching for is probably not there in the form you expect: another "
-    "rewording of the search will not find it. State once what the searches established "
-    "(what is absent), then check your assumption another way (list the directory, read "
-    "the file that should use it, run the code), or explain briefly why you are blocked."
+_REVISIT_STEP = (
+    "Nothing has changed since you read it. Do not read it again: read something you have not "
+    "read yet, or reply to the person with what you learned."
 )
-_RUNAWAY_ADVICE = (
-    "That call would not have ended by itself. Do not start it again: run a command that "
-    "ends (a bounded count, a timeout, `head`), and if you meant to wait for something, "
-    "check it once and say what you are waiting for."
+_CIRCLES_STEP = (
+    "What you search for is not there in that form, and another wording will not find it. "
+    "Tell the person what is absent, or check another way: list the folder, or read the file "
+    "that should use it."
 )
-_BUDGET_ADVICE = (
+_RUNAWAY_STEP = (
+    "That call would not have ended by itself. Do not start it again: run a command that ends "
+    "(a bounded count, a timeout, `head`), and if you meant to wait for something, check it "
+    "once and say what you are waiting for."
+)
+_BUDGET_STEP = (
     "Do not start new work. Write a short summary of what is done, what is left and what "
     "blocks it, so that a person can decide whether to give this task more."
 )
-
-_TREE_ADVICE = (
+_TREE_STEP = (
     "Do not start more subagents for this: a subagent that hands the same task to another "
     "subagent does not finish it. Do what is left yourself, or write a short summary of what "
     "the subagents found and what blocks the task."
 )
+# A second intervention in a session is not a copy of the first: the first step did not work.
+_AGAIN_STEP = (
+    "Your calls in this session have now been stopped {times}. Do not call a tool now: reply "
+    "to the person with what you have done so far and what is blocking you."
+)
 
 
 def _found(finding: Finding) -> tuple[str, str]:
-    """What the rule saw, in the words the model reads, and the advice that goes with it."""
+    """What the rule saw, in the words the model reads, and the step that goes with it."""
     if isinstance(finding, TextPassage | TextSteps):
         where = "your reasoning" if finding.kind == "reasoning" else "your answer"
         if isinstance(finding, TextSteps):
             what = f"{where} was the same at {finding.steps} successive steps of this run"
         else:
             what = f"in {where} you wrote {finding.describe()}"
-        return f"your run was stopped because it was repeating itself: {what}.", _TEXT_ADVICE
+        return f"your run was stopped because it was repeating itself: {what}.", _TEXT_STEP
     if isinstance(finding, NoProgress):
         return (
             f"your run was stopped because it is not making progress: {finding.describe()}."
-        ), _NO_PROGRESS_ADVICE
+        ), _NO_PROGRESS_STEP
     if isinstance(finding, Revisit):
         return (
             f"your run was stopped because it is going over the same ground: {finding.describe()}."
-        ), _REVISIT_ADVICE
+        ), _REVISIT_STEP
     if isinstance(finding, SearchCircles):
         return (
             f"your run was stopped because it is searching in circles: {finding.describe()}."
-        ), _CIRCLES_ADVICE
+        ), _CIRCLES_STEP
     if isinstance(finding, RunawayCall):
         return (
             f"your run was stopped because a call ran away: {finding.describe()}."
-        ), _RUNAWAY_ADVICE
+        ), _RUNAWAY_STEP
     if isinstance(finding, BudgetSpent):
-        return f"your run was stopped because {finding.describe()}.", _BUDGET_ADVICE
+        return f"your run was stopped because {finding.describe()}.", _BUDGET_STEP
     if isinstance(finding, TreeShape):
         return (
             f"your run was stopped because your subagents ran away: {finding.describe()}."
-        ), _TREE_ADVICE
+        ), _TREE_STEP
     if isinstance(finding, LoopAgain):
         return (
-            "a loop interrupted before was started again and your run was stopped at this "
-            f"call: {finding.describe()}."
-        ), _CALL_ADVICE
+            "your run was stopped at this call, because it started a loop stopped before "
+            f"again: {finding.describe()}."
+        ), _CALL_STEP
     if isinstance(finding, FailureRun):
         return (
-            "a repeated failure was detected and your run was stopped at this call: "
+            "your run was stopped at this call, because it kept failing: "
             f"{finding.describe()}, whatever the arguments."
-        ), _CALL_ADVICE
+        ), _FAILURE_STEP
     if isinstance(finding, EndlessWait):
         return (
-            "a wait that does not end was detected and your run was stopped at this call: "
+            "your run was stopped at this call, because it kept waiting: "
             f"{finding.describe()}, with the same arguments."
-        ), _CALL_ADVICE
+        ), _CALL_STEP
     return (
-        "a repeated tool-call cycle was detected and your run was stopped at this "
-        f"call: {finding.describe()} with the same arguments."
-    ), _CALL_ADVICE
+        "your run was stopped at this call, because it kept making the same calls: "
+        f"{finding.describe()} with the same arguments."
+    ), _CALL_STEP
 
 
 def feedback_text(
@@ -213,11 +224,15 @@ def _hold_line(interventions: int, earlier: Sequence[Outcome]) -> str:
 def _message(
     finding: str, advice: str, hold: bool, interventions: int, earlier: Sequence[Outcome] = ()
 ) -> str:
-    """Every feedback: the mark and what was found, the advice, and on hold, why it waits."""
-    lines = [MARK + finding, advice]
+    """Every text: the mark and what was found, then the step to take: the finding's own the
+    first time, a firmer one after (the first did not work), and on hold why it waits."""
     if hold:
-        lines.append(_hold_line(interventions, earlier))
-    return "\n\n".join(lines)
+        step = f"{advice}\n\n{_hold_line(interventions, earlier)}"
+    elif interventions > 1:
+        step = _AGAIN_STEP.format(times=_times(interventions))
+    else:
+        step = advice
+    return f"{MARK}{finding}\n\n{step}"
 
 
 def is_hold_feedback(text: str) -> bool:
@@ -237,10 +252,7 @@ def rejection_text(
         found = f"it would have completed a loop, {finding.describe()} with the same arguments"
     return _message(
         f"this call was refused and did not run: {found}.",
-        "Do not make the same call again. Compare what you expected the earlier calls to do "
-        "with what they actually returned. Then either take a materially different action "
-        "based on that evidence, or explain briefly why you are blocked and what information "
-        "you need.",
+        _found(finding)[1],
         hold,
         interventions,
         earlier,

@@ -14,7 +14,7 @@ from monitor.core.calls import CallEvent, advance
 from monitor.core.decisions import Action, Intervene, Outcome, Plan
 from monitor.core.detection import Detection
 from monitor.core.feedback import (
-    OWN_REFUSAL,
+    OWN_REFUSALS,
     feedback_text,
     nudge_text,
     refusal_after_text,
@@ -186,7 +186,7 @@ def withhold(session: SessionRecord, decision: Intervene) -> Intervene | None:
 
 def own_refusal(error: object) -> bool:
     """Whether a call's error is the plugin's own refusal (no monitor answered it)."""
-    return isinstance(error, str) and error.startswith(OWN_REFUSAL)
+    return isinstance(error, str) and error.startswith(OWN_REFUSALS)
 
 
 def failed_as(call: Call) -> int | None:

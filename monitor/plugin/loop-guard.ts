@@ -50,7 +50,7 @@ const WAIT_MS = 200
 const MAX_WARNED = 1000
 
 /** How every message of the guard starts (monitor/core/feedback.py MARK). */
-export const MARK = "[opencode-loop-monitor] Loop guard: "
+export const MARK = "Automatic notice: "
 
 // The monitor's `cycle` rule as it first shipped (monitor/core/rules/cycle.py, with
 // max_period 4): the plain loops, without the daemon's settings, which it cannot read here.
@@ -241,15 +241,19 @@ function cleanToolName(name: string): string {
  */
 export const OWN_REFUSAL = `${MARK}this call was refused by the plugin and did not run`
 
+// The step after a repeated call (feedback.py _CALL_STEP): the first instruction a small
+// model reads is the one it follows.
+export const STEP =
+  "Its result is already above and will not change. Use it: if it answers the task, reply " +
+  "to the person now without calling a tool; if not, make a call you have not made yet."
+
 export function localFeedback(cycle: Cycle): string {
   const calls = cycle.tools.length === 1 ? "1 call" : `${cycle.tools.length} calls`
   const names = cycle.tools.map(cleanToolName).join(", ")
   return (
     `${OWN_REFUSAL}: it would have completed a loop, ` +
     `${calls} (${names}) repeated ${cycle.repetitions} times with the same arguments.\n\n` +
-    "Do not make the same call again. Compare what you expected the earlier calls to do with " +
-    "what they actually returned. Then either take a materially different action based on " +
-    "that evidence, or explain briefly why you are blocked and what information you need."
+    STEP
   )
 }
 
@@ -257,9 +261,8 @@ export function localFeedback(cycle: Cycle): string {
 export function blockText(feedback: unknown, tool: string): string {
   if (typeof feedback === "string" && feedback.trim()) return feedback
   return (
-    `${MARK}this call (${cleanToolName(tool)}) was refused and did not run: the monitor ` +
-    "found that it would complete a loop of repeated tool calls. Do not make the same call " +
-    "again; take a materially different action, or explain briefly why you are blocked."
+    `${MARK}this call (${cleanToolName(tool)}) was refused and did not run: it would have ` +
+    `completed a loop of repeated calls.\n\n${STEP}`
   )
 }
 
