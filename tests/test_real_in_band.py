@@ -63,7 +63,7 @@ async def test_a_no_progress_loop_is_refused_at_its_next_call(
     refused = refused_in_band(monitor, session, messages, "no_progress", 12)
     assert refused["call_index"] == 11  # found on the 5th check's outcome
     assert "the same result from bash 5 times, with 4 changes in between" in refused["error"]
-    assert "check that they reach what it runs" in refused["error"]
+    assert "Find that out before you edit again" in refused["error"]
     assert (plugin_server.project / "src.txt").read_text() == "v4"
 
 

@@ -90,7 +90,7 @@ async def test_rewrites_of_one_line_with_the_same_check_result_are_refused_in_ba
     assert refused["state"]["input"] == pattern[11][1]
     error = refused["state"]["error"]
     assert error.startswith(REFUSED + "the same result from bash 5 times"), error
-    assert "check that they reach what it runs" in error
+    assert "Find that out before you edit again" in error
     assert (plugin_server.project / "calc.py").read_text() == CALC_PY.replace(
         "a0 = 0\n", "a0 = 5\n"
     )  # rewritten five times, the sixth never applied

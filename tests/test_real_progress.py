@@ -53,7 +53,7 @@ async def test_an_edit_rerun_loop_with_the_same_result_is_stopped_at_the_5th_run
     )
     assert detected["finding"] == "the same result from bash 5 times, with 4 changes in between"
     assert len(parts) == 11 and outputs(messages)[2:11:2] == [f"{CHECK}\n"] * 5
-    assert "check that they reach what it runs" in user_texts(messages)[1]
+    assert "Find that out before you edit again" in user_texts(messages)[1]
 
 
 async def test_a_test_edit_test_run_whose_output_changes_is_left_alone(
@@ -83,7 +83,7 @@ async def test_paging_through_15_views_over_and_over_is_stopped_as_a_revisit(
     assert (detected["rule"], detected["call_index"]) == ("revisit", 28)
     assert detected["tools"] == ["read"]
     assert len(tool_parts(messages)) == 28
-    assert "nothing has changed since" in user_texts(messages)[1]
+    assert "Nothing has changed since you read it" in user_texts(messages)[1]
 
 
 async def test_narration_before_15_different_reads_is_left_alone(
