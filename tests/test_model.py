@@ -17,7 +17,17 @@ The model plays three parts, as they are ordered in reality:
   intervention begun in the core's intervention table (`monitor.core.intervention`), its
   commands answered by the server at once or later, in any order, now and then with a
   failure, and its outcome fed back (`Monitor.outcome`); an abort or a refused permission
-  request ends the run on the server.
+  request ends the run on the server, a feedback is stored in the session's record and starts
+  the next run (a hold's waits for a person);
+- the monitor's process, which may restart (or lose its state on a reconnect) at any point:
+  what was on the wire and the commands under way are lost, and each session is read back
+  from its record (`GET /session/{id}/message`, which the model keeps) as the daemon's resync
+  does, so that an intervention checking the record reads what the server holds.
+
+"One loop, one intervention" is checked twice: the decisions of one process, and what reached
+the model across processes (a call refused in band, a refused request's message, a feedback;
+an abort alone is not counted, since one whose process died before its feedback is finished
+by the next process).
 
 What the core decides is checked against what the model knows of each call (its run, step
 and arguments, whether it was refused). Each counterexample found so far is a plain test:
@@ -40,6 +50,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from monitor.core import intervention as life
 from monitor.core.commands import Act, Answer, Block, Command
 from monitor.core.decisions import Intervene, Plan
+from monitor.core.export import current_run, export_frames, feedback_count, held_in
+from monitor.core.fed import Fed
 from monitor.core.feedback import MARK
 from monitor.core.monitor import Monitor
 from monitor.core.plugin_protocol import PluginCall, PluginVerdict
@@ -53,8 +65,12 @@ ARGS = (
     ("read", {"filePath": "README.md"}),
 )
 ABORTED = "Tool execution aborted"
+REJECTED = (
+    "The user rejected permission to use this specific tool call with the following feedback: "
+)
 REFUSED = f"{MARK}this call was refused"
 MAX_SESSIONS = 4
+DETECTION = Detection(permissions="gate", max_sessions=MAX_SESSIONS)
 # A step's calls: one call repeated (a burst), or a mix of both.
 PATTERNS = st.one_of(
     st.tuples(st.sampled_from((0, 1)), st.integers(3, 6)).map(lambda t: [t[0]] * t[1]),
@@ -85,8 +101,18 @@ class Session:
     calls: list[Call] = field(default_factory=list)  # of the current step
     doom_asked: bool = False  # in the current step
     ending: bool = False  # aborted on the server: its calls end in error, then idle
-    # Counted interventions by (run, step, arguments): one loop, one intervention.
-    counted: dict[tuple[int, str, int], list[str]] = field(default_factory=dict)
+    # Decisions by (process, run, step, arguments): one loop, one intervention decided in a
+    # monitor's process.
+    counted: dict[tuple[int, int, str, int], list[str]] = field(default_factory=dict)
+    # Interventions that reached the server (a call refused, an abort, a feedback, a reply) by
+    # (run, step, arguments): one loop, one intervention, across restarts too.
+    reached: dict[tuple[int, str, int], list[str]] = field(default_factory=dict)
+    parts: dict[str, Call] = field(default_factory=dict)  # every call of the session
+    # The session's messages as `GET /session/{id}/message` returns them: what a restarted
+    # monitor, or an intervention checking the record, reads back.
+    record: list[dict[str, Any]] = field(default_factory=list)
+    # Feedback posted while the run was still ending: the run it starts begins after idle.
+    queued: bool = False
 
 
 @dataclass
@@ -111,12 +137,13 @@ class UnderWay:
 class Model(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.tracker = Tracker(Detection(permissions="gate", max_sessions=MAX_SESSIONS))
+        self.tracker = Tracker(DETECTION)
         self.monitor = Monitor(self.tracker)
         self.sessions: dict[str, Session] = {}
         self.stream: deque[Frame] = deque()
         self.ids = itertools.count(1)
         self.under_way: list[UnderWay] = []
+        self.process = 1  # the monitor's process: a restart starts the next
         self.violations: list[str] = []
         self.trace: list[str] = []  # what happened, shortly, for a violation's message
 
@@ -126,13 +153,22 @@ class Model(RuleBasedStateMachine):
     def prompt(self, sid: str, plugin: bool) -> None:
         """A person writes: a run begins (a new session has the plugin or not)."""
         session = self.sessions.setdefault(sid, Session(plugin))
-        if session.busy:
-            return
+        if not session.busy:
+            self.user_message(sid, session, "Please go on.")
+            self.begin_run(sid, session)
+
+    def user_message(self, sid: str, session: Session, text: str) -> None:
+        """A user message (a person's, or the monitor's feedback), stored at once."""
+        frames = user_frames(sid, f"msg_u{next(self.ids)}", text)
+        session.record.append({"info": frames[0]["properties"]["info"], "parts": []})
+        session.record[-1]["parts"].append(frames[1]["properties"]["part"])
+        self.emit(sid, *frames)
+
+    def begin_run(self, sid: str, session: Session) -> None:
         session.run += 1
         session.busy, session.step, session.calls = True, None, []
         session.ending = False
-        message = f"msg_u{next(self.ids)}"
-        self.emit(sid, *user_frames(sid, message, "Please go on."), status(sid, "busy"))
+        self.emit(sid, status(sid, "busy"))
 
     @precondition(lambda self: any(self.can_step(s) for s in self.sessions.values()))
     @rule(sid=st.sampled_from(SESSIONS), pattern=PATTERNS)
@@ -143,10 +179,13 @@ class Model(RuleBasedStateMachine):
             return
         step = session.step = f"msg_s{next(self.ids)}"
         session.calls, session.doom_asked = [], False
+        info = {"id": step, "role": "assistant", "sessionID": sid, "time": {"created": 1}}
+        session.record.append({"info": info, "parts": []})
         for k, args in enumerate(pattern):
             # call ids repeat from step to step, as local models send them
             call = Call(f"prt_{next(self.ids)}", f"call_{k}", step, session.run, args)
             session.calls.append(call)
+            session.parts[call.part_id] = call
             self.emit_call(sid, call, "running")
             last = session.calls[-3:]
             if len(last) == 3 and len({c.args for c in last}) == 1 and not session.doom_asked:
@@ -176,6 +215,9 @@ class Model(RuleBasedStateMachine):
             return
         session.busy = False
         self.emit(sid, status(sid, "idle"), idle(sid))
+        if session.queued:
+            session.queued = False
+            self.begin_run(sid, session)
 
     @precondition(lambda self: bool(self.sessions))
     @rule(sid=st.sampled_from(SESSIONS))
@@ -191,6 +233,39 @@ class Model(RuleBasedStateMachine):
         """The monitor reads the stream's next events, in the server's order."""
         for _ in range(data.draw(st.integers(1, len(self.stream)))):
             self.feed(self.stream.popleft())
+
+    # -- the monitor's process ---------------------------------------------------------------
+
+    @rule()
+    def restart(self) -> None:
+        """The monitor's process is restarted (or its stream reconnects after its state was
+        lost): what was on the wire is gone, the commands under way with it, and each session
+        is read back from its record as the daemon's resync does (a busy one's current run
+        seeded, an idle one's hold and intervention count)."""
+        self.trace.append("restart")
+        self.tracker = Tracker(DETECTION)
+        self.monitor = Monitor(self.tracker)
+        self.stream.clear()
+        self.under_way.clear()  # never reached the server: nothing of them counts
+        self.process += 1
+        for sid, session in self.sessions.items():
+            record = session.record
+            interventions, held = feedback_count(record), held_in(record)
+            if session.busy:
+                frames = list(export_frames(current_run(record)))
+                decisions = self.tracker.seed(sid, frames, "/p", interventions, held)
+                commands = self.monitor.fed(Fed(tuple(decisions)), 0.0)
+                for command in commands:
+                    if isinstance(command, Act):
+                        self.decided(sid, command.decision, self.call_of(session, command))
+                self.carry_out(commands, session.run)
+            elif held or interventions:
+                self.tracker.seed(sid, (), "/p", interventions, held)
+
+    def call_of(self, session: Session, command: Act) -> Call | None:
+        """The call of the current step a decision read back names."""
+        part_id = command.decision.part_id
+        return next((c for c in session.calls if c.part_id == part_id), None)
 
     # -- the plugin -----------------------------------------------------------------------
 
@@ -212,6 +287,8 @@ class Model(RuleBasedStateMachine):
         for command in commands:
             if isinstance(command, Act | Block):
                 self.decided(sid, command.decision, call)
+            if isinstance(command, Block):
+                self.reached(command.decision)  # the plugin threw
         self.carry_out(commands, call.run)
 
     # -- the shell ------------------------------------------------------------------------
@@ -238,21 +315,51 @@ class Model(RuleBasedStateMachine):
         decision, command = work.intervention.decision, work.command
         said = f"{type(command).__name__}{'!' if failed else ''}"
         self.trace.append(f"{said}:#{decision.prior_interventions + 1}")
+        session = self.sessions.get(decision.session_id)
+        record = [] if session is None else list(session.record)
         if isinstance(command, life.ReadRecent):
-            return life.Read(None if failed else [], run_over=self.tracker.run_over(decision))
+            read = None if failed else record[-command.last :]
+            return life.Read(read, run_over=self.tracker.run_over(decision))
         if isinstance(command, life.Wait):
             return life.Expired(self.tracker.expire(command.reply))
         if failed:
             return life.Sent(life.Result.FAILED, "500")
         rejects = isinstance(command, life.Answer) and command.reply.reply == "reject"
         if isinstance(command, life.Abort) or rejects:
-            self.run_ends(decision.session_id, work.run)
+            # What the record shows of it at once (NOTES.md): a refused `doom_loop` request
+            # leaves its message in the step's error, an abort a MessageAbortedError.
+            error = {"name": "MessageAbortedError"}
+            if isinstance(command, life.Answer):
+                message = f"{REJECTED}{command.reply.message}"
+                error = {"name": "UnknownError", "data": {"message": message}}
+            self.run_ends(decision.session_id, work.run, error)
+        if isinstance(command, life.Post | life.Answer):
+            # What the model reads: the feedback, or the refused request's message. An abort
+            # alone is not counted: one whose process died before its feedback is finished by
+            # the next process, and the run is stopped once either way.
+            self.reached(decision)
+        if isinstance(command, life.Post) and session is not None:
+            self.posted(decision.session_id, session, command)
         return life.Sent(life.Result.OK)
 
-    def run_ends(self, sid: str, run: int) -> None:
+    def posted(self, sid: str, session: Session, post: life.Post) -> None:
+        """The feedback is stored at once; unless it asks for no reply, it starts the next
+        run (once the run under way has ended, as the server queues a prompt)."""
+        self.user_message(sid, session, post.text)
+        if post.no_reply:
+            return
+        if session.busy:
+            session.queued = True
+        else:
+            self.begin_run(sid, session)
+
+    def run_ends(self, sid: str, run: int, error: dict[str, Any]) -> None:
         session = self.sessions.get(sid)
         if session is not None and session.run == run and session.busy:
             session.ending = True
+            step = next((m for m in session.record if m["info"]["id"] == session.step), None)
+            if step is not None:
+                step["info"].setdefault("error", error)
 
     def carry_out(self, commands: list[Command] | tuple[Command, ...], run: int) -> None:
         """What the daemon's executor does with `Monitor`'s commands (this monitor acts for
@@ -315,15 +422,28 @@ class Model(RuleBasedStateMachine):
             )
         if session is None or not decision.finding.names_calls:
             return
-        said = (
-            f"{decision.rule} {decision.plan} #{decision.prior_interventions + 1} at {call.part_id}"
-        )
-        earlier = session.counted.setdefault((call.run, call.step, call.args), [])
+        key = (call.run, call.step, call.args)
+        said = said_of(decision, call.part_id)
+        self.one_per_loop(sid, session.counted.setdefault((self.process, *key), []), said)
+
+    def reached(self, decision: Intervene) -> None:
+        """An intervention reached the model (a call refused in band, a refused request's
+        message, a feedback): counted for its loop, across processes."""
+        session = self.sessions.get(decision.session_id)
+        call = None if session is None else session.parts.get(decision.part_id or "")
+        if session is None or call is None or not decision.finding.names_calls:
+            return
+        said = f"{said_of(decision, call.part_id)} by process {self.process}"
+        earlier = session.reached.setdefault((call.run, call.step, call.args), [])
+        if said not in earlier:
+            self.one_per_loop(decision.session_id, earlier, said)
+
+    def one_per_loop(self, sid: str, earlier: list[str], said: str) -> None:
         earlier.append(said)
         if len(earlier) > 1:
             self.violations.append(
-                f"{sid} run {call.run} step {call.step}: {len(earlier)} interventions for one"
-                f" loop: {', '.join(earlier)}; trace: {' '.join(self.trace)}"
+                f"{sid}: {len(earlier)} interventions for one loop: {', '.join(earlier)}; "
+                f"trace: {' '.join(self.trace)}"
             )
 
     def check_state(self, frame: Frame) -> None:
@@ -350,6 +470,15 @@ class Model(RuleBasedStateMachine):
             sid, call.part_id, tool, status, args, output, error, call.call_id, call.step
         )
         self.emit(sid, frame, call=call)
+        session = self.sessions.get(sid)
+        message = (
+            next((m for m in session.record if m["info"]["id"] == call.step), None)
+            if session is not None
+            else None
+        )
+        if message is not None:  # the part's newest state replaces the one before
+            part = frame["properties"]["part"]
+            message["parts"] = [p for p in message["parts"] if p["id"] != part["id"]] + [part]
 
     def end(self, sid: str, call: Call, status: str, error: str | None = None) -> None:
         call.ended = True
@@ -398,6 +527,10 @@ class Model(RuleBasedStateMachine):
     @invariant()
     def memory_bounded(self) -> None:
         assert len(self.tracker.sessions_view()) <= MAX_SESSIONS
+
+
+def said_of(decision: Intervene, part_id: str | None) -> str:
+    return f"{decision.rule} {decision.plan} #{decision.prior_interventions + 1} at {part_id}"
 
 
 Model.TestCase.settings = settings(

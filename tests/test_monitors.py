@@ -19,11 +19,13 @@ import pytest
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
-from monitor.core.decisions import Reply
+from monitor.core import intervention as life
+from monitor.core.decisions import Outcome, Reply
 from monitor.core.due import DueWork
-from monitor.core.export import intervened
+from monitor.core.export import current_run, export_frames, intervened
 from monitor.core.feedback import MARK
 from monitor.core.intervention import RECENT_MESSAGES
+from monitor.core.tracker import Detection, Tracker
 from monitor.shell.actions import Interventions
 from monitor.shell.api import OpencodeAPI
 from monitor.testing import FakeOpencode, frames, play
@@ -178,6 +180,15 @@ def test_intervened_reads_what_another_monitor_left():
     assert intervened(refused_record(), "prt_4") == "call already refused"
     assert intervened(refused_record(), "prt_4", refused=False) is None  # our own refusal
     assert intervened(later, "p9") is None  # a part the record does not hold: nothing known
+    # A refused `doom_loop` request ends the run with its message in the step's error (a
+    # monitor restarted before the run went idle reads that, and the loop's 4th call).
+    said = f"The user rejected permission to use this specific tool call: {MARK}refused"
+    doomed = {"name": "UnknownError", "data": {"message": said}}
+    refused_run = [*record[:-1], {**record[-1], "info": {"role": "assistant", "error": doomed}}]
+    assert intervened(refused_run, "p4") == "run already refused"
+    assert intervened(refused_run, "p4", refused=False) is None  # our own refusal
+    doomed["data"] = {"message": "The user rejected permission ... feedback: not ours"}
+    assert intervened(refused_run, "p4") is None
 
 
 # -- 4. the server restarts between the abort and the feedback ------------------------------
@@ -442,3 +453,26 @@ async def test_a_run_another_monitor_stopped_meanwhile_is_left_to_it(
     else:
         assert logged["late"] == "run ended before the abort"
         assert record.prompts == [("ses_s1", True)]
+
+
+def test_a_monitor_restarted_after_a_refused_doom_loop_leaves_the_loop_alone():
+    """Found by tests/test_model.py: a monitor refused OpenCode's `doom_loop` request for a
+    step's three identical reads and was restarted before the run went idle; the next
+    process read the run back (the three reads aborted, the step's 4th still running) and
+    found the loop at the 4th read. The step's error holds the refusal: deferred, no abort."""
+    said = f"The user rejected permission ... with the following feedback: {MARK}refused"
+    parts = [ff.export_part("ses_1", f"p{n}", "error") for n in (1, 2, 3)]
+    for aborted in parts:
+        aborted["state"]["error"] = "Tool execution aborted"
+    step = ff.assistant_message("ses_1", *parts, ff.export_part("ses_1", "p4", "running"))
+    step["info"]["error"] = {"name": "UnknownError", "data": {"message": said}}
+    record = [ff.user_message("ses_1"), step]
+    tracker = Tracker(Detection(permissions="gate"))
+    [decision] = tracker.seed("ses_1", list(export_frames(current_run(record))), "/p")
+    assert (decision.rule, decision.part_id) == ("cycle", "p4")
+    found, turn = life.found(decision, dry_run=False)
+    assert found is not None and isinstance(turn.command, life.ReadRecent)
+    turn = found.feed(life.Read(record, run_over=False))
+    assert turn.command is None  # no abort, no feedback
+    [decided] = [report for report in turn.reports if isinstance(report, life.Decided)]
+    assert (decided.outcome, decided.fields["reason"]) == (Outcome.DEFERRED, "run already refused")

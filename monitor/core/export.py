@@ -159,9 +159,10 @@ def intervened(
     messages: list[Any], part_id: str, aborted: bool = True, refused: bool = True
 ) -> str | None:
     """Whether some monitor already intervened on the loop caught at part `part_id`: why, or
-    None. What another monitor of the same server leaves in the session's record, in the
-    order it leaves it: the call refused with a monitor's text (`refused`: False when the
-    refusal was the asker's own), the run aborted (`aborted`; its feedback follows), a
+    None. What another monitor of the same server (or this one before a restart) leaves in
+    the session's record, in the order it leaves it: the call refused with a monitor's text,
+    or the run ended on a refused request (`refused`: False when the refusal was the asker's
+    own), the run aborted (`aborted`; its feedback follows), a
     monitor's feedback message after the part. Nothing is known of a part the record does
     not hold yet.
     """
@@ -178,6 +179,8 @@ def intervened(
         ):
             return "call already refused"
     later = messages[index:]
+    if refused and any(_run_refused(other) for other in later):
+        return "run already refused"
     if any(_says(other, lambda text: text.startswith(MARKS)) for other in later):
         return "feedback already in the session"
     if aborted and any(_aborted(other) for other in later):
@@ -189,6 +192,16 @@ def _monitor_refused(error: str) -> bool:
     """Whether a call's error is a monitor's refusal; the plugin's own rule is nobody's
     intervention (`OWN_REFUSAL`: the acting monitor counts it as its own)."""
     return any(mark in error for mark in MARKS) and not any(own in error for own in OWN_REFUSALS)
+
+
+def _run_refused(message: object) -> bool:
+    """Whether a step ended on a monitor's refused request: a refused `doom_loop` request
+    ends the run with its message in the step's error (NOTES.md), not in a part's."""
+    info = _info(message)
+    error = info.get("error") if info is not None else None
+    data = error.get("data") if isinstance(error, dict) else None
+    said = data.get("message") if isinstance(data, dict) else None
+    return isinstance(said, str) and _monitor_refused(said)
 
 
 def _aborted(message: object) -> bool:
