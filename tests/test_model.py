@@ -134,16 +134,30 @@ class UnderWay:
     run: int
 
 
+@dataclass
+class Process:
+    """One monitor's process: its core, what is on its stream's wire, and (acting) the
+    interventions it carries out."""
+
+    number: int
+    acting: bool
+    tracker: Tracker = field(default_factory=lambda: Tracker(DETECTION))
+    stream: deque[Frame] = field(default_factory=deque)
+    under_way: list[UnderWay] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.monitor = Monitor(self.tracker)
+        self.monitor.acting = self.acting
+
+
 class Model(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.tracker = Tracker(DETECTION)
-        self.monitor = Monitor(self.tracker)
+        self.numbers = itertools.count(1)
+        self.acting = Process(next(self.numbers), acting=True)
+        self.standby: Process | None = None  # a second monitor of the same server
         self.sessions: dict[str, Session] = {}
-        self.stream: deque[Frame] = deque()
         self.ids = itertools.count(1)
-        self.under_way: list[UnderWay] = []
-        self.process = 1  # the monitor's process: a restart starts the next
         self.violations: list[str] = []
         self.trace: list[str] = []  # what happened, shortly, for a violation's message
 
@@ -227,40 +241,63 @@ class Model(RuleBasedStateMachine):
 
     # -- the stream -----------------------------------------------------------------------
 
-    @precondition(lambda self: bool(self.stream))
+    @precondition(lambda self: any(proc.stream for proc in self.processes()))
     @rule(data=st.data())
     def deliver(self, data: st.DataObject) -> None:
-        """The monitor reads the stream's next events, in the server's order."""
-        for _ in range(data.draw(st.integers(1, len(self.stream)))):
-            self.feed(self.stream.popleft())
+        """A monitor reads its stream's next events, in the server's order."""
+        proc = data.draw(st.sampled_from([proc for proc in self.processes() if proc.stream]))
+        for _ in range(data.draw(st.integers(1, len(proc.stream)))):
+            self.feed(proc, proc.stream.popleft())
 
     # -- the monitor's process ---------------------------------------------------------------
 
     @rule()
     def restart(self) -> None:
-        """The monitor's process is restarted (or its stream reconnects after its state was
-        lost): what was on the wire is gone, the commands under way with it, and each session
-        is read back from its record as the daemon's resync does (a busy one's current run
-        seeded, an idle one's hold and intervention count)."""
+        """The acting monitor's process is restarted (or its stream reconnects after its
+        state was lost) and acts again: what was on the wire is gone, the commands under way
+        with it (they never reached the server: nothing of them counts)."""
         self.trace.append("restart")
-        self.tracker = Tracker(DETECTION)
-        self.monitor = Monitor(self.tracker)
-        self.stream.clear()
-        self.under_way.clear()  # never reached the server: nothing of them counts
-        self.process += 1
+        self.acting = self.started(acting=True)
+
+    @precondition(lambda self: self.standby is None)
+    @rule()
+    def second_monitor(self) -> None:
+        """A second monitor of the same server starts, and stands by."""
+        self.trace.append("standby")
+        self.standby = self.started(acting=False)
+
+    @precondition(lambda self: self.standby is not None)
+    @rule()
+    def takeover(self) -> None:
+        """The acting monitor's process ends; the standby, which followed the stream all
+        along, takes the role at its next poll (no read-back: monitor.shell.acting)."""
+        assert self.standby is not None
+        self.trace.append("takeover")
+        self.acting, self.standby = self.standby, None
+        self.acting.acting = self.acting.monitor.acting = True
+
+    def started(self, acting: bool) -> Process:
+        """A monitor's process starts: each session is read back from its record as the
+        daemon's resync does (a busy one's current run seeded, an idle one's hold and
+        intervention count)."""
+        proc = Process(next(self.numbers), acting)
         for sid, session in self.sessions.items():
             record = session.record
             interventions, held = feedback_count(record), held_in(record)
             if session.busy:
                 frames = list(export_frames(current_run(record)))
-                decisions = self.tracker.seed(sid, frames, "/p", interventions, held)
-                commands = self.monitor.fed(Fed(tuple(decisions)), 0.0)
+                decisions = proc.tracker.seed(sid, frames, "/p", interventions, held)
+                commands = proc.monitor.fed(Fed(tuple(decisions)), 0.0)
                 for command in commands:
-                    if isinstance(command, Act):
-                        self.decided(sid, command.decision, self.call_of(session, command))
-                self.carry_out(commands, session.run)
+                    if isinstance(command, Act) and acting:
+                        self.decided(proc, sid, command.decision, self.call_of(session, command))
+                self.carry_out(proc, commands, session.run)
             elif held or interventions:
-                self.tracker.seed(sid, (), "/p", interventions, held)
+                proc.tracker.seed(sid, (), "/p", interventions, held)
+        return proc
+
+    def processes(self) -> list[Process]:
+        return [self.acting] if self.standby is None else [self.acting, self.standby]
 
     def call_of(self, session: Session, command: Act) -> Call | None:
         """The call of the current step a decision read back names."""
@@ -280,31 +317,32 @@ class Model(RuleBasedStateMachine):
         tool, args = ARGS[call.args]
         self.trace.append(f"ask:{call.part_id}")
         question = PluginCall(sid, call.call_id, tool, args, "/p", message_id=call.step)
-        answer, commands = self.monitor.question(question, following=True)
+        answer, commands = self.acting.monitor.question(question, following=True)
         if isinstance(answer, PluginVerdict) and answer.verdict == "block":
             call.refused = True
             self.end(sid, call, "error", REFUSED)  # the plugin threw: the server ends it
         for command in commands:
             if isinstance(command, Act | Block):
-                self.decided(sid, command.decision, call)
+                self.decided(self.acting, sid, command.decision, call)
             if isinstance(command, Block):
                 self.reached(command.decision)  # the plugin threw
-        self.carry_out(commands, call.run)
+        self.carry_out(self.acting, commands, call.run)
 
     # -- the shell ------------------------------------------------------------------------
 
-    @precondition(lambda self: bool(self.under_way))
+    @precondition(lambda self: bool(self.acting.under_way))
     @rule(data=st.data())
     def settle(self, data: st.DataObject) -> None:
         """The server answers an intervention's commands under way, one or more in a row (in
         any order across interventions; one in ten fails); an abort, or a refused permission
         request, ends its run on the server."""
-        work = self.under_way[data.draw(st.integers(0, len(self.under_way) - 1))]
+        under_way = self.acting.under_way
+        work = under_way[data.draw(st.integers(0, len(under_way) - 1))]
         while True:
             turn = work.intervention.feed(self.answer(work, data.draw(st.integers(0, 9)) == 9))
-            self.report(turn)
+            self.report(self.acting, turn)
             if turn.command is None:
-                self.under_way.remove(work)
+                under_way.remove(work)
                 return
             work.command = turn.command
             if data.draw(st.integers(0, 3)) == 0:
@@ -319,9 +357,9 @@ class Model(RuleBasedStateMachine):
         record = [] if session is None else list(session.record)
         if isinstance(command, life.ReadRecent):
             read = None if failed else record[-command.last :]
-            return life.Read(read, run_over=self.tracker.run_over(decision))
+            return life.Read(read, run_over=self.acting.tracker.run_over(decision))
         if isinstance(command, life.Wait):
-            return life.Expired(self.tracker.expire(command.reply))
+            return life.Expired(self.acting.tracker.expire(command.reply))
         if failed:
             return life.Sent(life.Result.FAILED, "500")
         rejects = isinstance(command, life.Answer) and command.reply.reply == "reject"
@@ -361,55 +399,72 @@ class Model(RuleBasedStateMachine):
             if step is not None:
                 step["info"].setdefault("error", error)
 
-    def carry_out(self, commands: list[Command] | tuple[Command, ...], run: int) -> None:
-        """What the daemon's executor does with `Monitor`'s commands (this monitor acts for
-        every session); counts, lines, toasts and timers change nothing promised here."""
+    def carry_out(
+        self, proc: Process, commands: list[Command] | tuple[Command, ...], run: int
+    ) -> None:
+        """What the daemon's executor does with `Monitor`'s commands (acting, for every
+        session; standing by, it logs the loops it finds and leaves them to the acting one);
+        counts, lines, toasts and timers change nothing promised here."""
         for command in commands:
-            if isinstance(command, Act):
-                self.begin(*life.found(command.decision, dry_run=False), run)
+            if isinstance(command, Act) and not proc.acting:
+                self.report(proc, life.standby(command.decision, None))
+            elif isinstance(command, Answer) and not proc.acting:
+                if command.reply.loop is not None:
+                    self.report(proc, life.standby(command.reply.loop, None))
+            elif isinstance(command, Act):
+                self.begin(proc, *life.found(command.decision, dry_run=False), run)
             elif isinstance(command, Block):
                 began = life.refused_call(command.decision, "plugin", command.call_id)
-                self.begin(*began, run)
+                self.begin(proc, *began, run)
             elif isinstance(command, Answer):
-                self.begin(*life.request(command.reply), run)
+                self.begin(proc, *life.request(command.reply), run)
 
-    def begin(self, found: life.Intervention | None, turn: life.Turn, run: int) -> None:
-        self.report(turn)
+    def begin(
+        self, proc: Process, found: life.Intervention | None, turn: life.Turn, run: int
+    ) -> None:
+        self.report(proc, turn)
         if found is not None and turn.command is not None:
-            self.under_way.append(UnderWay(found, turn.command, run))
+            proc.under_way.append(UnderWay(found, turn.command, run))
 
-    def report(self, turn: life.Turn) -> None:
+    def report(self, proc: Process, turn: life.Turn) -> None:
         for report in turn.reports:
             if isinstance(report, life.Decided):
-                self.carry_out(self.monitor.outcome(report.decision, report.outcome), -1)
+                commands = proc.monitor.outcome(report.decision, report.outcome)
+                self.carry_out(proc, commands, -1)
             elif isinstance(report, life.Forget):
-                self.tracker.forget(report.session_id)
+                proc.tracker.forget(report.session_id)
 
     # -- what the core said ---------------------------------------------------------------
 
-    def feed(self, frame: Frame) -> None:
+    def feed(self, proc: Process, frame: Frame) -> None:
         sid = frame.session_id
         part = frame.data["properties"].get("part", {})
         self.trace.append(
-            f"{frame.data['type']}:{part.get('id', sid)}:{part.get('state', {}).get('status', '')}"
+            f"{proc.number}<{frame.data['type']}:{part.get('id', sid)}:"
+            f"{part.get('state', {}).get('status', '')}"
         )
-        fed = self.tracker.feed(frame.data)
-        commands = self.monitor.fed(fed, 0.0)
+        fed = proc.tracker.feed(frame.data)
+        commands = proc.monitor.fed(fed, 0.0)
         error = part.get("state", {}).get("error")
         for command in commands:
             if isinstance(command, Act):
-                self.decided(sid, command.decision, frame.call, error)
+                self.decided(proc, sid, command.decision, frame.call, error)
             elif isinstance(command, Answer) and command.reply.loop is not None:
-                self.decided(sid, command.reply.loop, frame.call)
-        self.carry_out(commands, self.run_of(frame))
-        self.check_state(frame)
+                self.decided(proc, sid, command.reply.loop, frame.call)
+        self.carry_out(proc, commands, self.run_of(frame))
+        self.check_state(proc, frame)
 
     def decided(
-        self, sid: str, decision: Intervene, call: Call | None, error: str | None = None
+        self,
+        proc: Process,
+        sid: str,
+        decision: Intervene,
+        call: Call | None,
+        error: str | None = None,
     ) -> None:
-        """Check one decision against what the model knows of the call it came with (and of
-        the error its update ended in)."""
-        if decision.plan == Plan.DEFER or call is None:
+        """Check one decision of the acting monitor against what the model knows of the call
+        it came with (and of the error its update ended in)."""
+        if decision.plan == Plan.DEFER or call is None or not proc.acting:
             return
         session = self.sessions.get(sid)
         if error == REFUSED and not decision.refused:
@@ -424,7 +479,7 @@ class Model(RuleBasedStateMachine):
             return
         key = (call.run, call.step, call.args)
         said = said_of(decision, call.part_id)
-        self.one_per_loop(sid, session.counted.setdefault((self.process, *key), []), said)
+        self.one_per_loop(sid, session.counted.setdefault((proc.number, *key), []), said)
 
     def reached(self, decision: Intervene) -> None:
         """An intervention reached the model (a call refused in band, a refused request's
@@ -433,7 +488,9 @@ class Model(RuleBasedStateMachine):
         call = None if session is None else session.parts.get(decision.part_id or "")
         if session is None or call is None or not decision.finding.names_calls:
             return
-        said = f"{said_of(decision, call.part_id)} by process {self.process}"
+        if decision.plan == Plan.DEFER:
+            return  # a burst's later call refused in that loop's words: the same intervention
+        said = f"{said_of(decision, call.part_id)} by process {self.acting.number}"
         earlier = session.reached.setdefault((call.run, call.step, call.args), [])
         if said not in earlier:
             self.one_per_loop(decision.session_id, earlier, said)
@@ -446,10 +503,10 @@ class Model(RuleBasedStateMachine):
                 f"trace: {' '.join(self.trace)}"
             )
 
-    def check_state(self, frame: Frame) -> None:
+    def check_state(self, proc: Process, frame: Frame) -> None:
         """State cleared: a session idle is not busy and has no run; a deleted one is gone."""
         kind = frame.data["type"]
-        views = {view.session_id: view for view in self.tracker.sessions_view()}
+        views = {view.session_id: view for view in proc.tracker.sessions_view()}
         view = views.get(frame.session_id)
         if kind == "session.idle" and view is not None and (view.busy or view.run_calls):
             self.violations.append(
@@ -461,7 +518,8 @@ class Model(RuleBasedStateMachine):
     # -- helpers --------------------------------------------------------------------------
 
     def emit(self, sid: str, *frames: dict[str, Any], call: Call | None = None) -> None:
-        self.stream.extend(Frame(sid, frame, call) for frame in frames)
+        for proc in self.processes():
+            proc.stream.extend(Frame(sid, frame, call) for frame in frames)
 
     def emit_call(self, sid: str, call: Call, status: str, error: str | None = None) -> None:
         tool, args = ARGS[call.args]
@@ -526,7 +584,8 @@ class Model(RuleBasedStateMachine):
 
     @invariant()
     def memory_bounded(self) -> None:
-        assert len(self.tracker.sessions_view()) <= MAX_SESSIONS
+        for proc in self.processes():
+            assert len(proc.tracker.sessions_view()) <= MAX_SESSIONS
 
 
 def said_of(decision: Intervene, part_id: str | None) -> str:
