@@ -263,14 +263,11 @@ class EngineAPI(OpencodeAPI):
         self, session_id: str, directory: str | None, routes: tuple[int, ...]
     ) -> dict[int, bool | None]:
         """Whether the session has messages on each of `routes` (None: that route did not
-        answer it), read as they are, for the core to tell its engine (`engine_of_session`)."""
+        answer it), for the core to tell its engine (`engine_of_session`)."""
         found: dict[int, bool | None] = {}
         for route in routes:
             try:
-                if route == 1:
-                    newest = await super().messages(session_id, directory, 1, route=route)
-                else:
-                    newest = await self._engine_messages(session_id, directory, last=1)
+                newest = await self.messages(session_id, directory, 1, route=route)
             except (SessionGone, Refused):
                 found[route] = None  # no such routes after all (a server the probes missed)
                 continue
