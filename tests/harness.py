@@ -371,7 +371,7 @@ class Engine:
     def __init__(self, server: OpencodeServer, http: aiohttp.ClientSession) -> None:
         self.server = server
         self.http = http
-        self.api = EngineAPI(http, server.url, engine_of=lambda session_id: 2)
+        self.api = EngineAPI(http, server.url)
         self.where = {"location[directory]": server.directory}
 
     async def create_session(self) -> str:
@@ -391,7 +391,7 @@ class Engine:
 
     async def messages(self, session_id: str) -> list[dict[str, Any]]:
         """The session's record as 1.x messages (`core/export_v2.py`), oldest first."""
-        return await self.api.messages(session_id, self.server.directory)
+        return await self.api.messages(session_id, self.server.directory, route=2)
 
     async def wait_answered(
         self, session_id: str, timeout: float, user_messages: int = 1

@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import aiohttp
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
 from monitor.config import load_settings
 from monitor.core.feedback import MARK
+from monitor.core.server import engine_of_session
 from monitor.exits import EX_NOINPUT, EX_UNAVAILABLE
 from monitor.kit.sandbox import free_loopback_port
+from monitor.shell.api_v2 import EngineAPI
 from monitor.shell.attach import attach
 from monitor.testing import FakeOpencode, engine_call, engine_event, frames, play
 from tests.frames_factory import engine_record
@@ -162,3 +165,28 @@ async def test_a_port_nothing_listens_on_is_said_in_plain_words(capsys: Any) -> 
         f"127.0.0.1:{port}: start `opencode serve --port {port}` there, or give --url the "
         "address `opencode serve` printed when it started\n"
     )
+
+
+async def test_on_1_18_33_a_sessions_engine_is_told_by_its_messages_on_the_api_route() -> None:
+    # 1.18.33 answers a session of either engine on both look-up routes: the shell reads
+    # whether it has messages where the core says they tell, and the core names the engine.
+    other = "ses_s2"
+    fake = FakeOpencode(generation=3, messages={S: engine_record(2)})
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            api = EngineAPI(http, str(server.make_url("")).rstrip("/"), FAST.retry, FAST.sleep)
+            kind = await api.detect()
+            told = [await api.has_messages(s, WHERE, kind.telling_routes()) for s in (S, other)]
+    finally:
+        await server.close()
+    assert (kind.routes(), told) == ((1, 2), [{2: True}, {2: False}])
+    assert [engine_of_session(kind, seen) for seen in told] == [2, 1]
+    assert [r.path for r in fake.requests] == [
+        "/global/health",
+        "/api/health",
+        f"/api/session/{S}/message",
+        f"/api/session/{other}/message",
+    ]
+    assert fake.requests[2].query == {"location[directory]": WHERE, "order": "desc", "limit": "1"}

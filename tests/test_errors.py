@@ -46,11 +46,11 @@ async def test_a_404_of_a_sessions_route_is_session_gone(
     api: OpencodeAPI, server: tuple[str, list[str]]
 ) -> None:
     with pytest.raises(SessionGone, match=f"POST /session/{S}/abort: not found"):
-        await api.abort(S, None)
+        await api.abort(S, None, route=1)
     with pytest.raises(SessionGone, match=f"GET /session/{S}/message: not found"):
-        await api.messages(S, None)
+        await api.messages(S, None, route=1)
     with pytest.raises(SessionGone, match=f"GET /session/{S}: not found"):
-        await api.session(S, "/w")
+        await api.session(S, "/w", route=1)
     assert server[1] == [
         f"/session/{S}/abort",
         f"/session/{S}/message",
@@ -80,7 +80,10 @@ async def test_a_404_of_any_other_route_is_refused_not_session_gone(
 async def test_a_permission_reply_met_by_a_404_was_answered_first(
     api: OpencodeAPI, server: tuple[str, list[str]]
 ) -> None:
-    assert await api.reply_permission("per_0000000000000000000000001", None, "reject") is False
+    assert (
+        await api.reply_permission("per_0000000000000000000000001", None, "reject", route=1)
+        is False
+    )
     assert server[1] == ["/permission/per_0000000000000000000000001/reply"]
 
 
@@ -88,7 +91,7 @@ async def test_a_new_engine_sessions_route_404_is_session_gone(
     server: tuple[str, list[str]],
 ) -> None:
     async with aiohttp.ClientSession() as http:
-        api = EngineAPI(http, server[0], Retry(attempts=1), engine_of=lambda _: 2, choice="2")
+        api = EngineAPI(http, server[0], Retry(attempts=1), choice="2")
         await api.detect()
         with pytest.raises(SessionGone, match=f"/api/session/{S}/history"):
             await api.history(S, 0)
@@ -102,11 +105,11 @@ async def test_a_decisions_route_decides_where_its_abort_goes(
     server: tuple[str, list[str]], route: int, path: str
 ) -> None:
     # Issue 30: the executor passes the route the decision carries; the client does not
-    # work it out again (here it would say the classic engine for every session).
+    # work it out again (here the server is told to be a 1.x one).
     async with aiohttp.ClientSession() as http:
-        api = EngineAPI(http, server[0], Retry(attempts=1), engine_of=lambda _: 1, choice="1")
+        api = EngineAPI(http, server[0], Retry(attempts=1), choice="1")
         with pytest.raises(SessionGone):
-            await api.abort(S, None, route)
+            await api.abort(S, None, route=route)
     assert server[1][-1].split("?")[0] == path
 
 

@@ -34,7 +34,7 @@ from monitor.core.events import (
 )
 from monitor.core.events_v2 import Adapter, engine_name
 from monitor.core.export import current_run, export_frames, tool_parts
-from monitor.core.export_v2 import classic_messages
+from monitor.core.export_v2 import messages_v1_shape
 from monitor.core.frames import decode_frame, iter_sse_data
 from monitor.core.profile import server_call
 from monitor.core.tracker import Detection, Tracker
@@ -273,7 +273,7 @@ def test_shell_failures_read_back_from_the_new_engine_differ_by_what_they_printe
         record = [{"id": "msg_u", "type": "user", "text": "go"}]
         record += [stored_failing(n, message) for n, message in enumerate(messages, 1)]
         newest_first = {"data": list(reversed(record))}
-        frames = list(export_frames(classic_messages(newest_first, S)))
+        frames = list(export_frames(messages_v1_shape(newest_first, S)))
         return [(d.part_id, d.call_index) for d in Tracker().seed(S, frames, "/w")]
 
     assert seeded(DEBUGGING) == []
@@ -391,7 +391,7 @@ def test_the_read_back_of_a_new_engine_session_names_calls_as_the_stream_does() 
     # What `GET /api/session/{id}/message` answered (newest first, with a cursor).
     page = json.loads((RECORDINGS / "new-engine-read-bash.messages.json").read_text())
     session = "ses_dce03b0d2ffe8959oUgGE3kZKf"
-    messages = classic_messages(page, session)
+    messages = messages_v1_shape(page, session)
     assert [m["info"]["role"] for m in messages] == ["user"] + ["assistant"] * 6
     assert messages[0]["parts"][0]["text"].startswith('{"pattern"')
     parts = [part for message in messages for part in tool_parts(message)]

@@ -180,8 +180,8 @@ def test_no_test_module_imports_another_test_module() -> None:
 # URLs of their medium (they read an outcome or a route to say it, never to choose what to do):
 ADAPTERS = {
     "api.py": "a route to its URL",
-    "api_v2.py": "a route to its URL, a server's answers to its kind",
-    "attach.py": "looks the session up (which engine runs it is the server's answer)",
+    "api_v2.py": "a route to its URL",
+    "attach.py": "hands what it read of a session to the core, which names its engine",
     "diagnosis.py": "a failed connection to its hint",
     "evaluate.py": "a command's report of what the rules found",
     "metrics.py": "an outcome, a rule to a bounded label",
@@ -190,8 +190,16 @@ ADAPTERS = {
 }
 SHELL = sorted(path for path in (PACKAGE / "shell").glob("*.py") if path.name not in ADAPTERS)
 DECIDING = {"Plan", "Rule", "Outcome", "plan", "rule", "outcome", "finding", "action", "route"}
-# Nor does it work out which engine runs a session: the decision's commands carry the route.
-RESOLVING = {"new_engine", "engine_of", "engine", "route", "adapter", "server_routes"}
+# Nor does any shell module, the API client and `attach` included, work out which engine runs
+# a session or which routes a server has: the decision's commands carry the route, and the
+# core names the others (`Tracker.route`, `core/server.py`). The shell asks the core by
+# calling its `route` (of the tracker or the monitor); a `route` worked out anywhere else, a
+# server kind's fields read, or a look-up by engine, is a decision made again.
+RESOLVING = {"new_engine", "engine_of", "engine", "adapter", "server_routes", "busy_reads"}
+ASKED = "route"
+CORE_FACES = {"tracker", "_tracker", "monitor", "_monitor"}
+KIND_FIELDS = {"classic", "engine"}
+ALL_SHELL = sorted((PACKAGE / "shell").glob("*.py"))
 
 
 def decides(path: Path) -> list[str]:
@@ -236,27 +244,78 @@ def test_the_loop_and_its_executors_are_held_to_it() -> None:
     assert {"actions.py", "executor.py", "follow.py", "watch.py", "resync.py"} <= held
 
 
+def _receiver(call: ast.Call) -> str | None:
+    """The name of what a method is called on (`tracker` in `self._tracker.route(s)`)."""
+    value = getattr(call.func, "value", None)
+    if isinstance(value, ast.Attribute):
+        return value.attr
+    return value.id if isinstance(value, ast.Name) else None
+
+
 def resolves(path: Path) -> list[str]:
-    """Every call in `path` of what works out a session's engine (`RESOLVING`)."""
+    """Every call in `path` of what works out a session's engine (`RESOLVING`, a `route` not
+    asked of the core), and every read of a server kind's fields or of `engine_of`."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             name = getattr(node.func, "attr", getattr(node.func, "id", None))
-            if name in RESOLVING:
-                found.append(f"{path.name}:{node.lineno} {name}")
-    return found
+            if name in RESOLVING or (name == ASKED and _receiver(node) not in CORE_FACES):
+                found.append((node.lineno, str(name)))
+        elif isinstance(node, ast.Attribute) and node.attr in KIND_FIELDS:
+            if id(node) not in called:
+                found.append((node.lineno, "." + node.attr))
+        else:
+            named = {
+                ast.Name: "id",
+                ast.keyword: "arg",
+                ast.FunctionDef: "name",
+                ast.AsyncFunctionDef: "name",
+            }.get(type(node))
+            name = None if named is None else getattr(node, named)
+            if name in {"new_engine", "engine_of"}:
+                found.append((getattr(node, "lineno", 0), str(name)))
+    return [f"{path.name}:{line} {name}" for line, name in sorted(set(found))]
 
 
-@pytest.mark.parametrize("path", SHELL, ids=lambda path: path.name)
+@pytest.mark.parametrize("path", ALL_SHELL, ids=lambda path: path.name)
 def test_no_shell_module_works_out_an_engine(path: Path) -> None:
     assert resolves(path) == []
 
 
-def test_the_engine_check_sees_a_look_up(tmp_path: Path) -> None:
-    source = tmp_path / "actions.py"
-    source.write_text("async def act(api, c):\n    api.new_engine(c.session_id)\n")
-    assert resolves(source) == ["actions.py:2 new_engine"]
+@pytest.mark.parametrize("path", ALL_SHELL, ids=lambda path: path.name)
+def test_no_shell_module_speaks_of_the_classic_or_the_new_engine_by_name(path: Path) -> None:
+    # The routes are numbers the core gives; the words went with the look-ups.
+    text = path.read_text(encoding="utf-8").lower()
+    assert [word for word in ("new_engine", "classic") if word in text] == []
+
+
+def test_the_engine_check_covers_the_api_client_and_attach() -> None:
+    assert {"api.py", "api_v2.py", "attach.py"} <= {path.name for path in ALL_SHELL}
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ("async def act(api, c):\n    api.new_engine(c.session_id)\n", ["x.py:2 new_engine"]),
+        ("def f(api):\n    if api.server.classic:\n        pass\n", ["x.py:2 .classic"]),
+        ("def f(kind):\n    return kind.engine\n", ["x.py:2 .engine"]),
+        ("async def f(api, s):\n    return await api.engine(s, None)\n", ["x.py:2 engine"]),
+        ("def f(api):\n    return api.busy_reads()\n", ["x.py:2 busy_reads"]),
+        ("def f(t, s):\n    return t.adapter.engine(s)\n", ["x.py:2 engine"]),
+        ("def f(api, s):\n    return api.route(s)\n", ["x.py:2 route"]),
+        ("def f(http):\n    return API(http, engine_of=len)\n", ["x.py:2 engine_of"]),
+        ("def new_engine(s):\n    return 2\n", ["x.py:1 new_engine"]),
+        # Asked of the core: no look-up.
+        ("def f(self, s):\n    return self._tracker.route(s)\n", []),
+        ("def f(monitor, s):\n    return monitor.route(s)\n", []),
+    ],
+)
+def test_the_engine_check_sees_a_look_up(tmp_path: Path, source: str, found: list[str]) -> None:
+    path = tmp_path / "x.py"
+    path.write_text(source, encoding="utf-8")
+    assert resolves(path) == found
 
 
 def test_the_executor_check_sees_a_branch_on_a_plan(tmp_path: Path) -> None:

@@ -28,16 +28,16 @@ class RecordingAPI:
     def _note(self, name: str) -> None:
         self.calls.append((name, [line["event"] for line in self.logs]))
 
-    async def messages(self, *args: object) -> list[object]:
+    async def messages(self, *args: object, **kwargs: object) -> list[object]:
         self._note("messages")
         if self.read_hangs:
             await asyncio.Event().wait()
         return []
 
-    async def abort(self, *args: object) -> None:
+    async def abort(self, *args: object, **kwargs: object) -> None:
         self._note("abort")
 
-    async def prompt(self, *args: object) -> None:
+    async def prompt(self, *args: object, **kwargs: object) -> None:
         self._note("prompt")
 
 

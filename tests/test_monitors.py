@@ -298,8 +298,8 @@ async def test_attach_warns_when_a_monitor_already_intervened_in_the_session():
         async with aiohttp.ClientSession() as http:
             api = OpencodeAPI(http, str(server.make_url("")))
             with capture_logs() as logs:
-                await warn_if_followed(api, "ses_s1", "/w")
-                await warn_if_followed(api, "ses_s2", "/w")
+                await warn_if_followed(api, "ses_s1", "/w", 1)
+                await warn_if_followed(api, "ses_s2", "/w", 1)
     finally:
         await server.close()
     [warning] = events(logs, "attach.other_monitor")

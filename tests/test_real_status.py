@@ -82,7 +82,9 @@ async def test_a_held_session_stays_held_across_a_restart_until_a_person_writes(
     assert answer["totals"]["held"] == 1
 
     # A person writes (stored only, so the scripted model does not loop again): not held.
-    await client.api.prompt(session["id"], opencode_server.directory, "ok, stop", no_reply=True)
+    await client.api.prompt(
+        session["id"], opencode_server.directory, "ok, stop", no_reply=True, route=1
+    )
 
     async def unheld() -> bool:
         code, out = await status(address, "--json")

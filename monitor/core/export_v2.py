@@ -4,7 +4,7 @@
 [message, ...], cursor}`, newest first; a message is `{id, type: "user", text}` or `{id, type:
 "assistant", content: [{type: "text", text} | {type: "tool", id: CALL_ID, name, state:
 {status, input, error?, ...}}], finish, error?}` (recording
-`tests/recordings/engine/new-engine-read-bash.messages.json`). `classic_messages` makes them the
+`tests/recordings/engine/new-engine-read-bash.messages.json`). `messages_v1_shape` makes them the
 `{info, parts}` list, oldest first, that every read-back of the monitor (seeding, the checks for
 another monitor's feedback, whether the feedback arrived) already reads: one reading of a
 session's record for both engines. A tool part's id is what `events_v2` calls the same call
@@ -18,10 +18,10 @@ from typing import Any
 from monitor.core.events_v2 import result_output
 from monitor.core.profile import server_call
 
-__all__ = ["classic_messages"]
+__all__ = ["messages_v1_shape"]
 
 
-def classic_messages(page: object, session_id: str) -> list[dict[str, Any]]:
+def messages_v1_shape(page: object, session_id: str) -> list[dict[str, Any]]:
     """The messages of one answer (its `data`, newest first) as 1.x `{info, parts}`, oldest
     first; entries that are not messages are left out."""
     data = page.get("data") if isinstance(page, dict) else page

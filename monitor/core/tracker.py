@@ -50,6 +50,7 @@ from monitor.core.plugin_protocol import PluginCall
 from monitor.core.resync import Waiting
 from monitor.core.rules.facts import SIGNALS, Signals
 from monitor.core.runs import RunEvent, run_advance
+from monitor.core.server import session_route
 from monitor.core.session import RecentMap, SessionRecord
 from monitor.core.texts import TextStreams
 from monitor.core.tool_updates import Seeding, ToolUpdates
@@ -257,7 +258,7 @@ class Tracker:
         """Which engine's routes act on the session (`Intervene.route`): 2 on a server
         without the classic ones, for a session whose frames are the new engine's, or one the
         server named as such (`engine_sessions`); else 1."""
-        return 2 if not self._classic or self.adapter.engine(session_id) == 2 else 1
+        return session_route(self._classic, self.adapter.engine(session_id))
 
     def directory_of(self, session_id: str) -> str | None:
         session = self._sessions.get(session_id)

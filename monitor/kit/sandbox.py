@@ -591,11 +591,11 @@ class ProjectClient:
         The server answers before it has stored the message: right after this call the
         session can still look idle and unchanged.
         """
-        await self.api.prompt(session_id, self.directory, text)
+        await self.api.prompt(session_id, self.directory, text, route=1)
 
     async def messages(self, session_id: str) -> list[dict[str, Any]]:
         """Every message of the session as ``{"info": ..., "parts": [...]}``, oldest first."""
-        return await self.api.messages(session_id, self.directory)
+        return await self.api.messages(session_id, self.directory, route=1)
 
     async def status(self) -> dict[str, dict[str, Any]]:
         """Status by session id of the busy (or retrying) sessions; idle ones are left out."""

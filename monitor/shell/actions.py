@@ -233,7 +233,7 @@ class Interventions:
             decision = command.decision
             try:
                 messages = await api.messages(
-                    decision.session_id, decision.directory, command.last, decision.route
+                    decision.session_id, decision.directory, command.last, route=decision.route
                 )
             except ServerError:
                 messages = None
@@ -257,7 +257,7 @@ class Interventions:
         started = time.monotonic()
         try:
             if isinstance(command, life.Abort):
-                await api.abort(command.session_id, command.directory, command.route)
+                await api.abort(command.session_id, command.directory, route=command.route)
                 taken = True
             elif isinstance(command, life.Post):
                 await api.prompt(
@@ -266,7 +266,7 @@ class Interventions:
                     command.text,
                     command.no_reply,
                     command.after_part,
-                    command.route,
+                    route=command.route,
                 )
                 taken = True
             else:
@@ -324,5 +324,10 @@ async def _answer(api: OpencodeAPI, reply: Reply) -> bool:
     """Send `reply` to its permission request, by its route; False when it was answered
     first."""
     return await api.reply_permission(
-        reply.request_id, reply.directory, reply.reply, reply.message, reply.session_id, reply.route
+        reply.request_id,
+        reply.directory,
+        reply.reply,
+        reply.message,
+        reply.session_id,
+        route=reply.route,
     )

@@ -129,10 +129,10 @@ class OpencodeAPI:
         self._sleep = sleep
         self._headers = dict(headers or {})
 
-    async def abort(self, session_id: str, directory: str | None, route: int | None = None) -> None:
+    async def abort(self, session_id: str, directory: str | None, *, route: int) -> None:
         """Abort the session's run. `route` (here and below): which engine's routes, as the
-        decision says (`Intervene.route`); a 1.x server has only the classic ones, and
-        `EngineAPI` works it out for a request no decision made (None)."""
+        core says (`Intervene.route`, `Tracker.route`): 1 the 1.x `/session/...` ones, all this
+        client serves; `EngineAPI` maps 2 to the new engine's `/api/session/...`."""
         # Idempotent: aborting an aborted run answers true and changes nothing.
         await self._call("POST", session_path(session_id, "abort"), directory, idempotent=True)
 
@@ -143,7 +143,8 @@ class OpencodeAPI:
         text: str,
         no_reply: bool = False,
         after_part: str = "",
-        route: int | None = None,
+        *,
+        route: int,
     ) -> None:
         """Add a user message once; with `no_reply` it is stored and no answer starts.
 
@@ -155,7 +156,8 @@ class OpencodeAPI:
             body["noReply"] = True
 
         async def arrived() -> bool:
-            return feedback_delivered(await self.messages(session_id, directory), text, after_part)
+            messages = await self.messages(session_id, directory, route=1)
+            return feedback_delivered(messages, text, after_part)
 
         path = session_path(session_id, "prompt_async")
         await self._call("POST", path, directory, body, idempotent=False, arrived=arrived)
@@ -196,7 +198,8 @@ class OpencodeAPI:
         reply: str,
         message: str | None = None,
         session_id: str | None = None,
-        route: int | None = None,
+        *,
+        route: int,
     ) -> bool:
         """Answer a permission request; False when it was answered already (404).
 
@@ -240,7 +243,9 @@ class OpencodeAPI:
             if not (isinstance(status, dict) and status.get("type") == "idle")
         }
 
-    async def session(self, session_id: str, directory: str | None) -> dict[str, Any]:
+    async def session(
+        self, session_id: str, directory: str | None, *, route: int
+    ) -> dict[str, Any]:
         """The session's info (with its `directory`); `SessionGone` when the server has none."""
         info = await self._call("GET", session_path(session_id), directory, idempotent=True)
         if not isinstance(info, dict) or not isinstance(info.get("directory"), str):
@@ -265,7 +270,8 @@ class OpencodeAPI:
         session_id: str,
         directory: str | None,
         last: int | None = None,
-        route: int | None = None,
+        *,
+        route: int,
     ) -> list[Any]:
         """The session's messages, oldest first; `last`: only the newest that many (the
         server's `limit`), for a check that needs only what came lately."""

@@ -1,12 +1,13 @@
-"""The REST client for servers of both generations: which server this is, and each session's
-actions by the routes of its engine.
+"""The REST client for servers of both generations: each request of a session by the routes
+the core names for it, the health routes asked for the core to say which server this is.
 
 OpenCode 2.0 serves only `/api/...` (queries `location[directory]=`); 1.18.33 serves the 1.x
-routes and, for sessions of its new engine, the same `/api` routes as 2.0. `EngineAPI` is an
-`OpencodeAPI` whose session actions go to the `/api` routes for a session of the new engine
-(the tracker's adapter says which, `monitor/core/events_v2.py`) or for every session of a
-server without 1.x routes, and to the 1.x routes otherwise, so `Interventions` carries out
-the same decisions on both:
+routes and, for sessions of its new engine, the same `/api` routes as 2.0. Every request of
+one session takes its `route` (`Intervene.route`, `Tracker.route`: 1 the 1.x routes, 2 the
+`/api` ones), which `EngineAPI` maps to its URL and nothing more; which server this is
+(`detect`) is `core/server.py`'s word on the health routes' answers, and it names the routes
+whose sessions are read (`ServerKind.routes`). So `Interventions` carries out the same
+decisions on both:
 
 - stop the run: `POST /session/{id}/abort` / `POST /api/session/{id}/interrupt` (the 1.x abort
   answers `true` on a new-engine session and the run goes on);
@@ -18,7 +19,8 @@ the same decisions on both:
 - read back: `GET /session/{id}/message` / `GET /api/session/{id}/message` (as 1.x messages,
   `core/export_v2.py`); busy sessions: `GET /session/status` / `GET /api/session/active`;
 - look up: `GET /session/{id}` / `GET /api/session/{id}` (its directory under `location`);
-  which engine a session not yet seen on the stream runs on: `engine` (for `attach`);
+  whether a session has messages on a route (`has_messages`: `attach` hands it to the core's
+  `engine_of_session`);
 - missed events: none (read back) / `GET /api/session/{id}/history?after=SEQ`.
 
 Auth: the same `Authorization` header goes with every request (1.18.33 guards `/api` like the
@@ -36,9 +38,9 @@ import aiohttp
 
 from monitor.config import ApiChoice
 from monitor.core.export import feedback_delivered
-from monitor.core.export_v2 import classic_messages
+from monitor.core.export_v2 import messages_v1_shape
 from monitor.core.ids import is_permission_id
-from monitor.core.server import ServerKind
+from monitor.core.server import Probe, ServerKind, assumed_kind, kind_from_probes, probes
 from monitor.errors import (
     ConfigError,
     CredentialsRefused,
@@ -59,7 +61,7 @@ HISTORY_PAGES = 50
 # The longest a read of `/api` may take, retries included, whatever the server does (hung, or
 # dribbling bytes, which a read timeout never ends). The resync asks `/api` while the frames
 # of the new-engine sessions it rebuilds wait (a hung `GET /api/session/active` once held a
-# classic loop's too, for 14 s); a hung `/api/health` added 10 s to every connect. Its
+# 1.x loop's too, for 14 s); a hung `/api/health` added 10 s to every connect. Its
 # answers come in milliseconds once warm, but a real 1.18.33's first `/api` read on a loaded
 # machine took over 2 s (attach's look-up failed on it in the suite): the bound is for a
 # server that does not answer, not for one that is slow.
@@ -75,7 +77,7 @@ def _where(directory: str | None, **query: str) -> dict[str, str]:
 
 
 class EngineAPI(OpencodeAPI):
-    """`OpencodeAPI`, each session's actions by its engine's routes (see the module)."""
+    """`OpencodeAPI`, each session's actions by the routes the core names (see the module)."""
 
     def __init__(
         self,
@@ -84,16 +86,14 @@ class EngineAPI(OpencodeAPI):
         retry: Retry = Retry(),
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         headers: Mapping[str, str] | None = None,
-        engine_of: Callable[[str], int] = lambda session_id: 1,
         choice: ApiChoice = "auto",
     ) -> None:
         super().__init__(http, base_url, retry, sleep, headers)
-        self._engine_of = engine_of
         self.choice = choice
         # The body form each request took last (`_first_taken`): 0, the documented one.
         self._forms: dict[str, int] = {}
-        # Until `detect` says otherwise: a 1.x server, as before this client knew of 2.x.
-        self.server = ServerKind(classic=choice != "2", engine=choice != "1")
+        # Until `detect` says otherwise.
+        self.server = assumed_kind(choice)
         self.api_read_s = API_READ_S
 
     async def _read(self, path: str, query: dict[str, str] | None) -> Any:
@@ -105,58 +105,33 @@ class EngineAPI(OpencodeAPI):
             raise ServerError(f"GET {path}: no answer within {self.api_read_s:g} s") from None
 
     async def detect(self) -> ServerKind:
-        """Ask the server which generation it is (at every connect: it may have been upgraded
-        in place); `--api 1|2` decides without asking. Refused credentials are said as the
+        """Ask the health routes the core names and let it say which server this is (at every
+        connect: it may have been upgraded in place). Refused credentials are said as the
         stream says them: this is the first request of every connect."""
         try:
-            return await self._detect()
+            answers = {path: await self._probe(path) for path in probes(self.choice)}
         except CredentialsRefused as exc:
             raise ConfigError(exc.reason) from None
-
-    async def _detect(self) -> ServerKind:
-        if self.choice == "1":
-            self.server = ServerKind(classic=True, engine=False, version=await self._version())
-        elif self.choice == "2":
-            self.server = ServerKind(classic=False, engine=True, version=await self._version())
-        else:
-            version = await self._version()
-            try:
-                async with asyncio.timeout(self.api_read_s):
-                    await self._once("GET", "/api/health", None, None)
-                engine = True
-            except Refused:
-                engine = False
-            except TimeoutError:
-                # Hung: the kind found before holds for this connect (Watch._locate).
-                raise ServerError(
-                    f"GET /api/health: no answer within {self.api_read_s:g} s"
-                ) from None
-            # Without `/api`, a 1.x server whatever its health route says (older ones have
-            # none); with it, 2.x only if it lacks the 1.x health route too.
-            classic = version is not None or not engine
-            self.server = ServerKind(classic=classic, engine=engine, version=version)
+        self.server = kind_from_probes(self.choice, answers)
         return self.server
 
-    async def _version(self) -> str | None:
-        """The version `/global/health` gives (1.x servers); None where there is none."""
+    async def _probe(self, path: str) -> Probe:
+        """One health route's answer, asked once: a server that does not answer is the
+        stream's to report. An `/api` route that hangs is a ServerError (the kind found
+        before then holds for this connect, `Locator.locate`)."""
         try:
-            # Asked once: a server that does not answer is the stream's to report.
-            health = await self._once("GET", "/global/health", None, None)
-        except Refused:
-            return None
-        version = health.get("version") if isinstance(health, dict) else None
-        return version if isinstance(version, str) else "unknown"
+            if not path.startswith("/api/"):
+                return Probe(200, await self._once("GET", path, None, None))
+            async with asyncio.timeout(self.api_read_s):
+                return Probe(200, await self._once("GET", path, None, None))
+        except Refused as exc:
+            return Probe(exc.status)
+        except TimeoutError:
+            raise ServerError(f"GET {path}: no answer within {self.api_read_s:g} s") from None
 
-    def new_engine(self, session_id: str, route: int | None = None) -> bool:
-        """Whether the session's requests go to the `/api` routes: as `route` says (a
-        decision's), else as the core says (`engine_of`: `Tracker.route`)."""
-        if route is not None:
-            return route == 2
-        return not self.server.classic or self._engine_of(session_id) == 2
-
-    async def abort(self, session_id: str, directory: str | None, route: int | None = None) -> None:
-        if not self.new_engine(session_id, route):
-            await super().abort(session_id, directory)
+    async def abort(self, session_id: str, directory: str | None, *, route: int) -> None:
+        if route == 1:
+            await super().abort(session_id, directory, route=route)
             return
         # Interrupting a run that stopped changes nothing (204 all the same).
         path = _api_path(session_id, "interrupt")
@@ -169,10 +144,11 @@ class EngineAPI(OpencodeAPI):
         text: str,
         no_reply: bool = False,
         after_part: str = "",
-        route: int | None = None,
+        *,
+        route: int,
     ) -> None:
-        if not self.new_engine(session_id, route):
-            await super().prompt(session_id, directory, text, no_reply, after_part)
+        if route == 1:
+            await super().prompt(session_id, directory, text, no_reply, after_part, route=route)
             return
 
         async def arrived() -> bool:
@@ -192,10 +168,13 @@ class EngineAPI(OpencodeAPI):
         reply: str,
         message: str | None = None,
         session_id: str | None = None,
-        route: int | None = None,
+        *,
+        route: int,
     ) -> bool:
-        if session_id is None or not self.new_engine(session_id, route):
-            return await super().reply_permission(request_id, directory, reply, message)
+        if session_id is None or route == 1:
+            return await super().reply_permission(
+                request_id, directory, reply, message, route=route
+            )
         if not is_permission_id(request_id):
             raise MalformedId("permission request id is not of the shape per_...")
         path = _api_path(session_id, f"permission/{path_segment(request_id)}/reply")
@@ -242,11 +221,12 @@ class EngineAPI(OpencodeAPI):
         session_id: str,
         directory: str | None,
         last: int | None = None,
-        route: int | None = None,
+        *,
+        route: int,
     ) -> list[Any]:
-        if not self.new_engine(session_id, route):
-            return await super().messages(session_id, directory, last)
-        return classic_messages(
+        if route == 1:
+            return await super().messages(session_id, directory, last, route=route)
+        return messages_v1_shape(
             await self._engine_messages(session_id, directory, last), session_id
         )
 
@@ -263,12 +243,14 @@ class EngineAPI(OpencodeAPI):
             raise ServerError("/api/session/{id}/message did not answer {data: [...]}")
         return data
 
-    async def session(self, session_id: str, directory: str | None) -> dict[str, Any]:
+    async def session(
+        self, session_id: str, directory: str | None, *, route: int
+    ) -> dict[str, Any]:
         """The session's info, with its `directory`. On the `/api` route (1.18.33 answers it
         for a session of either engine) the info is `{data: {id, projectID, title, time,
         location: {directory}, ...}}`; its directory is `location`'s."""
-        if not self.new_engine(session_id):
-            return await super().session(session_id, directory)
+        if route == 1:
+            return await super().session(session_id, directory, route=route)
         answer = await self._read(_api_path(session_id), _where(directory))
         info = answer.get("data") if isinstance(answer, dict) else None
         location = info.get("location") if isinstance(info, dict) else None
@@ -277,39 +259,32 @@ class EngineAPI(OpencodeAPI):
             raise ServerError("/api/session/{id} did not answer {data: {location: {directory}}}")
         return {**info, "directory": where}
 
-    async def engine(self, session_id: str, directory: str | None) -> int:
-        """Which engine runs a session not seen on the stream (2 for the new one): every
-        session of a server without the 1.x routes. 1.18.33 answers a session of either
-        engine on both `GET /session/{id}` and `GET /api/session/{id}` alike, but keeps
-        each engine's messages apart (`/api/session/{id}/message` is empty for a classic
-        session, `/session/{id}/message` for a new-engine one): a session with messages on
-        the `/api` route is the new engine's. One never prompted is taken for a classic one
-        until its first event says otherwise."""
-        if self.new_engine(session_id):
-            return 2
-        if not self.server.engine:
-            return 1
-        try:
-            newest = await self._engine_messages(session_id, directory, last=1)
-        except (SessionGone, Refused):
-            return 1  # no `/api` routes after all (a server the detection could not ask)
-        return 2 if newest else 1
+    async def has_messages(
+        self, session_id: str, directory: str | None, routes: tuple[int, ...]
+    ) -> dict[int, bool | None]:
+        """Whether the session has messages on each of `routes` (None: that route did not
+        answer it), for the core to tell its engine (`engine_of_session`)."""
+        found: dict[int, bool | None] = {}
+        for route in routes:
+            try:
+                newest = await self.messages(session_id, directory, 1, route=route)
+            except (SessionGone, Refused):
+                found[route] = None  # no such routes after all (a server the probes missed)
+                continue
+            found[route] = bool(newest)
+        return found
 
     async def busy_sessions(self, directory: str | None) -> set[str]:
         busy: set[str] = set()
-        for _, read in self.busy_reads():
-            busy |= await read(directory)
+        for route in self.server.routes():
+            busy |= await self.busy_on(route, directory)
         return busy
 
-    def busy_reads(self) -> list[tuple[int, Callable[[str | None], Awaitable[set[str]]]]]:
-        """The reads of which sessions are busy, each with the engine it answers for: the
-        classic one first, so that a hung `/api` read holds up no classic session."""
-        reads: list[tuple[int, Callable[[str | None], Awaitable[set[str]]]]] = []
-        if self.server.classic:
-            reads.append((1, super().busy_sessions))
-        if self.server.engine:
-            reads.append((2, self._engine_busy))
-        return reads
+    async def busy_on(self, route: int, directory: str | None) -> set[str]:
+        """The sessions of `route` the server runs right now."""
+        if route == 1:
+            return await super().busy_sessions(directory)
+        return await self._engine_busy(directory)
 
     async def _engine_busy(self, directory: str | None) -> set[str]:
         active = await self._read("/api/session/active", _where(directory))
@@ -318,7 +293,7 @@ class EngineAPI(OpencodeAPI):
             raise ServerError("/api/session/active did not answer {data: {...}}")
         # 1.18.33 lists only its own sessions here: the resync tells the core they are the new
         # engine's (`Tracker.engine_sessions`), so one a restarted monitor has not seen on
-        # the stream yet is read back by the `/api` routes (the classic message route answers
+        # the stream yet is read back by the `/api` routes (the 1.x message route answers
         # [] for it).
         return {session_id for session_id in data if isinstance(session_id, str)}
 
@@ -326,7 +301,7 @@ class EngineAPI(OpencodeAPI):
         """On a server without 1.x routes, `GET /api/permission/request`, each request in
         the 1.x shape the read-back feeds as `permission.asked` (`action` is `permission`,
         `source` names the call as `tool` did)."""
-        if self.server.classic:
+        if self.server.unseen_route() == 1:
             return await super().pending_permissions(directory)
         page = await self._read("/api/permission/request", _where(directory))
         data = page.get("data") if isinstance(page, dict) else page
@@ -342,7 +317,7 @@ class EngineAPI(OpencodeAPI):
         return requests
 
     async def sessions(self, directory: str | None) -> list[Any]:
-        if self.server.classic:
+        if self.server.unseen_route() == 1:
             return await super().sessions(directory)
         page = await self._read("/api/session", _where(directory))
         data = page.get("data") if isinstance(page, dict) else None

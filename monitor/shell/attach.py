@@ -2,9 +2,10 @@
 
 `attach SESSION_ID` asks the server which generation it is (`EngineAPI.detect`, as the watch
 does at every connect), looks the session up (`GET /session/{id}`, or `GET /api/session/{id}`
-on a server with only the `/api` routes; either gives its project directory) and which
-engine runs it (`EngineAPI.engine`: on 1.18.33 a session of either engine is found on both
-routes, only its messages tell them apart), then runs a `Watch` on that directory's stream
+on a server with only the `/api` routes; either gives its project directory) and reads
+whether it has messages where the core says they tell its engine (on 1.18.33 a session of
+either engine is found on both routes, only its messages tell them apart; the core's
+`engine_of_session` decides), then runs a `Watch` on that directory's stream
 with a `OneSession` scope: the tracker ignores every other session, the watch's resync reads
 back only this session's current run (by its engine's route), and the watch ends by itself,
 with status 0, when the session is deleted (seen on the stream, or found gone on a
@@ -23,6 +24,7 @@ import structlog
 from monitor.config import Settings, public_url
 from monitor.core.export import feedback_count
 from monitor.core.ids import is_session_id
+from monitor.core.server import engine_of_session
 from monitor.errors import MalformedId, ServerError, SessionGone
 from monitor.exits import EX_NOINPUT, EX_UNAVAILABLE
 from monitor.shell.api import OpencodeAPI, http_session
@@ -48,11 +50,11 @@ class OneSession:
         self.found_engine = engine
         self._over = False
 
-    async def still_there(self, api: OpencodeAPI) -> bool:
+    async def still_there(self, api: OpencodeAPI, route: int) -> bool:
         # On every (re)connect: away from the stream, the deletion may have gone by unseen.
-        # The watch's `EngineAPI` asks by the session's engine's route.
+        # Asked by the session's route, as the core names it.
         try:
-            await api.session(self.only_session, self._directory)
+            await api.session(self.only_session, self._directory, route=route)
         except SessionGone:
             return self._deleted()
         except ServerError as exc:
@@ -70,10 +72,11 @@ class OneSession:
 
 @dataclass(frozen=True, slots=True)
 class Found:
-    """The session looked up: its project directory and its engine (2: the new one)."""
+    """The session looked up: its project directory and the routes of its engine (2: the
+    new one's)."""
 
     directory: str
-    engine: int
+    route: int
 
 
 async def look_up(settings: Settings, session_id: str) -> Found:
@@ -81,38 +84,34 @@ async def look_up(settings: Settings, session_id: str) -> Found:
     # OpenCode session id; and an id of another shape is never sent at all.
     if not is_session_id(session_id):
         raise MalformedId("not an OpenCode session id")
-    engines: dict[str, int] = {}
     async with http_session(settings) as http:
-        api = EngineAPI(
-            http,
-            settings.url,
-            engine_of=lambda session: engines.get(session, 1),
-            choice=settings.api,
-        )
+        api = EngineAPI(http, settings.url, choice=settings.api)
         try:
             await api.detect()
         except ServerError:
             pass  # down or failing: the look-up says so, after its retries
-        info = await api.session(session_id, settings.directory)
-        found = Found(info["directory"], await api.engine(session_id, info["directory"]))
-        engines[session_id] = found.engine
+        kind = api.server
+        info = await api.session(session_id, settings.directory, route=kind.unseen_route())
+        directory = info["directory"]
+        told = await api.has_messages(session_id, directory, kind.telling_routes())
+        found = Found(directory, engine_of_session(kind, told))
         log.info(
             "attach.found",
             session_id=session_id,
             directory=found.directory,
-            engine=found.engine,
-            server=api.server.describe(),
+            engine=found.route,
+            server=kind.describe(),
         )
-        await warn_if_followed(api, session_id, found.directory)
+        await warn_if_followed(api, session_id, found.directory, found.route)
         return found
 
 
-async def warn_if_followed(api: OpencodeAPI, session_id: str, directory: str) -> None:
+async def warn_if_followed(api: OpencodeAPI, session_id: str, directory: str, route: int) -> None:
     """Warn when a monitor has intervened in this session already: a `watch` daemon most
     likely follows it too. Both then see each loop; the second to act defers to the first
     (docs/operations.md, "Delivery guarantees"), but the warning says why two are logging."""
     try:
-        count = feedback_count(await api.messages(session_id, directory))
+        count = feedback_count(await api.messages(session_id, directory, route=route))
     except ServerError:
         return  # only a warning: the watch itself reports what is wrong with the server
     if count:
@@ -142,7 +141,7 @@ async def attach(settings: Settings, session_id: str, timing: Timing = Timing())
     # The session's own project: its events come on that instance's stream, and its abort
     # and prompt calls go to that instance.
     settings = dataclasses.replace(settings, directory=found.directory)
-    scope = OneSession(session_id, found.directory, found.engine)
+    scope = OneSession(session_id, found.directory, found.route)
     return await Watch(settings, timing=timing, scope=scope).run()
 
 

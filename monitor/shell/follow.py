@@ -77,7 +77,6 @@ class Follow:
             settings.url,
             timing.retry,
             timing.sleep,
-            engine_of=tracker.route,
             choice=settings.api,
         )
         self.toasts = Toasts(self.api)
@@ -210,7 +209,12 @@ class Follow:
         # Work the server's absence left undone goes first; the resync leaves its sessions
         # to it (they are being acted on).
         self.interventions.resume()
-        if not await self._scope.still_there(self.api):
+        # Asked by the one session's route, as the core names it.
+        only = self._scope.only_session
+        there = await self._scope.still_there(
+            self.api, 1 if only is None else self._tracker.route(only)
+        )
+        if not there:
             self._stop()
             return
         await self.resync.run(first)

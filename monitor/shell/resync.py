@@ -132,12 +132,12 @@ class Resync:
             sessions: set[str] = set()
             only = self._only_session
             # Each engine's answer frees its own sessions: a hung `/api` read holds up no
-            # classic one (what a session speaks, its frames say).
-            for engine, read in self._api.busy_reads():
-                found = await read(where)
-                self._tracker.named_busy(engine, found)
+            # 1.x one (what a session speaks, its frames say).
+            for route in self._api.server.routes():
+                found = await self._api.busy_on(route, where)
+                self._tracker.named_busy(route, found)
                 sessions |= found
-                waited = waiting.answer(where, engine, found)
+                waited = waiting.answer(where, route, found)
                 for session_id in waited:
                     if session_id in found and only in (None, session_id):
                         if not self._interventions.acting_on(session_id):
@@ -161,7 +161,7 @@ class Resync:
     async def _replay_engine_sessions(self, sessions: Iterable[str]) -> tuple[int, set[str]]:
         """New-engine sessions keep their events: what came while we were away is read from
         each one's last durable seq on and fed as if live (the adapter drops what the stream
-        brings again). Of `sessions` (those running before or busy now, as the classic
+        brings again). Of `sessions` (those running before or busy now, as the 1.x
         read-back), the new-engine ones we followed. How many events, and the sessions
         whose history could not be read: those are read back from their messages instead."""
         adapter = self._tracker.adapter
@@ -272,7 +272,10 @@ class Resync:
         from its messages: an idle session that a restart found between two loops continues
         the ladder where it was."""
         try:
-            messages = await self._api.messages(session_id, directory, last=RECENT_HISTORY)
+            route = self._tracker.route(session_id)
+            messages = await self._api.messages(
+                session_id, directory, last=RECENT_HISTORY, route=route
+            )
         except SessionGone:
             self._tracker.forget(session_id)
             return
@@ -308,7 +311,8 @@ class Resync:
     async def _seed(self, session_id: str, directory: str | None) -> int:
         """Seed one busy session's current run from its messages; 1 if it was seeded."""
         try:
-            messages = await self._api.messages(session_id, directory)
+            route = self._tracker.route(session_id)
+            messages = await self._api.messages(session_id, directory, route=route)
         except SessionGone:
             self._tracker.forget(session_id)
             return 0

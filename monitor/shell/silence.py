@@ -79,7 +79,9 @@ class Silence:
 
         async def finished(session_id: str) -> int:
             try:
-                return finished_calls(await api.messages(session_id, running[session_id]), skip)
+                route = tracker.route(session_id)
+                messages = await api.messages(session_id, running[session_id], route=route)
+                return finished_calls(messages, skip)
             except SessionGone:
                 return 0
 

@@ -58,8 +58,9 @@ class Scope(Protocol):
         """The one session followed, or None for all; read once, when the watch starts."""
         ...
 
-    async def still_there(self, api: OpencodeAPI) -> bool:
-        """On every (re)connect: False when there is nothing left to follow."""
+    async def still_there(self, api: OpencodeAPI, route: int) -> bool:
+        """On every (re)connect: False when there is nothing left to follow. `route`: the
+        one session's, as the core names it (`Tracker.route`)."""
         ...
 
     @property
@@ -75,7 +76,7 @@ class AllSessions:
 
     only_session = None
 
-    async def still_there(self, api: OpencodeAPI) -> bool:
+    async def still_there(self, api: OpencodeAPI, route: int) -> bool:
         return True
 
     found_engine = 1
