@@ -398,6 +398,11 @@ class Model(RuleBasedStateMachine):
             step = next((m for m in session.record if m["info"]["id"] == session.step), None)
             if step is not None:
                 step["info"].setdefault("error", error)
+            # The server stops the run's calls as it takes the abort (their ends come a few
+            # milliseconds later: a monitor started in between is not modelled).
+            for call in session.calls:
+                if not call.ended:
+                    self.end(sid, call, "error", ABORTED)
 
     def carry_out(
         self, proc: Process, commands: list[Command] | tuple[Command, ...], run: int
