@@ -25,10 +25,10 @@ from monitor.core.findings import (
     Finding,
 )
 from monitor.core.ladder import rung
-from monitor.core.rules.failure import failure_digest
-from monitor.core.session import Acted, Call, SessionRecord
+from monitor.core.rules.failure import failed_as
+from monitor.core.session import Acted, SessionRecord
 
-__all__ = ["decide", "failed_as", "own_refusal", "refused", "withhold"]
+__all__ = ["decide", "own_refusal", "refused", "withhold"]
 
 
 def decide(
@@ -187,8 +187,3 @@ def withhold(session: SessionRecord, decision: Intervene) -> Intervene | None:
 def own_refusal(error: object) -> bool:
     """Whether a call's error is the plugin's own refusal (no monitor answered it)."""
     return isinstance(error, str) and error.startswith(OWN_REFUSALS)
-
-
-def failed_as(call: Call) -> int | None:
-    """How a finished call failed (`failure_digest`), None if it did not."""
-    return failure_digest(call.tool, call.status, call.output, call.error, call.metadata)

@@ -25,6 +25,7 @@ import re
 import sys
 from array import array
 from collections.abc import Callable, Iterator
+from types import EllipsisType
 from typing import Any, Generic, TypeVar
 
 from monitor.core.calls import CallEvent, CallState, advance
@@ -184,6 +185,8 @@ class Call:
         "loop",
         "call_id",
         "changes",
+        "failure",
+        "waits",
     )
 
     def __init__(
@@ -218,8 +221,13 @@ class Call:
         # once per call. A call the plugin asked about first is recorded under a part id of
         # ours until the stream carries it (`SessionRecord.claim`).
         self.call_id = call_id
-        # Whether it changes files (`rules.facts.changes_files`), once a rule asked.
+        # What rules found of it once it finished, kept so that the rules (and the plan) that
+        # ask each find it once: whether it changes files (`rules.facts.changes_files`), how
+        # it failed (`rules.failure.failed_as`; `...` until asked, None: it did not fail),
+        # whether its answer says something is under way (`rules.waiting.in_progress`).
         self.changes: bool | None = None
+        self.failure: int | None | EllipsisType = ...
+        self.waits: bool | None = None
 
     def finished(self, status: str, output: Any, error: Any, metadata: Any) -> None:
         """Its final update came: keep what it brought (its outcome is digested from it)."""

@@ -23,11 +23,12 @@ from monitor.core.events import ToolPart
 from monitor.core.fed import QUIET, Fed, Judged
 from monitor.core.findings import FailureRun, Finding, LoopAgain, RunawayCall
 from monitor.core.permissions import PermissionGate
-from monitor.core.plan import failed_as, own_refusal, refused, withhold
+from monitor.core.plan import own_refusal, refused, withhold
 from monitor.core.plugin_protocol import ALLOW, PluginCall, block
 from monitor.core.profile import ignored_args, transparent_tools
 from monitor.core.rules import CallRule
 from monitor.core.rules.facts import rule_args
+from monitor.core.rules.failure import failed_as
 from monitor.core.rules.runaway import call_bound
 from monitor.core.runs import RunEvent, run_advance
 from monitor.core.session import PLUGIN_PART, Call, RecentMap, SessionRecord, call_digest
@@ -240,17 +241,7 @@ class ToolUpdates:
         deadlines: tuple[Deadline, ...] = ()
         if decision is not None and running and call is not None:
             decision, nudge, deadlines = self._held_back(session, call, part, decision, seeding)
-        if running and follows:
-            now = self._gate.decide(
-                part.session_id,
-                session,
-                call,
-                decision,
-                self._directory_of(part.session_id),
-                self._route(part.session_id),
-            )
-        else:
-            now = decision
+        now = self._gated(session, call, part, decision) if running and follows else decision
         if finished and seeding is None:
             session.finish(part.part_id)  # done with: a read-back keeps it for its duplicates
         if starts and call is not None and not transparent:
@@ -265,6 +256,18 @@ class ToolUpdates:
         return Fed(
             tuple(d for d in (late, nudge, now) if d is not None), label, deadlines=deadlines
         )
+
+    def _gated(
+        self, session: SessionRecord, call: Call | None, part: ToolPart, decision: Intervene | None
+    ) -> Intervene | Reply | None:
+        """`PermissionGate.decide` on a `running` update the gate follows. Only a call it
+        named with a loop, or with its request come, has anything to decide: the session's
+        directory and routes are looked up for those alone (most updates pass as they came)."""
+        if call is None or call.key is None or (decision is None and call.request is None):
+            return decision
+        session_id = part.session_id
+        where, route = self._directory_of(session_id), self._route(session_id)
+        return self._gate.decide(session_id, session, call, decision, where, route)
 
     def _claimed(self, session: SessionRecord, part: ToolPart, follows: bool) -> Call | None:
         """The call this update is of, if known: recorded from the stream, or from the

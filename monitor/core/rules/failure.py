@@ -24,7 +24,7 @@ from monitor.core.rules.facts import run_state
 from monitor.core.session import Call, SessionRecord
 from monitor.core.signature import signature_digest
 
-__all__ = ["FailureRule", "FailureRun", "failed", "failure_digest", "normalize"]
+__all__ = ["FailureRule", "FailureRun", "failed", "failed_as", "failure_digest", "normalize"]
 
 # Only the head and tail of a long output are compared: errors sit at either end, and the
 # cost per call must not grow with the output.
@@ -84,6 +84,17 @@ def failure_digest(tool: str, status: str, output: Any, error: Any, metadata: An
     return signature_digest(f"{tool}\x00{code}\x00{normalize(text)}")
 
 
+def failed_as(call: Call) -> int | None:
+    """How a finished call failed (`failure_digest`), None if it did not: found once per
+    call, which the rule, the armed loop's check and the plan each ask."""
+    failure = call.failure
+    if failure is ...:
+        failure = failure_digest(call.tool, call.status, call.output, call.error, call.metadata)
+        if call.status != "running":  # its end is what the digest reads
+            call.failure = failure
+    return failure
+
+
 class FailureRun:
     """The session's current run of identical failures: its digest and length."""
 
@@ -120,7 +131,7 @@ class FailureRule:
     ) -> findings.Finding | None:
         if not finished:
             return None
-        digest = failure_digest(call.tool, call.status, call.output, call.error, call.metadata)
+        digest = failed_as(call)
         run = run_state(session, "failure", FailureRun, needed=digest is not None)
         if run is None:
             return None

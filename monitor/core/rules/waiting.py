@@ -14,8 +14,9 @@ import re
 from typing import Any
 
 from monitor.core.patterns import TextPattern
+from monitor.core.session import Call
 
-__all__ = ["answers_in_progress", "waits_by_command"]
+__all__ = ["answers_in_progress", "in_progress", "waits_by_command"]
 
 _WAITING_COMMAND = re.compile(
     r"\bsleep\s+\d|\bwatch\b|--watch\b|\bwait\b|\buntil\b|\bhealth|\bpoll|\btail\s+-[a-zA-Z]*f",
@@ -44,3 +45,12 @@ def answers_in_progress(output: Any) -> bool:
     if len(output) > 2 * _EDGE:
         output = output[:_EDGE] + "\n" + output[-_EDGE:]
     return _IN_PROGRESS.of(output).search(output) is not None
+
+
+def in_progress(call: Call) -> bool:
+    """`answers_in_progress` of a finished call's output, found once per call (`cycle` asks
+    it of every completed call, `revisit` of every call it would count)."""
+    waits = call.waits
+    if waits is None:
+        waits = call.waits = answers_in_progress(call.output)
+    return waits
