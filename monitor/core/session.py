@@ -25,6 +25,7 @@ import re
 import sys
 from array import array
 from collections.abc import Callable, Iterator
+from functools import lru_cache
 from types import EllipsisType
 from typing import Any, Generic, TypeVar
 
@@ -155,6 +156,16 @@ def outcome_digest(status: str, output: Any, error: Any, metadata: Any) -> int:
     if len(text) > 2 * _EDGE:
         text = text[:_EDGE] + "\n...\n" + text[-_EDGE:]
     code = metadata.get("exit") if isinstance(metadata, dict) else None
+    return _answer_digest(status, str(code), text)
+
+
+# A loop's calls answer the same text again and again (a file read, the same error): its
+# digest is remembered for the last few answers, as masking costs most of a finished call
+# (a pass of `_VOLATILE` over the whole text). By the text's value, so the digest is the
+# same whether it was remembered or not (the salted `hash()` of the text only finds the
+# entry, it decides nothing); the texts are cut to their ends first.
+@lru_cache(maxsize=64)
+def _answer_digest(status: str, code: str, text: str) -> int:
     masked = _VOLATILE.of(text).sub("#", text)
     return signature_digest(f"{status}\x00{code}\x00{masked}")
 
@@ -186,7 +197,6 @@ class Call:
         "call_id",
         "changes",
         "failure",
-        "waits",
     )
 
     def __init__(
@@ -223,11 +233,9 @@ class Call:
         self.call_id = call_id
         # What rules found of it once it finished, kept so that the rules (and the plan) that
         # ask each find it once: whether it changes files (`rules.facts.changes_files`), how
-        # it failed (`rules.failure.failed_as`; `...` until asked, None: it did not fail),
-        # whether its answer says something is under way (`rules.waiting.in_progress`).
+        # it failed (`rules.failure.failed_as`; `...` until asked, None: it did not fail).
         self.changes: bool | None = None
         self.failure: int | None | EllipsisType = ...
-        self.waits: bool | None = None
 
     def finished(self, status: str, output: Any, error: Any, metadata: Any) -> None:
         """Its final update came: keep what it brought (its outcome is digested from it)."""

@@ -14,7 +14,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from monitor.core.findings import CallCycle, EndlessWait, Finding
-from monitor.core.rules.waiting import in_progress, waits_by_command
+from monitor.core.rules.waiting import answers_in_progress, waits_by_command
 from monitor.core.session import Call, SessionRecord
 
 __all__ = ["Cycle", "CycleRule", "detect_cycle", "window_size"]
@@ -103,7 +103,7 @@ class CycleRule:
     ) -> Finding | None:
         wait_calls = self.wait_calls
         if wait_calls and finished and call.status == "completed":
-            if in_progress(call):
+            if answers_in_progress(call.output):
                 _remember_waiting(session, call.recorded_as)
         if not recorded:
             return None

@@ -40,7 +40,7 @@ from array import array
 
 from monitor.core.findings import Finding, Revisit
 from monitor.core.rules.facts import OutcomeRule, named, remember, run_state, server_changed
-from monitor.core.rules.waiting import in_progress, waits_by_command
+from monitor.core.rules.waiting import answers_in_progress, waits_by_command
 from monitor.core.session import Call, SessionRecord
 from monitor.core.signature import int_digest
 
@@ -160,7 +160,7 @@ def _shell_window(command: object) -> tuple[str, int, int] | None:
 
 
 def _waits(call: Call) -> bool:
-    return waits_by_command(call.tool, call.args) or in_progress(call)
+    return waits_by_command(call.tool, call.args) or answers_in_progress(call.output)
 
 
 class RevisitRule(OutcomeRule):

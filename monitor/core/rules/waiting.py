@@ -11,12 +11,12 @@ A wait that keeps returning the same failure is still caught by the failure rule
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
 from monitor.core.patterns import TextPattern
-from monitor.core.session import Call
 
-__all__ = ["answers_in_progress", "in_progress", "waits_by_command"]
+__all__ = ["answers_in_progress", "waits_by_command"]
 
 _WAITING_COMMAND = re.compile(
     r"\bsleep\s+\d|\bwatch\b|--watch\b|\bwait\b|\buntil\b|\bhealth|\bpoll|\btail\s+-[a-zA-Z]*f",
@@ -44,13 +44,11 @@ def answers_in_progress(output: Any) -> bool:
         return False
     if len(output) > 2 * _EDGE:
         output = output[:_EDGE] + "\n" + output[-_EDGE:]
-    return _IN_PROGRESS.of(output).search(output) is not None
+    return _says_in_progress(output)
 
 
-def in_progress(call: Call) -> bool:
-    """`answers_in_progress` of a finished call's output, found once per call (`cycle` asks
-    it of every completed call, `revisit` of every call it would count)."""
-    waits = call.waits
-    if waits is None:
-        waits = call.waits = answers_in_progress(call.output)
-    return waits
+# Remembered for the last few answers, by their text, as `session.outcome_digest` does: a
+# loop's calls answer the same again and again (and `cycle` and `revisit` ask of one call).
+@lru_cache(maxsize=64)
+def _says_in_progress(text: str) -> bool:
+    return _IN_PROGRESS.of(text).search(text) is not None
