@@ -372,7 +372,6 @@ def test_decision_fields_and_feedback_text():
     assert "3 calls (read, edit, bash) repeated 3 times" in text
     assert "kept making the same calls" in text and "stopped at this call" in text
     assert "reply to the person now without calling a tool" in text
-    assert "make a call you have not made yet" in text
     assert '"a"' not in text and "filePath" not in text
 
 

@@ -68,8 +68,8 @@ HOLD_NOTE = "on hold until a person replies. Do not call tools until then."
 # follows the first instruction it reads, so the step comes first and is concrete; a longer
 # explanation of why was read past.
 _CALL_STEP = (
-    "Its result is already above and will not change. Use it: if it answers the task, reply "
-    "to the person now without calling a tool; if not, make a call you have not made yet."
+    "Its result is already above and will not change. Reply to the person now with what you "
+    "have found, without calling a tool."
 )
 _TEXT_STEP = (
     "Do not write it again. Reply to the person once with what you have established, or take "

@@ -244,8 +244,8 @@ export const OWN_REFUSAL = `${MARK}this call was refused by the plugin and did n
 // The step after a repeated call (feedback.py _CALL_STEP): the first instruction a small
 // model reads is the one it follows.
 export const STEP =
-  "Its result is already above and will not change. Use it: if it answers the task, reply " +
-  "to the person now without calling a tool; if not, make a call you have not made yet."
+  "Its result is already above and will not change. Reply to the person now with what you " +
+  "have found, without calling a tool."
 
 export function localFeedback(cycle: Cycle): string {
   const calls = cycle.tools.length === 1 ? "1 call" : `${cycle.tools.length} calls`
