@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.core.feedback import MARK, OWN_REFUSAL
+from monitor.core.feedback import MARK, OWN_REFUSALS
 from monitor.core.plugin_protocol import CLEAR_TOKEN
 from monitor.exits import EX_OTHER_RELEASE
 from monitor.kit.sandbox import OpencodeServer, free_loopback_port, tool_parts
@@ -121,7 +121,8 @@ async def test_a_plugin_sending_the_token_in_the_clear_is_refused_and_told_to_re
         # Refused by the plugin's own rule, which the monitor counts as its one intervention
         # (its questions refused, the session's run is then cut short too): the 5th never came.
         assert [p["state"]["status"] for p in parts] == ["completed"] * 3 + ["error"]
-        assert parts[3]["state"]["error"].startswith(OWN_REFUSAL)
+        # The earlier plugin's own refusal, in its own mark: still known as the plugin's.
+        assert parts[3]["state"]["error"].startswith(OWN_REFUSALS[1])
         [detected] = monitor.events("loop.detected")
         assert (detected["call_index"], detected["interventions"]) == (4, 1)
         assert len(monitor.events("intervention.outcome")) == 1
