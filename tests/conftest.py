@@ -44,14 +44,17 @@ async def opencode_server(
 
 
 @pytest.fixture
-def socket_path() -> Iterator[Path]:
+def folder() -> Iterator[Path]:
+    """A folder of its own with a short path: the sockets made in it must fit a Unix socket
+    path (107 bytes at most), which pytest's tmp_path can exceed."""
+    with tempfile.TemporaryDirectory(prefix="olm-", ignore_cleanup_errors=True) as name:
+        yield Path(name)
+
+
+@pytest.fixture
+def socket_path(folder: Path) -> Path:
     """A plugin socket path of its own (the monitor's `--plugin-socket`)."""
-    # Short: a Unix socket path holds at most 107 bytes, pytest's tmp_path can be longer.
-    folder = Path(tempfile.mkdtemp(prefix="olm-"))
-    try:
-        yield folder / "plugin.sock"
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    return folder / "plugin.sock"
 
 
 @pytest.fixture

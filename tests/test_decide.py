@@ -14,7 +14,6 @@ import secrets
 import socket
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 
 import aiohttp
@@ -59,12 +58,6 @@ class Recorder:
     def judge(self, call):
         self.judged.append(call)
         return block("stop it") if call.tool == "bash" else ALLOW
-
-
-@pytest.fixture
-def folder():
-    with tempfile.TemporaryDirectory(prefix="olm-") as name:
-        yield Path(name)
 
 
 async def serve(endpoint):

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +43,6 @@ CALL = {
 }
 
 Running = tuple[Watch, "asyncio.Task[int]"]
-
-
-@pytest.fixture
-def folder() -> Iterator[Path]:
-    """The role locks' folder, with room for a short socket path (107 bytes at most)."""
-    with tempfile.TemporaryDirectory(prefix="olm-") as name:
-        yield Path(name)
 
 
 @pytest.fixture

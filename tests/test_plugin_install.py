@@ -4,10 +4,7 @@ exit status of `plugin status` for each state it can find."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,13 +18,9 @@ from monitor.shell.plugin_install import FILE_NAME, install, installed_endpoint,
 
 
 @pytest.fixture
-def home() -> Iterator[Path]:
-    # Short: the sockets below live in it, and a socket path holds at most 107 bytes.
-    folder = Path(tempfile.mkdtemp(prefix="olm-"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def home(folder: Path) -> Path:
+    """The sockets below live in it: conftest's short `folder`."""
+    return folder
 
 
 def env(home: Path) -> dict[str, str]:

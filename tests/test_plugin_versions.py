@@ -7,9 +7,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -101,15 +98,6 @@ def test_a_skew_is_said_once_per_directory_and_version():
 
 
 # -- the daemon --------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def folder() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="olm-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def served(endpoint: PluginEndpoint, judged: list[PluginCall]) -> DecideServer:

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -28,16 +24,6 @@ from tests.harness import APPEND, start_watching
 from tests.monitor_process import CONSOLE_SCRIPT
 
 pytestmark = pytest.mark.real_server
-
-
-@pytest.fixture
-def folder() -> Iterator[Path]:
-    # Short: a Unix socket path holds at most 107 bytes.
-    path = Path(tempfile.mkdtemp(prefix="olm-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def appends(server: OpencodeServer, http, calls: int) -> list[dict]:
