@@ -162,9 +162,8 @@ def intervened(
     None. What another monitor of the same server (or this one before a restart) leaves in
     the session's record, in the order it leaves it: the call refused with a monitor's text,
     or the run ended on a refused request (`refused`: False when the refusal was the asker's
-    own), the run aborted (`aborted`; its feedback follows), a
-    monitor's feedback message after the part. Nothing is known of a part the record does
-    not hold yet.
+    own), the run aborted (`aborted`; its feedback follows), a monitor's feedback message
+    after the part. Nothing is known of a part the record does not hold yet.
     """
     index = _holding(messages, part_id)
     if index is None:
