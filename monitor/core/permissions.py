@@ -37,6 +37,7 @@ from monitor.core.calls import CallEvent, CallState, advance
 from monitor.core.decisions import Intervene, Plan, Reply
 from monitor.core.events import PermissionAsked, PermissionReplied, ToolPart
 from monitor.core.findings import Rule
+from monitor.core.handover import Awaiting, WaitEvent, WaitState, handed
 from monitor.core.session import (
     MAX_ASKS,
     MAX_IN_FLIGHT,
@@ -76,18 +77,14 @@ class PermissionGate:
         if early is not None:
             self._ask(session, call, early)
 
-    def finished(self, session: SessionRecord, call: Call, live: bool) -> Intervene | None:
-        """The final update of a call the gate follows, before the tracker takes it.
-
-        Returns a loop that was waiting for a request that never came (the call finished
-        without asking): it must now be stopped as without the gate. `live` is False for
-        parts read back, whose past requests we cannot know.
-        """
+    def finished(self, session: SessionRecord, call: Call, live: bool) -> None:
+        """The final update of a call the gate follows, before the tracker takes it (a loop
+        that waited for a request that never came is the tracker's to stop: `WaitEvent.END`).
+        `live` is False for parts read back, whose past requests we cannot know."""
         if live and not call.asked:
             # Learned: calls like this one run without asking.
             _put_ask(session, call.digest, None)
         call.key = None
-        return call.loop
 
     def decide(
         self,
@@ -120,7 +117,7 @@ class PermissionGate:
             # asking (or we never saw one finish): abort as before.
             advance(call, CallEvent.ABORT)
             return decision
-        call.loop = decision
+        call.waiting = Awaiting(WaitState.AWAIT_REQUEST, decision)
         return None
 
     def asked(
@@ -165,10 +162,10 @@ class PermissionGate:
             bounded_put(session.early, key, event.request_id, MAX_IN_FLIGHT)
             return None
         self._ask(session, call, event.request_id)
-        if call.loop is not None:
-            decision, call.loop, call.request = call.loop, None, None
-            return _refuse(event.request_id, decision, 0.0)
         call.request = None
+        loop = handed(call.waiting, WaitEvent.REQUEST)
+        if loop is not None:
+            return _refuse(event.request_id, loop, 0.0)
         if call.state is CallState.STOPPED or self.mode != "approve":
             return None
         return Reply(event.request_id, event.session_id, directory, "once", route=route)

@@ -24,6 +24,7 @@ from monitor.core.findings import (
     FailureRun,
     Finding,
 )
+from monitor.core.handover import Awaiting, WaitState, waiting
 from monitor.core.ladder import rung
 from monitor.core.rules.failure import failed_as
 from monitor.core.session import Acted, SessionRecord
@@ -170,15 +171,21 @@ def withhold(session: SessionRecord, decision: Intervene) -> Intervene | None:
     that shows no progress, the step that spent the budget), in a session whose plugin
     asks before every call: nothing is left to refuse, but the session's next call is, in
     band, with this feedback, and the run goes on (`Tracker.judge`,
-    `ToolUpdates._awaits_refusal`). Kept for that call (None to carry out now); the run
+    `ToolUpdates._awaits_refusal`). Kept for that call, waiting in the session's record
+    (`SessionRecord.waiting`, monitor/core/handover.py; None to carry out now); the run
     ending first releases it (`Tracker.end_run`). A stop or a hold still stops the run; one
-    pending refusal at a time."""
-    if decision.plan is not Plan.REFUSE or not session.plugin or session.pending is not None:
+    refusal waits for the next call at a time."""
+    if (
+        decision.plan is not Plan.REFUSE
+        or not session.plugin
+        or waiting(session.waiting, WaitState.AWAIT_NEXT_CALL)
+    ):
         return decision
     refusal = refusal_after_text(
         decision.finding, decision.prior_interventions + 1, decision.prior_outcomes
     )
-    pending = session.pending = dataclasses.replace(decision, refusal=refusal)
+    pending = dataclasses.replace(decision, refusal=refusal)
+    session.waiting = Awaiting(WaitState.AWAIT_NEXT_CALL, pending)
     if session.acted is not None and session.acted.decision is decision:
         session.acted.decision = pending  # its outcome is reported for this one
     return None

@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 from monitor.core.calls import CallEvent, CallState, advance
 from monitor.core.decisions import Intervene, Outcome, Plan
 from monitor.core.findings import Finding
+from monitor.core.handover import Awaiting
 from monitor.core.limits import MAX_PERIOD
 from monitor.core.patterns import TextPattern
 from monitor.core.runs import RunState
@@ -193,7 +194,7 @@ class Call:
         "key",
         "asked",
         "request",
-        "loop",
+        "waiting",
         "call_id",
         "changes",
         "failure",
@@ -220,12 +221,13 @@ class Call:
         # Where it is in its life (monitor/core/calls.py); only `advance` changes it.
         self.state = CallState.NEW
         # The permission gate's data: the call's (message id, call id), by which requests
-        # name it; whether it asked; its request while nobody has been told to answer it;
-        # the loop it completes, waiting for that request (or for the plugin's).
+        # name it; whether it asked; its request while nobody has been told to answer it.
         self.key: tuple[str, str] | None = None
         self.asked = False
         self.request: str | None = None
-        self.loop: Intervene | None = None
+        # The loop it completes, waiting for the plugin's question, its request or its end
+        # (monitor/core/handover.py).
+        self.waiting: Awaiting | None = None
         # The model's call id, by which the plugin names the call (not unique: local models
         # send `call_0` at every step); None once the plugin asked about it, which it does
         # once per call. A call the plugin asked about first is recorded under a part id of
@@ -326,7 +328,7 @@ class SessionRecord:
         "armed",
         "armed_runs",
         "armed_finding",
-        "pending",
+        "waiting",
         "stopping",
     )
 
@@ -383,9 +385,9 @@ class SessionRecord:
         self.armed_runs = 0
         self.armed_finding: Finding | None = None
         # A refusal decided after its call ran (a failure loop, no progress, a budget), in a
-        # session whose plugin asks: the session's next call is refused with it, in band,
-        # instead of the run being aborted (`plan.withhold`).
-        self.pending: Intervene | None = None
+        # session whose plugin asks, waiting for the session's next call: refused with it, in
+        # band, instead of the run being aborted (`plan.withhold`, monitor/core/handover.py).
+        self.waiting: Awaiting | None = None
         # The intervention whose abort stops this run (a stop or a hold, or a block that
         # nothing can refuse in band), from its decision until the run ends, unless its
         # outcome says the run was not stopped (`Tracker.outcome`): the calls' ends that come

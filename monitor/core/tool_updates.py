@@ -6,7 +6,9 @@ handed over.
 (`update`), with the plugin's questions (`judge`) and the time bounds that passed
 (`overdue`). This part of the policy keeps, beside the records it shares with the tracker
 and the permission gate, only what is its own: the rules each kind of update asks, the part
-ids it gives the plugin's calls, the loops waiting for their call's end, the stray updates.
+ids it gives the plugin's calls, the stray updates. Where a loop waits before its hand-over
+(for its call's question, request or end, or for the session's next call) is the wait's
+table (monitor/core/handover.py), held on the call or the session.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
+from monitor.core import handover
 from monitor.core.calls import CallEvent, CallState, Step, advance
 from monitor.core.decisions import Deadline, Intervene, Plan, Reply
 from monitor.core.detection import Detection
 from monitor.core.events import ToolPart
 from monitor.core.fed import QUIET, Fed, Judged
 from monitor.core.findings import FailureRun, Finding, LoopAgain, RunawayCall
+from monitor.core.handover import Awaiting, Then, WaitEvent, WaitState, handed, waiting
 from monitor.core.permissions import PermissionGate
 from monitor.core.plan import own_refusal, refused, withhold
 from monitor.core.plugin_protocol import ALLOW, PluginCall, block
@@ -103,10 +107,6 @@ class ToolUpdates:
         # at a call's start waits this long (0: not at all) for that call's end, to tell the
         # plugin's refusal (this monitor's block, `Intervene.refused`) from a call that runs.
         self._own_refusal_wait = own_refusal_wait
-        # Those loops, by the part id of their call, until its end or the wait is over: one
-        # or the other hands each over, also when the run ended meanwhile (someone stopped
-        # it: the shell finds it over), so no decision goes unlogged.
-        self._awaiting_end: dict[str, Intervene] = {}
         # Part ids of ours for the calls the plugin asks about before the stream carries them.
         self._plugin_parts = itertools.count(1)
         # Updates the call table placed nowhere: `late` (after their run ended) and
@@ -117,12 +117,12 @@ class ToolUpdates:
         """The time bound of a call (`Deadline.wait`) has passed: the time as an event. A call
         still running ran away (rule `runaway`); one that ended, or that an intervention is
         stopping already, is nothing."""
+        session = self._sessions.get(deadline.session_id)
+        call = None if session is None else session.call(deadline.part_id)
         if deadline.loop:
             # No refusal came: the call runs, its loop is stopped as any other (None: its
             # end came first and took the loop with it).
-            return self._awaiting_end.pop(deadline.part_id, None)
-        session = self._sessions.get(deadline.session_id)
-        call = None if session is None else session.call(deadline.part_id)
+            return None if call is None else handed(call.waiting, WaitEvent.DEADLINE)
         if session is None or call is None or call.state is not CallState.RUNNING:
             return None
         finding = RunawayCall(call.tool, seconds=deadline.wait)
@@ -135,8 +135,8 @@ class ToolUpdates:
         stream, whichever of the two comes first (they race): asked first, it is recorded now
         under a part id of ours and the stream's updates are matched to it later (session,
         call id and tool, oldest first: call ids repeat across steps); seen first, the loop it
-        completed waited for this request (`Call.loop`) and is answered now. A blocked call
-        never runs: its `error` update feeds no rule.
+        completed waited for this request (`Call.waiting`) and is answered now. A blocked
+        call never runs: its `error` update feeds no rule.
         """
         session = self._seen(asked.session_id, asked.directory)
         session.plugin = True
@@ -154,8 +154,7 @@ class ToolUpdates:
         if seen is not None:
             seen.call_id = None  # the plugin asks once per call
             advance(seen, CallEvent.ASK)
-            decision, seen.loop = seen.loop, None
-            return _judged(decision)
+            return _judged(handed(seen.waiting, WaitEvent.ASK))
         if asked.cut:
             # Its arguments were too large to send: not recorded from here, but from the
             # stream, which carries them. A loop found there waits for the call's end (the
@@ -166,7 +165,7 @@ class ToolUpdates:
         call = self._identify(part_id, asked.tool, asked.args, asked.call_id)
         advance(call, CallEvent.ASK)
         session.start(call)
-        pending, session.pending = session.pending, None
+        pending = handed(session.waiting, WaitEvent.ASK)
         if pending is not None:
             # The call a refusal waited for: refused, never recorded (its history started
             # over with that decision), its updates feed no rule.
@@ -198,7 +197,7 @@ class ToolUpdates:
     def update(self, part: ToolPart, seeding: Seeding | None, label: str) -> Fed:
         """One update of a tool part, live (`seeding` None) or read back: the call's life
         moves on, and a loop it completes is handed over now or made to wait (`_claimed`,
-        `_late`, `_held_back`)."""
+        `_late`, `_held_back`, monitor/core/handover.py)."""
         transparent = part.tool in self._transparent
         follows = self._gate.follows(part)
         if transparent and not follows:
@@ -213,29 +212,16 @@ class ToolUpdates:
         running = part.status == "running"
         finished = part.status in _FINISHED
         call = self._claimed(session, part, follows)
-        if (
-            call is None
-            and seeding is None
-            and session.pending is not None
-            and running
-            and part.call_id is not None
-            and not transparent
-        ):
-            return self._awaits_refusal(session, part, label)
-        if call is None and running and follows:
-            call = self._identify_part(part)
-            session.start(call)
-            self._gate.started(session, call, part)
+        if call is None and running:
+            if seeding is None and not transparent and self._refuses_next(session, part):
+                return self._awaits_refusal(session, part, label)
+            call = self._followed(session, part, follows)
         late = self._late(session, call, part, live=seeding is None) if finished else None
         # Its first `running` update on the stream: from now its time bound runs (`runaway`).
-        starts = (
-            running
-            and seeding is None
-            and (call is None or call.state in (CallState.NEW, CallState.ASKED))
-        )
+        starts = running and seeding is None and (call is None or call.state in _STARTING)
         decision = None if transparent else self._call(session, call, part, seeding)
-        if decision is not None and finished and seeding is None and not decision.refused:
-            decision = withhold(session, decision)
+        if finished and seeding is None:
+            decision = _withheld(session, decision)
         call = call or session.call(part.part_id)  # `_call` made it, if it was new
         nudge: Intervene | None = None
         deadlines: tuple[Deadline, ...] = ()
@@ -245,17 +231,23 @@ class ToolUpdates:
         if finished and seeding is None:
             session.finish(part.part_id)  # done with: a read-back keeps it for its duplicates
         if starts and call is not None and not transparent:
-            bound = call_bound(part.tool, part.input, self._detection.call_seconds)
-            if bound is not None:
-                deadlines = (Deadline(part.session_id, part.part_id, bound), *deadlines)
-        if isinstance(now, Reply):
-            done = tuple(d for d in (late, nudge) if d is not None)
-            return Fed(done, label, replies=(now,), deadlines=deadlines)
-        if late is None and nudge is None and now is None:  # most updates
-            return Fed((), label, deadlines=deadlines) if deadlines else QUIET[label]
-        return Fed(
-            tuple(d for d in (late, nudge, now) if d is not None), label, deadlines=deadlines
-        )
+            deadlines = (*self._bound(part), *deadlines)
+        return _fed(label, late, nudge, now, deadlines)
+
+    def _followed(self, session: SessionRecord, part: ToolPart, follows: bool) -> Call | None:
+        """A new call's first `running` update, on a call the gate follows: known from now
+        (to the gate too, by its key); else `_call` makes it, if it is one to take."""
+        if not follows:
+            return None
+        call = self._identify_part(part)
+        session.start(call)
+        self._gate.started(session, call, part)
+        return call
+
+    def _bound(self, part: ToolPart) -> tuple[Deadline, ...]:
+        """The time bound of a call that starts running (`runaway`), if its tool has one."""
+        bound = call_bound(part.tool, part.input, self._detection.call_seconds)
+        return () if bound is None else (Deadline(part.session_id, part.part_id, bound),)
 
     def _gated(
         self, session: SessionRecord, call: Call | None, part: ToolPart, decision: Intervene | None
@@ -285,18 +277,15 @@ class ToolUpdates:
     def _late(
         self, session: SessionRecord, call: Call | None, part: ToolPart, live: bool
     ) -> Intervene | None:
-        """The loop a finished call still owes: found before it ran but not refused."""
-        late = None
-        if call is not None and call.key is not None:
+        """The loop a finished call still owes: found before it ran but not refused (its
+        question or request never came), or found at its start, waiting for its end."""
+        if call is None:
+            return None
+        if call.key is not None:
             # The gate sees the update first: a call must be known before its loop is decided.
-            late = self._gate.finished(session, call, live=live)
-        elif call is not None and call.loop is not None:
-            late = call.loop  # the plugin never asked (it fell open): stop the run after all
-        if call is not None and call.state is CallState.LATE:
-            late = None  # its run is over: nothing of it is stopped any more
-        awaited = self._awaiting_end.pop(part.part_id, None)
-        if awaited is not None:
-            late = awaited  # the loop found at this call's start, handed over however it ended
+            self._gate.finished(session, call, live=live)
+        ended = WaitEvent.LATE_END if call.state is CallState.LATE else WaitEvent.END
+        late = handed(call.waiting, ended)
         if late is not None and own_refusal(part.error):
             # Unless the plugin's own rule refused the call: that is the loop's block.
             late = refused(session, late)
@@ -318,25 +307,34 @@ class ToolUpdates:
             return decision, None, ()
         if session.plugin and call.call_id is not None:
             # The plugin's request for this call is on its way: it blocks the call.
-            call.loop = decision
+            call.waiting = Awaiting(WaitState.AWAIT_QUESTION, decision)
             return None, None, ()
         if self._own_refusal_wait:
             # A plugin asking nobody may be refusing it: its end says, within the wait.
-            self._awaiting_end[part.part_id] = decision
+            call.waiting = Awaiting(WaitState.AWAIT_END, decision)
             wait = Deadline(part.session_id, part.part_id, self._own_refusal_wait, loop=True)
             return None, None, (wait,)
         return decision, None, ()
 
+    @staticmethod
+    def _refuses_next(session: SessionRecord, part: ToolPart) -> bool:
+        """Whether a new call's first `running` update on the stream is the next call a
+        refusal waits for (the plugin names calls by their call id)."""
+        return part.call_id is not None and waiting(session.waiting, WaitState.AWAIT_NEXT_CALL)
+
     def _awaits_refusal(self, session: SessionRecord, part: ToolPart, label: str) -> Fed:
         """The stream carries the session's next call before the plugin asks about it (they
-        race), while a refusal waits for it: not recorded; the plugin's question, when it
-        comes, is refused with it (`judge` finds it unasked, `Call.loop`), and should the
-        call end unasked (the plugin fell open), the run is stopped then, as for any loop."""
+        race), while a refusal waits for it: not recorded; the refusal moves onto the call,
+        the plugin's question, when it comes, is refused with it (`judge` finds it unasked),
+        and should the call end unasked (the plugin fell open), the run is stopped then, as
+        for any loop."""
         call = self._identify_part(part)
         session.start(call)
         advance(call, CallEvent.RUN)
         advance(call, CallEvent.CUT)
-        call.loop, session.pending = session.pending, None
+        wait = session.waiting
+        if wait is not None and handover.advance(wait, WaitEvent.RUN) is Then.MOVE:
+            call.waiting, session.waiting = wait, None
         return QUIET[label]
 
     def _call(
@@ -457,6 +455,32 @@ _RECORDS = (Step.RECORD, Step.RECORD_TAKE)
 _TAKES = (Step.TAKE, Step.RECORD_TAKE)
 # The states of a call whose end is still to be taken.
 _CUTTABLE = (CallState.ASKED, CallState.RUNNING)
+# The states of a call whose first `running` update on the stream this may be.
+_STARTING = (CallState.NEW, CallState.ASKED)
+
+
+def _withheld(session: SessionRecord, decision: Intervene | None) -> Intervene | None:
+    """A loop found at its call's live end: `plan.withhold`, unless the plugin's own rule
+    refused that call (the loop's block, carried out)."""
+    if decision is None or decision.refused:
+        return decision
+    return withhold(session, decision)
+
+
+def _fed(
+    label: str,
+    late: Intervene | None,
+    nudge: Intervene | None,
+    now: Intervene | Reply | None,
+    deadlines: tuple[Deadline, ...],
+) -> Fed:
+    """What an update did: the decisions handed over, the reply to send, the time bounds."""
+    if isinstance(now, Reply):
+        done = tuple(d for d in (late, nudge) if d is not None)
+        return Fed(done, label, replies=(now,), deadlines=deadlines)
+    if late is None and nudge is None and now is None:  # most updates
+        return Fed((), label, deadlines=deadlines) if deadlines else QUIET[label]
+    return Fed(tuple(d for d in (late, nudge, now) if d is not None), label, deadlines=deadlines)
 
 
 def _judged(decision: Intervene | None) -> Judged:

@@ -42,6 +42,7 @@ from monitor.core.fed import QUIET, Fed, Judged, SessionView
 from monitor.core.feedback import MARKS
 from monitor.core.findings import RULES, DoomLoop, Finding
 from monitor.core.frames import FrameError, decode_frame
+from monitor.core.handover import WaitEvent, handed
 from monitor.core.ids import is_permission_id, is_session_id
 from monitor.core.ladder import FirstAction, OnLoop
 from monitor.core.permissions import DOOM_LOOP_CALLS, PermissionGate
@@ -349,7 +350,7 @@ class Tracker:
         session = self._sessions.get(session_id)
         if session is None:
             return None
-        released, session.pending = session.pending, None
+        released = handed(session.waiting, WaitEvent.RUN_END)
         if session.compacted:
             # A compaction a person asked for (`/summarize`) ends in idle, and a person's
             # prompt goes on: a compaction is not a run (issue 44), as an automatic one is
