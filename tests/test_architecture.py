@@ -334,7 +334,7 @@ def enum_values() -> set[str]:
 def test_each_table_is_counted_and_its_states_and_events_named() -> None:
     source = text()
     rows = TABLE_ROW.findall(source)
-    assert [row[0] for row in rows] == ["calls", "runs", "intervention"]
+    assert [row[0] for row in rows] == ["calls", "runs", "handover", "intervention"]
     for module_name, table_name, states, events, pairs, of in rows:
         table = getattr(importlib.import_module(f"monitor.core.{module_name}"), table_name)
         state, event = (type(part) for part in next(iter(table)))
