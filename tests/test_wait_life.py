@@ -238,6 +238,7 @@ def test_a_refusal_whose_run_ends_before_a_next_call_is_released() -> None:
     [released] = tracker.feed(idle(S)).decisions
     assert wait is not None and released is wait.decision
     assert wait.state is WaitState.HANDED_OVER
+    assert record(tracker).waiting is None  # an idle session holds no wait
     assert tracker.feed(idle(S)).decisions == ()  # once
 
 

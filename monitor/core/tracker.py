@@ -351,6 +351,7 @@ class Tracker:
         if session is None:
             return None
         released = handed(session.waiting, WaitEvent.RUN_END)
+        session.waiting = None  # no wait of the session's outlives its run: an idle one is small
         if session.compacted:
             # A compaction a person asked for (`/summarize`) ends in idle, and a person's
             # prompt goes on: a compaction is not a run (issue 44), as an automatic one is
