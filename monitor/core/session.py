@@ -11,7 +11,9 @@ A `SessionRecord` holds:
   yet. The tracker and the permission gate share them, so a call has one identity;
 - the rules' own running state (`rule_state`, by rule name), started over with every run;
 - the permission gate's view: its requests, the permission each kind of call asked, and the
-  requests that came before their call.
+  requests that came before their call;
+- a decision waiting before its hand-over, on its call or on the session
+  (monitor/core/handover.py).
 
 Memory is bounded whatever the server does: the table holds at most `max_sessions` records
 and forgets the least recently active one first (one eviction policy for all of the above);
