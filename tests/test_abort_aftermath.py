@@ -19,11 +19,16 @@ from typing import Any
 
 import pytest
 
+from monitor.core.calls import Step
 from monitor.core.decisions import Intervene, Outcome, Plan
+from monitor.core.export import current_run, export_frames, feedback_count, held_in, late_frames
+from monitor.core.fed import SessionView
+from monitor.core.feedback import HOLD_NOTE, MARK, is_hold_feedback
 from monitor.core.findings import Rule
 from monitor.core.plugin_protocol import PluginCall
 from monitor.core.tracker import Detection, Tracker
 from monitor.testing import engine_call, engine_event
+from tests import frames_factory as ff
 from tests.frames_factory import READ, idle, loop_of, status, subagent, tool_part, user_frames
 
 ROOT = "ses_root"
@@ -315,3 +320,145 @@ def test_the_new_engine_s_interrupted_calls_are_no_failure_loop() -> None:
         assert session.feed(engine_event("session.tool.failed", sid, failed, 200 + n)) == []
     session.feed(engine_event("session.execution.interrupted", sid, {"reason": "user"}, 300))
     assert session.next_loop(sid).prior_interventions == 1
+
+
+# -- a monitor that reads the session back between the abort and its calls' ends ---------------
+#
+# The abort's calls end a moment after it, often after the run's idle and after the feedback
+# that starts the next run (the 25 tasks above). A monitor that reads the session back in that
+# window (one started or restarted then, a standby that takes over with a read-back, a stream
+# reconnected) finds them unfinished in a run the record shows over, before the feedback: it
+# must take their ends as late, as one that followed the abort live does, not as calls of the
+# run the feedback started (issue 43: "seen, not modelled").
+
+FEEDBACK = f"{MARK}your run was stopped at this call."
+
+
+def aborted_step(*parts: dict[str, Any]) -> dict[str, Any]:
+    """The model step the abort ended: its calls as the record shows them meanwhile."""
+    step = ff.assistant_message(ROOT, *parts)
+    step["info"].update(id=STEP, error={"name": "MessageAbortedError"})
+    return step
+
+
+def burst_record(*parts: dict[str, Any], feedback: str = FEEDBACK) -> list[dict[str, Any]]:
+    """A prompt, the step the abort ended, the monitor's feedback, and (unless the feedback
+    asks for no reply: a hold) the next run's first assistant message, still thinking."""
+    record = [ff.user_message(ROOT, "Split the work."), aborted_step(*parts)]
+    record.append(ff.user_message(ROOT, feedback))
+    if not is_hold_feedback(feedback):
+        record.append(ff.assistant_message(ROOT))
+    return record
+
+
+def read_back(tracker: Tracker, record: list[dict[str, Any]]) -> list[Intervene]:
+    """What the daemon's resync does with a busy session's record (monitor/shell/resync.py,
+    `_seed`)."""
+    frames = list(export_frames(current_run(record)))
+    late = late_frames(record)
+    return tracker.seed(ROOT, frames, "/p", feedback_count(record), held_in(record), late)
+
+
+def read_part(n: int, state: str) -> dict[str, Any]:
+    return {**ff.export_part(ROOT, f"prt_{n}", state), "callID": f"call_{n}", "messageID": STEP}
+
+
+def read_end(n: int, error: str = ABORTED) -> dict[str, Any]:
+    return tool_part(
+        ROOT, f"prt_{n}", "read", "error", READ, error=error, call_id=f"call_{n}", message_id=STEP
+    )
+
+
+def test_a_monitor_started_between_an_abort_and_its_calls_ends_takes_them_as_late() -> None:
+    """Six identical reads of one step, stopped as a cycle; the monitor (re)started after the
+    feedback was stored reads them back still running, before the feedback. Their six
+    aborted ends were a cycle of the new run (the second intervention, at the 4th) before
+    the fix: now late, counted nowhere, and the new run's own loop is the second."""
+    tracker = Tracker()
+    record = burst_record(*(read_part(n, "running") for n in range(1, 7)))
+    assert read_back(tracker, record) == []
+    session = Session(tracker)
+    session.feed(status(ROOT, "busy"))  # the feedback's run, on the stream
+    for n in range(1, 7):
+        assert session.feed(read_end(n)) == []
+    assert tracker.sessions_view() == [SessionView(ROOT, "/p", True, 0, 0, 1, False)]
+    assert tracker.stray == {Step.LATE: 6}
+    assert tracker.history_length(ROOT) == 0
+    [decision] = session.feed(*loop_of(ROOT, 4, "bash", NEXT_LOOP, prefix="again"))
+    assert (decision.rule, decision.call_index, decision.prior_interventions) == (
+        Rule.CYCLE,
+        4,
+        1,
+    )
+    assert (decision.plan, decision.hold) == (Plan.REFUSE, False)
+
+
+def test_the_report_s_25_tasks_read_back_after_the_feedback_are_no_failure_loop() -> None:
+    """The report's shape: the tree stopped the root at the 21st child, tasks 21 to 25 never
+    ran (pending); read back after the feedback, their ends ("Task cancelled", "Tool
+    execution aborted") were "the same error 4 times in a row (task)" before the fix."""
+    tracker = Tracker()
+    parts = [
+        {**task(n, "running" if n <= 20 else "pending")["properties"]["part"]} for n in range(1, 26)
+    ]
+    assert read_back(tracker, burst_record(*parts)) == []
+    session = Session(tracker)
+    session.feed(status(ROOT, "busy"))
+    for n in range(1, 26):
+        assert session.feed(task(n, "error", error=TASK_CANCELLED if n <= 20 else ABORTED)) == []
+    assert tracker.sessions_view() == [SessionView(ROOT, "/p", True, 0, 0, 1, False)]
+    assert tracker.stray == {Step.LATE: 25}
+    assert session.next_loop().prior_interventions == 1
+
+
+def test_a_held_session_read_back_before_its_calls_ends_stays_held() -> None:
+    """A hold's feedback is stored with noReply: the session idles, and the daemon reads it
+    back for the hold (`_read_hold`: no run to seed). The aborted reads' ends were a cycle
+    decided on a held session before the fix."""
+    tracker = Tracker()
+    record = burst_record(
+        *(read_part(n, "running") for n in range(1, 5)), feedback=f"{MARK}{HOLD_NOTE}"
+    )
+    tracker.seed(ROOT, (), "/p", feedback_count(record), held_in(record), late_frames(record))
+    session = Session(tracker)
+    for n in range(1, 5):
+        assert session.feed(read_end(n)) == []
+    assert tracker.sessions_view() == [SessionView(ROOT, "/p", False, 0, 0, 1, True)]
+    assert tracker.stray == {Step.LATE: 4}
+
+
+def test_a_stream_reconnected_in_the_window_keeps_the_abort_s_calls_late() -> None:
+    """The monitor that stopped the loop followed it live (its calls late since the idle),
+    and its stream reconnects once the feedback's run began: the read-back starts that run
+    over, dropping the calls it held as late; the record names them again."""
+    session = Session(Tracker())
+    session.feed(status(ROOT, "busy"))
+    made = parallel(session, 1, 6, same=True)
+    assert [(d.plan, d.part_id) for d in made] == [
+        (Plan.REFUSE, "prt_4"),  # no plugin refuses it: the abort (`Session`)
+        (Plan.DEFER, "prt_5"),
+        (Plan.DEFER, "prt_6"),
+    ]
+    session.feed(idle(ROOT), *user_frames(ROOT, "msg_feedback", FEEDBACK), status(ROOT, "busy"))
+    record = burst_record(*(read_part(n, "running") for n in range(1, 7)))
+    assert read_back(session.tracker, record) == []
+    for n in range(1, 7):
+        assert session.feed(read_end(n)) == []
+    assert session.tracker.sessions_view() == [SessionView(ROOT, "/p", True, 0, 6, 1, False)]
+    assert session.tracker.stray == {Step.LATE: 6}
+    assert session.next_loop().prior_interventions == 1
+
+
+def test_only_the_unfinished_calls_of_runs_that_are_over_are_late() -> None:
+    """`late_frames`: before the current run, the calls still pending or running; not a
+    finished one, not one of the current run (read back as a call of it)."""
+    record = burst_record(
+        read_part(1, "completed"), read_part(2, "running"), read_part(3, "pending")
+    )
+    record[-1]["parts"].append(read_part(4, "running"))
+    assert [frame["properties"]["part"]["id"] for frame in late_frames(record)] == [
+        "prt_2",
+        "prt_3",
+    ]
+    assert list(late_frames(record[:2])) == []  # the aborted run is the current one
+    assert list(late_frames({"data": []})) == []

@@ -39,7 +39,7 @@ EVENTS = list(CallEvent)
 EXPECTED = {
     # ask, run, finish, read_run, read_finish, cut, abort, end
     "new": "asked/record running/record finished/record_take running/record "
-    "finished/record_take - - -",
+    "finished/record_take - - late/nothing",
     "asked": "- running/nothing finished/take - - cancelled/nothing - late/nothing",
     "running": "running/nothing running/again finished/take running/again finished/take "
     "cancelled/nothing stopped/nothing late/nothing",

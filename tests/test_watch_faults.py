@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
 from monitor.config import load_settings
+from monitor.core.calls import Step
 from monitor.errors import ConfigError
 from monitor.shell.notify import Notifier
 from monitor.shell.stream import CONNECTION_LOST
@@ -126,6 +127,52 @@ async def test_resync_reads_busy_runs_back():
         "calls": 3,
         "loop": False,
     }
+
+
+async def test_a_watch_started_before_an_abort_s_calls_ended_takes_their_ends_as_late():
+    """Issue 43: the monitor starts once the feedback was stored, the aborted step's six reads
+    still running in the record (before the feedback); their ends, on the stream after the
+    read-back, are late (`late_frames`), not a cycle of the feedback's run."""
+    step = ff.assistant_message(
+        "ses_s1", *(ff.export_part("ses_s1", f"p{n}", "running") for n in range(1, 7))
+    )
+    step["info"]["error"] = {"name": "MessageAbortedError"}
+    feedback = ff.user_message("ses_s1", "Automatic notice: your run was stopped.")
+    record = [ff.user_message("ses_s1"), step, feedback, ff.assistant_message("ses_s1")]
+    ends = [
+        envelope(
+            ff.tool_part(
+                "ses_s1", f"p{n}", "read", "error", ff.READ, error="Tool execution aborted"
+            ),
+            "/w",
+        )
+        for n in range(1, 7)
+    ]
+    fake = FakeOpencode(
+        streams=[play(frames(*ends))],
+        busy={"ses_s1": {"type": "busy"}},
+        messages={"ses_s1": record},
+    )
+    with capture_logs() as logs:
+        server, watch, task = await start(fake)
+        try:
+            await wait_for(lambda: watch.follow is not None and watch.follow.stream.frames == 7)
+
+            def taken() -> int:
+                """The ends taken: late, or (as before the fix) calls of the run."""
+                views = watch.tracker.sessions_view()
+                return watch.tracker.stray[Step.LATE] + sum(view.calls for view in views)
+
+            await wait_for(lambda: taken() == 6)
+        finally:
+            await stop(server, watch, task)
+    assert watch.tracker.stray == {Step.LATE: 6}
+    assert (fake.of("abort"), fake.of("prompt_async"), events(logs, "loop.detected")) == (
+        [],
+        [],
+        [],
+    )
+    assert [(v.run_calls, v.interventions) for v in watch.tracker.sessions_view()] == [(0, 1)]
 
 
 async def test_calls_made_while_away_count():

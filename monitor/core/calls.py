@@ -54,7 +54,9 @@ class CallEvent(enum.StrEnum):
     READ_FINISH = "read_finish"  # read back from the record finished
     CUT = "cut"  # a loop was acted on: the run's history starts over
     ABORT = "abort"  # the gate leaves its loop to the abort
-    END = "end"  # its run ended (idle, a resync found it over, a read-back replaces it)
+    # its run ended (idle, a resync found it over, a read-back replaces it or shows it
+    # unfinished in a run that is over)
+    END = "end"
 
 
 class Step(enum.StrEnum):
@@ -82,6 +84,9 @@ TABLE: dict[tuple[CallState, CallEvent], tuple[CallState, Step]] = {
     (S.NEW, E.FINISH): (S.FINISHED, Step.RECORD_TAKE),
     (S.NEW, E.READ_RUN): (S.RUNNING, Step.RECORD),
     (S.NEW, E.READ_FINISH): (S.FINISHED, Step.RECORD_TAKE),
+    # First known from a read-back as unfinished in a run that is over (an aborted run's
+    # calls end after the feedback that starts the next run): whatever comes of it is late.
+    (S.NEW, E.END): (S.LATE, Step.NOTHING),
     # Asked by the plugin: the stream's first update of it is the same call, recorded already.
     (S.ASKED, E.RUN): (S.RUNNING, Step.NOTHING),
     (S.ASKED, E.FINISH): (S.FINISHED, Step.TAKE),

@@ -21,6 +21,7 @@ __all__ = [
     "feedback_delivered",
     "held_in",
     "intervened",
+    "late_frames",
     "tool_parts",
 ]
 
@@ -71,10 +72,36 @@ def current_run(messages: list[Any]) -> list[Any]:
     before it belong to runs that are over and must not count. Those a compaction stores
     do not: the run goes on across them, its calls before them included.
     """
+    start = _run_start(messages)
+    return messages[start:] if start else messages
+
+
+def _run_start(messages: list[Any]) -> int:
+    """The index of the message that starts the current run (`current_run`), 0 if none."""
     for index in range(len(messages) - 1, -1, -1):
         if _starts_run(messages[index]):
-            return messages[index:]
-    return messages
+            return index
+    return 0
+
+
+# A call's states before its end: the record of an aborted run keeps them until its end comes.
+_UNFINISHED = ("pending", "running")
+
+
+def late_frames(messages: object) -> Iterator[object]:
+    """The frames of the calls the record shows unfinished (pending or running) in runs
+    that are over, before the current one (`current_run`): an abort's calls end a moment
+    after it, often after the run's idle and after the feedback that starts the next run
+    (25 cancelled tasks, NOTES.md), so a monitor that reads the session back in between must
+    take their ends, still to come on the stream, as late (`Tracker.seed`), not as calls of
+    the run under way: else the abort's own aftermath looks like a new loop."""
+    if not isinstance(messages, list):
+        return
+    for message in messages[: _run_start(messages)]:
+        for part in tool_parts(message):
+            state = part.get("state")
+            if isinstance(state, dict) and state.get("status") in _UNFINISHED:
+                yield _part_frame(part)
 
 
 def feedback_count(messages: list[Any]) -> int:
@@ -125,10 +152,15 @@ def export_frames(messages: object) -> Iterator[object]:
         if index > 0 and _starts_run(message):
             yield {"type": "session.idle", "properties": {"sessionID": info.get("sessionID")}}
         for part in tool_parts(message):
-            yield {
-                "type": "message.part.updated",
-                "properties": {"sessionID": part.get("sessionID"), "part": part},
-            }
+            yield _part_frame(part)
+
+
+def _part_frame(part: dict[str, Any]) -> dict[str, Any]:
+    """The `message.part.updated` frame the stream carries for a tool part."""
+    return {
+        "type": "message.part.updated",
+        "properties": {"sessionID": part.get("sessionID"), "part": part},
+    }
 
 
 def _holding(messages: list[Any], part_id: str) -> int | None:

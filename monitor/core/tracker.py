@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from monitor.core.budget import BudgetBook
+from monitor.core.calls import CallEvent, advance
 from monitor.core.decisions import Deadline, Intervene, Outcome, Reply
 from monitor.core.detection import SEED, Detection, rules_of
 from monitor.core.events import (
@@ -52,7 +53,7 @@ from monitor.core.resync import Waiting
 from monitor.core.rules.facts import SIGNALS, Signals
 from monitor.core.runs import RunEvent, run_advance
 from monitor.core.server import session_route
-from monitor.core.session import RecentMap, SessionRecord
+from monitor.core.session import Call, RecentMap, SessionRecord
 from monitor.core.texts import TextStreams
 from monitor.core.tool_updates import Seeding, ToolUpdates
 
@@ -198,6 +199,7 @@ class Tracker:
         directory: str | None = None,
         interventions: int = 0,
         held: bool = False,
+        late: Iterable[object] = (),
     ) -> list[Intervene]:
         """Read a session's current run back from the server before following it live.
 
@@ -212,6 +214,11 @@ class Tracker:
         escalation counts the interventions of an earlier monitor process too; `held` whether
         its last user message is the feedback of a hold (`monitor.core.export.held_in`): the
         messages say whether it still waits for a person, whatever we believed.
+
+        `late` are the frames of the calls the record shows unfinished in runs that are over
+        (`monitor.core.export.late_frames`: an abort's calls, whose ends come after the
+        feedback that starts the next run): their calls are late from the start, so their
+        ends are counted nowhere, as for a monitor that followed the abort live.
         """
         session = self._seen(session_id, directory)
         session.interventions = max(session.interventions, interventions)
@@ -222,6 +229,8 @@ class Tracker:
         session.restart()
         session.end_calls()
         session.calls = session.run_start
+        for frame in late:
+            self._read_late(session_id, session, frame)
         seeding = Seeding()
         decisions: list[Intervene] = []
         for frame in frames:
@@ -231,6 +240,18 @@ class Tracker:
             decisions += (*fed.decisions, *(r.loop for r in fed.replies if r.loop is not None))
             seeding.decided = seeding.decided or bool(decisions)
         return decisions
+
+    def _read_late(self, session_id: str, session: SessionRecord, frame: object) -> None:
+        """A call read back unfinished in a run that is over: late (`seed`)."""
+        part = self.adapter.parse(frame)[1]
+        if not isinstance(part, ToolPart) or part.session_id != session_id:
+            return
+        call = session.call(part.part_id)
+        if call is None:
+            digest = self._tools.digest(part.tool, part.input)
+            call = Call(part.part_id, part.tool, digest, None, part.call_id)
+            session.start(call)
+        advance(call, CallEvent.END)
 
     def read_back_deadlines(self, session_id: str) -> tuple[Deadline, ...]:
         """The time bounds of the session's calls read back still running (`seed`)."""

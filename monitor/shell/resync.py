@@ -14,7 +14,7 @@ import structlog
 
 from monitor.config import Settings
 from monitor.core.decisions import Deadline
-from monitor.core.export import current_run, export_frames, feedback_count, held_in
+from monitor.core.export import current_run, export_frames, feedback_count, held_in, late_frames
 from monitor.core.fed import Fed
 from monitor.core.resync import Waiting, directories_to_ask, plan_resync, recent_sessions
 from monitor.core.tracker import Tracker
@@ -284,7 +284,9 @@ class Resync:
             return
         held, interventions = held_in(messages), feedback_count(messages)
         if held or interventions or session_id in self._tracker.held():
-            self._tracker.seed(session_id, (), directory, interventions, held)
+            self._tracker.seed(
+                session_id, (), directory, interventions, held, late_frames(messages)
+            )
 
     async def _read_back_permissions(self, directories: Iterable[str | None]) -> int:
         """The stream does not replay permission requests made while we were away: read the
@@ -321,7 +323,12 @@ class Resync:
             return 0
         frames = list(export_frames(current_run(messages)))
         decisions = self._tracker.seed(
-            session_id, frames, directory, feedback_count(messages), held_in(messages)
+            session_id,
+            frames,
+            directory,
+            feedback_count(messages),
+            held_in(messages),
+            late_frames(messages),
         )
         log.info(
             "session.seeded",
