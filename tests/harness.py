@@ -17,13 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import structlog
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
 from monitor.config import load_settings
-from monitor.core.decisions import Action, Intervene, Plan
+from monitor.core.commands import Do, Log, Send
+from monitor.core.decisions import Action, Intervene, Plan, Reply
 from monitor.core.feedback import MARK
 from monitor.core.findings import CallCycle
+from monitor.core.monitor import Monitor
+from monitor.core.tracker import Detection, Tracker
 from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer
 from monitor.kit.scripted_model import script
@@ -349,14 +353,77 @@ def held_decision() -> Intervene:
     )
 
 
-async def carried_out(fake: FakeOpencode, act: Callable[[Interventions], None]) -> list[dict]:
-    """The log of `act` on an `Interventions` against the stand-in `fake`, once it is done."""
+class Untracked(Tracker):
+    """A tracker that follows no session: the interventions of `Carrier` are of decisions
+    made up by a test, whose run is over only where `run_over` says."""
+
+    def __init__(self, run_over: Callable[[Intervene], bool] = lambda decision: False) -> None:
+        super().__init__(Detection())
+        self._over = run_over
+
+    def run_over(self, decision: Intervene) -> bool:
+        return self._over(decision)
+
+    def expire(self, reply: Reply) -> Reply | None:
+        return reply
+
+    def forget(self, session_id: str) -> None:
+        pass
+
+
+class Carrier:
+    """`Monitor`'s interventions of decisions a test hands it, carried out by `Interventions`
+    against `api` as the watch's executor does: lines logged, `Do` and `Send` carried out."""
+
+    def __init__(
+        self,
+        api: object,
+        run_over: Callable[[Intervene], bool] = lambda decision: False,
+        plugin_elsewhere: bool = False,
+        **options: Any,
+    ) -> None:
+        self.monitor = Monitor(Untracked(run_over))
+        self.monitor.plugin_elsewhere(plugin_elsewhere)
+        self.actions = Interventions(
+            api,  # type: ignore[arg-type]
+            self.monitor,
+            self.execute,
+            on_fatal=lambda _: None,
+            **options,
+        )
+
+    def execute(self, commands: Any) -> None:
+        for command in commands:
+            if isinstance(command, Log):
+                getattr(structlog.get_logger("tests"), command.level)(
+                    command.event, **command.fields
+                )
+            elif isinstance(command, Do):
+                self.actions.begin(command)
+            elif isinstance(command, Send):
+                self.actions.send(command.reply)
+
+    def submit(self, decision: Intervene) -> None:
+        self.execute(self.monitor.act(decision))
+
+    def blocked(self, decision: Intervene, call_id: str | None = None) -> None:
+        self.execute(self.monitor.blocked(decision, call_id))
+
+    def answer(self, reply: Reply) -> None:
+        self.execute(self.monitor.answer(reply))
+
+    async def drain(self, timeout: float) -> None:
+        await self.actions.drain(timeout)
+
+
+async def carried_out(fake: FakeOpencode, act: Callable[[Carrier], None]) -> list[dict]:
+    """The log of `act` on a `Carrier` against the stand-in `fake`, once it is done."""
     server = TestServer(fake.app(), host="127.0.0.1")
     await server.start_server()
     try:
         async with aiohttp.ClientSession() as http:
             api = OpencodeAPI(http, str(server.make_url("")).rstrip("/"), FAST.retry, FAST.sleep)
-            actions = Interventions(api, forget=lambda _: None, on_fatal=lambda _: None)
+            actions = Carrier(api)
             with capture_logs() as logs:
                 act(actions)
                 await actions.drain(5)

@@ -12,8 +12,8 @@ from structlog.testing import capture_logs
 
 from monitor.core.decisions import Intervene, Plan
 from monitor.kit.poll import until
-from monitor.shell.actions import SAY_WITHIN_S, Interventions
-from tests.harness import held_decision
+from monitor.shell.actions import SAY_WITHIN_S
+from tests.harness import Carrier, held_decision
 
 
 class RecordingAPI:
@@ -45,13 +45,8 @@ def loop() -> Intervene:
     return dataclasses.replace(held_decision(), plan=Plan.REFUSE, hold=False, escalated=False)
 
 
-def interventions(api: RecordingAPI) -> Interventions:
-    return Interventions(
-        api,  # type: ignore[arg-type]
-        forget=lambda _: None,
-        on_fatal=lambda _: None,
-        stagger=lambda: 0.0,
-    )
+def interventions(api: RecordingAPI) -> Carrier:
+    return Carrier(api, stagger=lambda: 0.0)
 
 
 async def test_the_read_and_the_abort_go_out_before_the_line_that_says_why() -> None:

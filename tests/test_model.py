@@ -53,7 +53,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from monitor.core import intervention as life
 from monitor.core.calls import Step
-from monitor.core.commands import Act, Answer, Block, Command
+from monitor.core.commands import Act, Answer, Block, Command, Do
 from monitor.core.decisions import Intervene, Plan
 from monitor.core.export import current_run, export_frames, feedback_count, held_in, late_frames
 from monitor.core.fed import Fed
@@ -132,10 +132,11 @@ class Frame:
 
 @dataclass
 class UnderWay:
-    """An intervention the shell carries out: the command it waits on, and the run it was
-    decided in."""
+    """An intervention the shell carries out (`Do`): its number and decision, the command
+    it waits on, and the run it was decided in."""
 
-    intervention: life.Intervention
+    number: int
+    decision: Intervene
     command: life.Command
     run: int
 
@@ -357,27 +358,28 @@ class Model(RuleBasedStateMachine):
         under_way = self.acting.under_way
         work = under_way[data.draw(st.integers(0, len(under_way) - 1))]
         while True:
-            turn = work.intervention.feed(self.answer(work, data.draw(st.integers(0, 9)) == 9))
-            self.report(self.acting, turn)
-            if turn.command is None:
+            happened = self.answer(work, data.draw(st.integers(0, 9)) == 9)
+            commands = self.acting.monitor.happened(work.number, happened, 0.0)
+            following = [c for c in commands if isinstance(c, Do) and c.number == work.number]
+            if not following:
                 under_way.remove(work)
                 return
-            work.command = turn.command
+            work.command = following[0].command
             if data.draw(st.integers(0, 3)) == 0:
                 return  # the next answer comes later
 
     def answer(self, work: UnderWay, failed: bool) -> life.Happened:
         """What came of the command `work` waits on."""
-        decision, command = work.intervention.decision, work.command
+        decision, command = work.decision, work.command
         said = f"{type(command).__name__}{'!' if failed else ''}"
         self.trace.append(f"{said}:#{decision.prior_interventions + 1}")
         session = self.sessions.get(decision.session_id)
         record = [] if session is None else list(session.record)
         if isinstance(command, life.ReadRecent):
             read = None if failed else record[-command.last :]
-            return life.Read(read, run_over=self.acting.tracker.run_over(decision))
+            return life.Read(read)  # the core adds whether the run is over
         if isinstance(command, life.Wait):
-            return life.Expired(self.acting.tracker.expire(command.reply))
+            return life.Expired(command.reply)
         if failed:
             return life.Sent(life.Result.FAILED, "500")
         rejects = isinstance(command, life.Answer) and command.reply.reply == "reject"
@@ -430,34 +432,24 @@ class Model(RuleBasedStateMachine):
         """What the daemon's executor does with `Monitor`'s commands (acting, for every
         session; standing by, it logs the loops it finds and leaves them to the acting one);
         counts, lines, toasts and timers change nothing promised here."""
+        monitor = proc.monitor
         for command in commands:
             if isinstance(command, Act) and not proc.acting:
-                self.report(proc, life.standby(command.decision, None))
+                self.carry_out(proc, monitor.standby(command.decision, None), run)
             elif isinstance(command, Answer) and not proc.acting:
                 if command.reply.loop is not None:
-                    self.report(proc, life.standby(command.reply.loop, None))
+                    self.carry_out(proc, monitor.standby(command.reply.loop, None), run)
             elif isinstance(command, Act):
-                self.begin(proc, *life.found(command.decision, dry_run=False), run)
+                self.carry_out(proc, monitor.act(command.decision), run)
             elif isinstance(command, Block):
-                began = life.refused_call(command.decision, "plugin", command.call_id)
-                self.begin(proc, *began, run)
+                self.carry_out(proc, monitor.blocked(command.decision, command.call_id), run)
             elif isinstance(command, Answer):
-                self.begin(proc, *life.request(command.reply), run)
-
-    def begin(
-        self, proc: Process, found: life.Intervention | None, turn: life.Turn, run: int
-    ) -> None:
-        self.report(proc, turn)
-        if found is not None and turn.command is not None:
-            proc.under_way.append(UnderWay(found, turn.command, run))
-
-    def report(self, proc: Process, turn: life.Turn) -> None:
-        for report in turn.reports:
-            if isinstance(report, life.Decided):
-                commands = proc.monitor.outcome(report.decision, report.outcome)
-                self.carry_out(proc, commands, -1)
-            elif isinstance(report, life.Forget):
-                proc.tracker.forget(report.session_id)
+                self.carry_out(proc, monitor.answer(command.reply), run)
+            elif isinstance(command, Do):
+                found = monitor.lives.get(command.number)
+                assert found is not None
+                work = UnderWay(command.number, found.decision, command.command, run)
+                proc.under_way.append(work)
 
     # -- what the core said ---------------------------------------------------------------
 

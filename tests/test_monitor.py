@@ -9,16 +9,18 @@ interval, and the server running calls no plugin asks about is said once.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from monitor.core.commands import Act, Answer, Await, Block, Count, Log, Tell
+from monitor.core import intervention as life
+from monitor.core.commands import Act, Answer, Await, Block, Count, Do, Log, Tell
 from monitor.core.decisions import Outcome, Plan
 from monitor.core.monitor import NOT_ASKING, NOT_FOLLOWED, STANDBY, Monitor
 from monitor.core.plugin_protocol import ALLOW, PluginCall, RequestRefused
 from monitor.core.rules.runaway import call_bound
 from monitor.core.server import ServerKind
 from monitor.core.tracker import Detection, Tracker
-from tests.frames_factory import doom_loop, tool_part
+from tests.frames_factory import doom_loop, run_record, tool_part
 
 S = "ses_1"
 READ = {"filePath": "README.md"}
@@ -116,7 +118,7 @@ def test_a_doom_loop_request_for_a_refused_burst_is_approved_and_counted_nowhere
     assert [type(c) for c in refused] == [Count, Block]
     block = refused[1]
     assert isinstance(block, Block)
-    monitor.outcome(block.decision, Outcome.BLOCKED)
+    monitor.blocked(block.decision, block.call_id)  # the plugin threw: blocked
     [answer] = monitor.fed(tracker.feed(doom_loop(4, session=session)), 0.0)
     assert isinstance(answer, Answer) and answer.counts == ()
 
@@ -127,12 +129,24 @@ def test_an_outcome_is_counted_told_and_notified_unless_another_monitor_tells_of
     _, [_, block] = monitor.question(asked(3), following=True)
     assert isinstance(block, Block)
     decision = block.decision
-    assert monitor.outcome(decision, Outcome.BLOCKED) == [
+    detected, outcome, *told = monitor.blocked(decision, block.call_id)
+    assert isinstance(detected, Log) and detected.event == "loop.detected"
+    assert isinstance(outcome, Log) and outcome.event == "intervention.outcome"
+    assert told == [
         Count("intervention", (Outcome.BLOCKED,)),
         Tell(decision, Outcome.BLOCKED, notify=True),
     ]
-    for quiet in (Outcome.DEFERRED, Outcome.STANDBY):
-        assert monitor.outcome(decision, quiet)[1] == Tell(decision, quiet, notify=False)
+    standby = monitor.standby(decision, 42)[-1]
+    assert standby == Tell(decision, Outcome.STANDBY, notify=False)
+    # Another monitor's abort in the record: this loop is its, deferred.
+    stop = dataclasses.replace(decision, part_id="p4", plan=Plan.STOP)
+    [do] = monitor.act(stop)
+    assert isinstance(do, Do) and isinstance(do.command, life.ReadRecent)
+    record = run_record(S, 4)
+    record[-1]["info"]["error"] = {"name": "MessageAbortedError", "data": {}}
+    *_, deferred = monitor.happened(do.number, life.Read(record), 0.0)
+    assert deferred == Tell(stop, Outcome.DEFERRED, notify=False)
+    assert not monitor.acting_on(S)
 
 
 def test_a_held_outcome_holds_the_session() -> None:
@@ -140,7 +154,12 @@ def test_a_held_outcome_holds_the_session() -> None:
     looped(monitor)
     _, [_, block] = monitor.question(asked(3), following=True)
     assert isinstance(block, Block)
-    monitor.outcome(block.decision, Outcome.HELD)
+    hold = dataclasses.replace(block.decision, plan=Plan.HOLD, hold=True)
+    [do] = monitor.blocked(hold, block.call_id)  # the call refused, then the run aborted
+    assert isinstance(do, Do) and monitor.acting_on(S)
+    [read] = monitor.happened(do.number, life.Read([]), 0.0)
+    assert isinstance(read, Do) and isinstance(read.command, life.Abort)
+    monitor.happened(do.number, life.Sent(life.Result.OK), 0.0)
     assert monitor.tracker.held_sessions == 1
 
 

@@ -26,13 +26,13 @@ from monitor.core.export import current_run, export_frames, intervened
 from monitor.core.feedback import MARK
 from monitor.core.intervention import RECENT_MESSAGES
 from monitor.core.tracker import Detection, Tracker
-from monitor.shell.actions import Interventions
 from monitor.shell.api import OpencodeAPI
 from monitor.testing import FakeOpencode, frames, play
 from tests import frames_factory as ff
 from tests.frames_factory import BASH, asked, envelope, part, replied
 from tests.harness import (
     FAST,
+    Carrier,
     carried_out,
     events,
     held_decision,
@@ -333,13 +333,7 @@ async def outcome_over(record: object, part_id: str, drain: float = 5, **options
     async def no_wait(seconds: float) -> None:
         await asyncio.sleep(0)
 
-    interventions = Interventions(
-        record,  # type: ignore[arg-type]
-        forget=lambda session_id: None,
-        on_fatal=lambda exc: None,
-        sleep=no_wait,
-        **{"stagger": lambda: 0.0, **options},
-    )
+    interventions = Carrier(record, sleep=no_wait, **{"stagger": lambda: 0.0, **options})
     with capture_logs() as logs:
         interventions.submit(_decision(part_id))
         await wait_for(lambda: events(logs, "intervention.outcome"))

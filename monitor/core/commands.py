@@ -11,9 +11,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from monitor.core import intervention as life
 from monitor.core.decisions import Deadline, Intervene, Outcome, Reply
 
-__all__ = ["Act", "Answer", "Await", "Block", "Command", "Count", "Log", "Stop", "Tell"]
+__all__ = [
+    "Act",
+    "Answer",
+    "Await",
+    "Block",
+    "Command",
+    "Count",
+    "Do",
+    "Log",
+    "Send",
+    "Stop",
+    "Tell",
+]
 
 
 Metric = Literal["loop", "intervention", "plugin_asked", "plugin_refused", "malformed", "spent"]
@@ -56,6 +69,30 @@ class Answer:
 
 
 @dataclass(frozen=True, slots=True)
+class Do:
+    """Carry out intervention `number`'s `command` (`monitor.core.intervention`: read,
+    abort, post, answer, wait), after the interventions of `session_id` begun before it, and
+    feed what came of it to `Monitor.happened`, whose commands may hold the next `Do` of the
+    same `number`. `said` (its `loop.detected`) is written once its first request
+    (other than a read sent at once) is answered, or a moment after it begins, whichever
+    comes first."""
+
+    number: int
+    session_id: str
+    command: life.Command
+    said: tuple[Log, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send an answer to a permission request that is no intervention of its own (an
+    approval, or the refusal of a call of a loop another intervention stands for), at once,
+    behind nothing."""
+
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
 class Await:
     """Wait `deadline.wait` seconds, then feed `Monitor.overdue(deadline)`."""
 
@@ -86,4 +123,4 @@ class Stop:
     """Nothing is left to follow (the one session `attach` followed was deleted)."""
 
 
-Command = Act | Block | Answer | Await | Count | Log | Tell | Stop
+Command = Act | Block | Answer | Do | Send | Await | Count | Log | Tell | Stop

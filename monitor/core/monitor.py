@@ -13,11 +13,27 @@ is counted, a flood of refused questions or malformed frames gets one line per i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Literal, cast
 
-from monitor.core.commands import Act, Answer, Await, Block, Command, Count, Log, Stop, Tell
-from monitor.core.decisions import Deadline, Intervene, Outcome, Plan
+from monitor.core import intervention as life
+from monitor.core.commands import (
+    Act,
+    Answer,
+    Await,
+    Block,
+    Command,
+    Count,
+    Do,
+    Log,
+    Send,
+    Stop,
+    Tell,
+)
+from monitor.core.decisions import Deadline, Intervene, Outcome, Plan, Reply
 from monitor.core.fed import Fed
+from monitor.core.lives import Lives
 from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, RequestRefused
 from monitor.core.plugin_stats import UNASKED_CHECK_S, PluginStats, Unasked
 from monitor.core.server import ServerKind
@@ -66,6 +82,10 @@ class Monitor:
         self._malformed = Throttle(MALFORMED_LOG_EVERY_S)
         self._refusals = Throttle(REFUSED_LOG_EVERY_S)
         self._ended = False
+        self.lives = Lives()
+        # Reads of the record before a stop (`life.found`): more where another monitor
+        # answers this server's plugin.
+        self._reads = 1
 
     def serving_plugins(self, endpoint: str, unasked_after: float) -> None:
         """The shell serves the plugin endpoint (`endpoint`, as a plugin reaches it) from now
@@ -78,6 +98,12 @@ class Monitor:
         """What the server the next connect reaches serves: which routes a session's
         actions take where its own frames have not said."""
         self.tracker.server_routes(kind.classic)
+
+    def plugin_elsewhere(self, elsewhere: bool) -> None:
+        """Another monitor of this server answers its plugin (`elsewhere`): a loop's call
+        caught on the stream may be one its plugin blocks a moment later (the hook runs
+        before the stream shows the call), so the record is read a few times before acting."""
+        self._reads = life.REFUSED_READS if elsewhere else 1
 
     def engine_known(self, session_id: str, engine: int) -> None:
         """`attach`'s session, looked up before its frames say which engine runs it: one of
@@ -166,13 +192,72 @@ class Monitor:
         self._carry_out(Fed((decision,)), commands)
         return commands
 
-    def outcome(self, decision: Intervene, outcome: Outcome) -> list[Command]:
-        """How an intervention ended: the core decides what a hold means."""
-        self.tracker.outcome(decision, outcome)
-        return [
-            Count("intervention", (outcome,)),
-            Tell(decision, outcome, notify=outcome not in _NOT_NOTIFIED),
-        ]
+    def act(self, decision: Intervene) -> list[Command]:
+        """Carry out a loop found: stopped, nudged, or (dry run) only logged, as planned."""
+        return self._begin(*life.found(decision, dry_run=self.dry_run, reads=self._reads))
+
+    def blocked(
+        self, decision: Intervene, call_id: str | None = None, via: str = "plugin"
+    ) -> list[Command]:
+        """The plugin threw (told to, or by its own rule: `via`): the loop's call did not
+        run; the intervention begins from that refusal."""
+        return self._begin(*life.refused_call(decision, via, call_id, dry_run=self.dry_run))
+
+    def answer(self, reply: Reply) -> list[Command]:
+        """Answer a permission request: a refusal that is an intervention begins like one;
+        any other answer is sent at once (`Send`)."""
+        found, turn = life.request(reply)
+        if found is None:
+            return [*self._said(turn), Send(reply)]
+        return self._begin(found, turn)
+
+    def standby(self, decision: Intervene, acting_pid: int | None) -> list[Command]:
+        """Another monitor (`acting_pid`) acts for this server: the loop is logged as its."""
+        return self._said(life.standby(decision, acting_pid))
+
+    def happened(self, number: int, happened: life.Happened, now: float) -> list[Command]:
+        """What came of intervention `number`'s last command (`Do`), or its shutdown
+        (`Cancelled`), or its end by a bug of ours (`Dropped`): its lines, its outcome's
+        commands and its next `Do`. A `Read` after a `ReadRecent` gets whether the run is
+        over now; an `Expired` names the reply waited on, and gets what is left to send."""
+        found = self.lives.get(number)
+        if found is None:
+            return []  # done already
+        if isinstance(happened, life.Read) and isinstance(found.command(), life.ReadRecent):
+            run_over = self.tracker.run_over(found.decision)
+            happened = dataclasses.replace(happened, run_over=run_over)
+        elif isinstance(happened, life.Expired) and happened.reply is not None:
+            happened = life.Expired(self.tracker.expire(happened.reply))
+        turn = found.feed(happened)
+        commands = self._said(turn)
+        self._next(number, found, turn.command, commands, now)
+        return commands
+
+    def acting_on(self, session_id: str) -> bool:
+        """True while an intervention for this session is queued or under way."""
+        return self.lives.acting_on(session_id)
+
+    def resume(self, now: float) -> list[Command]:
+        """The server answers again (a connect): the work parked goes on, each behind its
+        session's interventions; work too old is given up."""
+        numbers, stale = self.lives.resume(now)
+        commands: list[Command] = []
+        for found in stale:
+            commands.extend(self._said(found.feed(life.Dropped("server away too long"))))
+        for number in numbers:
+            resumed = self.lives.get(number)
+            assert resumed is not None
+            turn = resumed.feed(life.Resumed())
+            commands.extend(self._said(turn))
+            self._next(number, resumed, turn.command, commands, now)
+        return commands
+
+    def shutdown(self, now: float) -> list[Command]:
+        """The watch ends: the work parked for the next connect is given up."""
+        commands: list[Command] = []
+        for found in self.lives.parked(now):
+            commands.extend(self._said(found.feed(life.Cancelled())))
+        return commands
 
     def tick(self, now: float) -> list[Command]:
         """The time passes with or without frames: say once when the server runs calls and
@@ -206,6 +291,59 @@ class Monitor:
         for reply in fed.replies:
             loop = reply.loop
             commands.append(Answer(reply, () if loop is None else _loop_counts(loop)))
+
+    def _begin(self, found: life.Intervention | None, turn: life.Turn) -> list[Command]:
+        if found is None or turn.command is None:
+            return self._said(turn)
+        number = self.lives.begin(found)
+        said = tuple(_log(report) for report in turn.reports if isinstance(report, life.Logged))
+        return [Do(number, found.decision.session_id, turn.command, said)]
+
+    def _next(
+        self,
+        number: int,
+        found: life.Intervention,
+        command: life.Command | None,
+        commands: list[Command],
+        now: float,
+    ) -> None:
+        """After a move: the intervention's next `Do`; or it is done, or parked until the
+        next connect (the parked work given up for room said)."""
+        if command is None:
+            self.lives.end(number)
+        elif isinstance(command, life.Park):
+            for dropped in self.lives.park(number, command, now):
+                gone = life.Dropped("too much work waiting for the server")
+                commands.extend(self._said(dropped.feed(gone)))
+        else:
+            commands.append(Do(number, found.decision.session_id, command))
+
+    def _said(self, turn: life.Turn) -> list[Command]:
+        """A move's reports as commands: lines, an outcome's counts and tellings; a session
+        gone from the server forgotten here."""
+        commands: list[Command] = []
+        for report in turn.reports:
+            if isinstance(report, life.Logged):
+                commands.append(_log(report))
+            elif isinstance(report, life.Decided):
+                commands.append(Log("warning", "intervention.outcome", report.fields))
+                commands.extend(self._outcome(report.decision, report.outcome))
+            else:
+                self.tracker.forget(report.session_id)
+        return commands
+
+    def _outcome(self, decision: Intervene, outcome: Outcome) -> list[Command]:
+        """How an intervention ended: the core decides what a hold means."""
+        self.tracker.outcome(decision, outcome)
+        return [
+            Count("intervention", (outcome,)),
+            Tell(decision, outcome, notify=outcome not in _NOT_NOTIFIED),
+        ]
+
+
+def _log(logged: life.Logged) -> Log:
+    level = cast(Literal["debug", "info", "warning", "error"], logged.level)
+    return Log(level, logged.event, logged.fields)
 
 
 def _loop_counts(decision: Intervene) -> tuple[Count, ...]:

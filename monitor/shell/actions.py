@@ -1,9 +1,11 @@
-"""Carrying out interventions: the executor of `monitor.core.intervention`'s commands.
+"""Carrying out interventions: the I/O of `monitor.core.intervention`'s commands.
 
-Each intervention's life is the core's table; here each command it asks for is run through
-the API (read the record, abort, post, answer a permission request, wait, wait for the next
-connect) and what came of it is fed back, and each report is logged. Nothing here looks at a
-plan, a rule or an outcome (tests/test_layers.py checks it).
+Each intervention's life is the core's table, and `Monitor` keeps the live ones (their
+order per session, the work parked while the server is away). Here each command it hands
+over (`Do`: read the record, abort, post, answer a permission request, wait) is run through
+the API and what came of it is fed back (`Monitor.happened`), and the commands that returns
+(its lines, counts, the next `Do`) are carried out. Nothing here looks at a plan, a rule or
+an outcome (tests/test_layers.py checks it).
 
 Each session's interventions run in order (never two aborts racing for one session), each in
 its own task, so a slow or failing call for one session never delays reading the stream or
@@ -21,14 +23,15 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import structlog
 
 from monitor.core import intervention as life
-from monitor.core.decisions import Intervene, Outcome, Reply
-from monitor.core.due import DueWork
-from monitor.core.intervention import Command, Happened, Intervention, Result, Sent, Turn
+from monitor.core.commands import Command, Do
+from monitor.core.decisions import Reply
+from monitor.core.intervention import Result, Sent
+from monitor.core.monitor import Monitor
 from monitor.errors import ConfigError, ServerAway, ServerError, SessionGone
 from monitor.shell.api import OpencodeAPI
 
@@ -50,107 +53,48 @@ def random_stagger() -> float:
     return random.uniform(0.0, STAGGER_S)
 
 
-def _read_at_once(command: Command) -> bool:
+def _read_at_once(command: life.Command) -> bool:
     return isinstance(command, life.ReadRecent) and not command.staggered and not command.pause
 
 
 class Interventions:
-    """Runs interventions per session in order; `api=None` means dry run (log only)."""
+    """Carries out the interventions `monitor` begins (`Do`), each session's in order; what
+    comes of each command goes back to `monitor.happened`, its commands to `execute`."""
 
     def __init__(
         self,
         api: OpencodeAPI | None,
-        forget: Callable[[str], None],
+        monitor: Monitor,
+        execute: Callable[[Sequence[Command]], None],
         on_fatal: Callable[[BaseException], None],
-        on_outcome: Callable[[Intervene, Outcome], None] = lambda decision, outcome: None,
-        expire: Callable[[Reply], Reply | None] = lambda reply: reply,
-        run_over: Callable[[Intervene], bool] = lambda decision: False,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         stagger: Callable[[], float] = random_stagger,
         clock: Callable[[], float] = time.monotonic,
-        plugin_elsewhere: bool = False,
     ) -> None:
         self._api = api
-        # Another monitor of this server answers its plugin: a loop's call we catch on the
-        # stream may be one its plugin blocks a moment later (the hook runs before the
-        # stream shows the call), so the record is read a few times before we act.
-        self._reads = life.REFUSED_READS if plugin_elsewhere else 1
-        self._forget = forget
+        self._monitor = monitor
+        self._execute = execute
         self._on_fatal = on_fatal
-        self._on_outcome = on_outcome
-        # The core's answers the commands need: what to send once a reply's grace period
-        # is over, whether the run a decision was made in has ended since.
-        self._expire = expire
-        self._run_over = run_over
         self._sleep = sleep
         self._stagger = stagger
         self._clock = clock
-        self._due: DueWork[Intervention] = DueWork()
         self._tails: dict[str, asyncio.Task[None]] = {}
         # Every task not yet done, queued ones and approvals too: `_tails` holds only the
         # last per session, and shutdown must reach them all.
         self._running: set[asyncio.Task[None]] = set()
 
-    def submit(self, decision: Intervene) -> None:
-        """A loop found: stopped, nudged, or (dry run) only logged, as the core plans it."""
-        self._begin(*life.found(decision, dry_run=self._api is None, reads=self._reads))
-
-    def blocked(self, decision: Intervene, call_id: str | None = None, via: str = "plugin") -> None:
-        """The plugin threw (told to, or by its own rule: `via`): the loop's call did not run."""
-        self._begin(*life.refused_call(decision, via, call_id, dry_run=self._api is None))
-
-    def standby(self, decision: Intervene, acting_pid: int | None) -> None:
-        """Another monitor acts for this server (monitor.shell.acting)."""
-        self._report(life.standby(decision, acting_pid))
-
-    def answer(self, reply: Reply) -> None:
-        """Answer a permission request: a refusal that is an intervention is queued like one;
-        any other answer goes at once."""
-        found, turn = life.request(reply)
-        if found is None:
-            self._report(turn)
-            self._track(asyncio.create_task(self._send(reply)))
-            return
-        self._begin(found, turn)
-
-    def acting_on(self, session_id: str) -> bool:
-        """True while an intervention for this session is queued or running."""
-        return session_id in self._tails
-
-    def resume(self) -> None:
-        """The server answers again (a connect): the due work goes on, each in its session's
-        order; work too old is given up."""
-        fresh, stale = self._due.take(self._clock())
-        for due in stale:
-            self._report(due.work.feed(life.Dropped("server away too long")))
-        for due in fresh:
-            self._begin(due.work, due.work.feed(life.Resumed()))
-
-    async def drain(self, timeout: float) -> None:
-        """Let in-flight interventions finish, up to `timeout` seconds; cancel what is left."""
-        tasks = list(self._running)
-        if tasks:
-            _, late = await asyncio.wait(tasks, timeout=timeout)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
-        fresh, stale = self._due.take(self._clock())
-        for due in fresh + stale:
-            self._report(due.work.feed(life.Cancelled()))
-
-    def _begin(self, found: Intervention | None, turn: Turn) -> None:
-        if found is None or turn.command is None:
-            self._report(turn)
-            return
-        session_id = found.decision.session_id
+    def begin(self, do: Do) -> None:
+        """An intervention's first command, behind the session's interventions begun
+        before (never two aborts racing for one session)."""
+        session_id = do.session_id
         previous = self._tails.get(session_id)
-        unsaid = [turn]
+        unsaid = [do.said]
 
         def say() -> None:
             if unsaid:
-                self._report(unsaid.pop())
+                self._execute(unsaid.pop())
 
-        task = asyncio.create_task(self._drive(previous, found, turn.command, say))
+        task = asyncio.create_task(self._drive(previous, do, say))
         asyncio.get_running_loop().call_later(SAY_WITHIN_S, say)
         self._tails[session_id] = task
         self._track(task)
@@ -162,6 +106,24 @@ class Interventions:
 
         task.add_done_callback(done)
 
+    def send(self, reply: Reply) -> None:
+        """An answer that is no intervention of its own: at once, behind nothing."""
+        self._track(asyncio.create_task(self._send(reply)))
+
+    def resume(self) -> None:
+        """The server answers again (a connect): the due work goes on."""
+        self._execute(self._monitor.resume(self._clock()))
+
+    async def drain(self, timeout: float) -> None:
+        """Let in-flight interventions finish, up to `timeout` seconds; cancel what is left."""
+        tasks = list(self._running)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=timeout)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        self._execute(self._monitor.shutdown(self._clock()))
+
     def _track(self, task: asyncio.Task[None]) -> None:
         self._running.add(task)
         task.add_done_callback(self._running.discard)
@@ -169,8 +131,7 @@ class Interventions:
     async def _drive(
         self,
         previous: asyncio.Task[None] | None,
-        found: Intervention,
-        command: Command,
+        do: Do,
         say: Callable[[], None],
     ) -> None:
         """Run the intervention's commands until it is done or waits for the server.
@@ -183,47 +144,39 @@ class Interventions:
         A loop's requests wait for no log line: on a stand-in server that answers at
         once, the line written between the read and the abort cost the abort a tenth of
         a millisecond (docs/performance.md)."""
+        monitor, number = self._monitor, do.number
         try:
             if previous is not None:
                 say()
                 await asyncio.wait([previous])
-            next_command: Command | None = command
+            next_command: life.Command | None = do.command
             while next_command is not None:
-                happened = await self._execute(found, next_command)
+                happened = await self._carry_out(next_command)
                 if not _read_at_once(next_command):
                     say()
-                if happened is None:
-                    return  # parked until the next connect
-                turn = found.feed(happened)
-                if turn.reports:
+                commands = monitor.happened(number, happened, self._clock())
+                next_command = None
+                if commands and isinstance(last := commands[-1], Do) and last.number == number:
+                    next_command = last.command
+                    commands = commands[:-1]
+                if commands:
                     say()
-                self._report(turn)
-                next_command = turn.command
+                self._execute(commands)
         except asyncio.CancelledError:
             say()
-            self._report(found.feed(life.Cancelled()))
+            self._execute(monitor.happened(number, life.Cancelled(), self._clock()))
             raise
         except Exception as exc:
             say()
             # A bug of ours must not leave a loop unlogged (nor as "Task exception was never
             # retrieved"): say how far it got, then what broke, with its traceback (code
             # locations only, never a tool's arguments).
-            if found.state != life.State.DONE:
-                self._report(found.feed(life.Dropped(f"internal error: {type(exc).__name__}")))
-            log.error("action.crashed", session_id=found.decision.session_id, exc_info=exc)
+            dropped = life.Dropped(f"internal error: {type(exc).__name__}")
+            self._execute(monitor.happened(number, dropped, self._clock()))
+            log.error("action.crashed", session_id=do.session_id, exc_info=exc)
 
-    def _report(self, turn: Turn) -> None:
-        for report in turn.reports:
-            if isinstance(report, life.Logged):
-                getattr(log, report.level)(report.event, **report.fields)
-            elif isinstance(report, life.Decided):
-                log.warning("intervention.outcome", **report.fields)
-                self._on_outcome(report.decision, report.outcome)
-            else:
-                self._forget(report.session_id)
-
-    async def _execute(self, found: Intervention, command: Command) -> Happened | None:
-        """Carry out one command; what came of it (None: parked for the next connect)."""
+    async def _carry_out(self, command: life.Command) -> life.Happened:
+        """Carry out one command: what came of it."""
         api = self._api
         assert api is not None  # a dry run begins nothing that acts
         if isinstance(command, life.ReadRecent):
@@ -237,18 +190,13 @@ class Interventions:
                 )
             except ServerError:
                 messages = None
-            return life.Read(messages, run_over=self._run_over(decision))
+            return life.Read(messages)
         if isinstance(command, life.ReadBack):
             return await self._read_back(api, command)
         if isinstance(command, life.Wait):
             await self._sleep(command.reply.wait)
-            return life.Expired(self._expire(command.reply))
-        if isinstance(command, life.Park):
-            for dropped in self._due.add(
-                (command.session_id, command.part_id), found, self._clock()
-            ):
-                self._report(dropped.feed(life.Dropped("too much work waiting for the server")))
-            return None
+            return life.Expired(command.reply)
+        assert not isinstance(command, life.Park)  # the core parks its own work
         return await self._send_command(api, command)
 
     async def _send_command(
@@ -283,7 +231,7 @@ class Interventions:
         ms = round((time.monotonic() - started) * 1000, 1)
         return Sent(Result.OK if taken else Result.NOT_TAKEN, ms=ms)
 
-    async def _read_back(self, api: OpencodeAPI, command: life.ReadBack) -> Happened:
+    async def _read_back(self, api: OpencodeAPI, command: life.ReadBack) -> life.Happened:
         decision = command.decision
         try:
             busy = command.busy and decision.session_id in (

@@ -11,8 +11,21 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from monitor.core.commands import Act, Answer, Await, Block, Command, Count, Log, Stop, Tell
+from monitor.core.commands import (
+    Act,
+    Answer,
+    Await,
+    Block,
+    Command,
+    Count,
+    Do,
+    Log,
+    Send,
+    Stop,
+    Tell,
+)
 from monitor.core.decisions import Deadline, Intervene
+from monitor.core.monitor import Monitor
 from monitor.shell.acting import Role
 from monitor.shell.actions import Interventions
 from monitor.shell.metrics import Metrics
@@ -31,11 +44,13 @@ class Executor:
 
     def __init__(
         self,
+        monitor: Monitor,
         metrics: Metrics | None,
         webhook: Webhook | None,
         role: Callable[[], Role | None],
         stop: Callable[[], None],
     ) -> None:
+        self._monitor = monitor
         self._interventions: Interventions | None = None
         self._toasts: Toasts | None = None
         self._wait: Callable[[Deadline], None] | None = None
@@ -65,24 +80,29 @@ class Executor:
                 case _:
                     self._act(command)
 
-    def _act(self, command: Act | Answer | Block | Await | Tell) -> None:
+    def _act(self, command: Act | Answer | Block | Do | Send | Await | Tell) -> None:
         interventions, toasts, wait = self._interventions, self._toasts, self._wait
         assert interventions is not None and toasts is not None and wait is not None
+        monitor = self._monitor
         match command:
             case Act(decision, counts):
                 if self._acts_for(decision.session_id):
-                    interventions.submit(decision)
+                    self(monitor.act(decision))
                     self(counts)
                 else:
-                    self._standby(interventions, decision)
+                    self._standby(decision)
             case Answer(reply, counts):
                 if self._acts_for(reply.session_id):
-                    interventions.answer(reply)
+                    self(monitor.answer(reply))
                     self(counts)
                 elif reply.loop is not None:
-                    self._standby(interventions, reply.loop)
+                    self._standby(reply.loop)
             case Block(decision, call_id):
-                interventions.blocked(decision, call_id)
+                self(monitor.blocked(decision, call_id))
+            case Do():
+                interventions.begin(command)
+            case Send(reply):
+                interventions.send(reply)
             case Await(deadline):
                 wait(deadline)
             case Tell(decision, outcome, notify):
@@ -94,6 +114,6 @@ class Executor:
         role = self._role()
         return role is None or role.acts_for(session_id)
 
-    def _standby(self, interventions: Interventions, decision: Intervene) -> None:
+    def _standby(self, decision: Intervene) -> None:
         role = self._role()
-        interventions.standby(decision, None if role is None else role.holder())
+        self(self._monitor.standby(decision, None if role is None else role.holder()))

@@ -18,7 +18,7 @@ import aiohttp
 import structlog
 
 from monitor.config import Settings
-from monitor.core.decisions import Deadline, Intervene, Outcome
+from monitor.core.decisions import Deadline
 from monitor.core.monitor import Monitor
 from monitor.core.tracker import Fed
 from monitor.errors import ServerError
@@ -81,17 +81,15 @@ class Follow:
         )
         self.toasts = Toasts(self.api)
         self.locator = Locator(self.api, monitor, settings.url, settings.directory)
+        monitor.plugin_elsewhere(plugin_elsewhere)
         self.interventions = Interventions(
             None if settings.dry_run else self.api,
-            forget=tracker.forget,
+            monitor,
+            execute,
             on_fatal=fail,
-            on_outcome=self._on_outcome,
-            expire=tracker.expire,
-            run_over=tracker.run_over,
             sleep=timing.sleep,
             stagger=timing.stagger,
             clock=timing.clock,
-            plugin_elsewhere=plugin_elsewhere,
         )
         execute.acting_through(self.interventions, self.toasts, self._deadline)
         self.resync = Resync(
@@ -99,7 +97,7 @@ class Follow:
             tracker,
             settings,
             scope.only_session,
-            self.interventions,
+            monitor,
             self._carry_out,
             self._take,
             self._deadline,
@@ -183,9 +181,6 @@ class Follow:
     async def _overdue(self, deadline: Deadline) -> None:
         await self._timing.sleep(deadline.wait)
         self._execute(self._monitor.overdue(deadline))
-
-    def _on_outcome(self, decision: Intervene, outcome: Outcome) -> None:
-        self._execute(self._monitor.outcome(decision, outcome))
 
     async def _on_connect(self) -> None:
         # Before anything awaits: frames of the sessions the resync rebuilds wait for it.

@@ -16,10 +16,10 @@ from monitor.config import Settings
 from monitor.core.decisions import Deadline
 from monitor.core.export import current_run, export_frames, feedback_count, held_in, late_frames
 from monitor.core.fed import Fed
+from monitor.core.monitor import Monitor
 from monitor.core.resync import Waiting, directories_to_ask, plan_resync, recent_sessions
 from monitor.core.tracker import Tracker
 from monitor.errors import ServerError, SessionGone
-from monitor.shell.actions import Interventions
 from monitor.shell.api_v2 import EngineAPI
 
 __all__ = ["RECENT_HISTORY", "RESYNC_CONCURRENCY", "Resync", "Waiting", "bounded"]
@@ -67,7 +67,7 @@ class Resync:
         tracker: Tracker,
         settings: Settings,
         only_session: str | None,
-        interventions: Interventions,
+        monitor: Monitor,
         carry_out: Callable[[Fed], None],
         take: Callable[[Fed], object],
         deadline: Callable[[Deadline], None],
@@ -76,7 +76,7 @@ class Resync:
         self._tracker = tracker
         self._settings = settings
         self._only_session = only_session
-        self._interventions = interventions
+        self._monitor = monitor
         self._carry_out = carry_out
         self._take = take
         self._deadline = deadline
@@ -140,7 +140,7 @@ class Resync:
                 waited = waiting.answer(where, route, found)
                 for session_id in waited:
                     if session_id in found and only in (None, session_id):
-                        if not self._interventions.acting_on(session_id):
+                        if not self._monitor.acting_on(session_id):
                             seeded += await self._seed(session_id, where)
                 self._feed(waiting.free(waited))
             return where, sessions
@@ -208,7 +208,7 @@ class Resync:
             # A session the stream has followed since the connect: its run is its own to end.
             {s: w for s, w in tracker.known().items() if s not in live},
             None if only is None else {only},
-            [s for s in busy if s in live or self._interventions.acting_on(s)],
+            [s for s in busy if s in live or self._monitor.acting_on(s)],
         )
         # Their records are read from now on: their frames wait, so the read-back comes
         # first (what the stream brought before is in the record, and counts once).
@@ -248,7 +248,7 @@ class Resync:
         candidates = {
             session_id: where
             for session_id, where in self._tracker.held().items()
-            if session_id not in busy and not self._interventions.acting_on(session_id)
+            if session_id not in busy and not self._monitor.acting_on(session_id)
         }
         if first and self._only_session is None:
             try:

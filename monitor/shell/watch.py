@@ -118,7 +118,9 @@ class Watch:
         self.webhook: Webhook | None = None
         if settings.notify_url is not None:
             self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
-        self._execute = Executor(self.metrics, self.webhook, lambda: self.role, self._stop.set)
+        self._execute = Executor(
+            self.monitor, self.metrics, self.webhook, lambda: self.role, self._stop.set
+        )
         self.plugins = PluginService(self.monitor, self._execute, self._following, timing.clock)
 
     async def run(self) -> int:
