@@ -629,7 +629,7 @@ async def test_no_request_breaks_metrics_or_status(folder) -> None:
             await watch.follow.resync.run(first=False)
         events = [entry["event"] for entry in logs]
         assert "stream.resynced" in events and "stream.resync_failed" not in events
-        assert watch.tracker.running().keys() >= {CALL["session_id"]}
+        assert watch.monitor.tracker.running().keys() >= {CALL["session_id"]}
         port = watch.metrics_server.port
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
@@ -929,7 +929,7 @@ async def test_every_malformed_body_is_answered_and_every_odd_one_judged(
                     await still_up(case)
                 assert answers == [(case, status, {"error"}, str) for case, _, _, status in
                                    MALFORMED]  # fmt: skip
-                asked = watch.tracker.sessions_seen
+                asked = watch.monitor.tracker.sessions_seen
                 assert asked == 0  # nothing of them reached the judge
 
                 verdicts = []
@@ -943,7 +943,7 @@ async def test_every_malformed_body_is_answered_and_every_odd_one_judged(
                     await still_up(case)
                 assert verdicts == [(case, 200, {"verdict": "allow"}) for case, _ in ODD]
                 # Each was judged: the tracker took its session.
-                assert watch.tracker.sessions_seen == len(ODD)
+                assert watch.monitor.tracker.sessions_seen == len(ODD)
                 async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
                     text = await r.text()
                 # The two with a directory it cannot use, counted as unknown.

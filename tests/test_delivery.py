@@ -293,7 +293,7 @@ async def test_malformed_session_ids_reach_no_endpoint_and_cost_nothing_else():
         "/session/ses_ok/prompt_async",
     ]
     reason = "message.part.updated: sessionID is not of the shape ses_..."
-    assert watch.tracker.malformed == {reason: 12 * len(bad)}
+    assert watch.monitor.tracker.malformed == {reason: 12 * len(bad)}
     [logged] = events(logs, "frame.malformed")
     assert logged["reason"] == reason
     assert [d["session_id"] for d in events(logs, "loop.detected")] == ["ses_ok"]

@@ -255,7 +255,7 @@ async def test_a_resync_that_finds_the_run_over_posts_the_released_feedback_late
     )
     with capture_logs() as logs:
         server, watch, task = await start(fake)
-        watch.tracker.judge(asked(0, {"command": "ls"}))  # the session's plugin asks
+        watch.monitor.tracker.judge(asked(0, {"command": "ls"}))  # the session's plugin asks
         await wait_for(lambda: events(logs, "feedback.sent"))
         await stop(server, watch, task)
     [outcome] = events(logs, "intervention.outcome")

@@ -291,6 +291,53 @@ def test_no_shell_module_speaks_of_the_classic_or_the_new_engine_by_name(path: P
     assert [word for word in ("new_engine", "classic") if word in text] == []
 
 
+# The shell reaches the core through `Monitor` alone: frames, read-backs and queries go to it,
+# never to the tracker it wraps. The one module that names the tracker, and why:
+TRACKER_NAMED = {"watch.py": "makes the tracker it hands `Monitor` (the core's wiring)"}
+TRACKER_NAMES = {"Tracker", "tracker", "_tracker"}
+
+
+def reaches_tracker(path: Path) -> list[str]:
+    """Every name of the tracker in `path`: the class, and a variable or attribute of it (an
+    attribute in every module: `watch.py` makes it, and reads nothing of it)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in TRACKER_NAMES:
+            found.add((node.lineno, "." + node.attr))
+        elif path.name in TRACKER_NAMED:
+            continue
+        elif isinstance(node, ast.Name) and node.id in TRACKER_NAMES:
+            found.add((node.lineno, node.id))
+        elif isinstance(node, ast.ImportFrom) and "Tracker" in {a.name for a in node.names}:
+            found.add((node.lineno, "Tracker"))
+    return [f"{path.name}:{line} {name}" for line, name in sorted(found)]
+
+
+@pytest.mark.parametrize("path", ALL_SHELL, ids=lambda path: path.name)
+def test_no_shell_module_reaches_the_tracker_but_through_monitor(path: Path) -> None:
+    assert reaches_tracker(path) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "found"),
+    [
+        ("x.py", "def f(self, d):\n    return self._tracker.feed_data(d)\n", ["x.py:2 ._tracker"]),
+        ("x.py", "def f(m):\n    return m.tracker.known()\n", ["x.py:2 .tracker"]),
+        ("x.py", "from monitor.core.tracker import Tracker\n", ["x.py:1 Tracker"]),
+        ("x.py", "def f(tracker):\n    return tracker.held()\n", ["x.py:2 tracker"]),
+        ("watch.py", "def f(d):\n    tracker = Tracker(d)\n    return Monitor(tracker)\n", []),
+        ("watch.py", "def f(self):\n    return self.tracker.held()\n", ["watch.py:2 .tracker"]),
+    ],
+)
+def test_the_tracker_check_sees_the_tracker_reached(
+    tmp_path: Path, name: str, source: str, found: list[str]
+) -> None:
+    path = tmp_path / name
+    path.write_text(source, encoding="utf-8")
+    assert reaches_tracker(path) == found
+
+
 def test_the_engine_check_covers_the_api_client_and_attach() -> None:
     assert {"api.py", "api_v2.py", "attach.py"} <= {path.name for path in ALL_SHELL}
 

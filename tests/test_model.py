@@ -55,8 +55,6 @@ from monitor.core import intervention as life
 from monitor.core.calls import Step
 from monitor.core.commands import Act, Answer, Block, Command, Do
 from monitor.core.decisions import Intervene, Plan
-from monitor.core.export import current_run, export_frames, feedback_count, held_in, late_frames
-from monitor.core.fed import Fed
 from monitor.core.feedback import MARK
 from monitor.core.monitor import Monitor
 from monitor.core.plugin_protocol import PluginCall, PluginVerdict
@@ -300,19 +298,15 @@ class Model(RuleBasedStateMachine):
         intervention count)."""
         proc = Process(next(self.numbers), acting)
         for sid, session in self.sessions.items():
-            record = session.record
-            interventions, held = feedback_count(record), held_in(record)
-            late = late_frames(record)
+            record = list(session.record)
             if session.busy:
-                frames = list(export_frames(current_run(record)))
-                decisions = proc.tracker.seed(sid, frames, "/p", interventions, held, late)
-                commands = proc.monitor.fed(Fed(tuple(decisions)), 0.0)
+                commands = proc.monitor.seed(sid, "/p", record, 0.0)
                 for command in commands:
                     if isinstance(command, Act) and acting:
                         self.decided(proc, sid, command.decision, self.call_of(session, command))
                 self.carry_out(proc, commands, session.run)
-            elif held or interventions:
-                proc.tracker.seed(sid, (), "/p", interventions, held, late)
+            else:
+                proc.monitor.idle_read(sid, "/p", record)
         return proc
 
     def processes(self) -> list[Process]:
@@ -460,8 +454,7 @@ class Model(RuleBasedStateMachine):
             f"{proc.number}<{frame.data['type']}:{part.get('id', sid)}:"
             f"{part.get('state', {}).get('status', '')}"
         )
-        fed = proc.tracker.feed(frame.data)
-        commands = proc.monitor.fed(fed, 0.0)
+        _, commands = proc.monitor.event(frame.data, 0.0)
         error = part.get("state", {}).get("error")
         for command in commands:
             if isinstance(command, Act):
@@ -523,7 +516,7 @@ class Model(RuleBasedStateMachine):
     def check_state(self, proc: Process, frame: Frame) -> None:
         """State cleared: a session idle is not busy and has no run; a deleted one is gone."""
         kind = frame.data["type"]
-        views = {view.session_id: view for view in proc.tracker.sessions_view()}
+        views = {view.session_id: view for view in proc.monitor.sessions_view()}
         view = views.get(frame.session_id)
         if kind == "session.idle" and view is not None and (view.busy or view.run_calls):
             self.violations.append(
@@ -606,7 +599,7 @@ class Model(RuleBasedStateMachine):
     @invariant()
     def memory_bounded(self) -> None:
         for proc in self.processes():
-            assert len(proc.tracker.sessions_view()) <= MAX_SESSIONS
+            assert len(proc.monitor.sessions_view()) <= MAX_SESSIONS
 
 
 def said_of(decision: Intervene, part_id: str | None) -> str:

@@ -76,7 +76,7 @@ async def test_calls_of_new_engine_sessions_are_not_taken_for_a_plugin_missing()
     with capture_logs() as logs:
         running = await start(fake, TIMING)
         await wait_for(lambda: events(logs, "plugin.not_asking"))
-        views = {view.session_id: view.calls for view in running[1].tracker.sessions_view()}
+        views = {view.session_id: view.calls for view in running[1].monitor.sessions_view()}
         await stop(*running)
     assert sorted(views.values()) == [2, 8]  # both sessions seen
     [said] = events(logs, "plugin.not_asking")

@@ -135,7 +135,7 @@ async def test_status_of_10000_sessions_is_bounded_cached_and_rate_limited(monke
     for n in range(10_000):
         directory = "/w\n<!channel>" + "d" * 10_000 if n == 0 else f"/p{n}"
         for frame in call(f"ses_{n}", f"prt_{n}", "read", {"n": n})[:2]:  # pending, running
-            watch.tracker.feed(envelope(frame, directory))
+            watch.monitor.tracker.feed(envelope(frame, directory))
     started = time.perf_counter()
     status = watch.status()
     build_ms = (time.perf_counter() - started) * 1000

@@ -90,7 +90,7 @@ async def test_clean_end_reconnects_and_resyncs():
         await wait_for(lambda: watch.follow.stream.frames == frames_sent)
         await stop(*running)
     # 3 calls before, 1 after: the history was dropped, and no decision was made.
-    assert watch.tracker.interventions("s1") == 0 and fake.of("abort") == []
+    assert watch.monitor.tracker.interventions("s1") == 0 and fake.of("abort") == []
     [disconnected] = events(logs, "stream.disconnected")
     assert disconnected["reason"] == "stream ended" and disconnected["retry_in_s"] <= 0.1
     assert len(events(logs, "stream.connected")) == 2
@@ -352,7 +352,7 @@ async def test_garbage_frames_are_counted_and_the_loop_still_caught():
         await wait_for(lambda: fake.of("prompt_async"))
         watch = running[1]
         await stop(*running)
-    assert sum(watch.tracker.malformed.values()) == 5
+    assert sum(watch.monitor.tracker.malformed.values()) == 5
     [logged] = events(logs, "frame.malformed")  # rate limited: one line for the burst
     assert logged["reason"] == "frame is not JSON" and logged["count"] == 1
     assert len(fake.of("abort")) == 1 and fake.connections == 1
@@ -416,7 +416,7 @@ async def test_abort_404_drops_the_session_and_sends_no_feedback():
         await stop(*running)
     assert len(fake.of("abort")) == 1 and fake.of("prompt_async") == []
     assert events(logs, "intervention.outcome")[0]["outcome"] == "abort_failed"
-    assert watch.tracker.interventions("ses_s1") == 0  # forgotten
+    assert watch.monitor.tracker.interventions("ses_s1") == 0  # forgotten
 
 
 async def test_slow_abort_of_one_session_does_not_delay_another():
@@ -808,7 +808,7 @@ async def test_a_stream_of_heartbeats_alone_is_checked_against_the_server_and_re
         server, watch, task = await start(fake)
         watch.timing = dataclasses.replace(FAST, silence=0.3)
         try:
-            await wait_for(lambda: watch.tracker.running())
+            await wait_for(lambda: watch.monitor.tracker.running())
             # From now on the server runs ses_h, whose record holds two reads more.
             fake.busy = {"ses_h": {"type": "busy"}}
             fake.messages = {"ses_h": ff.run_record("ses_h", 4)}

@@ -14,8 +14,8 @@ is counted, a flood of refused questions or malformed frames gets one line per i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Literal, cast
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal, cast
 
 from monitor.core import intervention as life
 from monitor.core.commands import (
@@ -32,10 +32,13 @@ from monitor.core.commands import (
     Tell,
 )
 from monitor.core.decisions import Deadline, Intervene, Outcome, Plan, Reply
-from monitor.core.fed import Fed
+from monitor.core.export import current_run, export_frames, feedback_count, held_in, late_frames
+from monitor.core.fed import Fed, SessionView
 from monitor.core.lives import Lives
 from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, RequestRefused
 from monitor.core.plugin_stats import UNASKED_CHECK_S, PluginStats, Unasked
+from monitor.core.profile import transparent_tools
+from monitor.core.resync import Waiting, finished_calls
 from monitor.core.server import ServerKind
 from monitor.core.throttle import Throttle
 from monitor.core.tracker import Tracker
@@ -158,6 +161,111 @@ class Monitor:
             fields = {"status": refused.status, "reason": refused.message, "count": count}
             commands.append(Log("warning", "plugin.refused", fields))
         return commands
+
+    def frame(self, data: str, now: float) -> tuple[Fed, Sequence[Command]]:
+        """One frame's data, as read from the stream: what it did, and what to carry out."""
+        fed = self.tracker.feed_data(data)
+        return fed, self.fed(fed, now)
+
+    def event(self, frame: object, now: float) -> tuple[Fed, Sequence[Command]]:
+        """One frame decoded already (held while a resync ran, or read back: a session's
+        history, a pending permission request): what it did, and what to carry out."""
+        fed = self.tracker.feed(frame)
+        return fed, self.fed(fed, now)
+
+    def seed(
+        self, session_id: str, directory: str | None, messages: list[Any], now: float
+    ) -> list[Command]:
+        """A busy session's record, read back before it is followed live (`Tracker.seed`):
+        its current run rebuilt, and what that decided to carry out."""
+        frames = list(export_frames(current_run(messages)))
+        tracker = self.tracker
+        decisions = tracker.seed(
+            session_id,
+            frames,
+            directory,
+            feedback_count(messages),
+            held_in(messages),
+            late_frames(messages),
+        )
+        fields = {
+            "session_id": session_id,
+            "calls": sum(isinstance(frame, dict) for frame in frames),
+            "loop": bool(decisions),
+        }
+        commands: list[Command] = [Log("info", "session.seeded", fields)]
+        commands.extend(Await(deadline) for deadline in tracker.read_back_deadlines(session_id))
+        commands.extend(self.fed(Fed(tuple(decisions)), now))
+        return commands
+
+    def idle_read(self, session_id: str, directory: str | None, messages: list[Any]) -> None:
+        """An idle session's newest messages, read back: whether it waits for a person, and
+        how often it was intervened in (the ladder goes on where an earlier process left it)."""
+        held, interventions = held_in(messages), feedback_count(messages)
+        if held or interventions or session_id in self.tracker.held():
+            late = late_frames(messages)
+            self.tracker.seed(session_id, (), directory, interventions, held, late)
+
+    def end_runs(self, session_ids: Iterable[str], now: float) -> Sequence[Command]:
+        """The runs of these sessions are over (the resync found them idle): a refusal that
+        waited in one is carried out late."""
+        return self.fed(Fed(tuple(self.tracker.end_runs(session_ids))), now)
+
+    def named_busy(self, route: int, session_ids: Iterable[str]) -> None:
+        """The busy sessions one route's list named (`route` 2: the new engine's)."""
+        self.tracker.named_busy(route, session_ids)
+
+    def gone(self, session_id: str) -> None:
+        """The server says the session is gone (a read-back found it deleted)."""
+        self.tracker.forget(session_id)
+
+    def known(self) -> dict[str, str | None]:
+        """A query: every session followed, with the directory the stream told (or None)."""
+        return self.tracker.known()
+
+    def running(self) -> dict[str, str | None]:
+        """A query: the sessions with a run under way, with their directories."""
+        return self.tracker.running()
+
+    def held(self) -> dict[str, str | None]:
+        """A query: the sessions on hold, with their directories."""
+        return self.tracker.held()
+
+    def held_sessions(self) -> int:
+        """A query: how many sessions are on hold (the held gauge)."""
+        return self.tracker.held_sessions
+
+    def active_sessions(self) -> int:
+        """A query: how many sessions have a run under way (the sessions gauge)."""
+        return self.tracker.active_sessions
+
+    def sessions_view(self) -> list[SessionView]:
+        """A query: a read-only copy of every session followed, oldest first."""
+        return self.tracker.sessions_view()
+
+    def waits(self, waiting: Waiting, session_id: str, directory: str | None) -> bool:
+        """A query: whether a question about the session waits for the resync under way."""
+        return self.tracker.waits(waiting, session_id, directory)
+
+    def route(self, session_id: str) -> int:
+        """A query: which engine's routes act on the session (`Tracker.route`)."""
+        return self.tracker.route(session_id)
+
+    def last_seq(self, session_id: str) -> int | None:
+        """A query: the last durable event of a new-engine session followed (None: not one)."""
+        return self.tracker.adapter.last_seq(session_id)
+
+    def reads_permissions(self) -> bool:
+        """A query: whether permission requests are judged (pending ones read back)."""
+        return self.tracker.detection.permissions != "off"
+
+    def finished_calls(self, messages: object) -> int:
+        """A query: the calls of a session's current run the server has finished, as the
+        tracker counts them (the transparent tools left out)."""
+        detection = self.tracker.detection
+        return finished_calls(
+            messages, transparent_tools(detection.profile, detection.ignore_tools)
+        )
 
     def fed(self, fed: Fed, now: float) -> Sequence[Command]:
         """What one frame fed to the tracker (or one session read back) did."""

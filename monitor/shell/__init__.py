@@ -1,9 +1,9 @@
 """The asyncio shell: moves bytes, runs timers and calls the server's API.
 
-`stream` reads the event feed, `watch` feeds it to the core's tracker and hands decisions to
-`actions`, which calls `api`. `attach` is `watch` filtered to one session. `notify`,
-`metrics` and `logs` tell systemd, Prometheus and the journal how it goes; `replay` runs the
-core over recordings, offline.
+`stream` reads the event feed, `follow` feeds it to the core's `Monitor` and hands its
+commands to `executor`, whose `actions` call `api`. `attach` is `watch` filtered to one
+session. `notify`, `metrics` and `logs` tell systemd, Prometheus and the journal how it goes;
+`replay` runs the core over recordings, offline.
 """
 
 __all__: list[str] = []

@@ -1,9 +1,10 @@
 """The shell's loop: the server's stream read, each frame fed to `Monitor`, its commands
 carried out, what came of them fed back.
 
-Bytes in (`EventStream`), the tracker and `Monitor` decide, the executor runs the commands
-(`Interventions` the API calls of an intervention), and what comes of a command is fed back
-(`Monitor.outcome`, `Monitor.overdue`). Around it: every connect locates the server and
+Bytes in (`EventStream`), `Monitor` decides (the tracker is its part: nothing here reaches
+it but through `Monitor`), the executor runs the commands (`Interventions` the API calls of
+an intervention), and what comes of a command is fed back (`Monitor.happened`,
+`Monitor.overdue`). Around it: every connect locates the server and
 resyncs from its record while the new connection's frames are read (`Resync`), and a stream
 that stalls while runs are under way is checked against the server (`Silence`). It decides
 nothing (tests/test_layers.py checks it).
@@ -12,15 +13,16 @@ nothing (tests/test_layers.py checks it).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import aiohttp
 import structlog
 
 from monitor.config import Settings
+from monitor.core.commands import Command
 from monitor.core.decisions import Deadline
+from monitor.core.fed import Fed
 from monitor.core.monitor import Monitor
-from monitor.core.tracker import Fed
 from monitor.errors import ServerError
 from monitor.shell.actions import Interventions
 from monitor.shell.api_v2 import EngineAPI
@@ -71,7 +73,6 @@ class Follow:
         self._metrics = metrics
         self._recorder = recorder
         self._stop = stop
-        tracker = self._tracker = monitor.tracker
         self.api = EngineAPI(
             http,
             settings.url,
@@ -93,16 +94,9 @@ class Follow:
         )
         execute.acting_through(self.interventions, self.toasts, self._deadline)
         self.resync = Resync(
-            self.api,
-            tracker,
-            settings,
-            scope.only_session,
-            monitor,
-            self._carry_out,
-            self._take,
-            self._deadline,
+            self.api, monitor, settings, scope.only_session, execute, self._event, timing.clock
         )
-        self._silence = Silence(self.api, tracker, settings.directory, timing.silence, timing.clock)
+        self._silence = Silence(self.api, monitor, settings.directory, timing.silence, timing.clock)
         self.stream = EventStream(
             http,
             stream_url(settings.url, settings.directory),
@@ -142,21 +136,25 @@ class Follow:
         await self.toasts.close()
 
     def _on_frame(self, data: str) -> bool:
-        """Feed one frame to the tracker; True when it handed work to the executor."""
+        """Feed one frame to `Monitor`; True when it handed work to the executor."""
         if self._recorder is not None:
             self._recorder.write(data)
         waiting = self.resync.waiting
         if waiting is None:
-            return self._take(self._tracker.feed_data(data))
+            now = self._timing.clock()
+            return self._take(*self._monitor.frame(data, now), now)
         if (frame := waiting.admit(data)) is not None:
-            return self._take(self._tracker.feed(frame))
+            return self._event(frame)
         return False
 
-    def _take(self, fed: Fed) -> bool:
-        """Carry out and count what one frame fed to the tracker did; True when it handed
-        work on."""
+    def _event(self, frame: object) -> bool:
+        """Feed one decoded frame (one that waited for the resync, or read back)."""
         now = self._timing.clock()
-        commands = self._monitor.fed(fed, now)
+        return self._take(*self._monitor.event(frame, now), now)
+
+    def _take(self, fed: Fed, commands: Sequence[Command], now: float) -> bool:
+        """Carry out and count what one frame fed to `Monitor` did; True when it handed
+        work on."""
         if commands:
             self._execute(commands)
         if fed.event_type not in QUIET_EVENTS:
@@ -166,10 +164,6 @@ class Follow:
             self.last_frame_at = now
             metrics.frame(fed.event_type)
         return bool(fed.decisions or fed.replies)  # most frames decide nothing
-
-    def _carry_out(self, fed: Fed) -> None:
-        """What the read-back of a session decided, carried out as a frame's would be."""
-        self._execute(self._monitor.fed(fed, self._timing.clock()))
 
     def _deadline(self, deadline: Deadline) -> None:
         """Wait out a call's time bound, then ask whether the call still runs
@@ -207,7 +201,7 @@ class Follow:
         # Asked by the one session's route, as the core names it.
         only = self._scope.only_session
         there = await self._scope.still_there(
-            self.api, 1 if only is None else self._tracker.route(only)
+            self.api, 1 if only is None else self._monitor.route(only)
         )
         if not there:
             self._stop()

@@ -7,18 +7,15 @@ history, pending permission requests answered, held sessions read again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import structlog
 
 from monitor.config import Settings
-from monitor.core.decisions import Deadline
-from monitor.core.export import current_run, export_frames, feedback_count, held_in, late_frames
-from monitor.core.fed import Fed
+from monitor.core.commands import Command
 from monitor.core.monitor import Monitor
 from monitor.core.resync import Waiting, directories_to_ask, plan_resync, recent_sessions
-from monitor.core.tracker import Tracker
 from monitor.errors import ServerError, SessionGone
 from monitor.shell.api_v2 import EngineAPI
 
@@ -58,28 +55,27 @@ async def bounded(calls: Iterable[Awaitable[T]], limit: int = RESYNC_CONCURRENCY
 
 
 class Resync:
-    """One monitor's resync; `carry_out`, `take` and `deadline` are the watch's own paths
-    for what the read-back decides (so it is logged, counted and carried out as live)."""
+    """One monitor's resync; `execute` and `take` are the watch's own paths for what the
+    read-back decides and for a frame that waited (so it is logged, counted and carried out
+    as live)."""
 
     def __init__(
         self,
         api: EngineAPI,
-        tracker: Tracker,
+        monitor: Monitor,
         settings: Settings,
         only_session: str | None,
-        monitor: Monitor,
-        carry_out: Callable[[Fed], None],
-        take: Callable[[Fed], object],
-        deadline: Callable[[Deadline], None],
+        execute: Callable[[Sequence[Command]], None],
+        take: Callable[[object], object],
+        clock: Callable[[], float],
     ) -> None:
         self._api = api
-        self._tracker = tracker
+        self._monitor = monitor
         self._settings = settings
         self._only_session = only_session
-        self._monitor = monitor
-        self._carry_out = carry_out
+        self._execute = execute
         self._take = take
-        self._deadline = deadline
+        self._clock = clock
         # Set from the connect until the resync is done (`hold`, `release`).
         self.waiting: Waiting | None = None
         self._synced = False  # a first resync has ended: the runs under way are known
@@ -87,11 +83,11 @@ class Resync:
     def hold(self) -> None:
         """At the connect, before any frame is read: the frames of the sessions the resync
         may rebuild wait from now on (`Waiting`)."""
-        self.waiting = self._waiting(self._tracker.known())
+        self.waiting = self._waiting(self._monitor.known())
 
     def _waiting(self, held: Iterable[str]) -> Waiting:
         configured = self._settings.directory
-        asked = directories_to_ask(self._tracker.running(), configured)
+        asked = directories_to_ask(self._monitor.running(), configured)
         return Waiting(held, asked, configured)
 
     def release(self) -> None:
@@ -102,7 +98,7 @@ class Resync:
 
     def _feed(self, frames: Iterable[object]) -> None:
         for frame in frames:
-            self._take(self._tracker.feed(frame))
+            self._take(frame)
 
     def _claim(self, sessions: Iterable[str]) -> None:
         if self.waiting is not None:
@@ -116,7 +112,7 @@ class Resync:
         and none before the first connect's resync has ended."""
         if self.waiting is None:
             return self._synced
-        return not self._tracker.waits(self.waiting, session_id, directory)
+        return not self._monitor.waits(self.waiting, session_id, directory)
 
     def _live(self) -> set[str]:
         return set() if self.waiting is None else self.waiting.live
@@ -135,7 +131,7 @@ class Resync:
             # 1.x one (what a session speaks, its frames say).
             for route in self._api.server.routes():
                 found = await self._api.busy_on(route, where)
-                self._tracker.named_busy(route, found)
+                self._monitor.named_busy(route, found)
                 sessions |= found
                 waited = waiting.answer(where, route, found)
                 for session_id in waited:
@@ -164,15 +160,15 @@ class Resync:
         brings again). Of `sessions` (those running before or busy now, as the 1.x
         read-back), the new-engine ones we followed. How many events, and the sessions
         whose history could not be read: those are read back from their messages instead."""
-        adapter = self._tracker.adapter
-        asked = [(s, after) for s in sessions if (after := adapter.last_seq(s)) is not None]
+        monitor = self._monitor
+        asked = [(s, after) for s in sessions if (after := monitor.last_seq(s)) is not None]
         failed: set[str] = set()
 
         async def history(session_id: str, after: int) -> list[dict[str, Any]]:
             try:
                 return await self._api.history(session_id, after)
             except SessionGone:
-                self._tracker.forget(session_id)
+                monitor.gone(session_id)
             except ServerError as exc:
                 # Issue 33: a history answering 500 lost the calls made while we were away,
                 # and with them a loop they completed; the message list still has them.
@@ -184,7 +180,7 @@ class Resync:
         answers = await bounded(history(session_id, after) for session_id, after in asked)
         for events in answers:
             for event in events:
-                self._take(self._tracker.feed(event))
+                self._take(event)
         return sum(map(len, answers)), failed
 
     async def run(self, first: bool) -> None:
@@ -192,7 +188,7 @@ class Resync:
 
         `monitor.core.resync` plans it; this asks the server and carries the plan out.
         """
-        tracker = self._tracker
+        monitor = self._monitor
         # Outside a connect (`hold`), as a test may run it, no frame waits.
         waiting = self.waiting or self._waiting(())
         try:
@@ -206,25 +202,23 @@ class Resync:
         plan = plan_resync(
             busy,
             # A session the stream has followed since the connect: its run is its own to end.
-            {s: w for s, w in tracker.known().items() if s not in live},
+            {s: w for s, w in monitor.known().items() if s not in live},
             None if only is None else {only},
-            [s for s in busy if s in live or self._monitor.acting_on(s)],
+            [s for s in busy if s in live or monitor.acting_on(s)],
         )
         # Their records are read from now on: their frames wait, so the read-back comes
         # first (what the stream brought before is in the record, and counts once).
         self._claim(session for session, _ in plan.read_back)
-        running = {s: w for s, w in tracker.running().items() if s not in live}
+        running = {s: w for s, w in monitor.running().items() if s not in live}
         # A refusal that waited in a run found over is released to be carried out late.
-        self._carry_out(Fed(tuple(tracker.end_runs(plan.end_runs))))
+        self._execute(monitor.end_runs(plan.end_runs, self._clock()))
         # Read back concurrently, within the bound; the frames of these sessions wait. A
         # new-engine session we followed is replayed from its last seq instead.
         replayed, unreplayed = await self._replay_engine_sessions(
             {*running, *(s for s in busy if s not in live)}
         )
         read_back = [
-            (s, w)
-            for s, w in plan.read_back
-            if tracker.adapter.last_seq(s) is None or s in unreplayed
+            (s, w) for s, w in plan.read_back if monitor.last_seq(s) is None or s in unreplayed
         ]
         seeded += sum(await bounded(self._seed(session, where) for session, where in read_back))
         pending = await self._read_back_permissions(
@@ -247,7 +241,7 @@ class Resync:
         an earlier process's interventions the ladder must count). How many are held."""
         candidates = {
             session_id: where
-            for session_id, where in self._tracker.held().items()
+            for session_id, where in self._monitor.held().items()
             if session_id not in busy and not self._monitor.acting_on(session_id)
         }
         if first and self._only_session is None:
@@ -265,34 +259,30 @@ class Resync:
                     candidates.setdefault(session_id, where)
         self._claim(candidates)
         await bounded(self._read_hold(session, where) for session, where in candidates.items())
-        return self._tracker.held_sessions
+        return self._monitor.held_sessions()
 
     async def _read_hold(self, session_id: str, directory: str | None) -> None:
         """Whether an idle session waits for a person, and how often it was intervened in,
         from its messages: an idle session that a restart found between two loops continues
         the ladder where it was."""
         try:
-            route = self._tracker.route(session_id)
+            route = self._monitor.route(session_id)
             messages = await self._api.messages(
                 session_id, directory, last=RECENT_HISTORY, route=route
             )
         except SessionGone:
-            self._tracker.forget(session_id)
+            self._monitor.gone(session_id)
             return
         except ServerError as exc:
             log.warning("session.read_back_failed", session_id=session_id, error=str(exc))
             return
-        held, interventions = held_in(messages), feedback_count(messages)
-        if held or interventions or session_id in self._tracker.held():
-            self._tracker.seed(
-                session_id, (), directory, interventions, held, late_frames(messages)
-            )
+        self._monitor.idle_read(session_id, directory, messages)
 
     async def _read_back_permissions(self, directories: Iterable[str | None]) -> int:
         """The stream does not replay permission requests made while we were away: read the
         pending ones back (after the runs are seeded, so a loop's call is known as one) and
         answer them under the same rules. Their number."""
-        if self._tracker.detection.permissions == "off":
+        if not self._monitor.reads_permissions():
             return 0
         count = 0
         for directory in directories:
@@ -305,38 +295,21 @@ class Resync:
                 frame = {"type": "permission.asked", "properties": request}
                 if directory is not None:
                     frame = {"directory": directory, "payload": frame}
-                fed = self._tracker.feed(frame)
+                fed, commands = self._monitor.event(frame, self._clock())
                 count += fed.event_type == "permission.asked" and fed.malformed is None
-                self._carry_out(fed)
+                self._execute(commands)
         return count
 
     async def _seed(self, session_id: str, directory: str | None) -> int:
         """Seed one busy session's current run from its messages; 1 if it was seeded."""
         try:
-            route = self._tracker.route(session_id)
+            route = self._monitor.route(session_id)
             messages = await self._api.messages(session_id, directory, route=route)
         except SessionGone:
-            self._tracker.forget(session_id)
+            self._monitor.gone(session_id)
             return 0
         except ServerError as exc:
             log.warning("session.seed_failed", session_id=session_id, error=str(exc))
             return 0
-        frames = list(export_frames(current_run(messages)))
-        decisions = self._tracker.seed(
-            session_id,
-            frames,
-            directory,
-            feedback_count(messages),
-            held_in(messages),
-            late_frames(messages),
-        )
-        log.info(
-            "session.seeded",
-            session_id=session_id,
-            calls=sum(isinstance(frame, dict) for frame in frames),
-            loop=bool(decisions),
-        )
-        for deadline in self._tracker.read_back_deadlines(session_id):
-            self._deadline(deadline)
-        self._carry_out(Fed(tuple(decisions)))
+        self._execute(self._monitor.seed(session_id, directory, messages, self._clock()))
         return 1

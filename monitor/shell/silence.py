@@ -9,9 +9,8 @@ from collections.abc import Callable
 
 import structlog
 
-from monitor.core.profile import transparent_tools
-from monitor.core.resync import directories_to_ask, finished_calls, missed_by_stream
-from monitor.core.tracker import Tracker
+from monitor.core.monitor import Monitor
+from monitor.core.resync import directories_to_ask, missed_by_stream
 from monitor.errors import ServerError, SessionGone
 from monitor.shell.api import OpencodeAPI
 from monitor.shell.resync import bounded
@@ -32,13 +31,13 @@ class Silence:
     def __init__(
         self,
         api: OpencodeAPI,
-        tracker: Tracker,
+        monitor: Monitor,
         directory: str | None,
         silence: float,
         clock: Callable[[], float],
     ) -> None:
         self._api = api
-        self._tracker = tracker
+        self._monitor = monitor
         self._directory = directory
         self._silence = silence
         self._clock = clock
@@ -49,7 +48,7 @@ class Silence:
 
     async def check(self, stream: EventStream) -> None:
         """One check, after `silence / 2` (see the module)."""
-        running = self._tracker.running()
+        running = self._monitor.running()
         silent_s = self._clock() - self.last_event_at
         if not stream.connected or not running or silent_s < self._silence:
             return
@@ -64,24 +63,22 @@ class Silence:
             stream.reconnect("stalled: the server ran what the stream did not show")
 
     async def _missed(self, running: dict[str, str | None]) -> list[str]:
-        tracker, api = self._tracker, self._api
+        monitor, api = self._monitor, self._api
         directories = list(directories_to_ask(running, self._directory))
         busy = set().union(*await bounded(api.busy_sessions(d) for d in directories))
         ours = {
             view.session_id: view.run_calls
-            for view in tracker.sessions_view()
+            for view in monitor.sessions_view()
             if view.session_id in running
         }
         ours = dict(list(ours.items())[:CHECK_SESSIONS_MAX])
         asked = [session_id for session_id in ours if session_id in busy]
-        detection = tracker.detection
-        skip = transparent_tools(detection.profile, detection.ignore_tools)
 
         async def finished(session_id: str) -> int:
             try:
-                route = tracker.route(session_id)
+                route = monitor.route(session_id)
                 messages = await api.messages(session_id, running[session_id], route=route)
-                return finished_calls(messages, skip)
+                return monitor.finished_calls(messages)
             except SessionGone:
                 return 0
 

@@ -84,15 +84,17 @@ class Watch:
         self.timing = timing
         self.scope = scope
         self.notifier = notifier or Notifier.from_environ()
-        self.tracker = Tracker(
-            guard_of(settings),
+        self._detection = guard_of(settings)
+        # The one place the shell names the tracker: it makes the core `Monitor` wraps.
+        tracker = Tracker(
+            self._detection,
             directory=settings.directory,
             only_session=scope.only_session,
             check_ids=True,
             # `attach` answers no plugin: one may refuse calls by its own rule meanwhile.
             own_refusal_wait=0.0 if scope.only_session is None else timing.own_refusal,
         )
-        self.monitor = Monitor(self.tracker, settings.dry_run, scope.only_session)
+        self.monitor = Monitor(tracker, settings.dry_run, scope.only_session)
         if scope.only_session is not None:
             self.monitor.engine_known(scope.only_session, scope.found_engine)
         self._stop = asyncio.Event()
@@ -106,9 +108,9 @@ class Watch:
         if settings.metrics_addr is not None:
             self.metrics = Metrics(
                 connected=lambda: self.follow is not None and self.follow.stream.connected,
-                sessions=lambda: self.tracker.active_sessions,
-                held=lambda: self.tracker.held_sessions,
-                known=lambda: len(self.tracker.known()),
+                sessions=self.monitor.active_sessions,
+                held=self.monitor.held_sessions,
+                known=lambda: len(self.monitor.known()),
                 last_frame_at=lambda: None if self.follow is None else self.follow.last_frame_at,
                 clock=timing.clock,
                 read_limit=timing.read_timeout,
@@ -203,7 +205,7 @@ class Watch:
             url=public_url(settings.url),
             directory=settings.directory,
             dry_run=settings.dry_run,
-            **log_fields(self.tracker.detection),
+            **log_fields(self._detection),
         )
         for warning in settings.warnings:
             log.warning("config.warning", message=warning)
@@ -292,7 +294,7 @@ class Watch:
                 # Which server the last connect found, and so which API and stream.
                 "server": None if server is None else server.describe(),
             },
-            **sessions_status(self.tracker.sessions_view()),
+            **sessions_status(self.monitor.sessions_view()),
             "plugins": {
                 "endpoint": self.plugins.address(),
                 "refused": stats.refused,
