@@ -22,9 +22,9 @@ def test_the_first_watch_acts_and_the_second_stands_by_until_the_first_stops(tmp
     assert first.try_acting() and first.acting
     assert not second.try_acting() and not second.acting
     assert second.holder() == os.getpid()  # what the acting one wrote
-    assert first.acts_for(SESSION) and not second.acts_for(SESSION)
+    assert first.attached() == second.attached() == frozenset()
     first.close()
-    assert second.try_acting() and second.acts_for(SESSION)
+    assert second.try_acting() and second.acting
     assert not first.try_acting()  # the order changed hands for good
 
 
@@ -41,10 +41,10 @@ def test_monitors_of_other_servers_do_not_see_each_other(tmp_path: Path):
 def test_attach_beside_a_daemon_stands_by_and_acts_once_the_daemon_is_gone(tmp_path: Path):
     daemon, attach = Role(tmp_path, URL), Role(tmp_path, URL, SESSION)
     assert daemon.try_acting()
-    assert not attach.try_acting() and not attach.acts_for(SESSION)
+    assert not attach.try_acting() and not attach.acting
     daemon.close()
-    assert attach.try_acting()
-    assert attach.acts_for(SESSION) and not attach.acts_for("ses_other")
+    assert attach.try_acting() and attach.acting
+    assert attach.attached() == frozenset()  # an attach leaves nothing: it follows its one
 
 
 def test_a_daemon_started_beside_an_acting_attach_leaves_it_that_session(tmp_path: Path):
@@ -52,10 +52,9 @@ def test_a_daemon_started_beside_an_acting_attach_leaves_it_that_session(tmp_pat
     assert attach.try_acting()
     daemon = Role(tmp_path, URL)
     assert daemon.try_acting()  # it acts for the server...
-    assert not daemon.acts_for(SESSION)  # ...but the attached session is the attach's
-    assert daemon.acts_for("ses_other")
+    assert daemon.attached() == {SESSION}  # ...but the attached session is the attach's
     attach.close()
-    assert daemon.acts_for(SESSION)  # the attach ended: the daemon's again
+    assert daemon.attached() == frozenset()  # the attach ended: the daemon's again
     assert list(tmp_path.glob("attach-*")) == []  # its file went with it
 
 
@@ -76,7 +75,7 @@ def test_a_daemon_taking_the_lock_as_an_attach_starts_leaves_it_its_session(
     assert attach.try_acting()
     monkeypatch.undo()
     assert daemon.try_acting()  # the attach let the server's lock go
-    assert not daemon.acts_for(SESSION) and daemon.acts_for("ses_other")
+    assert daemon.attached() == {SESSION}
 
 
 def test_a_daemon_asks_the_file_system_only_about_sessions_attached_when_it_took_over(
@@ -94,8 +93,7 @@ def test_a_daemon_asks_the_file_system_only_about_sessions_attached_when_it_took
         return real_open(path, *args)
 
     monkeypatch.setattr(os, "open", counted)
-    assert daemon.acts_for("ses_other") and daemon.acts_for("ses_another")
-    assert not daemon.acts_for(SESSION)
+    assert daemon.attached() == {SESSION}
     assert [Path(path).name for path in opened] == [f"attach-loopback-4096-{SESSION}.lock"]
 
 

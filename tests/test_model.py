@@ -53,7 +53,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from monitor.core import intervention as life
 from monitor.core.calls import Step
-from monitor.core.commands import Act, Answer, Block, Command, Do
+from monitor.core.commands import Command, Do, Tell
 from monitor.core.decisions import Intervene, Plan
 from monitor.core.feedback import MARK
 from monitor.core.monitor import Monitor
@@ -152,7 +152,7 @@ class Process:
 
     def __post_init__(self) -> None:
         self.monitor = Monitor(self.tracker)
-        self.monitor.acting = self.acting
+        self.monitor.role(self.acting)
 
 
 class Model(RuleBasedStateMachine):
@@ -290,7 +290,8 @@ class Model(RuleBasedStateMachine):
         assert self.standby is not None
         self.trace.append("takeover")
         self.acting, self.standby = self.standby, None
-        self.acting.acting = self.acting.monitor.acting = True
+        self.acting.acting = True
+        self.acting.monitor.role(True)
 
     def started(self, acting: bool) -> Process:
         """A monitor's process starts: each session is read back from its record as the
@@ -301,9 +302,8 @@ class Model(RuleBasedStateMachine):
             record = list(session.record)
             if session.busy:
                 commands = proc.monitor.seed(sid, "/p", record, 0.0)
-                for command in commands:
-                    if isinstance(command, Act) and acting:
-                        self.decided(proc, sid, command.decision, self.call_of(session, command))
+                for decision in decisions_in(proc, commands):
+                    self.decided(proc, sid, decision, self.call_of(session, decision))
                 self.carry_out(proc, commands, session.run)
             else:
                 proc.monitor.idle_read(sid, "/p", record)
@@ -312,9 +312,9 @@ class Model(RuleBasedStateMachine):
     def processes(self) -> list[Process]:
         return [self.acting] if self.standby is None else [self.acting, self.standby]
 
-    def call_of(self, session: Session, command: Act) -> Call | None:
+    def call_of(self, session: Session, decision: Intervene) -> Call | None:
         """The call of the current step a decision read back names."""
-        part_id = command.decision.part_id
+        part_id = decision.part_id
         return next((c for c in session.calls if c.part_id == part_id), None)
 
     # -- the plugin -----------------------------------------------------------------------
@@ -334,11 +334,10 @@ class Model(RuleBasedStateMachine):
         if isinstance(answer, PluginVerdict) and answer.verdict == "block":
             call.refused = True
             self.end(sid, call, "error", REFUSED)  # the plugin threw: the server ends it
-        for command in commands:
-            if isinstance(command, Act | Block):
-                self.decided(self.acting, sid, command.decision, call)
-            if isinstance(command, Block):
-                self.reached(command.decision)  # the plugin threw
+        for decision in decisions_in(self.acting, commands):
+            self.decided(self.acting, sid, decision, call)
+            if call.refused:
+                self.reached(decision)  # the plugin threw
         self.carry_out(self.acting, commands, call.run)
 
     # -- the shell ------------------------------------------------------------------------
@@ -423,26 +422,14 @@ class Model(RuleBasedStateMachine):
     def carry_out(
         self, proc: Process, commands: list[Command] | tuple[Command, ...], run: int
     ) -> None:
-        """What the daemon's executor does with `Monitor`'s commands (acting, for every
-        session; standing by, it logs the loops it finds and leaves them to the acting one);
-        counts, lines, toasts and timers change nothing promised here."""
-        monitor = proc.monitor
+        """What the daemon's executor does with `Monitor`'s commands: each intervention's
+        request is carried out (`settle`); counts, lines, toasts and timers change nothing
+        promised here. A standby's loops are logged as the acting one's by `Monitor`."""
         for command in commands:
-            if isinstance(command, Act) and not proc.acting:
-                self.carry_out(proc, monitor.standby(command.decision, None), run)
-            elif isinstance(command, Answer) and not proc.acting:
-                if command.reply.loop is not None:
-                    self.carry_out(proc, monitor.standby(command.reply.loop, None), run)
-            elif isinstance(command, Act):
-                self.carry_out(proc, monitor.act(command.decision), run)
-            elif isinstance(command, Block):
-                self.carry_out(proc, monitor.blocked(command.decision, command.call_id), run)
-            elif isinstance(command, Answer):
-                self.carry_out(proc, monitor.answer(command.reply), run)
-            elif isinstance(command, Do):
-                found = monitor.lives.get(command.number)
-                assert found is not None
-                work = UnderWay(command.number, found.decision, command.command, run)
+            if isinstance(command, Do):
+                began = proc.monitor.lives.get(command.number)
+                assert began is not None
+                work = UnderWay(command.number, began.decision, command.command, run)
                 proc.under_way.append(work)
 
     # -- what the core said ---------------------------------------------------------------
@@ -456,11 +443,8 @@ class Model(RuleBasedStateMachine):
         )
         _, commands = proc.monitor.event(frame.data, 0.0)
         error = part.get("state", {}).get("error")
-        for command in commands:
-            if isinstance(command, Act):
-                self.decided(proc, sid, command.decision, frame.call, error)
-            elif isinstance(command, Answer) and command.reply.loop is not None:
-                self.decided(proc, sid, command.reply.loop, frame.call)
+        for decision in decisions_in(proc, commands):
+            self.decided(proc, sid, decision, frame.call, error)
         self.carry_out(proc, commands, self.run_of(frame))
         self.check_state(proc, frame)
 
@@ -600,6 +584,20 @@ class Model(RuleBasedStateMachine):
     def memory_bounded(self) -> None:
         for proc in self.processes():
             assert len(proc.monitor.sessions_view()) <= MAX_SESSIONS
+
+
+def decisions_in(proc: Process, commands: list[Command] | tuple[Command, ...]) -> list[Intervene]:
+    """The decisions the commands `Monitor` just returned carry out: each intervention begun
+    (`Do`), or ended at once (its `Tell`: a block, a standby's loop)."""
+    found = []
+    for command in commands:
+        if isinstance(command, Do):
+            began = proc.monitor.lives.get(command.number)
+            assert began is not None
+            found.append(began.decision)
+        elif isinstance(command, Tell):
+            found.append(command.decision)
+    return found
 
 
 def said_of(decision: Intervene, part_id: str | None) -> str:

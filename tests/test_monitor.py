@@ -10,11 +10,14 @@ interval, and the server running calls no plugin asks about is said once.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from monitor.core import intervention as life
-from monitor.core.commands import Act, Answer, Await, Block, Count, Do, Log, Tell
-from monitor.core.decisions import Outcome, Plan
+from monitor.core.commands import Await, Command, Count, Do, Log, Send, Tell
+from monitor.core.decisions import Intervene, Outcome, Plan
 from monitor.core.monitor import NOT_ASKING, NOT_FOLLOWED, STANDBY, Monitor
 from monitor.core.plugin_protocol import ALLOW, PluginCall, RequestRefused
 from monitor.core.rules.runaway import call_bound
@@ -47,21 +50,30 @@ def looped(monitor: Monitor, calls: int = 3) -> None:
             assert list(monitor.fed(monitor.tracker.feed(frame), 0.0)) == []
 
 
+def blocked(commands: Sequence[Command]) -> Intervene:
+    """The decision a question's commands carried out at once (its `Tell`)."""
+    [tell] = [command for command in commands if isinstance(command, Tell)]
+    return tell.decision
+
+
 def test_the_fourth_read_is_blocked_counted_once_and_begun_from_its_refusal() -> None:
     monitor = Monitor(Tracker())
     looped(monitor)
     answer, commands = monitor.question(asked(3), following=True)
     assert answer.verdict == "block"  # type: ignore[union-attr]
-    [count, block] = commands
+    [count, detected, outcome, counted, tell] = commands
     assert count == Count("loop", (1, "cycle"))
-    assert isinstance(block, Block) and block.call_id == "call_3"
-    assert block.decision.plan == Plan.REFUSE
+    assert isinstance(detected, Log) and detected.event == "loop.detected"
+    assert (detected.fields["call_id"], detected.fields["via"]) == ("call_3", "plugin")
+    assert isinstance(outcome, Log) and outcome.fields["outcome"] == "blocked"
+    assert counted == Count("intervention", (Outcome.BLOCKED,))
+    assert isinstance(tell, Tell) and tell.decision.plan == Plan.REFUSE
 
 
 def test_a_standby_refuses_no_question_on_its_own_account() -> None:
     monitor = Monitor(Tracker())
     looped(monitor)
-    monitor.acting = False
+    monitor.role(False, 42)
     assert monitor.question(asked(3), following=True) == (RequestRefused(503, STANDBY), [])
 
 
@@ -77,22 +89,48 @@ def test_a_dry_run_allows_the_call_and_acts_on_the_decision_as_a_dry_run_does() 
     looped(monitor)
     answer, commands = monitor.question(asked(3), following=True)
     assert answer == ALLOW
-    [count, act] = commands
-    assert count == Count("loop", (1, "cycle"))
-    assert isinstance(act, Act) and act.counts == ()  # counted once, here
+    counts = [command for command in commands if isinstance(command, Count)]
+    # Counted once, here; its outcome a dry run's.
+    assert counts == [Count("loop", (1, "cycle")), Count("intervention", (Outcome.DRY_RUN,))]
+
+
+def ran_loop(monitor: Monitor) -> list[Command]:
+    """Four reads run, none asked about: the commands of the fourth."""
+    for n in range(3):
+        for frame in ran(n):
+            assert list(monitor.fed(monitor.tracker.feed(frame), 0.0)) == []
+    commands: list[Command] = []
+    for frame in ran(3):
+        commands += monitor.fed(monitor.tracker.feed(frame), 0.0)
+    return commands
 
 
 def test_a_loop_found_on_the_stream_is_counted_where_it_is_acted_on() -> None:
     monitor = Monitor(Tracker())
-    for n in range(3):
-        for frame in ran(n):
-            assert list(monitor.fed(monitor.tracker.feed(frame), 0.0)) == []
-    commands = []
-    for frame in ran(3):
-        commands += monitor.fed(monitor.tracker.feed(frame), 0.0)
-    [act] = commands
-    assert isinstance(act, Act) and act.decision.plan == Plan.REFUSE  # no one asked: aborted
-    assert act.counts == (Count("loop", (1, "cycle")),)
+    [do, count] = ran_loop(monitor)
+    assert isinstance(do, Do) and isinstance(do.command, life.ReadRecent)  # checked first
+    decision = do.command.decision
+    assert decision.plan == Plan.REFUSE  # no one asked: aborted
+    assert count == Count("loop", (1, "cycle"))
+    assert monitor.acting_on(S)
+
+
+@pytest.mark.parametrize(
+    ("acting", "attached", "pid"), [(False, (), 42), (True, (S,), None)], ids=["standby", "attach"]
+)
+def test_a_loop_another_monitor_acts_for_is_logged_as_its_and_not_counted(
+    acting: bool, attached: tuple[str, ...], pid: int | None
+) -> None:
+    # A standby; or a daemon, whose lock says an `attach` acts for this session.
+    monitor = Monitor(Tracker())
+    monitor.role(acting, pid, attached)
+    [standby, outcome, counted, tell] = ran_loop(monitor)
+    assert isinstance(standby, Log) and standby.event == "loop.standby"
+    assert isinstance(outcome, Log) and outcome.fields["outcome"] == "standby"
+    assert outcome.fields.get("acting_pid") == pid
+    assert counted == Count("intervention", (Outcome.STANDBY,))
+    assert isinstance(tell, Tell) and not tell.notify
+    assert not monitor.acting_on(S)
 
 
 def test_a_burst_asked_about_again_is_deferred_and_not_counted_again() -> None:
@@ -101,9 +139,9 @@ def test_a_burst_asked_about_again_is_deferred_and_not_counted_again() -> None:
     step = "msg_burst"
     _, first = monitor.question(asked(3, step), following=True)
     _, again = monitor.question(asked(4, step), following=True)
-    assert [type(c) for c in first] == [Count, Block]
-    [block] = again
-    assert isinstance(block, Block) and block.decision.plan == Plan.DEFER
+    assert [type(c) for c in first] == [Count, Log, Log, Count, Tell]
+    [said] = again
+    assert isinstance(said, Log) and said.event == "loop.again"
 
 
 def test_a_doom_loop_request_for_a_refused_burst_is_approved_and_counted_nowhere() -> None:
@@ -115,23 +153,19 @@ def test_a_doom_loop_request_for_a_refused_burst_is_approved_and_counted_nowhere
         monitor.question(call, following=True)
     call = PluginCall(session, "c3", "read", READ, "/p", message_id="msg_b")
     _, refused = monitor.question(call, following=True)
-    assert [type(c) for c in refused] == [Count, Block]
-    block = refused[1]
-    assert isinstance(block, Block)
-    monitor.blocked(block.decision, block.call_id)  # the plugin threw: blocked
-    [answer] = monitor.fed(tracker.feed(doom_loop(4, session=session)), 0.0)
-    assert isinstance(answer, Answer) and answer.counts == ()
+    assert [type(c) for c in refused] == [Count, Log, Log, Count, Tell]  # the plugin threw
+    commands = monitor.fed(tracker.feed(doom_loop(4, session=session)), 0.0)
+    assert not any(isinstance(command, Count) for command in commands)
+    assert isinstance(commands[-1], Send)
 
 
 def test_an_outcome_is_counted_told_and_notified_unless_another_monitor_tells_of_it() -> None:
     monitor = Monitor(Tracker())
     looped(monitor)
-    _, [_, block] = monitor.question(asked(3), following=True)
-    assert isinstance(block, Block)
-    decision = block.decision
-    detected, outcome, *told = monitor.blocked(decision, block.call_id)
+    _, [_, detected, outcome, *told] = monitor.question(asked(3), following=True)
     assert isinstance(detected, Log) and detected.event == "loop.detected"
     assert isinstance(outcome, Log) and outcome.event == "intervention.outcome"
+    decision = blocked(told)
     assert told == [
         Count("intervention", (Outcome.BLOCKED,)),
         Tell(decision, Outcome.BLOCKED, notify=True),
@@ -152,10 +186,9 @@ def test_an_outcome_is_counted_told_and_notified_unless_another_monitor_tells_of
 def test_a_held_outcome_holds_the_session() -> None:
     monitor = Monitor(Tracker())
     looped(monitor)
-    _, [_, block] = monitor.question(asked(3), following=True)
-    assert isinstance(block, Block)
-    hold = dataclasses.replace(block.decision, plan=Plan.HOLD, hold=True)
-    [do] = monitor.blocked(hold, block.call_id)  # the call refused, then the run aborted
+    _, commands = monitor.question(asked(3), following=True)
+    hold = dataclasses.replace(blocked(commands), plan=Plan.HOLD, hold=True)
+    [do] = monitor.blocked(hold, "call_3")  # the call refused, then the run aborted
     assert isinstance(do, Do) and monitor.acting_on(S)
     [read] = monitor.happened(do.number, life.Read([]), 0.0)
     assert isinstance(read, Do) and isinstance(read.command, life.Abort)

@@ -1,8 +1,8 @@
 """What `Monitor` tells the shell to do: frozen commands, carried out in the order given.
 
-The shell runs each one as it is (an intervention begun, a permission request answered, a
-metric counted, a line logged, a timer started) and feeds what came of it back to `Monitor`;
-it never works out a plan, a rule, an outcome or an engine again.
+The shell runs each one as it is (an intervention's request, a permission request answered,
+a metric counted, a line logged, a timer started) and feeds what came of it back to
+`Monitor`; it never works out a plan, a rule, an outcome, an engine or whether it acts again.
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ from monitor.core import intervention as life
 from monitor.core.decisions import Deadline, Intervene, Outcome, Reply
 
 __all__ = [
-    "Act",
-    "Answer",
     "Await",
-    "Block",
     "Command",
     "Count",
     "Do",
@@ -38,34 +35,6 @@ class Count:
 
     metric: Metric
     labels: tuple[str | int | float | None, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Act:
-    """Carry out `decision` (`Interventions.submit`) where this monitor acts for its
-    session, then `counts` (a new loop on the ladder is counted by the monitor that acts on
-    it); where another monitor does, log it as that one's (`Interventions.standby`)."""
-
-    decision: Intervene
-    counts: tuple[Count, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Block:
-    """The plugin was told to refuse the loop's call `call_id`: the intervention begins from
-    that refusal (`Interventions.blocked`)."""
-
-    decision: Intervene
-    call_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """Answer a permission request where this monitor acts for its session, then `counts`;
-    a standby sends nothing and logs the loop a refusal stands for as the acting monitor's."""
-
-    reply: Reply
-    counts: tuple[Count, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,4 +92,4 @@ class Stop:
     """Nothing is left to follow (the one session `attach` followed was deleted)."""
 
 
-Command = Act | Block | Answer | Do | Send | Await | Count | Log | Tell | Stop
+Command = Do | Send | Await | Count | Log | Tell | Stop

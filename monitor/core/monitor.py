@@ -19,10 +19,7 @@ from typing import Any, Literal, cast
 
 from monitor.core import intervention as life
 from monitor.core.commands import (
-    Act,
-    Answer,
     Await,
-    Block,
     Command,
     Count,
     Do,
@@ -73,8 +70,12 @@ class Monitor:
         self.tracker = tracker
         self.dry_run = dry_run
         self.only_session = only_session
-        # Whether this monitor acts (the shell's lock says; a standby logs what it finds).
+        # Whether this monitor acts (the shell's lock says, `role`; a standby logs what it
+        # finds), which monitor does when this one does not, and the sessions an `attach`
+        # acts for (a daemon leaves them to it).
         self.acting = True
+        self._acting_pid: int | None = None
+        self._attached: frozenset[str] = frozenset()
         self.plugin_stats = PluginStats()
         # While the plugin endpoint is served and no plugin has asked yet.
         self.unasked: Unasked | None = None
@@ -101,6 +102,18 @@ class Monitor:
         """What the server the next connect reaches serves: which routes a session's
         actions take where its own frames have not said."""
         self.tracker.server_routes(kind.classic)
+
+    def role(
+        self, acting: bool, acting_pid: int | None = None, attached: Iterable[str] = ()
+    ) -> None:
+        """What the lock the shell holds says (monitor.shell.acting): whether this monitor
+        acts; the process id the server's lock names (the acting daemon's, as far as known:
+        a loop left to another is logged with it); the sessions an `attach` acts for, which
+        a daemon that acts leaves to it. The one source of whether a loop found here is
+        acted on or logged as another's."""
+        self.acting = acting
+        self._acting_pid = acting_pid
+        self._attached = frozenset(attached)
 
     def plugin_elsewhere(self, elsewhere: bool) -> None:
         """Another monitor of this server answers its plugin (`elsewhere`): a loop's call
@@ -132,9 +145,9 @@ class Monitor:
         commands: list[Command] = []
         commands.extend(_loop_counts(decision))
         if judged.verdict == ALLOW or self.dry_run:
-            commands.append(Act(decision))  # a nudge, or what a dry run logs
+            self._act_for(decision, (), commands)  # a nudge, or what a dry run logs
             return ALLOW, commands
-        commands.append(Block(decision, call.call_id))
+        commands.extend(self.blocked(decision, call.call_id))
         return judged.verdict, commands
 
     def answered(
@@ -395,10 +408,33 @@ class Monitor:
         """Every decision and permission answer takes this one path: a deferred loop stands
         for one already counted."""
         for decision in fed.decisions:
-            commands.append(Act(decision, _loop_counts(decision)))
+            self._act_for(decision, _loop_counts(decision), commands)
         for reply in fed.replies:
             loop = reply.loop
-            commands.append(Answer(reply, () if loop is None else _loop_counts(loop)))
+            if self._acts_for(reply.session_id):
+                commands.extend(self.answer(reply))
+                commands.extend(() if loop is None else _loop_counts(loop))
+            elif loop is not None:
+                commands.extend(self.standby(loop, self._acting_pid))  # a standby sends nothing
+
+    def _act_for(
+        self, decision: Intervene, counts: Sequence[Count], commands: list[Command]
+    ) -> None:
+        """Carry out a decision, then count it, where this monitor acts for its session (a
+        new loop is counted by the monitor that acts on it); else log it as the acting
+        monitor's."""
+        if self._acts_for(decision.session_id):
+            commands.extend(self.act(decision))
+            commands.extend(counts)
+        else:
+            commands.extend(self.standby(decision, self._acting_pid))
+
+    def _acts_for(self, session_id: str) -> bool:
+        return (
+            self.acting
+            and session_id not in self._attached
+            and self.only_session in (None, session_id)
+        )
 
     def _begin(self, found: life.Intervention | None, turn: life.Turn) -> list[Command]:
         if found is None or turn.command is None:

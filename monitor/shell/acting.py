@@ -24,9 +24,11 @@ Whoever starts first, the one the plugin asks acts.
 
 `attach` acts for its one session: it acts only while no daemon holds the server's lock (it
 is then the daemon's standby), and it holds a lock named for its session, which a daemon
-checks before it acts on that session. It takes that lock while it holds the server's, so no
-`attach` begins to act while a daemon holds it: the sessions a daemon must check are those
-with a file when it took the lock, and it asks the file system about no other.
+checks at each poll (`Role.attached`) and, while it is held, leaves that session to it
+(`Monitor.role` hears which: the shell decides nothing). It takes that lock while it holds
+the server's, so no `attach` begins to act while a daemon holds it: the sessions a daemon
+must check are those with a file when it took the lock, and it asks the file system about no
+other.
 
 Monitors see each other only through these files: two users or two machines are not seen as
 one server, nor are one server's loopback and network addresses (`127.0.0.1` and the
@@ -199,30 +201,32 @@ class Role:
         self._attaches = set()
         return True
 
-    def acts_for(self, session_id: str) -> bool:
-        """Whether this monitor carries out decisions on `session_id`: a daemon leaves a
-        session to the `attach` that acts for it."""
-        if self._held is None:
-            return False
-        if self._session_id is not None:
-            return session_id == self._session_id
-        # Asked before every intervention, ahead of its first request: no system call for a
-        # session no `attach` may act for (one costs 0.1 ms on a CPU idle a moment before).
-        path = self._attached(session_id)
-        if path not in self._attaches:
-            return True
+    def attached(self) -> frozenset[str]:
+        """The sessions an `attach` acts for now, which a daemon that acts leaves to it: of
+        those with a file when it took the lock, the ones whose lock is held. Asked at each
+        poll (`Monitor.role`): no system call when no `attach` had a file then."""
+        if self._held is None or self._session_id is not None:
+            return frozenset()
+        prefix = self._attach_prefix
+        return frozenset(
+            path[len(prefix) : -len(".lock")]
+            for path in sorted(self._attaches)
+            if self._attach_holds(path)
+        )
+
+    def _attach_holds(self, path: str) -> bool:
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         except FileNotFoundError:
             self._attaches.discard(path)  # that attach ended
-            return True
+            return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return False  # an `attach` holds it
+            return True  # an `attach` holds it
         finally:
             os.close(fd)  # our lock, if taken, goes with it
-        return True
+        return False
 
     def holder(self) -> int | None:
         """The process id the daemon acting for this server wrote, as far as it can be read

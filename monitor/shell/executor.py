@@ -1,9 +1,8 @@
-"""Carries out `Monitor`'s commands, in order, as they are: an intervention begun, a
+"""Carries out `Monitor`'s commands, in order, as they are: an intervention's request, a
 permission request answered, a metric counted, a line logged, a timer started, a person told.
 
-Whether this monitor acts for a session is the one question asked here, of the lock the
-shell holds (`Role.acts_for`: an `attach` may act for one session); everything else was
-decided in the core."""
+It asks nothing and decides nothing: whether this monitor acts for a session is `Monitor`'s
+word (`Monitor.role`, fed from the lock the shell holds), as is everything else."""
 
 from __future__ import annotations
 
@@ -11,22 +10,8 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from monitor.core.commands import (
-    Act,
-    Answer,
-    Await,
-    Block,
-    Command,
-    Count,
-    Do,
-    Log,
-    Send,
-    Stop,
-    Tell,
-)
-from monitor.core.decisions import Deadline, Intervene
-from monitor.core.monitor import Monitor
-from monitor.shell.acting import Role
+from monitor.core.commands import Await, Command, Count, Do, Log, Send, Stop, Tell
+from monitor.core.decisions import Deadline
 from monitor.shell.actions import Interventions
 from monitor.shell.metrics import Metrics
 from monitor.shell.toast import Toasts
@@ -44,19 +29,15 @@ class Executor:
 
     def __init__(
         self,
-        monitor: Monitor,
         metrics: Metrics | None,
         webhook: Webhook | None,
-        role: Callable[[], Role | None],
         stop: Callable[[], None],
     ) -> None:
-        self._monitor = monitor
         self._interventions: Interventions | None = None
         self._toasts: Toasts | None = None
         self._wait: Callable[[Deadline], None] | None = None
         self._metrics = metrics
         self._webhook = webhook
-        self._role = role
         self._stop = stop
 
     def acting_through(
@@ -80,25 +61,10 @@ class Executor:
                 case _:
                     self._act(command)
 
-    def _act(self, command: Act | Answer | Block | Do | Send | Await | Tell) -> None:
+    def _act(self, command: Do | Send | Await | Tell) -> None:
         interventions, toasts, wait = self._interventions, self._toasts, self._wait
         assert interventions is not None and toasts is not None and wait is not None
-        monitor = self._monitor
         match command:
-            case Act(decision, counts):
-                if self._acts_for(decision.session_id):
-                    self(monitor.act(decision))
-                    self(counts)
-                else:
-                    self._standby(decision)
-            case Answer(reply, counts):
-                if self._acts_for(reply.session_id):
-                    self(monitor.answer(reply))
-                    self(counts)
-                elif reply.loop is not None:
-                    self._standby(reply.loop)
-            case Block(decision, call_id):
-                self(monitor.blocked(decision, call_id))
             case Do():
                 interventions.begin(command)
             case Send(reply):
@@ -109,11 +75,3 @@ class Executor:
                 toasts.show(decision, outcome)  # returns at once: posting runs apart
                 if notify and self._webhook is not None:
                     self._webhook.send(decision, outcome)
-
-    def _acts_for(self, session_id: str) -> bool:
-        role = self._role()
-        return role is None or role.acts_for(session_id)
-
-    def _standby(self, decision: Intervene) -> None:
-        role = self._role()
-        self(self._monitor.standby(decision, None if role is None else role.holder()))

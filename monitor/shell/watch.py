@@ -120,9 +120,7 @@ class Watch:
         self.webhook: Webhook | None = None
         if settings.notify_url is not None:
             self.webhook = Webhook(settings.notify_url, timing.webhook, timing.sleep)
-        self._execute = Executor(
-            self.monitor, self.metrics, self.webhook, lambda: self.role, self._stop.set
-        )
+        self._execute = Executor(self.metrics, self.webhook, self._stop.set)
         self.plugins = PluginService(self.monitor, self._execute, self._following, timing.clock)
 
     async def run(self) -> int:
@@ -170,7 +168,8 @@ class Watch:
         folder = self._roles or state_dir(os.environ)
         only = self.scope.only_session
         self.role = take_role(folder, self.settings.url, only, endpoint is not None)
-        self.monitor.acting = self.role is None or self.role.acting
+        if self.role is not None:
+            self._tell_role(self.role)
 
     async def _keep_role(self, role: Role) -> None:
         """Every poll (`poll_role`); serves the endpoint once this monitor holds its lock.
@@ -179,10 +178,16 @@ class Watch:
             # A real wait, not `timing.sleep`: tests record those as the reconnect backoff's.
             await asyncio.sleep(self.timing.takeover)
             poll_role(role, self.scope.only_session)
-            self.monitor.acting = role.acting
+            self._tell_role(role)
             plugins = self.plugins
             if role.serves and plugins.server is None and not plugins.elsewhere:
                 await self._serve_plugins()
+
+    def _tell_role(self, role: Role) -> None:
+        """What the lock says, to `Monitor`, the one that decides whether a loop is acted on
+        here: whether this monitor acts, the pid the server's lock names, and the sessions
+        an `attach` acts for."""
+        self.monitor.role(role.acting, role.holder(), role.attached())
 
     async def _serve_plugins(self) -> None:
         endpoint = self._endpoint()
