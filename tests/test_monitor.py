@@ -18,6 +18,7 @@ import pytest
 from monitor.core import intervention as life
 from monitor.core.commands import Await, Command, Count, Do, Log, Send, Tell
 from monitor.core.decisions import Intervene, Outcome, Plan
+from monitor.core.due import DUE_AGE_S
 from monitor.core.monitor import NOT_ASKING, NOT_FOLLOWED, STANDBY, Monitor
 from monitor.core.plugin_protocol import ALLOW, PluginCall, RequestRefused
 from monitor.core.rules.runaway import call_bound
@@ -256,3 +257,38 @@ def test_attachs_session_found_on_the_new_engine_takes_its_routes() -> None:
     other = Monitor(Tracker(only_session=S), only_session=S)
     other.engine_known(S, 1)
     assert other.tracker.route(S) == 1
+
+
+def test_work_the_server_was_away_for_waits_in_the_core_for_the_next_connect() -> None:
+    monitor = Monitor(Tracker())
+    [do, _] = ran_loop(monitor)
+    assert isinstance(do, Do) and isinstance(do.command, life.ReadRecent)
+    decision = do.command.decision
+    [abort] = monitor.happened(do.number, life.Read([]), 0.0)
+    assert isinstance(abort, Do) and isinstance(abort.command, life.Abort)
+    [due] = monitor.happened(do.number, life.Sent(life.Result.AWAY, "refused"), 1.0)
+    assert isinstance(due, Log) and (due.event, due.fields["step"]) == ("intervention.due", "abort")
+    assert not monitor.acting_on(S)  # parked: nothing under way for the shell
+    [read_back] = monitor.resume(2.0)
+    assert read_back == Do(do.number, S, life.ReadBack(decision, busy=True))
+    assert monitor.acting_on(S)
+    away = monitor.happened(do.number, life.Sent(life.Result.AWAY, "refused"), 3.0)
+    assert [type(command) for command in away] == [Log]  # parked again, its age kept
+    outcome, *_ = monitor.resume(1.0 + DUE_AGE_S)
+    assert isinstance(outcome, Log) and outcome.event == "intervention.outcome"
+    assert (outcome.fields["outcome"], outcome.fields["error"]) == (
+        "abort_failed",
+        "server away too long",
+    )
+    assert monitor.shutdown(2.0 + DUE_AGE_S) == [] and not monitor.acting_on(S)
+
+
+def test_work_parked_at_shutdown_is_said_given_up() -> None:
+    monitor = Monitor(Tracker())
+    [do, _] = ran_loop(monitor)
+    assert isinstance(do, Do)
+    monitor.happened(do.number, life.Read([]), 0.0)
+    monitor.happened(do.number, life.Sent(life.Result.AWAY, "refused"), 1.0)
+    outcome, *_ = monitor.shutdown(2.0)
+    assert isinstance(outcome, Log) and outcome.fields["outcome"] == "abort_failed"
+    assert monitor.happened(do.number, life.Cancelled(), 3.0) == []  # done already

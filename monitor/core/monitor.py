@@ -1,14 +1,18 @@
 """The monitor: the core's one face to the shell. Inputs in, commands out.
 
-`Monitor` takes what the shell sees (a frame fed to the tracker, the plugin's question and
-what came of its answer, a call's time bound run out, how an intervention ended, the role the
-shell's lock gives, what the server is, the time) and returns the commands to carry out
-(`monitor.core.commands`). It calls nothing back and is given no callbacks; the time comes in
-with each input. Every policy choice the shell used to make lives here: a standby refuses no
-question on its own account (the plugin's own rule judges), a session not yet read back is
-not judged on part of its history, a dry run allows what it would block, a deferred loop is
-not counted again, a deferred or standby outcome is not notified, a question that fell open
-is counted, a flood of refused questions or malformed frames gets one line per interval.
+`Monitor` takes what the shell sees (a frame's data, a frame read back, a session's record,
+the plugin's question and what came of its answer, a call's time bound run out, what came of
+an intervention's request, the role the shell's lock gives, what the server is, the time)
+and returns the commands to carry out (`monitor.core.commands`). It calls nothing back and is
+given no callbacks; the time comes in with each input. It owns the tracker (every session's
+state; the shell reaches it through nothing else) and the live interventions (`Lives`: each
+session's, in order, and the work parked while the server is away). Every policy choice the
+shell used to make lives here: whether this monitor acts for a session (`role`), a standby
+refuses no question on its own account (the plugin's own rule judges), a session not yet read
+back is not judged on part of its history, a dry run allows what it would block, a deferred
+loop is not counted again, a deferred or standby outcome is not notified, a question that
+fell open is counted, a flood of refused questions or malformed frames gets one line per
+interval.
 """
 
 from __future__ import annotations
