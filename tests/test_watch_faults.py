@@ -160,19 +160,21 @@ async def test_a_watch_started_before_an_abort_s_calls_ended_takes_their_ends_as
 
             def taken() -> int:
                 """The ends taken: late, or (as before the fix) calls of the run."""
-                views = watch.tracker.sessions_view()
-                return watch.tracker.stray[Step.LATE] + sum(view.calls for view in views)
+                views = watch.monitor.tracker.sessions_view()
+                return watch.monitor.tracker.stray[Step.LATE] + sum(view.calls for view in views)
 
             await wait_for(lambda: taken() == 6)
         finally:
             await stop(server, watch, task)
-    assert watch.tracker.stray == {Step.LATE: 6}
+    assert watch.monitor.tracker.stray == {Step.LATE: 6}
     assert (fake.of("abort"), fake.of("prompt_async"), events(logs, "loop.detected")) == (
         [],
         [],
         [],
     )
-    assert [(v.run_calls, v.interventions) for v in watch.tracker.sessions_view()] == [(0, 1)]
+    assert [(v.run_calls, v.interventions) for v in watch.monitor.tracker.sessions_view()] == [
+        (0, 1)
+    ]
 
 
 async def test_calls_made_while_away_count():
