@@ -53,7 +53,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from monitor.core import intervention as life
 from monitor.core.calls import Step
-from monitor.core.commands import Command, Do, Tell
+from monitor.core.commands import Command, Do, Send, Tell
 from monitor.core.decisions import Intervene, Plan
 from monitor.core.feedback import MARK
 from monitor.core.monitor import Monitor
@@ -171,6 +171,9 @@ class Model(RuleBasedStateMachine):
         # decision made at a call's aborted end that came after the feedback, in a session
         # whose plugin asks and a monitor that followed it live: not looked into yet.
         self.ends_later = False
+        # Permission requests the server has taken an answer to: it takes one per request
+        # and says so to a later one (a standby that took over answers it again).
+        self.answered: set[str] = set()
 
     # -- the server -----------------------------------------------------------------------
 
@@ -375,6 +378,10 @@ class Model(RuleBasedStateMachine):
             return life.Expired(command.reply)
         if failed:
             return life.Sent(life.Result.FAILED, "500")
+        if isinstance(command, life.Answer):
+            if command.reply.request_id in self.answered:
+                return life.Sent(life.Result.NOT_TAKEN)  # answered first: nothing of it counts
+            self.answered.add(command.reply.request_id)
         rejects = isinstance(command, life.Answer) and command.reply.reply == "reject"
         if isinstance(command, life.Abort) or rejects:
             # What the record shows of it at once (NOTES.md): a refused `doom_loop` request
@@ -431,6 +438,8 @@ class Model(RuleBasedStateMachine):
                 assert began is not None
                 work = UnderWay(command.number, began.decision, command.command, run)
                 proc.under_way.append(work)
+            elif isinstance(command, Send):
+                self.answered.add(command.reply.request_id)  # sent at once, behind nothing
 
     # -- what the core said ---------------------------------------------------------------
 
@@ -651,6 +660,36 @@ def test_a_monitor_restarted_between_an_abort_and_its_calls_ends() -> None:
     tracker = model.acting.tracker
     assert tracker.stray == {Step.LATE: 6}
     assert [(v.run_calls, v.interventions) for v in tracker.sessions_view()] == [(0, 1)]
+
+
+def test_a_standby_that_took_over_answers_an_answered_doom_loop_request_once() -> None:
+    """Found by the model at 20,000 examples: a standby whose stream lagged took the role and
+    refused a `doom_loop` request the process before it had refused. The server takes one
+    answer per request (404 to the next, NOTES.md): answered first, the standby's is no
+    intervention (the model first let both count)."""
+    model = Model()
+    model.second_monitor()
+    model.prompt("ses_b", plugin=False)
+    model.takeover()
+    model.restart()
+    model.second_monitor()
+    model.step("ses_b", [0, 0, 0])
+    model.takeover()
+    model.restart()
+    model.second_monitor()
+    model.prompt("ses_a", plugin=False)
+    model.restart()
+    model.step("ses_a", [0, 0, 0])
+    model.prompt("ses_a", plugin=False)
+    model.deliver(draws(model.acting, 4))
+    model.end_call("ses_a", draws(0))
+    model.settle(draws(0, 0, 1, 0, 0))
+    model.takeover()
+    model.deliver(draws(model.acting, 1))
+    model.deliver(draws(model.acting, 6))
+    model.settle(draws(0, 0, 1, 0, 0))
+    model.promises_kept()
+    assert "Answer:#1" in model.trace and len(model.answered) == 1
 
 
 Model.TestCase.settings = settings(

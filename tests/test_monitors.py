@@ -20,11 +20,13 @@ from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
 from monitor.core import intervention as life
+from monitor.core.commands import Do, Log
 from monitor.core.decisions import Outcome, Reply
 from monitor.core.due import DueWork
 from monitor.core.export import current_run, export_frames, intervened
 from monitor.core.feedback import MARK
 from monitor.core.intervention import RECENT_MESSAGES
+from monitor.core.monitor import Monitor
 from monitor.core.tracker import Detection, Tracker
 from monitor.shell.api import OpencodeAPI
 from monitor.testing import FakeOpencode, frames, play
@@ -470,3 +472,50 @@ def test_a_monitor_restarted_after_a_refused_doom_loop_leaves_the_loop_alone():
     assert turn.command is None  # no abort, no feedback
     [decided] = [report for report in turn.reports if isinstance(report, life.Decided)]
     assert (decided.outcome, decided.fields["reason"]) == (Outcome.DEFERRED, "run already refused")
+
+
+def _refused_doom_loop_run() -> list[Any]:
+    """A run whose `doom_loop` request a monitor refused (its text in the step's error), the
+    three reads aborted, the step's 4th still running."""
+    said = f"The user rejected permission ... with the following feedback: {MARK}refused"
+    parts = [ff.export_part("ses_1", f"p{n}", "error") for n in (1, 2, 3)]
+    for aborted in parts:
+        aborted["state"]["error"] = "Tool execution aborted"
+    step = ff.assistant_message("ses_1", *parts, ff.export_part("ses_1", "p4", "running"))
+    step["info"]["error"] = {"name": "UnknownError", "data": {"message": said}}
+    return [ff.user_message("ses_1"), step]
+
+
+def test_a_restarted_monitor_judges_the_loop_it_reads_back_on_that_read():
+    """Found by tests/test_model.py: as above, and the feedback of the first process had
+    failed; the check before acting read the record again, that read failed, and the loop
+    was stopped a second time (better act twice than never). The check is made on the record
+    the read-back just read: deferred, no read, no abort."""
+    monitor = Monitor(Tracker(Detection(permissions="gate")))
+    commands = monitor.seed("ses_1", "/p", _refused_doom_loop_run(), 0.0)
+    assert [c for c in commands if isinstance(c, Do)] == []
+    lines = [c for c in commands if isinstance(c, Log)]
+    assert [line.event for line in lines] == [
+        "session.seeded",
+        "loop.detected",
+        "intervention.outcome",
+    ]
+    outcome = lines[-1].fields
+    assert (outcome["outcome"], outcome["reason"]) == ("deferred", "run already refused")
+    assert monitor.lives.acting_on("ses_1") is False
+
+
+def test_a_read_back_loop_nobody_stopped_goes_on_to_its_abort_with_its_line():
+    """The read-back's check finds nothing: the next request is the abort, and the loop's
+    `loop.detected` goes with it (written once the abort is answered), not before."""
+    record = _refused_doom_loop_run()
+    del record[1]["info"]["error"]
+    for ended in record[1]["parts"][:3]:
+        ended["state"] = {**ended["state"], "status": "completed", "output": "same"}
+        ended["state"].pop("error", None)
+    monitor = Monitor(Tracker(Detection(permissions="gate")))
+    commands = monitor.seed("ses_1", "/p", record, 0.0)
+    [do] = [c for c in commands if isinstance(c, Do)]
+    assert isinstance(do.command, life.Abort) and do.command.session_id == "ses_1"
+    assert [line.event for line in do.said] == ["loop.detected"]
+    assert [c.event for c in commands if isinstance(c, Log)] == ["session.seeded"]
