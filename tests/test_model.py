@@ -692,6 +692,39 @@ def test_a_standby_that_took_over_answers_an_answered_doom_loop_request_once() -
     assert "Answer:#1" in model.trace and len(model.answered) == 1
 
 
+def test_a_question_that_overtook_a_whole_run_keeps_its_intervention_standing() -> None:
+    """Found by the model at 3,000 x 100 (shrunk): in a session whose plugin asks, the stream
+    lagged behind a run the feedback started and ended at once; the plugin asked about the
+    next run's 3rd identical call first (refused: intervention 2). The idle of the run before
+    then came on the stream and ended the run the question had begun, the standing
+    intervention with it, and once the stream showed the step, its first call, which ran
+    unasked, was held as a third. Now the question's intervention stands until the stream
+    shows its step: the step's calls are that loop again."""
+    model = Model()
+    model.prompt("ses_b", plugin=False)
+    model.deliver(draws(model.acting, 3))
+    model.step("ses_b", [1, 0, 0, 1, 1, 0])
+    model.end_call("ses_b", draws(5))
+    model.prompt("ses_a", plugin=True)
+    model.step("ses_a", [0, 0, 0])
+    model.deliver(draws(model.acting, 14))
+    model.end_call("ses_b", draws(0))
+    model.settle(draws(0, 8, 1, 7, 2, 3, 0))
+    model.settle(draws(0, 9, 3, 8))
+    model.finish_run("ses_a")
+    model.deliver(draws(model.acting, 7))
+    model.finish_run("ses_a")
+    model.prompt("ses_a", plugin=True)
+    model.step("ses_a", [0, 0, 0])
+    model.ask("ses_a", draws(2))
+    model.deliver(draws(model.acting, 12))
+    model.promises_kept()
+    plans = [line.split(" at ")[0] for line in model.trace if line.startswith("ask:")]
+    assert plans == ["ask:prt_20"]
+    [session] = [v for v in model.acting.tracker.sessions_view() if v.session_id == "ses_a"]
+    assert session.interventions == 2
+
+
 Model.TestCase.settings = settings(
     max_examples=1000,
     stateful_step_count=40,

@@ -324,6 +324,7 @@ class SessionRecord:
         "runs",
         "step",
         "past_steps",
+        "ahead",
         "summary",
         "compacted",
         "acted",
@@ -373,6 +374,9 @@ class SessionRecord:
         # message id), and the steps before it (`at_step`).
         self.step: str | None = None
         self.past_steps: tuple[str, ...] = ()
+        # A step the plugin asked about and the stream has not shown yet: the stream lags,
+        # and the ends of runs before that step may still be on their way (`ahead_of_stream`).
+        self.ahead: str | None = None
         # The message of the latest compaction's summary (monitor/core/compaction.py), and
         # whether that summary is the newest step the session finished, no user message
         # since: the idle that follows ends the compaction, not a run.
@@ -429,17 +433,31 @@ class SessionRecord:
     def history_length(self) -> int:
         return 0 if self.digests is None else len(self.digests)
 
-    def at_step(self, message_id: str) -> None:
+    def at_step(self, message_id: str, asked: bool = False) -> None:
         """A call of the model step `message_id` (an assistant message) was seen: the session
         is in that step, unless it is one it has left. The plugin's questions come out of
         band and overtake the stream, which may carry an earlier step's last updates after
         the next step's questions (issue 43: the step's `doom_loop` request was then taken
-        for a loop of another step, and counted again)."""
+        for a loop of another step, and counted again). `asked`: named by the plugin's
+        question, not by the stream."""
+        if not asked and message_id == self.ahead:
+            self.ahead = None  # the stream caught up with the questions
         if message_id == self.step or message_id in self.past_steps:
             return
+        if asked:
+            self.ahead = message_id
         if self.step is not None:
             self.past_steps = (*self.past_steps[1 - MAX_PAST_STEPS :], self.step)
         self.step = message_id
+
+    def ahead_of_stream(self) -> bool:
+        """Whether the standing intervention was decided on a question about a step the
+        stream has not shown yet: a run end the stream carries now is of a run before it,
+        and leaves it standing (found by tests/test_model.py: a question that overtook a
+        whole run's busy and idle was forgotten at that idle, and its loop, once the stream
+        showed it, climbed the ladder to a hold)."""
+        acted = self.acted
+        return acted is not None and acted.step is not None and acted.step == self.ahead
 
     def restart(self) -> None:
         """The run's history and the rules' state start over (a loop was acted on, or the

@@ -144,7 +144,7 @@ class ToolUpdates:
             # The step the plugin saw the call in, which the stream may show only later: a
             # call of the model's next step, asked before, was taken for the refused call's
             # step (a burst), and its loop was not climbed on the ladder (issue 30, under load).
-            session.at_step(asked.message_id)
+            session.at_step(asked.message_id, asked=True)
         if asked.tool in self._transparent or asked.call_id is None:
             # With no call id (a plugin's that was unusable) the stream's update of this call
             # cannot be told to be the same call: recorded now, it would count twice. The

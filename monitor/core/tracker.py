@@ -387,7 +387,8 @@ class Tracker:
             session.end_calls()
             session.run_start = session.calls
             session.runs += 1
-            session.acted = None  # an intervention stands for its run only
+            if not session.ahead_of_stream():
+                session.acted = None  # an intervention stands for its run only
             session.stopping = None
             session.run_ended()
         return released
