@@ -725,6 +725,46 @@ def test_a_question_that_overtook_a_whole_run_keeps_its_intervention_standing() 
     assert session.interventions == 2
 
 
+def test_a_call_refused_in_band_ahead_of_a_run_end_on_the_stream_is_not_decided_again() -> None:
+    """Found by the model at 3,000 x 100 (shrunk): the plugin asked about the next run's
+    call while the stream was still in the run before, whose loop's intervention stood; the
+    call was refused in band as that intervention's. The stream then carried the run's end,
+    which made the asked call late, so its own part was a new call, its loop was decided
+    again and, refused already, counted twice. A call asked about in a step the stream has
+    not shown stays to be claimed by its part."""
+    model = Model()
+    model.prompt("ses_b", plugin=True)
+    model.deliver(draws(model.acting, 3))
+    model.step("ses_b", [0, 0, 0])
+    model.deliver(draws(model.acting, 4))
+    model.ask("ses_b", draws(0))
+    model.end_call("ses_b", draws(0, 4))
+    model.deliver(draws(model.acting, 1))
+    model.prompt("ses_a", plugin=True)
+    model.deliver(draws(model.acting, 2))
+    model.step("ses_a", [1])
+    model.deliver(draws(model.acting, 2))
+    model.ask("ses_b", draws(0))
+    model.ask("ses_a", draws(0))
+    model.ask("ses_b", draws(0))
+    model.end_call("ses_a", draws(0))
+    model.deliver(draws(model.acting, 1))
+    model.step("ses_a", [0, 0])
+    model.end_call("ses_b", draws(0))
+    model.deliver(draws(model.acting, 2))
+    model.end_call("ses_b", draws(0))
+    model.finish_run("ses_b")
+    model.prompt("ses_b", plugin=False)
+    model.step("ses_b", [0])
+    model.ask("ses_b", draws(0))
+    model.deliver(draws(model.acting, 6))
+    model.deliver(draws(model.acting, 3))
+    model.promises_kept()
+    [session] = [v for v in model.acting.tracker.sessions_view() if v.session_id == "ses_b"]
+    assert session.interventions == 1
+    assert "ses_b" in {sid for sid, s in model.sessions.items() if s.plugin}
+
+
 Model.TestCase.settings = settings(
     max_examples=1000,
     stateful_step_count=40,

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.core.session import Acted, SessionRecord
-from tests.test_wait_life import DECISION
+from monitor.core.calls import CallEvent, advance
+from monitor.core.decisions import Intervene
+from monitor.core.findings import CallCycle
+from monitor.core.session import PLUGIN_PART, Acted, Call, SessionRecord
+
+DECISION = Intervene("ses_1", None, CallCycle(("read",), 4), "p4", 4, 0, False, False, "stop")
 
 
 def _acted_at(session: SessionRecord, step: str) -> SessionRecord:
@@ -58,3 +62,19 @@ def test_no_intervention_is_not_ahead():
     session = SessionRecord()
     session.at_step("s1", asked=True)
     assert session.ahead_of_stream() is False
+
+
+@pytest.mark.parametrize(("asked_ahead", "state"), [(True, "asked"), (False, "late")])
+def test_a_run_end_leaves_a_call_asked_ahead_of_the_stream_to_its_part(asked_ahead, state):
+    """The server writes a call's part before its run's idle: a call the plugin asked about
+    in a step the stream has not shown is of a later run than the one the stream ends."""
+    session = SessionRecord()
+    session.at_step("s1")
+    if asked_ahead:
+        session.at_step("s2", asked=True)
+    asked = Call(f"{PLUGIN_PART}1", "bash", 7, None, call_id="call_0")
+    advance(asked, CallEvent.ASK)
+    session.start(asked)
+    session.end_calls()
+    assert asked.state == state
+    assert session.claim("prt_9", "call_0", "bash") is (asked if asked_ahead else None)

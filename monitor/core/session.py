@@ -467,11 +467,17 @@ class SessionRecord:
 
     def end_calls(self) -> None:
         """The run is over: its calls still in flight are late from now on, and those late
-        since the run before are dropped (they had a whole run to come)."""
+        since the run before are dropped (they had a whole run to come); not the calls the
+        plugin asked about ahead of the stream (`ahead`)."""
         in_flight = self.in_flight
         if in_flight is None:
             return
         for part_id, call in list(in_flight.items()):
+            if self.ahead is not None and part_id.startswith(PLUGIN_PART):
+                # Asked about in a step the stream has not shown yet: of a run after the one
+                # ending (the server writes a call's part before its run's idle), its part
+                # still to come and to claim it; refused in band, it is decided on no more.
+                continue
             if call.state is CallState.LATE:
                 del in_flight[part_id]
             else:
