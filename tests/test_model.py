@@ -34,9 +34,10 @@ by the next process).
 What the core decides is checked against what the model knows of each call (its run, step
 and arguments, whether it was refused). Each counterexample found so far is a plain test:
 tests/test_judge.py (a burst asked about by `doom_loop`; a step's end that came late) and
-tests/test_abort_aftermath.py; the window between an abort and its calls' ends (`ends_later`),
-which the random runs leave out, is written out here
-(`test_a_monitor_restarted_between_an_abort_and_its_calls_ends`).
+tests/test_abort_aftermath.py, tests/test_monitors.py, tests/test_session_steps.py and the
+tests at the end of this file; the window between an abort and its calls' ends
+(`ends_later`), which a random run opens when it draws `abort_ends_later`, is also written out
+here (`test_a_monitor_restarted_between_an_abort_and_its_calls_ends`).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ from monitor.core.plugin_protocol import PluginCall, PluginVerdict
 from monitor.core.tracker import Detection, Tracker
 from tests.frames_factory import deleted, idle, status, tool_part, user_frames
 
-SESSIONS = ("ses_a", "ses_b")
+SESSIONS = ("ses_a", "ses_b", "ses_c")
 # Two calls to repeat: one loop of either, or a cycle of both.
 ARGS = (
     ("bash", {"command": "echo x >> out.txt", "description": "append"}),
@@ -174,12 +175,16 @@ class Model(RuleBasedStateMachine):
         # Permission requests the server has taken an answer to: it takes one per request
         # and says so to a later one (a standby that took over answers it again).
         self.answered: set[str] = set()
+        self.gone: set[str] = set()  # deleted sessions' ids
 
     # -- the server -----------------------------------------------------------------------
 
     @rule(sid=st.sampled_from(SESSIONS), plugin=st.booleans())
     def prompt(self, sid: str, plugin: bool) -> None:
-        """A person writes: a run begins (a new session has the plugin or not)."""
+        """A person writes: a run begins (a new session has the plugin or not). OpenCode
+        never gives a deleted session's id to another: a deleted one stays gone."""
+        if sid in self.gone:
+            return
         session = self.sessions.setdefault(sid, Session(plugin))
         if not session.busy:
             self.user_message(sid, session, "Please go on.")
@@ -252,10 +257,19 @@ class Model(RuleBasedStateMachine):
             session.queued = False
             self.begin_run(sid, session)
 
+    @precondition(lambda self: not self.ends_later)
+    @rule()
+    def abort_ends_later(self) -> None:
+        """From now on, an aborted run's calls end a moment after its idle (as 25 cancelled
+        tasks did, NOTES.md), maybe after the feedback that starts the next run."""
+        self.trace.append("ends_later")
+        self.ends_later = True
+
     @precondition(lambda self: bool(self.sessions))
     @rule(sid=st.sampled_from(SESSIONS))
     def delete(self, sid: str) -> None:
         if self.sessions.pop(sid, None) is not None:
+            self.gone.add(sid)
             self.emit(sid, deleted(sid))
 
     # -- the stream -----------------------------------------------------------------------
@@ -634,11 +648,11 @@ def deliver_all(model: Model) -> None:
 
 
 def test_a_monitor_restarted_between_an_abort_and_its_calls_ends() -> None:
-    """The window `ends_later` opens, written out (the random runs leave it out): six
-    identical appends in one step, refused and aborted, the feedback stored, the run idle
-    and the feedback's run begun; the monitor restarts, then the six calls end in the
-    abort's error. Before `late_frames` the new process read none of them back (they are
-    before the feedback) and took their ends for a cycle of the feedback's run."""
+    """The window `ends_later` opens, written out: six identical appends in one step,
+    refused and aborted, the feedback stored, the run idle and the feedback's run begun; the
+    monitor restarts, then the six calls end in the abort's error. Before `late_frames` the
+    new process read none of them back (they are before the feedback) and took their ends
+    for a cycle of the feedback's run."""
     model = Model()
     model.ends_later = True
     model.prompt("ses_a", plugin=False)
