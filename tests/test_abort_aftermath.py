@@ -22,6 +22,7 @@ import pytest
 from monitor.core.calls import Step
 from monitor.core.decisions import Intervene, Outcome, Plan
 from monitor.core.export import current_run, export_frames, feedback_count, held_in, late_frames
+from monitor.core.export_v2 import messages_v1_shape
 from monitor.core.fed import SessionView
 from monitor.core.feedback import HOLD_NOTE, MARK, is_hold_feedback
 from monitor.core.findings import Rule
@@ -462,3 +463,43 @@ def test_only_the_unfinished_calls_of_runs_that_are_over_are_late() -> None:
     ]
     assert list(late_frames(record[:2])) == []  # the aborted run is the current one
     assert list(late_frames({"data": []})) == []
+
+
+def test_a_new_engine_call_read_back_running_is_ended_by_its_failed_event() -> None:
+    """OpenCode 2 names a call's tool only when its input starts: a monitor that reads a
+    new-engine session back (a restart) never saw that, and took the call's end for a
+    malformed event, its call running on until its time bound. The read-back names it."""
+    sid = "ses_engine"
+    page = {
+        "data": [
+            {
+                "id": "msg_a",
+                "type": "assistant",
+                "content": [
+                    {
+                        "type": "tool",
+                        "id": f"call_{n}",
+                        "name": "shell",
+                        "state": {"status": "running", "input": {"command": "sleep 9"}},
+                    }
+                    for n in (1, 2)
+                ],
+            },
+            {"id": "msg_u", "type": "user", "text": "go on"},
+        ],
+        "cursor": None,
+    }
+    tracker = Tracker()
+    tracker.engine_sessions((sid,))
+    assert tracker.seed(sid, list(export_frames(current_run(messages_v1_shape(page, sid))))) == []
+    assert [len(tracker.read_back_deadlines(sid))] == [2]
+    for n in (1, 2):
+        failed = {
+            "callID": f"call_{n}",
+            "assistantMessageID": "msg_a",
+            "error": {"type": "unknown", "message": INTERRUPTED},
+        }
+        fed = tracker.feed(engine_event("session.tool.failed", sid, failed, 10 + n))
+        assert (fed.malformed, fed.decisions) == (None, ())
+    assert tracker.read_back_deadlines(sid) == ()
+    assert tracker.malformed_total == 0

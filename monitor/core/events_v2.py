@@ -224,6 +224,17 @@ class Adapter:
         for session_id in session_ids:
             self._sessions.touch(session_id, _Session)
 
+    def learn(self, session_id: str, part: ToolPart) -> None:
+        """A call of a new-engine session read back still running (`Tracker.seed`): its
+        end (`session.tool.success` / `failed`) names no tool, and the tool was named by a
+        `tool.input.started` this process never saw (a restart, a reconnect)."""
+        session = self._sessions.get(session_id)
+        if session is None or part.call_id is None:
+            return
+        if part.call_id not in session.tools and len(session.tools) >= _CALLS_REMEMBERED:
+            del session.tools[next(iter(session.tools))]
+        session.tools[part.call_id] = (part.tool, _kept(part.input, part.part_id))
+
     def last_seq(self, session_id: str) -> int | None:
         """The last durable seq taken of a new-engine session: where its replay resumes."""
         session = self._sessions.get(session_id)

@@ -233,6 +233,8 @@ class Tracker:
             self._read_late(session_id, session, frame)
         seeding = Seeding()
         decisions: list[Intervene] = []
+        frames = list(frames)
+        self._learn_calls(session_id, frames)
         for frame in frames:
             fed = self._feed(frame, seeding)
             # A loop whose call's request came before its `running` update, which only the
@@ -241,11 +243,23 @@ class Tracker:
             seeding.decided = seeding.decided or bool(decisions)
         return decisions
 
+    def _learn_calls(self, session_id: str, frames: list[object]) -> None:
+        """A new-engine session's calls read back unfinished are named to the adapter, whose
+        later events of them name no tool (`Adapter.learn`)."""
+        if self.adapter.engine(session_id) != 2:
+            return
+        for frame in frames:
+            part = self.adapter.parse(frame)[1]
+            if isinstance(part, ToolPart) and part.status in ("pending", "running"):
+                self.adapter.learn(session_id, part)
+
     def _read_late(self, session_id: str, session: SessionRecord, frame: object) -> None:
         """A call read back unfinished in a run that is over: late (`seed`)."""
         part = self.adapter.parse(frame)[1]
         if not isinstance(part, ToolPart) or part.session_id != session_id:
             return
+        if part.status in ("pending", "running") and self.adapter.engine(session_id) == 2:
+            self.adapter.learn(session_id, part)
         call = session.call(part.part_id)
         if call is None:
             digest = self._tools.digest(part.tool, part.input)
