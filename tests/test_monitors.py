@@ -451,29 +451,6 @@ async def test_a_run_another_monitor_stopped_meanwhile_is_left_to_it(
         assert record.prompts == [("ses_s1", True)]
 
 
-def test_a_monitor_restarted_after_a_refused_doom_loop_leaves_the_loop_alone():
-    """Found by tests/test_model.py: a monitor refused OpenCode's `doom_loop` request for a
-    step's three identical reads and was restarted before the run went idle; the next
-    process read the run back (the three reads aborted, the step's 4th still running) and
-    found the loop at the 4th read. The step's error holds the refusal: deferred, no abort."""
-    said = f"The user rejected permission ... with the following feedback: {MARK}refused"
-    parts = [ff.export_part("ses_1", f"p{n}", "error") for n in (1, 2, 3)]
-    for aborted in parts:
-        aborted["state"]["error"] = "Tool execution aborted"
-    step = ff.assistant_message("ses_1", *parts, ff.export_part("ses_1", "p4", "running"))
-    step["info"]["error"] = {"name": "UnknownError", "data": {"message": said}}
-    record = [ff.user_message("ses_1"), step]
-    tracker = Tracker(Detection(permissions="gate"))
-    [decision] = tracker.seed("ses_1", list(export_frames(current_run(record))), "/p")
-    assert (decision.rule, decision.part_id) == ("cycle", "p4")
-    found, turn = life.found(decision, dry_run=False)
-    assert found is not None and isinstance(turn.command, life.ReadRecent)
-    turn = found.feed(life.Read(record, run_over=False))
-    assert turn.command is None  # no abort, no feedback
-    [decided] = [report for report in turn.reports if isinstance(report, life.Decided)]
-    assert (decided.outcome, decided.fields["reason"]) == (Outcome.DEFERRED, "run already refused")
-
-
 def _refused_doom_loop_run() -> list[Any]:
     """A run whose `doom_loop` request a monitor refused (its text in the step's error), the
     three reads aborted, the step's 4th still running."""
@@ -484,6 +461,23 @@ def _refused_doom_loop_run() -> list[Any]:
     step = ff.assistant_message("ses_1", *parts, ff.export_part("ses_1", "p4", "running"))
     step["info"]["error"] = {"name": "UnknownError", "data": {"message": said}}
     return [ff.user_message("ses_1"), step]
+
+
+def test_a_monitor_restarted_after_a_refused_doom_loop_leaves_the_loop_alone():
+    """Found by tests/test_model.py: a monitor refused OpenCode's `doom_loop` request for a
+    step's three identical reads and was restarted before the run went idle; the next
+    process read the run back (the three reads aborted, the step's 4th still running) and
+    found the loop at the 4th read. The step's error holds the refusal: deferred, no abort."""
+    record = _refused_doom_loop_run()
+    tracker = Tracker(Detection(permissions="gate"))
+    [decision] = tracker.seed("ses_1", list(export_frames(current_run(record))), "/p")
+    assert (decision.rule, decision.part_id) == ("cycle", "p4")
+    found, turn = life.found(decision, dry_run=False)
+    assert found is not None and isinstance(turn.command, life.ReadRecent)
+    turn = found.feed(life.Read(record, run_over=False))
+    assert turn.command is None  # no abort, no feedback
+    [decided] = [report for report in turn.reports if isinstance(report, life.Decided)]
+    assert (decided.outcome, decided.fields["reason"]) == (Outcome.DEFERRED, "run already refused")
 
 
 def test_a_restarted_monitor_judges_the_loop_it_reads_back_on_that_read():
