@@ -256,6 +256,11 @@ class ReadRecent:
     pause: float = 0.0
     staggered: bool = False
 
+    @property
+    def at_once(self) -> bool:
+        """Sent without a wait (the first check before a stop or a nudge)."""
+        return not self.staggered and not self.pause
+
 
 @dataclass(frozen=True, slots=True)
 class ReadBack:

@@ -505,7 +505,7 @@ def _reads_at_once(command: Command) -> bool:
     if not isinstance(command, Do):
         return False
     read = command.command
-    return isinstance(read, life.ReadRecent) and not read.staggered and not read.pause
+    return isinstance(read, life.ReadRecent) and read.at_once
 
 
 def _with_said(first: Do, then: list[Command]) -> list[Command]:

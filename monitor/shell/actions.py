@@ -54,7 +54,7 @@ def random_stagger() -> float:
 
 
 def _read_at_once(command: life.Command) -> bool:
-    return isinstance(command, life.ReadRecent) and not command.staggered and not command.pause
+    return isinstance(command, life.ReadRecent) and command.at_once
 
 
 class Interventions:
