@@ -229,12 +229,12 @@ class Tracker:
         session.restart()
         session.end_calls()
         session.calls = session.run_start
+        late, frames = list(late), list(frames)
+        self._learn_calls(session_id, (*late, *frames))
         for frame in late:
             self._read_late(session_id, session, frame)
         seeding = Seeding()
         decisions: list[Intervene] = []
-        frames = list(frames)
-        self._learn_calls(session_id, frames)
         for frame in frames:
             fed = self._feed(frame, seeding)
             # A loop whose call's request came before its `running` update, which only the
@@ -243,7 +243,7 @@ class Tracker:
             seeding.decided = seeding.decided or bool(decisions)
         return decisions
 
-    def _learn_calls(self, session_id: str, frames: list[object]) -> None:
+    def _learn_calls(self, session_id: str, frames: Iterable[object]) -> None:
         """A new-engine session's calls read back unfinished are named to the adapter, whose
         later events of them name no tool (`Adapter.learn`)."""
         if self.adapter.engine(session_id) != 2:
@@ -258,8 +258,6 @@ class Tracker:
         part = self.adapter.parse(frame)[1]
         if not isinstance(part, ToolPart) or part.session_id != session_id:
             return
-        if part.status in ("pending", "running") and self.adapter.engine(session_id) == 2:
-            self.adapter.learn(session_id, part)
         call = session.call(part.part_id)
         if call is None:
             digest = self._tools.digest(part.tool, part.input)
