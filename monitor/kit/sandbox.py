@@ -1,9 +1,12 @@
 """A real `opencode serve`, isolated on loopback, for tests and the demo.
 
-`OpencodeServer` gives the server its own HOME and XDG folders, a config that points at a
-scripted model (see `monitor.kit.scripted_model`), and a small git project to work in.
-`ProjectClient` drives its sessions the way a user's client would, through the monitor's own
-REST client (`monitor.shell.api.OpencodeAPI`).
+`OpencodeServer` (1.18.33) and `OpencodeServer2` (2.2.5) give the server its own HOME and XDG
+folders, a config that points at a scripted model (see `monitor.kit.scripted_model`), and a
+small git project to work in; what the two share (the folders, the process group, the wait
+for the first answer, the stop) is `IsolatedServer`. `ProjectClient` drives a 1.x server's
+sessions the way a user's client would, through the monitor's own REST client
+(`monitor.shell.api.OpencodeAPI`); `ProjectClient2` drives 2.x's `/api` routes directly, so
+that the kit shows what the server does whatever the monitor's client makes of it.
 """
 
 from __future__ import annotations
@@ -12,23 +15,24 @@ import asyncio
 import fcntl
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import aiohttp
 
-from monitor.errors import MonitorError, ServerError
+from monitor.errors import MonitorError, Refused, ServerError
 from monitor.kit.poll import until
-from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header
+from monitor.shell.api import OpencodeAPI, Retry, basic_auth_header, path_segment
 from monitor.shell.endpoint import PluginEndpoint
 from monitor.shell.plugin_install import FILE_NAME as PLUGIN_FILE
 from monitor.shell.plugin_install import render as render_plugin
@@ -36,23 +40,55 @@ from monitor.shell.plugin_install import render as render_plugin
 __all__ = [
     "LISTENING",
     "InstallError",
+    "IsolatedServer",
     "MODEL_ID",
     "NEVER_ASK",
     "NPM_PACKAGE",
     "OPENCODE_VERSION",
     "OpencodeServer",
+    "OpencodeServer2",
     "ProjectClient",
+    "ProjectClient2",
+    "RELEASE_1",
+    "RELEASE_2",
+    "Release",
     "SandboxError",
     "ServerStartError",
     "default_cache_dir",
     "find_or_install_bun",
     "find_or_install_opencode",
     "free_loopback_port",
+    "opencode_config_v2",
+    "tool_calls",
     "tool_parts",
 ]
 
-OPENCODE_VERSION = "1.18.33"
-NPM_PACKAGE = f"opencode-ai@{OPENCODE_VERSION}"
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """One OpenCode release the kit runs: which npm package, where in the cache it goes, and
+    the variable that names a binary of the caller's instead."""
+
+    version: str
+    package: str  # npm package name, without the version
+    folder: str  # npm's --prefix under the cache folder ("": the cache folder itself)
+    variable: str  # e.g. OPENCODE_BIN
+
+    @property
+    def spec(self) -> str:
+        return f"{self.package}@{self.version}"
+
+    def install_folder(self, cache_dir: Path) -> Path:
+        return cache_dir / self.folder if self.folder else cache_dir
+
+
+# 1.18.33 was installed at the top of the cache before there was a second release: its
+# folder stays there, so existing caches (and the demo's) keep working.
+RELEASE_1 = Release("1.18.33", "opencode-ai", "", "OPENCODE_BIN")
+RELEASE_2 = Release("2.2.5", "@opencode/cli", "opencode-2", "OPENCODE2_BIN")
+
+OPENCODE_VERSION = RELEASE_1.version
+NPM_PACKAGE = RELEASE_1.spec
 # The Bun inside that opencode: the plugin's tests run on the runtime that runs the plugin.
 BUN_VERSION = "1.3.14"
 MODEL_ID = "fake/looper"
@@ -89,21 +125,24 @@ def default_cache_dir() -> Path:
     return Path(base) / "opencode-loop-monitor"
 
 
-def find_or_install_opencode(cache_dir: Path) -> Path:
-    """The opencode binary: ``$OPENCODE_BIN``, a cached install, the right one on PATH, or npm."""
-    if explicit := os.environ.get("OPENCODE_BIN"):
+def find_or_install_opencode(cache_dir: Path, release: Release = RELEASE_1) -> Path:
+    """The opencode binary of `release`: its variable (``$OPENCODE_BIN``, ``$OPENCODE2_BIN``),
+    a cached install, the right one on PATH, or npm."""
+    if explicit := os.environ.get(release.variable):
         if not Path(explicit).is_file():
-            raise InstallError(f"OPENCODE_BIN={explicit} is not a file")
+            raise InstallError(f"{release.variable}={explicit} is not a file")
         return Path(explicit)
-    cached = cache_dir / "node_modules" / ".bin" / "opencode"
-    with _install_lock(cache_dir):
+    folder = release.install_folder(cache_dir)
+    cached = folder / "node_modules" / ".bin" / "opencode"
+    with _install_lock(folder):
         if cached.exists():
             return cached
         # Event shapes differ between releases: a PATH binary is only good at the pinned version.
         on_path = shutil.which("opencode")
-        if on_path and _version_of(Path(on_path)) == OPENCODE_VERSION:
+        if on_path and _version_of(Path(on_path)) == release.version:
             return Path(on_path)
-        return _npm_install(cache_dir, NPM_PACKAGE, cached)
+        hint = f"set {release.variable} to opencode {release.version}"
+        return _npm_install(folder, release.spec, cached, hint)
 
 
 def find_or_install_bun(cache_dir: Path) -> Path:
@@ -118,7 +157,8 @@ def find_or_install_bun(cache_dir: Path) -> Path:
     with _install_lock(folder):
         if cached.exists():
             return cached
-        return _npm_install(folder, f"bun@{BUN_VERSION}", cached)
+        hint = f"set BUN_BIN to bun {BUN_VERSION}"
+        return _npm_install(folder, f"bun@{BUN_VERSION}", cached, hint)
 
 
 @contextmanager
@@ -138,20 +178,19 @@ def _install_lock(folder: Path) -> Iterator[None]:
 
 
 def _version_of(binary: Path) -> str | None:
+    """The version a binary prints: 1.18.33 says ``1.18.33``, 2.2.5 ``opencode v2.2.5``."""
     try:
         done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    words = done.stdout.split()
+    return words[-1].removeprefix("v") if done.returncode == 0 and words else None
 
 
-def _npm_install(cache_dir: Path, package: str, expected: Path) -> Path:
+def _npm_install(cache_dir: Path, package: str, expected: Path, hint: str) -> Path:
     npm = shutil.which("npm")
     if npm is None:
-        raise InstallError(
-            f"npm not found: install Node.js, or set OPENCODE_BIN to opencode {OPENCODE_VERSION}"
-            f" and BUN_BIN to bun {BUN_VERSION}"
-        )
+        raise InstallError(f"npm not found: install Node.js, or {hint}")
     cache_dir.mkdir(parents=True, exist_ok=True)
     command = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache_dir), package]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -200,6 +239,24 @@ def opencode_config(
     }
 
 
+def opencode_config_v2(model_url: str) -> dict[str, Any]:
+    """Config of a 2.x server that knows the scripted model (2.x keys: `providers`, `package`,
+    `settings`; V2-REAL-NOTES.md section 2). The package is built into the binary: nothing is
+    downloaded."""
+    return {
+        "$schema": "https://opencode.ai/config.json",
+        "model": MODEL_ID,
+        "providers": {
+            "fake": {
+                "name": "Scripted model",
+                "package": "@ai-sdk/openai-compatible",
+                "settings": {"baseURL": model_url, "apiKey": "x"},
+                "models": {"looper": {"name": "Looper", "capabilities": {"tools": True}}},
+            }
+        },
+    }
+
+
 # What opencode installs into a config folder that has plugins before it answers (its plugin
 # SDK, about 64 MB from the registry: 35-60 s on a busy machine). Kept once per binary in the
 # cache and copied into each sandbox with a plugin, whose start then takes seconds.
@@ -241,12 +298,25 @@ def _keep_plugin_dependencies(binary: Path, config_dir: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-class OpencodeServer:
-    """``opencode serve`` in a throwaway HOME; an async context manager.
+class IsolatedServer:
+    """``opencode serve`` in a throwaway HOME; an async context manager. What a server of
+    either release does the same way: its folders, its process group, the wait until it
+    answers, the stop; each release's class says its config, its first answer and its client.
 
     `stop` and `start` may be repeated: the port and the data folders stay, so a restart
     looks to clients like the same server coming back.
     """
+
+    release: ClassVar[Release]
+    # Each XDG variable and the sandbox folder it names (HOME is always "home").
+    XDG: ClassVar[Mapping[str, str]] = {
+        "XDG_CONFIG_HOME": "config",
+        "XDG_DATA_HOME": "data",
+        "XDG_CACHE_HOME": "cache",
+        "XDG_STATE_HOME": "state",
+    }
+    # Flags after `serve --hostname 127.0.0.1 --port N`.
+    SERVE_FLAGS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -254,13 +324,11 @@ class OpencodeServer:
         model_url: str,
         port: int | None = None,
         env_extra: Mapping[str, str] | None = None,
-        permission: str | Mapping[str, str] = NEVER_ASK,
         plugin: PluginEndpoint | None = None,
         config: Mapping[str, Any] | None = None,
         plugin_text: Callable[[PluginEndpoint], str] = render_plugin,
     ) -> None:
         self.binary = binary
-        self.permission = permission
         # Top-level keys of opencode.json that replace the sandbox's own: a provider block of
         # the person's, as `opencode-loop-monitor model` prints it, and the model it names.
         self.config = dict(config or {})
@@ -318,10 +386,6 @@ class OpencodeServer:
             self.env_extra.get("OPENCODE_SERVER_USERNAME", "opencode"), password
         )
 
-    def client(self, http: aiohttp.ClientSession) -> ProjectClient:
-        """A REST client for this server's project, with its credentials."""
-        return ProjectClient(OpencodeAPI(http, self.url, headers=self.headers), self.directory)
-
     async def start(self) -> None:
         if self._process is not None:
             return
@@ -337,8 +401,6 @@ class OpencodeServer:
         except BaseException:
             await self.stop()
             raise
-        if self.plugin is not None:
-            _keep_plugin_dependencies(self.binary, self.root / "config" / "opencode")
 
     async def stop(self) -> None:
         process, self._process = self._process, None
@@ -370,18 +432,26 @@ class OpencodeServer:
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = None
 
+    @property
+    def _config_dir(self) -> Path:
+        return self.root / self.XDG["XDG_CONFIG_HOME"] / "opencode"
+
+    def _opencode_config(self) -> dict[str, Any]:
+        """This release's opencode.json, before `config` replaces keys of it."""
+        raise NotImplementedError
+
     def _prepare_root(self) -> None:
-        for name in ("home", "config", "data", "cache", "state"):
-            (self.root / name).mkdir()
-        config_dir = self.root / "config" / "opencode"
+        for name in ("home", *self.XDG.values()):
+            # 0700: what a runtime folder must be, and no harm to the others.
+            (self.root / name).mkdir(mode=0o700)
+        config_dir = self._config_dir
         config_dir.mkdir()
-        config = opencode_config(self.model_url, self.permission) | self.config
+        config = self._opencode_config() | self.config
         (config_dir / "opencode.json").write_text(json.dumps(config, indent=2))
         if self.plugin is not None:
             plugins = config_dir / "plugins"
             plugins.mkdir()
             (plugins / PLUGIN_FILE).write_text(self.plugin_text(self.plugin), encoding="utf-8")
-            _seed_plugin_dependencies(self.binary, config_dir)
         _make_project(self.project, self._environment())
 
     def client_environment(self) -> dict[str, str]:
@@ -393,12 +463,9 @@ class OpencodeServer:
         # Drop the caller's OPENCODE_* settings (a password, another config) so that only
         # what this sandbox sets applies.
         env = {key: value for key, value in os.environ.items() if not key.startswith("OPENCODE_")}
+        env.update({variable: str(self.root / name) for variable, name in self.XDG.items()})
         env.update(
             HOME=str(self.root / "home"),
-            XDG_CONFIG_HOME=str(self.root / "config"),
-            XDG_DATA_HOME=str(self.root / "data"),
-            XDG_CACHE_HOME=str(self.root / "cache"),
-            XDG_STATE_HOME=str(self.root / "state"),
             OPENCODE_DISABLE_AUTOUPDATE="1",
             OPENCODE_DISABLE_MODELS_FETCH="1",
             OPENCODE_DISABLE_SHARE="1",
@@ -410,7 +477,7 @@ class OpencodeServer:
         command = [str(self.binary), "serve", "--hostname", "127.0.0.1", "--port", str(self.port)]
         with self.log_path.open("ab") as log:
             return subprocess.Popen(
-                command,
+                [*command, *self.SERVE_FLAGS],
                 cwd=self.project,
                 env=self._environment(),
                 stdin=subprocess.DEVNULL,
@@ -418,6 +485,14 @@ class OpencodeServer:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    async def _answers(self, http: aiohttp.ClientSession) -> bool:
+        """One try of this release's first request, with a short timeout and no retry."""
+        raise NotImplementedError
+
+    async def _server_directory(self, http: aiohttp.ClientSession) -> str:
+        """The project folder as the server names it, once it answers."""
+        raise NotImplementedError
 
     async def _wait_ready(self, begun: int) -> None:
         """Until the server answers; `begun`: where this start's lines begin in its log."""
@@ -429,26 +504,18 @@ class OpencodeServer:
         loop = asyncio.get_running_loop()
         ask_anyway = loop.time() + LISTENING_WAIT
         async with aiohttp.ClientSession() as http:
-            once = Retry(attempts=1, timeout=READY_TRY_TIMEOUT)
-            api = OpencodeAPI(http, self.url, retry=once, headers=self.headers)
 
             async def answers() -> bool:
                 self._raise_if_exited()
                 if not self._said_listening(begun) and loop.time() < ask_anyway:
                     return False
-                try:
-                    await api.sessions(None)
-                except ServerError:
-                    return False
-                return True
+                return await self._answers(http)
 
             try:
                 await until(answers, START_TIMEOUT, what="opencode serve to answer")
             except TimeoutError as error:
                 raise ServerStartError(f"{error}\n{self._log_tail()}") from None
-            # Up now: the usual timeout and retries, a busy machine may answer slowly.
-            api = OpencodeAPI(http, self.url, headers=self.headers)
-            self._directory = await api.server_directory()
+            self._directory = await self._server_directory(http)
 
     def _said_listening(self, begun: int) -> bool:
         try:
@@ -470,6 +537,120 @@ class OpencodeServer:
         except OSError:
             return "(no server log)"
         return data[-LOG_TAIL_BYTES:].decode(errors="replace")
+
+
+class OpencodeServer(IsolatedServer):
+    """OpenCode 1.18.33 (`RELEASE_1`): the 1.x config, a password only when `env_extra` sets
+    one, ready when `/session` answers; `client` drives it through `OpencodeAPI`."""
+
+    release = RELEASE_1
+
+    def __init__(
+        self,
+        binary: Path,
+        model_url: str,
+        port: int | None = None,
+        env_extra: Mapping[str, str] | None = None,
+        permission: str | Mapping[str, str] = NEVER_ASK,
+        plugin: PluginEndpoint | None = None,
+        config: Mapping[str, Any] | None = None,
+        plugin_text: Callable[[PluginEndpoint], str] = render_plugin,
+    ) -> None:
+        super().__init__(binary, model_url, port, env_extra, plugin, config, plugin_text)
+        self.permission = permission
+
+    def client(self, http: aiohttp.ClientSession) -> ProjectClient:
+        """A REST client for this server's project, with its credentials."""
+        return ProjectClient(OpencodeAPI(http, self.url, headers=self.headers), self.directory)
+
+    async def start(self) -> None:
+        await super().start()
+        if self.plugin is not None:
+            _keep_plugin_dependencies(self.binary, self._config_dir)
+
+    def _opencode_config(self) -> dict[str, Any]:
+        return opencode_config(self.model_url, self.permission)
+
+    def _prepare_root(self) -> None:
+        super()._prepare_root()
+        if self.plugin is not None:
+            _seed_plugin_dependencies(self.binary, self._config_dir)
+
+    async def _answers(self, http: aiohttp.ClientSession) -> bool:
+        once = Retry(attempts=1, timeout=READY_TRY_TIMEOUT)
+        try:
+            await OpencodeAPI(http, self.url, retry=once, headers=self.headers).sessions(None)
+        except ServerError:
+            return False
+        return True
+
+    async def _server_directory(self, http: aiohttp.ClientSession) -> str:
+        # Up now: the usual timeout and retries, a busy machine may answer slowly.
+        return await OpencodeAPI(http, self.url, headers=self.headers).server_directory()
+
+
+class OpencodeServer2(IsolatedServer):
+    """OpenCode 2.2.5 (`RELEASE_2`, V2-REAL-NOTES.md sections 1-2): the 2.x config, always a
+    password (generated unless `env_extra` sets OPENCODE_SERVER_PASSWORD), its runtime folder
+    in the sandbox too, ready when `GET /api/info` answers JSON; `client` speaks `/api`.
+
+    Its plugin folder is the same as 1.x's and 2.2.5 needs no installed SDK for it, so there
+    are no plugin dependencies to seed.
+    """
+
+    release = RELEASE_2
+    XDG = {**IsolatedServer.XDG, "XDG_RUNTIME_DIR": "runtime"}
+    # The server's own log on stderr, which goes to `log_path`: a start that fails says why.
+    SERVE_FLAGS = ("--print-logs",)
+
+    def __init__(
+        self,
+        binary: Path,
+        model_url: str,
+        port: int | None = None,
+        env_extra: Mapping[str, str] | None = None,
+        plugin: PluginEndpoint | None = None,
+        config: Mapping[str, Any] | None = None,
+        plugin_text: Callable[[PluginEndpoint], str] = render_plugin,
+    ) -> None:
+        super().__init__(binary, model_url, port, env_extra, plugin, config, plugin_text)
+        # 2.x has a password whatever we do (it prints a generated one when none is set):
+        # set one, so that clients know it. Kept across restarts.
+        self.env_extra.setdefault("OPENCODE_SERVER_PASSWORD", secrets.token_urlsafe(18))
+        # What `GET /api/info` answered last (version, pid, urls).
+        self.info: dict[str, Any] = {}
+
+    @property
+    def password(self) -> str:
+        return self.env_extra["OPENCODE_SERVER_PASSWORD"]
+
+    def client(self, http: aiohttp.ClientSession) -> ProjectClient2:
+        """A client of this server's `/api` for its project, with its credentials."""
+        return ProjectClient2(http, self.url, self.headers, self.directory)
+
+    def _opencode_config(self) -> dict[str, Any]:
+        return opencode_config_v2(self.model_url)
+
+    async def _answers(self, http: aiohttp.ClientSession) -> bool:
+        # Every path outside /api answers 200 with the web app's page, so only /api/info's
+        # JSON says the API is up.
+        timeout = aiohttp.ClientTimeout(total=READY_TRY_TIMEOUT)
+        try:
+            async with http.get(
+                f"{self.url}/api/info", headers=self.headers, timeout=timeout
+            ) as response:
+                info = await response.json() if response.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return False
+        if not isinstance(info, dict) or "version" not in info:
+            return False
+        self.info = info
+        return True
+
+    async def _server_directory(self, http: aiohttp.ClientSession) -> str:
+        # 2.x has no route that names the server's folder; a session's location is the
+        # directory its client gives, and the server keeps it as given.
+        return str(self.project.resolve())
 
 
 def _make_project(project: Path, env: Mapping[str, str]) -> None:
@@ -632,3 +813,123 @@ def run_finished(messages: list[dict[str, Any]], user_messages: int = 1) -> bool
 def tool_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The tool parts of all messages, in the order they ran."""
     return [part for message in messages for part in message["parts"] if part.get("type") == "tool"]
+
+
+# The scripted model as 2.x names it in a session (`providerID`, `id`).
+MODEL_REF = {"providerID": MODEL_ID.split("/")[0], "id": MODEL_ID.split("/")[1]}
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectClient2:
+    """A user's client of a 2.x server's `/api`, for one project (V2-REAL-NOTES.md section 4).
+
+    Plain requests, not the monitor's `EngineAPI`: the kit shows what the server does, also
+    where the monitor's client is wrong about it. Every answer's ``data`` is returned; an
+    error status raises `Refused` with the server's body.
+    """
+
+    http: aiohttp.ClientSession
+    url: str
+    headers: Mapping[str, str]
+    directory: str
+
+    async def info(self) -> dict[str, Any]:
+        """`GET /api/info`: version, pid, urls (not wrapped in ``data``)."""
+        answer: dict[str, Any] = await self._call("GET", "/api/info")
+        return answer
+
+    async def create_session(
+        self, title: str | None = None, permissions: Sequence[Mapping[str, str]] | None = None
+    ) -> dict[str, Any]:
+        """A session of the project on the scripted model; `permissions`: rules such as
+        ``{"action": "*", "resource": "*", "effect": "ask"}``, in order."""
+        body: dict[str, Any] = {"location": {"directory": self.directory}, "model": MODEL_REF}
+        if title is not None:
+            body["title"] = title
+        if permissions is not None:
+            body["permissions"] = [dict(rule) for rule in permissions]
+        return await self._data("POST", "/api/session", body)
+
+    async def prompt(
+        self, session_id: str, text: str, *, resume: bool | None = None
+    ) -> dict[str, Any]:
+        """Post a user message; the run goes on in the background (`resume=False`: the
+        message waits in the session's inbox and no run starts). The stored message."""
+        body: dict[str, Any] = {"text": text}
+        if resume is not None:
+            body["resume"] = resume
+        return await self._data("POST", f"{_session(session_id)}/prompt", body)
+
+    async def interrupt(self, session_id: str) -> bool:
+        """Stop the session's run; whether one was running."""
+        answer = await self._call("POST", f"{_session(session_id)}/interrupt")
+        return bool(answer.get("interrupted")) if isinstance(answer, dict) else False
+
+    async def messages(self, session_id: str) -> list[dict[str, Any]]:
+        """Every item of the session's record (`user`, `assistant`, `idle`, ...), oldest
+        first, page after page."""
+        path = f"{_session(session_id)}/message"
+        items: list[dict[str, Any]] = []
+        query = {"order": "asc"}
+        while True:
+            page = await self._call("GET", path, query=query)
+            items += page["data"]
+            after = (page.get("cursor") or {}).get("next")
+            if not page["data"] or not after:
+                return items
+            query = {"cursor": after}  # a cursor goes without `order` (the server's rule)
+
+    async def active(self) -> dict[str, dict[str, Any]]:
+        """The sessions with a run going on, by id (``{"type": "running"}``)."""
+        return await self._data("GET", "/api/session/active")
+
+    async def wait_idle(
+        self, session_id: str, timeout: float, *, runs: int = 1
+    ) -> list[dict[str, Any]]:
+        """Wait until the session's `runs`-th run is over; its record.
+
+        A run's end leaves an ``idle`` item in the record; counting them tells the end of a
+        second run from the first while the second has not started yet. The session must
+        also be gone from `active`: the item may be written before the run lets go.
+        """
+
+        async def finished() -> list[dict[str, Any]] | None:
+            if session_id in await self.active():
+                return None
+            record = await self.messages(session_id)
+            ends = sum(1 for item in record if item.get("type") == "idle")
+            return record if ends >= runs else None
+
+        what = f"session {session_id} to end run {runs}"
+        return await until(finished, timeout, interval=0.1, what=what)
+
+    async def _data(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        data: dict[str, Any] = (await self._call(method, path, body))["data"]
+        return data
+
+    async def _call(
+        self, method: str, path: str, body: Any = None, query: Mapping[str, str] | None = None
+    ) -> Any:
+        async with self.http.request(
+            method, self.url + path, json=body, params=query, headers=dict(self.headers)
+        ) as response:
+            text = await response.text()
+            if response.status >= 400:
+                raise Refused(f"{method} {path}: {response.status} {text[:500]}", response.status)
+            return json.loads(text) if text else None
+
+
+def _session(session_id: str) -> str:
+    return f"/api/session/{path_segment(session_id)}"
+
+
+def tool_calls(record: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tool calls of a 2.x record (the ``tool`` entries of its assistant items' content:
+    ``{id, name, state: {status, input, content, metadata}}``), in the order they ran."""
+    return [
+        entry
+        for item in record
+        if item.get("type") == "assistant"
+        for entry in item.get("content", [])
+        if entry.get("type") == "tool"
+    ]
