@@ -14,7 +14,14 @@ from typing import TextIO
 import aiohttp
 import pytest
 
-from monitor.kit.sandbox import OpencodeServer, default_cache_dir, find_or_install_opencode
+from monitor.kit.sandbox import (
+    RELEASE_2,
+    OpencodeServer,
+    OpencodeServer2,
+    ProjectClient2,
+    default_cache_dir,
+    find_or_install_opencode,
+)
 from monitor.kit.scripted_model import ScriptedModel
 from monitor.shell.endpoint import PluginEndpoint
 from tests.harness import REPO
@@ -41,6 +48,31 @@ async def opencode_server(
 ) -> AsyncIterator[OpencodeServer]:
     async with OpencodeServer(opencode_bin, scripted_model.url) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def opencode2_bin() -> Path:
+    """OpenCode 2.2.5: ``$OPENCODE2_BIN``, or its install in the cache's `opencode-2` folder
+    (npm installs it there on first use)."""
+    return find_or_install_opencode(default_cache_dir(), RELEASE_2)
+
+
+@pytest.fixture
+async def opencode2_server(
+    opencode2_bin: Path, scripted_model: ScriptedModel
+) -> AsyncIterator[OpencodeServer2]:
+    """A real, isolated OpenCode 2.2.5 on the scripted model, with a generated password
+    (`headers`); stopped with everything it started at teardown, also when the test fails."""
+    async with OpencodeServer2(opencode2_bin, scripted_model.url) as server:
+        yield server
+
+
+@pytest.fixture
+def opencode2_client(
+    opencode2_server: OpencodeServer2, http: aiohttp.ClientSession
+) -> ProjectClient2:
+    """The `/api` client of `opencode2_server`'s project."""
+    return opencode2_server.client(http)
 
 
 @pytest.fixture

@@ -39,6 +39,13 @@ one model serves any number of sessions and needs no per-test setup:
   call too large for the plugin to send the monitor, issue 43) while the script in the
   prompt stays small.
 
+One script serves both server releases: a call is written in the words of either (1.x
+``read {filePath}``, ``bash {command, description}``; 2.x ``read {path}``, ``shell {command}``)
+and spoken in those of the server that asks, as its request's tool definitions show
+(`OfferedTools`). A 1.x server offers ``bash`` and ``read {filePath}``, so a script written for
+it goes out unchanged there; 2.2.5 offers ``shell`` and ``read {path}`` (its ``read`` refuses
+``filePath``).
+
 Requests that carry no script or no tools (OpenCode's title generation) get a short text.
 Served for a person (`opencode-loop-monitor model`, `on_demand`), a prompt that is no script
 loops when it asks for a loop in words, one behaviour per story docs/usage.md tells:
@@ -56,7 +63,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Literal, Self
 
@@ -68,6 +75,7 @@ __all__ = [
     "DEFAULT_ANSWER",
     "ModelRequest",
     "OVERFLOW_TOKENS",
+    "OfferedTools",
     "ON_DEMAND_ANSWER",
     "ParallelCalls",
     "ScriptedModel",
@@ -234,6 +242,58 @@ class ParallelCalls:
 
 
 Reply = ToolCall | ParallelCalls | Text
+
+# The same tool, and the same argument, under each release's name (1.x <-> 2.x).
+TOOL_NAMES = {"bash": "shell", "shell": "bash"}
+ARGUMENT_NAMES = {"filePath": "path", "path": "filePath"}
+
+
+@dataclass(frozen=True, slots=True)
+class OfferedTools:
+    """The tools a chat completion request offers, each with the arguments it takes: which
+    server asks, in the only words the model hears from it."""
+
+    arguments: Mapping[str, frozenset[str]]
+
+    @classmethod
+    def of_request(cls, tools: Any) -> Self:
+        """From the request's ``tools`` (``[{"type": "function", "function": {...}}]``)."""
+        offered: dict[str, frozenset[str]] = {}
+        for tool in tools if isinstance(tools, list) else []:
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("name"), str):
+                properties = (function.get("parameters") or {}).get("properties") or {}
+                offered[function["name"]] = frozenset(properties)
+        return cls(offered)
+
+    def speak(self, reply: Reply) -> Reply:
+        """The reply with each call in this server's words."""
+        if isinstance(reply, ToolCall):
+            return self._call(reply)
+        if isinstance(reply, ParallelCalls):
+            return ParallelCalls(tuple(self._call(call) for call in reply.calls))
+        return reply
+
+    def _call(self, call: ToolCall) -> ToolCall:
+        # Only what the server does not offer is renamed: a script in this server's words
+        # goes out as written, also an argument it gets wrong on purpose.
+        name = call.tool
+        if name not in self.arguments and TOOL_NAMES.get(name) in self.arguments:
+            name = TOOL_NAMES[name]
+        takes = self.arguments.get(name)
+        if not takes:
+            return call if name == call.tool else replace(call, tool=name)
+        args: dict[str, Any] = {}
+        for key, value in call.args.items():
+            if key in takes:
+                args[key] = value
+            elif (other := ARGUMENT_NAMES.get(key)) in takes and other not in call.args:
+                args[other] = value
+            elif name == call.tool:
+                args[key] = value
+            # Else an argument only the other release's tool takes (bash's `description`):
+            # 2.2.5's tools refuse any argument they do not know.
+        return replace(call, tool=name, args=args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,6 +621,7 @@ class ScriptedModel:
             # Title generation offers no tools; its first user message is its own instruction
             # and the user's script follows it.
             conversation, reply = _first_script_text(users), Text(UNSCRIPTED_ANSWER)
+        reply = OfferedTools.of_request(body.get("tools")).speak(reply)
         answered = ModelRequest(
             at=time.monotonic(),
             conversation=conversation,
