@@ -14,9 +14,12 @@
  * The calls let through that way are reported with the next answered request.
  *
  * Where it asks: the daemon watching this server listens on a socket named after the
- * server's port (`socketFor`), so the plugin finds it from the URL OpenCode gives it at
- * load, whatever the port; `plugin install` writes the socket folder (or a fixed socket, or
- * a TCP address and token file) into ENDPOINT below. It trusts only its daemon: a socket is
+ * server's port (`socketFor`), so the plugin finds it from the URL OpenCode 1.x gives it at
+ * load, whatever the port. OpenCode 2 gives no URL, but the plugin runs in the server's own
+ * process: it asks the socket a daemon named after that process's pid (which the server's
+ * `/api/info` told the daemon), else the one of the port its command line or OpenCode's
+ * service registration says (`ownSocket`). `plugin install` writes the socket folder (or a
+ * fixed socket, or a TCP address and token file) into ENDPOINT below. It trusts only its daemon: a socket is
  * asked only when it and its folder are its own user's (`untrustedSocket`); over TCP each
  * question is signed with the token, which never leaves the process, and an answer counts
  * only with its proof (`signQuestion`): anything else is no answer, and the own rule decides.
@@ -28,12 +31,12 @@
  * needed: Bun runs it as it is.
  */
 import { createHmac, randomBytes, timingSafeEqual } from "node:crypto"
-import { readFileSync, statSync } from "node:fs"
+import { readFileSync, realpathSync, statSync } from "node:fs"
 import { dirname } from "node:path"
 
 // Where the daemon listens; written by `opencode-loop-monitor plugin install`. With
-// `socketDir`, the socket of this server's daemon is in it (`socketFor`); `socket` is asked
-// when the server's URL is not known (2.x), or always when there is no `socketDir`; with
+// `socketDir`, the socket of this server's daemon is in it (`socketFor`, `ownSocket`);
+// `socket` is asked when neither finds it, or always when there is no `socketDir`; with
 // neither, `url` over loopback TCP with the token in `tokenFile`.
 export type Endpoint = { url: string; socket: string | null; socketDir: string | null; tokenFile: string | null }
 const ENDPOINT: Endpoint = {"url": "http://localhost/v1/decide", "socket": null, "socketDir": null, "tokenFile": null}
@@ -288,6 +291,91 @@ export function socketFor(dir: string, serverUrl: string): string | null {
   return `${dir}/plugin-${port}.sock`
 }
 
+/**
+ * What a 2.x server's process says of itself. OpenCode 2 gives a plugin no URL (`ctx.location`
+ * has none, `ctx.app` is `{name, version, channel}`), but the plugin runs in the server's own
+ * process: `process.pid` is the `pid` of its `/api/info`, and `process.argv` its command line
+ * (seen on 2.2.5: `[bun, /$bunfs/root/opencode, serve, --port, 4596, ...]`).
+ */
+export type OwnProcess = {
+  pid: number
+  argv: readonly string[]
+  env: Readonly<Record<string, string | undefined>>
+}
+
+/** The socket a daemon names after the pid of the server it watches (endpoint.py pid_link),
+ * once that server's `/api/info` told it the pid. */
+export function pidLink(dir: string, pid: number): string {
+  return `${dir}/server-${pid}.sock`
+}
+
+const isPort = (text: string | undefined): number | null =>
+  text !== undefined && /^\d{1,5}$/.test(text) && +text >= 1 && +text <= 65535 ? +text : null
+
+/**
+ * The port this server listens on, from what it was started with, or null: `serve --port N`
+ * (or `--port=N`) says it; the background service every `opencode` command starts by itself
+ * (`serve --service`, no port on its command line: 49374 by default, or as `opencode service
+ * set port` said) is registered by OpenCode in $XDG_STATE_HOME/opencode/service.json with its
+ * pid and URL, and counts only when that pid is this process (a registration of another
+ * service, or a stale one, names another server). `read`: a file's text, null if unreadable.
+ */
+export function ownPort(own: OwnProcess, read: (path: string) => string | null): number | null {
+  for (let i = 2; i < own.argv.length; i++) {
+    const arg = own.argv[i]
+    if (arg === "--") break
+    if (arg === "--port") return isPort(own.argv[i + 1])
+    if (arg.startsWith("--port=")) return isPort(arg.slice("--port=".length))
+  }
+  const home = own.env.HOME
+  const state = own.env.XDG_STATE_HOME || (home ? `${home}/.local/state` : null)
+  const text = state ? read(`${state}/opencode/service.json`) : null
+  if (text === null) return null
+  try {
+    const service = JSON.parse(text) as { pid?: unknown; url?: unknown }
+    if (service?.pid !== own.pid || typeof service.url !== "string") return null
+    const url = new URL(service.url)
+    return isPort(url.port || (url.protocol === "https:" ? "443" : "80"))
+  } catch {
+    return null
+  }
+}
+
+/**
+ * Where a 2.x plugin asks, looked up at each question (a daemon may start after the server),
+ * or null when nothing says (then the socket written at install). First the socket a daemon
+ * named after this process's pid: it read that pid from the server's `/api/info`, so it
+ * watches this very server whatever its port or the URL it was given (a mapped port, `--port
+ * 0`); `realpath` gives the socket it leads to, whose folder is checked (untrustedSocket), and
+ * a link whose socket is gone is passed over. Then the socket named after the port this
+ * process listens on (`ownPort`), the one a daemon given this server's URL listens on.
+ */
+export function ownSocket(
+  dir: string,
+  own: OwnProcess,
+  read: (path: string) => string | null = readText,
+): () => string | null {
+  let port: number | null = null
+  return () => {
+    try {
+      return realpathSync(pidLink(dir, own.pid))
+    } catch {
+      // No daemon named this server by its pid (yet): its port says which daemon watches it.
+    }
+    // Not cached while unknown: the service may register itself after its plugins load.
+    port ??= ownPort(own, read)
+    return port === null ? null : `${dir}/plugin-${port}.sock`
+  }
+}
+
+function readText(path: string): string | null {
+  try {
+    return readFileSync(path, "utf8")
+  } catch {
+    return null
+  }
+}
+
 /** The session a 1.x event ends the run of, or null. */
 export function endedSession(event: { type?: unknown; properties?: any } | undefined): string | null {
   if (event?.type === "session.idle") return event.properties?.sessionID ?? null
@@ -401,15 +489,17 @@ export function versionSkew(header: string | null, where: string): string | null
 
 /** Asks the daemon at `endpoint`; at most WAIT_MS. The block text, null to allow, or why
  * it fell open (then the caller's own rule decides). A daemon of another release is said
- * in `log`, once until it answers with another version. */
+ * in `log`, once until it answers with another version. Its socket: the one of the server at
+ * `serverUrl` (1.x), else the one `own` finds at each question (2.x, `ownSocket`), else the
+ * socket written at install. */
 export function makeAsker(
   endpoint: Endpoint,
   serverUrl: string | null,
   log: (line: string) => void = console.error,
+  own: (() => string | null) | null = null,
 ): Asker {
-  const socket =
+  const installed =
     endpoint.socketDir && serverUrl ? socketFor(endpoint.socketDir, serverUrl) : endpoint.socket
-  const where = socket ?? endpoint.url
   const readToken = (): string | null => {
     if (!endpoint.tokenFile) return null
     try {
@@ -423,6 +513,8 @@ export function makeAsker(
   // The version the daemon answered with last (undefined: none yet): a change is said once.
   let version: string | null | undefined = undefined
   return async (body: Record<string, unknown>, tool: string): Promise<Verdict> => {
+    const socket = (endpoint.socketDir && !serverUrl && own?.()) || installed
+    const where = socket ?? endpoint.url
     if (socket) {
       const untrusted = untrustedSocket(socket, uid)
       if (untrusted !== null) return { fellOpen: `not asked: ${untrusted}, so it may not be the monitor's` }
@@ -629,9 +721,11 @@ export async function v2Hooks(ctx: V2Context, ask: Asker): Promise<void> {
   })
 }
 
-/** The 2.x entry: its context carries no server URL, so it asks where install said. */
+/** The 2.x entry: its context carries no server URL, so with a folder of sockets the plugin
+ * finds its own server's daemon from its process (`ownSocket`), else asks where install said. */
 async function setup(ctx: V2Context): Promise<void> {
-  await v2Hooks(ctx, makeAsker(ENDPOINT, null))
+  const own = ENDPOINT.socketDir ? ownSocket(ENDPOINT.socketDir, process) : null
+  await v2Hooks(ctx, makeAsker(ENDPOINT, null, console.error, own))
 }
 
 export default { id: "opencode-loop-monitor", server, setup }

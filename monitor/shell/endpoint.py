@@ -27,12 +27,15 @@ __all__ = [
     "PluginEndpoint",
     "check_endpoint",
     "clear_stale_socket",
+    "link_server_pid",
     "open_folder",
+    "pid_link_name",
     "plugin_endpoint",
     "private_dir",
     "read_or_create_token",
     "socket_name",
     "state_dir",
+    "unlink_server_pid",
     "write_whole",
 ]
 
@@ -128,6 +131,61 @@ def socket_name(url: str) -> str:
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     return f"plugin-{port}.sock"
+
+
+def pid_link_name(pid: int) -> str:
+    """The link naming the socket of the monitor of the server whose process is `pid`
+    (loop-guard.ts pidLink). OpenCode 2 gives a plugin no URL, and a server's port may not be
+    what its monitor was given (a mapped port, `--port 0`), but the plugin runs in the server's
+    process and knows its pid, which the server's `/api/info` tells the monitor."""
+    return f"server-{pid}.sock"
+
+
+def link_server_pid(endpoint: PluginEndpoint, pid: int) -> Path | None:
+    """Name `endpoint`'s socket after the pid of the server it serves (from `/api/info`): a
+    link in the folder of sockets, put in place whole (a plugin never finds half a link).
+    The link, or None when there is no folder of sockets (a fixed socket, TCP: the plugin
+    asks there whatever its server). Raises OSError: the caller says so and goes on, the
+    plugin still finds the socket of its server's port.
+
+    Links to this socket from before are removed first: an earlier monitor of this socket
+    made them (it crashed, or its server restarted with another pid), and a new server given
+    that pid would ask this monitor, which watches another. So is any link whose socket is
+    gone, which no plugin can use."""
+    folder, socket_path = endpoint.socket_dir, endpoint.socket
+    if folder is None or socket_path is None:
+        return None
+    link = folder / pid_link_name(pid)
+    with os.scandir(folder) as entries:
+        # This pid's own link is replaced below, never missing meanwhile.
+        links = [e.path for e in entries if e.name.startswith("server-") and e.name != link.name]
+    for path in links:
+        # Gone meanwhile, or not a link (nothing of ours): left alone.
+        with contextlib.suppress(OSError):
+            target = os.readlink(path)
+            if target == socket_path.name or not (folder / target).exists():
+                os.unlink(path)
+    temporary = folder / f".{link.name}.{secrets.token_hex(8)}.tmp"
+    # Relative: the link leads into its own folder, which the plugin checks (untrustedSocket).
+    os.symlink(socket_path.name, temporary)
+    try:
+        os.replace(temporary, link)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    return link
+
+
+def unlink_server_pid(endpoint: PluginEndpoint, pid: int) -> None:
+    """Remove the link `link_server_pid` made, when it still leads to this monitor's socket
+    (another monitor may have named its own since); as the monitor stops serving plugins."""
+    if endpoint.socket_dir is None or endpoint.socket is None:
+        return
+    link = endpoint.socket_dir / pid_link_name(pid)
+    with contextlib.suppress(OSError):
+        if os.readlink(link) == endpoint.socket.name:
+            link.unlink()
 
 
 # A token is a few dozen characters; a larger file is not one we wrote.

@@ -27,6 +27,7 @@ from monitor.exits import (
 from monitor.shell.endpoint import (
     PluginEndpoint,
     open_folder,
+    pid_link_name,
     plugin_endpoint,
     read_or_create_token,
     socket_name,
@@ -37,6 +38,7 @@ from monitor.shell.plugin_probe import Probed, probe
 __all__ = [
     "FILE_NAME",
     "asked_at",
+    "finds_own_server",
     "install",
     "installed_endpoint",
     "installed_version",
@@ -53,6 +55,8 @@ _ENDPOINT_LINE = "const ENDPOINT: Endpoint = "
 _ENDPOINT_START, _VALUE_START = "const ENDPOINT:", " = {"
 # The line carrying the release that wrote the file (none in files before issue 46).
 _VERSION_LINE = "export const VERSION = "
+# In the files that find their own server's socket under OpenCode 2 (loop-guard.ts setup).
+_OWN_SERVER = "ownSocket(ENDPOINT.socketDir, process)"
 # Said by the file itself, so uninstall removes only a file we wrote.
 _MARK = "opencode-loop-monitor plugin install"
 PROBE_TIMEOUT_S = 0.5
@@ -120,12 +124,23 @@ def installed_endpoint(text: str) -> dict[str, str | None] | None:
     return None
 
 
-def asked_at(address: Mapping[str, str | None], url: str) -> str:
-    """Where an installed plugin running in the server at `url` asks (loop-guard.ts)."""
+def asked_at(address: Mapping[str, str | None], url: str, pid: int | None = None) -> str:
+    """Where an installed plugin running in the server at `url` asks (loop-guard.ts): with
+    `pid` (the server's, from its `/api/info`), the socket a monitor named after it first
+    (endpoint.link_server_pid, what a 2.x plugin asks first), else its port's socket."""
     folder = address.get("socketDir")
     if folder:
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                return os.path.realpath(Path(folder) / pid_link_name(pid), strict=True)
         return str(Path(folder) / socket_name(url))
     return address.get("socket") or address.get("url") or ""
+
+
+def finds_own_server(text: str) -> bool:
+    """Whether an installed plugin finds its own server's socket under OpenCode 2; one written
+    before it could asks the socket install wrote (`socket`) in every 2.x server."""
+    return _OWN_SERVER in text
 
 
 def _endpoint(settings: Settings, environ: Mapping[str, str]) -> PluginEndpoint:
@@ -178,7 +193,9 @@ def install(settings: Settings, project: Path | None, environ: Mapping[str, str]
     if endpoint.socket_dir is not None:
         where = (
             f"the monitor of its own server, at {endpoint.socket_dir}/plugin-PORT.sock "
-            "(PORT: the port that server listens on)"
+            "(PORT: the port that server listens on; under OpenCode 2 the one its command "
+            "line or its service registration says, or the socket its monitor named "
+            "server-PID.sock after the server's pid)"
         )
     else:
         where = f"the monitor at {endpoint.socket or endpoint.url}" + (
@@ -250,6 +267,13 @@ def status(settings: Settings, project: Path | None, environ: Mapping[str, str])
     expected = _endpoint(settings, environ)
     watch_at = str(expected.socket) if expected.socket is not None else expected.url
     lines = [f"installed: {path}", f"in the server at {server} it asks: {asked}"]
+    pinned = address.get("socket")
+    if address.get("socketDir") and not finds_own_server(text) and pinned and pinned != asked:
+        # A file from before the 2.x lookup: whatever answers at `asked`, an OpenCode 2
+        # server's plugin asks elsewhere, and a monitor answering here is no answer to it.
+        lines[-1] += f" (OpenCode 1); in an OpenCode 2 server it asks {pinned}"
+        lines.append("run `opencode-loop-monitor plugin install` again, then restart OpenCode")
+        return PluginStatus("\n".join(lines), EX_OTHER_RELEASE)
     if not _answers(asked):
         lines.append(
             "nothing answers there: start `opencode-loop-monitor watch --url "

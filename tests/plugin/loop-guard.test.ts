@@ -1,7 +1,7 @@
 // The plugin's pure parts and both entries with stand-ins, run by `bun test` (tests/test_plugin_ts.py
 // runs it from pytest with the Bun of the `bun` npm package).
 import { afterAll, describe, expect, test } from "bun:test"
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs"
+import { mkdtempSync, mkdirSync, rmSync, symlinkSync, unlinkSync, writeFileSync } from "node:fs"
 import { tmpdir } from "node:os"
 import plugin, {
   CUT,
@@ -24,6 +24,9 @@ import plugin, {
   localFeedback,
   makeAsker,
   makeJudge,
+  ownPort,
+  ownSocket,
+  pidLink,
   refusal,
   v1Hooks,
   v2Hooks,
@@ -657,6 +660,118 @@ describe("versions: a plugin and a daemon of different releases say so (issue 46
       expect(lines).toEqual([versionSkew(null, socket), versionSkew(null, socket)])
     } finally {
       server.stop(true)
+      rmSync(dir, { recursive: true, force: true })
+    }
+  })
+})
+
+describe("a 2.x plugin finds its own server's daemon (OpenCode 2 gives it no URL)", () => {
+  // What 2.2.5 showed a plugin of its process (V2-REAL-NOTES section 6): the server's own pid,
+  // and its command line; the background service has no port on it, but a registration.
+  const BUN = ["bun", "/$bunfs/root/opencode"]
+  const served = (port: string, pid = 4405) => ({ pid, argv: [...BUN, "serve", "--hostname", "127.0.0.1", "--port", port], env: {} })
+  const service = (pid: number, env: Record<string, string> = { XDG_STATE_HOME: "/s" }) => ({ pid, argv: [...BUN, "serve", "--service"], env })
+  const registration = (pid: number, url = "http://127.0.0.1:49374") =>
+    JSON.stringify({ id: "6b532e01", version: "2.2.5", url, pid, password: "x" })
+  const none = () => null
+  const silent = () => {}
+
+  test("`serve --port N` and `--port=N`: the port on its command line", () => {
+    expect(ownPort(served("4596"), none)).toBe(4596)
+    expect(ownPort({ pid: 1, argv: [...BUN, "serve", "--hostname=127.0.0.1", "--port=4598"], env: {} }, none)).toBe(4598)
+  })
+
+  test("no port, or none a daemon could be named after: unknown", () => {
+    expect(ownPort(served("0"), none)).toBeNull() // a port the system picks: only the pid says
+    expect(ownPort(served("70000"), none)).toBeNull()
+    expect(ownPort(served("4596x"), none)).toBeNull()
+    expect(ownPort({ pid: 1, argv: [...BUN, "serve", "--port"], env: {} }, none)).toBeNull()
+    expect(ownPort({ pid: 1, argv: [...BUN, "serve"], env: {} }, none)).toBeNull()
+    // Past `--` it is someone else's argument.
+    expect(ownPort({ pid: 1, argv: [...BUN, "serve", "--", "--port", "1"], env: {} }, none)).toBeNull()
+  })
+
+  test("the background service: OpenCode's registration, when it names this process", () => {
+    const read = (text: string) => (path: string) => (path === "/s/opencode/service.json" ? text : null)
+    expect(ownPort(service(4691), read(registration(4691)))).toBe(49374)
+    expect(ownPort(service(4691), read(registration(4691, "http://127.0.0.1:5123")))).toBe(5123)
+    // Another service's registration, or a stale one: another server.
+    expect(ownPort(service(4692), read(registration(4691)))).toBeNull()
+    expect(ownPort(service(4691), read("{not json"))).toBeNull()
+    expect(ownPort(service(4691), read(JSON.stringify({ pid: 4691 })))).toBeNull()
+    // Without XDG_STATE_HOME, OpenCode's default under HOME.
+    const home = (path: string) => (path === "/h/.local/state/opencode/service.json" ? registration(7) : null)
+    expect(ownPort(service(7, { HOME: "/h" }), home)).toBe(49374)
+    expect(ownPort(service(7, {}), home)).toBeNull()
+  })
+
+  describe("the socket asked, looked up at each question", () => {
+    const dir = mkdtempSync(`${tmpdir()}/olm-`)
+    afterAll(() => rmSync(dir, { recursive: true, force: true }))
+
+    test("the port's socket; the link a daemon named after this pid first, when it leads somewhere", () => {
+      const find = ownSocket(dir, served("4596", 321), none)
+      expect(find()).toBe(`${dir}/plugin-4596.sock`)
+      // A daemon given a mapped port (or --port 0) learned this pid from /api/info.
+      writeFileSync(`${dir}/plugin-14596.sock`, "")
+      symlinkSync("plugin-14596.sock", pidLink(dir, 321))
+      expect(find()).toBe(`${dir}/plugin-14596.sock`)
+      // Its socket gone (the daemon stopped): the port's socket again.
+      unlinkSync(`${dir}/plugin-14596.sock`)
+      expect(find()).toBe(`${dir}/plugin-4596.sock`)
+      unlinkSync(pidLink(dir, 321))
+    })
+
+    test("a service registered after its plugins loaded is found at the next question", () => {
+      let text: string | null = null
+      const find = ownSocket(dir, service(4691), () => text)
+      expect(find()).toBeNull() // then the socket written at install
+      text = registration(4691)
+      expect(find()).toBe(`${dir}/plugin-49374.sock`)
+    })
+  })
+
+  test("the daemon of the service's port is asked, not the one install named; a 1.x URL wins", async () => {
+    // V2-REAL-NOTES 7.4: the 2.x entry asked plugin-4096.sock, found no daemon on any other
+    // port, refused a loop's call by its own rule while the real daemon interrupted the run.
+    const dir = mkdtempSync(`${tmpdir()}/olm-`)
+    const heard: string[] = []
+    const listen = (name: string) =>
+      Bun.serve({ unix: `${dir}/${name}`, fetch: () => (heard.push(name), Response.json({ verdict: "allow" })) })
+    const servers = [listen("plugin-49374.sock"), listen("plugin-4096.sock"), listen("plugin-5000.sock")]
+    try {
+      mkdirSync(`${dir}/state/opencode`, { recursive: true })
+      writeFileSync(`${dir}/state/opencode/service.json`, registration(4691))
+      const endpoint = { url: "http://localhost/v1/decide", socket: `${dir}/plugin-4096.sock`, socketDir: dir, tokenFile: null }
+      const own = ownSocket(dir, service(4691, { XDG_STATE_HOME: `${dir}/state` }))
+      const body = { session_id: "ses_1", call_id: "c", tool: "read", args: {}, directory: "/p", fell_open: 0, ...RELEASE }
+      expect(await makeAsker(endpoint, null, silent, own)(body, "read")).toEqual({ block: null })
+      expect(await makeAsker(endpoint, "http://127.0.0.1:5000", silent, own)(body, "read")).toEqual({ block: null })
+      // Nothing found: the socket written at install, as before.
+      expect(await makeAsker(endpoint, null, silent, () => null)(body, "read")).toEqual({ block: null })
+      expect(heard).toEqual(["plugin-49374.sock", "plugin-5000.sock", "plugin-4096.sock"])
+      // A fixed socket (no folder) is asked whatever the process says.
+      const fixed = { ...endpoint, socketDir: null }
+      expect(await makeAsker(fixed, null, silent, own)(body, "read")).toEqual({ block: null })
+      expect(heard.at(-1)).toBe("plugin-4096.sock")
+    } finally {
+      for (const server of servers) server.stop(true)
+      rmSync(dir, { recursive: true, force: true })
+    }
+  })
+
+  test("an unanswered question names the socket the lookup chose", async () => {
+    const dir = mkdtempSync(`${tmpdir()}/olm-`)
+    try {
+      const endpoint = { url: "http://localhost/v1/decide", socket: `${dir}/plugin-4096.sock`, socketDir: dir, tokenFile: null }
+      const body = { session_id: "ses_1", call_id: "c", tool: "read", args: {}, directory: "/p", fell_open: 0, ...RELEASE }
+      const verdict = await makeAsker(endpoint, null, silent, ownSocket(dir, served("4596"), none))(body, "read")
+      expect(verdict).toEqual({
+        fellOpen:
+          `no answer from the monitor at ${dir}/plugin-4596.sock (nothing listens there: ` +
+          "is `opencode-loop-monitor watch` running for this server?)",
+      })
+    } finally {
       rmSync(dir, { recursive: true, force: true })
     }
   })
