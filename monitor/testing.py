@@ -116,6 +116,16 @@ async def no_headers(request: web.Request, response: web.StreamResponse) -> None
 
 
 TOAST_PATH = "/tui/show-toast"
+# What generation 2's `/api/info` gives as its pid.
+INFO_PID = 17329
+# What 2.2.5 answers on every path outside `/api`: its web app, 200 text/html.
+WEB_APP_PAGE = '<!doctype html>\n<html lang="en"><head><title>OpenCode</title></head></html>\n'
+
+
+def _invalid(key: str) -> web.Response:
+    """A new-engine body without the key its schema asks for: the real server's 400."""
+    error = {"_tag": "InvalidRequestError", "message": f'Missing key\n  at ["{key}"]'}
+    return web.json_response({**error, "kind": "Payload"}, status=400)
 
 
 @dataclass
@@ -149,17 +159,17 @@ class FakeOpencode:
     reply_once: bool = False
     requests: list[Received] = field(default_factory=list)
     connections: int = 0
-    # 2: a server of OpenCode 2.0, which has only the `/api` routes (its stream `/api/event`,
-    # its session actions `/api/session/{id}/interrupt|prompt|permission/{rid}/reply`);
-    # 1: a 1.x server. Restart a test's server as the other one to change generation.
-    # 3: 1.18.33, the 1.x routes and stream with the new engine's `/api` routes beside them.
+    # 2: a server of OpenCode 2.2.5 (../shared/opencode/V2-REAL-NOTES.md), which has only the
+    # `/api` routes (`/api/info`, its stream `/api/event`, its session actions
+    # `/api/session/{id}/interrupt|prompt|permission/{rid}/reply`, no history) and answers
+    # every other path with its web app's page; 1: a 1.x server. Restart a test's server as
+    # the other one to change generation.
+    # 3: 1.18.33, the 1.x routes and stream with the new engine's `/api` routes beside them
+    # (`/api/health`, `/api/event`, the history of a session's events).
     generation: int = 1
-    # What GET /api/session/{id}/history answers, per session: durable events in the
-    # `/api/event` envelope (`engine_event`); only those after `?after=` are sent.
+    # What GET /api/session/{id}/history answers (generation 3), per session: durable events
+    # in the `/api/event` envelope (`engine_event`); only those after `?after=` are sent.
     history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    # Statuses a 2.0 permission reply answers per body key ("reply", "decision"): 2.0
-    # releases differ in the body, and refuse the other one with a 400.
-    reply_keys: dict[str, int] = field(default_factory=lambda: {"reply": 204, "decision": 204})
     # Set once a stream played by `live` is open, so `push` reaches someone.
     live_connected: asyncio.Event = field(default_factory=asyncio.Event)
     _live: list[web.StreamResponse] = field(default_factory=list, init=False, repr=False)
@@ -191,19 +201,21 @@ class FakeOpencode:
 
     def _app_v2(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/api/event", self._stream)
+        app.router.add_get("/api/info", self._info)
         self._add_engine_routes(app)
         app.router.add_route("*", "/{tail:.*}", self._elsewhere)
         return app
 
     def _add_engine_routes(self, app: web.Application) -> None:
-        app.router.add_get("/api/health", self._health)
+        if self.generation == 3:
+            app.router.add_get("/api/health", self._health)
+            app.router.add_get("/api/session/{id}/history", self._history)
+        app.router.add_get("/api/event", self._stream)
         app.router.add_get("/api/session/active", self._active)
         app.router.add_get("/api/session", self._sessions_v2)
         app.router.add_get("/api/session/{id}", self._session_v2)
         app.router.add_get("/api/permission/request", self._permissions_v2)
         app.router.add_get("/api/session/{id}/message", self._messages_v2)
-        app.router.add_get("/api/session/{id}/history", self._history)
         # Answered like the action of its last path segment ("interrupt", "prompt", "reply").
         app.router.add_post("/api/session/{id}/{action}", self._action)
         app.router.add_post("/api/session/{id}/permission/{request}/{action}", self._reply_v2)
@@ -220,6 +232,11 @@ class FakeOpencode:
             return web.json_response({"healthy": True, "version": "1.18.33"})
         await self._held("health")  # `/api/health`'s
         return web.json_response({"healthy": True})
+
+    async def _info(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        await self._held("info")
+        return web.json_response({"version": "2.2.5", "pid": INFO_PID, "urls": [], "paths": {}})
 
     async def _sessions_v2(self, request: web.Request) -> web.Response:
         await self._record(request)
@@ -275,12 +292,14 @@ class FakeOpencode:
 
     async def _reply_v2(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)
-        body = self.requests[-1].body
-        key = next((k for k in ("reply", "decision") if isinstance(body, dict) and k in body), "")
-        status = self.reply_keys.get(key, 400)
-        if status != 204:
-            return web.json_response({"name": "InvalidRequestError"}, status=status)
+        # Each release takes its own body only (`additionalProperties: false`).
+        if not self._takes(self.requests[-1].body, "decision", "reply"):
+            return _invalid("decision" if self.generation == 2 else "reply")
         return self._answer("reply")
+
+    def _takes(self, body: object, v2_key: str, v1_18_key: str) -> bool:
+        """Whether a new-engine body has the key this generation's schema asks for."""
+        return isinstance(body, dict) and (v2_key if self.generation == 2 else v1_18_key) in body
 
     def of(self, action: str) -> list[Received]:
         """The requests for one action (`abort`, `prompt_async`, `status`...), in order."""
@@ -357,11 +376,22 @@ class FakeOpencode:
 
     async def _elsewhere(self, request: web.Request) -> web.Response:
         await self._record(request)
+        if self.generation == 2 and not request.path.startswith("/api/"):
+            return web.Response(text=WEB_APP_PAGE, content_type="text/html")
+        if self.generation == 2:
+            return web.Response(status=404)  # an unknown `/api` path: empty
         return web.json_response({"error": "no such endpoint"}, status=404)
 
     async def _action(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)
         action = request.match_info["action"]
+        new_engine = request.path.startswith("/api/")
+        if (
+            new_engine
+            and action == "prompt"
+            and not self._takes(self.requests[-1].body, "text", "prompt")
+        ):
+            return _invalid("text" if self.generation == 2 else "prompt")
         if action == "prompt_async" and self.store_prompts:
             body = self.requests[-1].body
             assert isinstance(body, dict)

@@ -73,11 +73,13 @@ async def test_attached_to_a_2_0_session_mid_run_it_stops_the_loop_and_ends_with
     # feedback?); then the watch: which server, the stream, the session still there, busy
     # sessions, its current run read back.
     paths = [r.path for r in fake.requests]
-    assert paths[:11] == [
+    assert paths[:13] == [
+        "/api/info",
         "/global/health",
         "/api/health",
         f"/api/session/{S}",
         f"/api/session/{S}/message",
+        "/api/info",
         "/global/health",
         "/api/health",
         "/api/event",
@@ -88,7 +90,7 @@ async def test_attached_to_a_2_0_session_mid_run_it_stops_the_loop_and_ends_with
     ]
     [found] = events(logs, "attach.found")
     assert (found["directory"], found["engine"]) == (WHERE, 2)
-    assert fake.requests[6].query == {"location[directory]": WHERE}
+    assert fake.requests[8].query == {"location[directory]": WHERE}
     [seeded] = events(logs, "session.seeded")
     assert (seeded["calls"], seeded["loop"]) == (2, False)
     # Two calls read back, two live: the 4th identical read is the loop, stopped once by
@@ -97,7 +99,7 @@ async def test_attached_to_a_2_0_session_mid_run_it_stops_the_loop_and_ends_with
     assert (loop["session_id"], loop["part_id"], loop["call_index"]) == (S, "msg_4:call_4", 4)
     assert fake.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
     [prompt] = fake.of("prompt")
-    assert isinstance(prompt.body, dict) and prompt.body["prompt"]["text"].startswith(MARK)
+    assert isinstance(prompt.body, dict) and prompt.body["text"].startswith(MARK)
     assert [e["session_id"] for e in events(logs, "attach.session_deleted")] == [S]
 
 
@@ -131,6 +133,7 @@ async def test_a_session_a_2_0_server_does_not_have_exits_66(capsys: Any) -> Non
         await server.close()
     assert code == EX_NOINPUT
     assert [r.path for r in fake.requests] == [
+        "/api/info",
         "/global/health",
         "/api/health",
         f"/api/session/{missing}",
@@ -184,9 +187,10 @@ async def test_on_1_18_33_a_sessions_engine_is_told_by_its_messages_on_the_api_r
     assert (kind.routes(), told) == ((1, 2), [{2: True}, {2: False}])
     assert [engine_of_session(kind, seen) for seen in told] == [2, 1]
     assert [r.path for r in fake.requests] == [
+        "/api/info",
         "/global/health",
         "/api/health",
         f"/api/session/{S}/message",
         f"/api/session/{other}/message",
     ]
-    assert fake.requests[2].query == {"location[directory]": WHERE, "order": "desc", "limit": "1"}
+    assert fake.requests[3].query == {"location[directory]": WHERE, "order": "desc", "limit": "1"}

@@ -1,9 +1,10 @@
-"""The monitor against a stand-in OpenCode 2.0 server (`FakeOpencode(generation=2)`).
-
-2.0 itself cannot be installed here; the stand-in speaks what V2-NOTES.md documents of it: only
-the `/api` routes, 2.0's event names, a stream that a slow reader's overflow ends, durable
-events replayed from a seq, two release-specific permission reply bodies. The real server's
-new engine (1.18.33) is tested in tests/test_real_engine.py.
+"""The monitor against stand-ins of the new engine's servers, for what a real one cannot be
+made to do on demand (a stream ended mid-run, a read that fails or hangs):
+`FakeOpencode(generation=2)` speaks what the real 2.2.5 does (V2-REAL-NOTES.md: only the `/api`
+routes and `/api/info`, its web page everywhere else, no replay of missed events, its own
+request bodies); `generation=3` 1.18.33's new engine beside the 1.x routes, with the history
+of a session's events, read with `--api 2`. The real servers are tested in
+tests/test_real_engine.py and tests/test_real_v2*.py.
 """
 
 from __future__ import annotations
@@ -45,40 +46,29 @@ async def test_a_2_0_server_is_read_on_its_stream_and_a_loop_interrupted() -> No
         await wait_for(lambda: fake.of("prompt"))
         await stop(*running)
     paths = [r.path for r in fake.requests]
-    assert paths[:3] == ["/global/health", "/api/health", "/api/event"]
+    # `/global/health` answers 2.2.5's web page: no answer, never a 1.x server.
+    assert paths[:4] == ["/api/info", "/global/health", "/api/health", "/api/event"]
     [detected] = events(logs, "server.detected")
-    assert (detected["classic"], detected["engine"], detected["version"]) == (False, True, None)
+    assert (detected["classic"], detected["engine"], detected["version"]) == (False, True, "2.2.5")
+    assert detected["server"] == "opencode 2.2.5: 2.x API"
     assert detected["stream"].endswith("/api/event")
     [loop] = events(logs, "loop.detected")
     assert (loop["session_id"], loop["part_id"], loop["call_index"]) == (S, "msg_4:call_4", 4)
     # Stopped through 2.0's routes only: interrupt, then the feedback as a new turn.
     assert fake.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
+    # In 2.2.5's form the first time (the stand-in refuses any other with a 400, as it does).
+    [prompt] = fake.of("prompt")
+    assert prompt.body == {"text": prompt.body["text"], "resume": True}
+    assert prompt.body["text"].startswith(MARK)
+
+
+async def test_1_18_33s_new_engine_gets_its_own_prompt_body_the_first_time() -> None:
+    fake = FakeOpencode(generation=3, streams=[play(frames(*reads(1, 4, 1)))])
+    running = await start(fake, api="2")
+    await wait_for(lambda: fake.of("prompt"))
+    await stop(*running)
     [prompt] = fake.of("prompt")
     assert prompt.body == {"prompt": {"text": prompt.body["prompt"]["text"]}, "resume": True}
-    assert prompt.body["prompt"]["text"].startswith(MARK)
-
-
-async def test_a_prompt_body_of_another_release_falls_back_on_a_400_and_is_kept() -> None:
-    # Two loops of two sessions, one after the other: the first feedback meets a 400 with
-    # the documented body and is taken in 2.0's form; the second goes in that form at once.
-    other = [dict(event, data={**event["data"], "sessionID": "ses_s2"}) for event in reads(1, 4, 1)]
-    for event in other:
-        event["durable"] = {**event["durable"], "aggregateID": "ses_s2"}
-    fake = FakeOpencode(generation=2, answers={"prompt": [400, 200]})
-    fake.streams = [fake.live]
-    running = await start(fake)
-    await wait_for(fake.live_connected.is_set)
-    await fake.push(frames(*reads(1, 4, 1)))
-    await wait_for(lambda: len(fake.of("prompt")) == 2)
-    await fake.push(frames(*other))
-    await wait_for(lambda: len(fake.of("prompt")) == 3)
-    await stop(*running)
-    first, second, third = (r.body for r in fake.of("prompt"))
-    assert isinstance(first, dict) and isinstance(second, dict) and isinstance(third, dict)
-    assert set(first) == {"prompt", "resume"} and set(second) == {"text", "resume"}
-    assert second["text"] == first["prompt"]["text"]
-    assert set(third) == {"text", "resume"}
-    assert [r.path for r in fake.of("prompt")][2] == "/api/session/ses_s2/prompt"
 
 
 async def test_the_gap_an_overflow_left_is_filled_by_replay_and_counted_once() -> None:
@@ -87,13 +77,13 @@ async def test_the_gap_an_overflow_left_is_filled_by_replay_and_counted_once() -
     history = reads(1, 4, 1)
     other_call = engine_call(S, 5, "shell", {"command": "ls"}, 13, "/w")
     fake = FakeOpencode(
-        generation=2,
+        generation=3,
         streams=[play(frames(*history[:6]), then="end"), play(frames(*other_call))],
         history={S: history},
-        busy={S: {}},
+        engine_busy={S: {}},
     )
     with capture_logs() as logs:
-        running = await start(fake)
+        running = await start(fake, api="2")
         await wait_for(lambda: fake.of("prompt"))
         await wait_for(lambda: len(events(logs, "stream.resynced")) == 2)
         await stop(*running)
@@ -111,11 +101,11 @@ async def test_a_history_that_fails_falls_back_on_the_messages_and_the_loop_is_s
     # stream was down were lost, and the loop they completed was never interrupted.
     history = reads(1, 4, 1)
     fake = FakeOpencode(
-        generation=2, history={S: history}, answers={"history": [500]}, busy={S: {}}
+        generation=3, history={S: history}, answers={"history": [500]}, engine_busy={S: {}}
     )
     fake.streams = [fake.live, play()]
     with capture_logs() as logs:
-        running = await start(fake)
+        running = await start(fake, api="2")
         await wait_for(lambda: events(logs, "stream.resynced"))
         await fake.push(frames(*history[:6]))
         await wait_for(lambda: running[1].status()["stream"]["frames"] >= 6)  # type: ignore[index]
@@ -128,6 +118,29 @@ async def test_a_history_that_fails_falls_back_on_the_messages_and_the_loop_is_s
     [loop] = events(logs, "loop.detected")
     assert (loop["session_id"], loop["call_index"]) == (S, 4)
     assert fake.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
+
+
+async def test_on_2_2_5_a_loop_completed_while_the_stream_was_down_is_read_back_once() -> None:
+    # 2.2.5 has no history route: the calls made while the stream was down are in the busy
+    # session's record, read back at the reconnect, each counted once with those the
+    # stream brought before.
+    history = reads(1, 4, 1)
+    fake = FakeOpencode(generation=2, busy={S: {}})
+    fake.streams = [fake.live, play()]
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: events(logs, "stream.resynced"))
+        await fake.push(frames(*history[:6]))
+        await wait_for(lambda: running[1].status()["stream"]["frames"] >= 6)  # type: ignore[index]
+        fake.messages[S] = engine_record(4)  # calls 3 and 4 come while the stream is down
+        fake.close()
+        await wait_for(lambda: fake.of("prompt"))
+        await stop(*running)
+    assert fake.of("history") == [] and events(logs, "session.replay_failed") == []
+    [loop] = events(logs, "loop.detected")
+    assert (loop["session_id"], loop["call_index"]) == (S, 4)
+    assert fake.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
+    assert [e["calls"] for e in events(logs, "session.seeded")] == [0, 4]
 
 
 @pytest.mark.parametrize("hung", ["active", "health"])
@@ -198,13 +211,13 @@ async def test_a_classic_loop_is_stopped_while_the_api_read_of_its_directory_han
 async def test_replayed_events_the_stream_brings_again_are_not_counted_twice() -> None:
     history = reads(1, 3, 1)
     fake = FakeOpencode(
-        generation=2,
+        generation=3,
         # The second stream starts with call 3 again, already replayed from the history.
         streams=[play(frames(*history[:6]), then="end"), play(frames(*history[6:]))],
         history={S: history},
     )
     with capture_logs() as logs:
-        running = await start(fake)
+        running = await start(fake, api="2")
         await wait_for(lambda: len(events(logs, "stream.resynced")) == 2)
         # A positive sign that the second stream's frames were read: its frame count.
         await wait_for(lambda: running[1].status()["stream"]["frames"] >= 4)  # type: ignore[index]
@@ -234,24 +247,25 @@ def asking_call(n: int, seq: int, answered: bool = True) -> list[dict[str, Any]]
     return [started, called, asked, replied, success]
 
 
-async def test_a_permission_reply_body_of_another_release_falls_back_on_a_400() -> None:
-    # Calls 1-3 ask and are let run; the 4th, the loop's, is refused before it runs.
+@pytest.mark.parametrize(("generation", "key"), [(2, "decision"), (3, "reply")])
+async def test_a_permission_reply_takes_the_servers_own_body_the_first_time(
+    generation: int, key: str
+) -> None:
+    # Calls 1-3 ask and are let run; the 4th, the loop's, is refused before it runs. Each
+    # server refuses the other's body with a 400: one reply, taken.
     stream = [e for n in range(1, 4) for e in asking_call(n, 3 * n - 2)]
     stream += asking_call(4, 10, answered=False)
-    fake = FakeOpencode(
-        generation=2,
-        streams=[play(frames(*stream))],
-        reply_keys={"reply": 400, "decision": 204},
-    )
-    running = await start(fake)
-    await wait_for(lambda: len(fake.of("reply")) == 2)
-    await stop(*running)
-    replies = fake.of("reply")
-    assert [r.path for r in replies] == [f"/api/session/{S}/permission/per_4/reply"] * 2
-    first, second = (r.body for r in replies)
-    assert isinstance(first, dict) and isinstance(second, dict)
-    assert (first["reply"], second["decision"]) == ("reject", "reject")
-    assert first["message"] == second["message"] and first["message"].startswith(MARK)
+    fake = FakeOpencode(generation=generation, streams=[play(frames(*stream))])
+    with capture_logs() as logs:
+        running = await start(fake, api="2")
+        await wait_for(lambda: events(logs, "intervention.outcome"))
+        await stop(*running)
+    [reply] = fake.of("reply")
+    assert reply.path == f"/api/session/{S}/permission/per_4/reply"
+    assert isinstance(reply.body, dict) and set(reply.body) == {key, "message"}
+    assert reply.body[key] == "reject" and reply.body["message"].startswith(MARK)
+    [outcome] = events(logs, "intervention.outcome")
+    assert (outcome["outcome"], outcome["channel"]) == ("rejected", "permission")
     assert fake.of("interrupt") == []  # refused before it ran: the run goes on
 
 
@@ -275,7 +289,7 @@ async def test_a_server_upgraded_in_place_is_read_by_its_new_api() -> None:
     assert first["stream"].endswith("/global/event")
     assert (second["classic"], second["engine"], second["changed"]) == (False, True, True)
     assert new.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
-    assert watch.status()["stream"]["server"] == "opencode (no version given): 2.x API"
+    assert watch.status()["stream"]["server"] == "opencode 2.2.5: 2.x API"
 
 
 async def test_a_1_x_stand_in_is_still_read_on_global_event() -> None:
@@ -285,8 +299,8 @@ async def test_a_1_x_stand_in_is_still_read_on_global_event() -> None:
     running = await start(fake)
     await wait_for(lambda: fake.live_connected.is_set())
     await stop(*running)
-    assert [r.path for r in fake.requests[:3]] == ["/global/health", "/api/health", "/global/event"]
-    await asyncio.sleep(0)
+    paths = [r.path for r in fake.requests[:4]]
+    assert paths == ["/api/info", "/global/health", "/api/health", "/global/event"]
 
 
 async def test_a_pending_request_of_a_2_0_server_is_read_back() -> None:
@@ -317,12 +331,12 @@ async def test_a_run_that_ended_before_the_outage_is_not_replayed() -> None:
         "session.step.ended", S, {"assistantMessageID": "msg_9", "finish": "stop"}, 7, "/w"
     )
     fake = FakeOpencode(
-        generation=2,
+        generation=3,
         streams=[play(frames(*reads(1, 2, 1), ended), then="end")],
         history={S: reads(1, 2, 1)},
     )
     with capture_logs() as logs:
-        running = await start(fake)
+        running = await start(fake, api="2")
         await wait_for(lambda: len(events(logs, "stream.resynced")) == 2)
         await stop(*running)
     assert fake.of("history") == []
@@ -363,7 +377,13 @@ async def test_a_shell_call_that_never_ends_is_interrupted_past_its_bound() -> N
     # can catch a `while true` there.
     forever = {"command": "while true; do echo y; done"}
     started = engine_call(S, 1, "shell", forever, 1, "/w")[:2]
-    fake = FakeOpencode(generation=2, streams=[play(frames(*started))], busy={S: {}})
+    # 2.2.5 replays nothing: each connect reads the busy session's record, where it runs.
+    running_call = {"type": "tool", "id": "call_1", "name": "shell"}
+    running_call["state"] = {"status": "running", "input": forever}
+    record = [*engine_record(0), {"id": "msg_1", "type": "assistant", "content": [running_call]}]
+    fake = FakeOpencode(
+        generation=2, streams=[play(frames(*started))], busy={S: {}}, messages={S: record}
+    )
     with capture_logs() as logs:
         running = await start(fake, call_seconds=1)
         await wait_for(lambda: fake.of("prompt"))
@@ -375,6 +395,4 @@ async def test_a_shell_call_that_never_ends_is_interrupted_past_its_bound() -> N
         "aborted",
     )
     assert fake.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
-    assert (
-        "one bash call was still running after 1 s" in fake.of("prompt")[0].body["prompt"]["text"]
-    )
+    assert "one bash call was still running after 1 s" in fake.of("prompt")[0].body["text"]

@@ -546,9 +546,9 @@ async def test_directory_mode_reads_the_project_stream():
     running = await start(fake, directory="/proj")
     await wait_for(lambda: fake.of("abort"))
     await stop(*running)
-    # After the two health routes that tell which server this is.
-    assert [r.path for r in fake.requests[:2]] == ["/global/health", "/api/health"]
-    stream_request = fake.requests[2]
+    # After the three health routes that tell which server this is.
+    assert [r.path for r in fake.requests[:3]] == ["/api/info", "/global/health", "/api/health"]
+    stream_request = fake.requests[3]
     assert (stream_request.path, stream_request.query) == ("/event", {"directory": "/proj"})
 
 

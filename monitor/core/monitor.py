@@ -94,6 +94,9 @@ class Monitor:
         # Reads of the record before a stop (`life.found`): more where another monitor
         # answers this server's plugin.
         self._reads = 1
+        # Whether the server replays a new-engine session's missed events (`server`): as a
+        # 1.18.33 until a connect says otherwise.
+        self._replays = True
 
     def serving_plugins(self, endpoint: str, unasked_after: float) -> None:
         """The shell serves the plugin endpoint (`endpoint`, as a plugin reaches it) from now
@@ -104,7 +107,9 @@ class Monitor:
 
     def server(self, kind: ServerKind) -> None:
         """What the server the next connect reaches serves: which routes a session's
-        actions take where its own frames have not said."""
+        actions take where its own frames have not said, and whether a new-engine session's
+        missed events are replayed or its record read back (`last_seq`)."""
+        self._replays = kind.replays
         self.tracker.server_routes(kind.classic)
 
     def role(
@@ -280,8 +285,10 @@ class Monitor:
         return self.tracker.route(session_id)
 
     def last_seq(self, session_id: str) -> int | None:
-        """A query: the last durable event of a new-engine session followed (None: not one)."""
-        return self.tracker.adapter.last_seq(session_id)
+        """A query: where a new-engine session's missed events are replayed from, its last
+        durable event (None: not one, or a server with no replay, 2.x: its record is read
+        back instead, as a 1.x session's is)."""
+        return self.tracker.adapter.last_seq(session_id) if self._replays else None
 
     def reads_permissions(self) -> bool:
         """A query: whether permission requests are judged (pending ones read back)."""

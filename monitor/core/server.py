@@ -3,8 +3,18 @@
 The shell asks the health routes (`probes`) and hands their answers here (`kind_from_probes`);
 the core keeps the kind (`Monitor.server`) and says by it which routes a session's requests
 take (`session_route`), which reads tell the busy sessions (`ServerKind.routes`) and which
-messages tell the engine of a session not seen on the stream (`engine_of_session`). Route 1 is
-the 1.x `/session/...` routes, 2 the new engine's `/api/session/...`."""
+messages tell the engine of a session not seen on the stream (`engine_of_session`), which body
+each request of the new engine takes (`prompt_body`, `permission_body`), and whether its
+missed events can be replayed (`ServerKind.replays`). Route 1 is the 1.x `/session/...`
+routes, 2 the new engine's `/api/session/...`.
+
+Three servers answer the probes (seen on the real servers, ../shared/opencode/NOTES.md and
+V2-REAL-NOTES.md):
+- 1.x: `/global/health` `{healthy, version}`; 1.18.33 also serves the new engine under `/api`
+  (`/api/health`, `/api/session/{id}/history`, its own body forms);
+- 2.x (2.2.5): `GET /api/info` `{version, pid, urls, ...}`; no `/api/health`, no history
+  route; every path outside `/api` answers `200 text/html`, the web app, which is no answer
+  of a route (the shell hands such an answer over as not answered, `Probe.answered`)."""
 
 from __future__ import annotations
 
@@ -13,30 +23,35 @@ from dataclasses import dataclass
 
 __all__ = [
     "API_HEALTH",
+    "API_INFO",
     "HEALTH",
     "Probe",
     "ServerKind",
     "assumed_kind",
     "engine_of_session",
     "kind_from_probes",
+    "permission_body",
     "probes",
+    "prompt_body",
     "session_route",
 ]
 
 HEALTH = "/global/health"  # 1.x servers (1.18.33 too); older 1.x have none
-API_HEALTH = "/api/health"  # servers with the new engine's `/api` routes
+API_HEALTH = "/api/health"  # 1.18's new engine under `/api`
+API_INFO = "/api/info"  # 2.x: its version and pid
 
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """One health route's answer: its HTTP status and, when taken, its body."""
+    """One health route's answer: its HTTP status and, when taken, its JSON body (None for a
+    route that answered no JSON, such as 2.x's web page on every path outside `/api`)."""
 
     status: int
     body: object = None
 
     @property
     def answered(self) -> bool:
-        return 200 <= self.status < 300
+        return 200 <= self.status < 300 and self.body is not None
 
 
 def session_route(classic: bool, seen: int | None = None) -> int:
@@ -49,11 +64,24 @@ def session_route(classic: bool, seen: int | None = None) -> int:
 @dataclass(frozen=True, slots=True)
 class ServerKind:
     """What a server serves: the 1.x routes (`classic`), the `/api` routes of the new engine
-    (`engine`), and the version it gives (`/global/health`), if any."""
+    (`engine`), and the version it gives (`/global/health`, 2.x's `/api/info`), if any."""
 
     classic: bool
     engine: bool
     version: str | None = None
+    # 2 for a 2.x server (it answers `/api/info`), 1 for a 1.x one, 1.18.33 with its new
+    # engine too: the bodies its `/api` takes and whether it replays missed events go by it.
+    generation: int = 1
+    # The server process's id as 2.x's `/api/info` gives it (None elsewhere): the plugin in
+    # it finds its monitor by it.
+    pid: int | None = None
+
+    @property
+    def replays(self) -> bool:
+        """Whether a new-engine session's missed events can be read again from its last seq
+        (1.18.33's `/api/session/{id}/history`); 2.x has no such route, and a session it ran
+        while we were away is read back from its record, as a 1.x one is."""
+        return self.engine and self.generation == 1
 
     @property
     def api_stream(self) -> bool:
@@ -90,22 +118,48 @@ class ServerKind:
         }
 
 
+def prompt_body(kind: ServerKind, text: str, resume: bool) -> dict[str, object]:
+    """The body of a new-engine session's `POST /api/session/{id}/prompt`: 1.18.33 takes
+    `{prompt: {text}, resume}`, 2.x `{text, resume}` (its schema refuses any other key, 400)."""
+    if kind.generation == 1:
+        return {"prompt": {"text": text}, "resume": resume}
+    return {"text": text, "resume": resume}
+
+
+def permission_body(kind: ServerKind, reply: str, message: str | None) -> dict[str, object]:
+    """The body of a new-engine permission reply: 1.18.33's `{reply}`, 2.x's `{decision}`
+    (`once` / `always` / `reject` either way), with the refusal's `message` that the model
+    reads."""
+    extra = {} if message is None else {"message": message}
+    return {("reply" if kind.generation == 1 else "decision"): reply, **extra}
+
+
 def assumed_kind(choice: str) -> ServerKind:
     """What a server is taken for before its probes answer (`--api auto|1|2`): under `auto`,
-    a 1.18.33 (both), as before the client knew of 2.x servers."""
-    return ServerKind(classic=choice != "2", engine=choice != "1")
+    a 1.18.33 (both), as before the client knew of 2.x servers; under `2`, a 2.x."""
+    if choice == "2":
+        return ServerKind(classic=False, engine=True, generation=2)
+    return ServerKind(classic=True, engine=choice != "1")
 
 
 def probes(choice: str) -> tuple[str, ...]:
-    """The health routes to ask at every connect (a server may be upgraded in place):
-    `--api 1|2` decides the kind without `/api/health`, the version is asked all the same."""
-    return (HEALTH,) if choice in ("1", "2") else (HEALTH, API_HEALTH)
+    """The health routes to ask at every connect (a server may be upgraded in place), in
+    order: `--api 1|2` decide the kind, each asks its own route for the version."""
+    if choice == "1":
+        return (HEALTH,)
+    if choice == "2":
+        return (API_INFO, HEALTH)
+    return (API_INFO, HEALTH, API_HEALTH)
 
 
 def kind_from_probes(choice: str, answers: Mapping[str, Probe]) -> ServerKind:
-    """The kind the answers to `probes(choice)` show. Without `/api`, a 1.x server whatever
-    its health route says (older ones have none); with it, 2.x only if it lacks the 1.x
-    health route too."""
+    """The kind the answers to `probes(choice)` show. A server that answers `/api/info` is a
+    2.x one; else without `/api`, a 1.x server whatever its health route says (older ones
+    have none); with it, the new engine's `/api` only if it lacks the 1.x health route too."""
+    info = answers.get(API_INFO)
+    if info is not None and info.answered:
+        version, pid = _info(info.body)
+        return ServerKind(classic=False, engine=True, version=version, generation=2, pid=pid)
     version = _version(answers[HEALTH])
     if choice in ("1", "2"):
         return ServerKind(classic=choice == "1", engine=choice == "2", version=version)
@@ -119,6 +173,15 @@ def _version(health: Probe) -> str | None:
         return None
     version = health.body.get("version") if isinstance(health.body, dict) else None
     return version if isinstance(version, str) else "unknown"
+
+
+def _info(body: object) -> tuple[str | None, int | None]:
+    """The version and pid 2.x's `/api/info` gives; None for what it does not."""
+    version, pid = (body.get("version"), body.get("pid")) if isinstance(body, dict) else (0, 0)
+    return (
+        version if isinstance(version, str) else None,
+        pid if type(pid) is int and pid > 0 else None,
+    )
 
 
 def engine_of_session(kind: ServerKind, has_messages: Mapping[int, bool | None]) -> int:

@@ -49,6 +49,7 @@ from monitor.shell.stream import READ_BUFSIZE
 __all__ = [
     "OpencodeAPI",
     "Retry",
+    "WEB_PAGE",
     "basic_auth_header",
     "http_session",
     "path_segment",
@@ -77,6 +78,11 @@ class _Unanswered(ServerAway):
 
 # What may pass: worth another try, or a look whether it arrived.
 _TRANSIENT = (_Failing, ServerAway)
+# What a route that answered the web app's page (not JSON) is said to have done.
+WEB_PAGE = (
+    "answered a web page, not OpenCode's API (an OpenCode 2 server serves its API under /api "
+    "only: --api auto or 2)"
+)
 _SESSION_ROUTE = re.compile(r"(?:/api)?/session/([^/]+)(?:/|$)")
 
 
@@ -375,6 +381,10 @@ class OpencodeAPI:
                     raise ServerError(f"{what}: redirected ({response.status}), not followed")
                 if response.status == 204 or response.content_length == 0:
                     return None
+                if response.content_type == "text/html":
+                    # 2.x answers every path outside `/api` with its web app's page: the
+                    # route is not this server's, as a 404 would say (never a session gone).
+                    raise Refused(f"{what}: {WEB_PAGE}", 404)
                 return await response.json(content_type=None, loads=loads)
         except (aiohttp.ContentTypeError, ValueError) as exc:
             raise ServerError(f"{what}: unreadable answer ({type(exc).__name__})") from None

@@ -40,7 +40,15 @@ from monitor.config import ApiChoice
 from monitor.core.export import feedback_delivered
 from monitor.core.export_v2 import messages_v1_shape
 from monitor.core.ids import is_permission_id
-from monitor.core.server import Probe, ServerKind, assumed_kind, kind_from_probes, probes
+from monitor.core.server import (
+    Probe,
+    ServerKind,
+    assumed_kind,
+    kind_from_probes,
+    permission_body,
+    probes,
+    prompt_body,
+)
 from monitor.errors import (
     ConfigError,
     CredentialsRefused,
@@ -90,8 +98,6 @@ class EngineAPI(OpencodeAPI):
     ) -> None:
         super().__init__(http, base_url, retry, sleep, headers)
         self.choice = choice
-        # The body form each request took last (`_first_taken`): 0, the documented one.
-        self._forms: dict[str, int] = {}
         # Until `detect` says otherwise.
         self.server = assumed_kind(choice)
         self.api_read_s = API_READ_S
@@ -125,7 +131,7 @@ class EngineAPI(OpencodeAPI):
             async with asyncio.timeout(self.api_read_s):
                 return Probe(200, await self._once("GET", path, None, None))
         except Refused as exc:
-            return Probe(exc.status)
+            return Probe(exc.status)  # 2.x's web page too, as not this server's route
         except TimeoutError:
             raise ServerError(f"GET {path}: no answer within {self.api_read_s:g} s") from None
 
@@ -155,11 +161,11 @@ class EngineAPI(OpencodeAPI):
             messages = await self.messages(session_id, directory, route=2)
             return feedback_delivered(messages, text, after_part)
 
+        body = prompt_body(self.server, text, resume=not no_reply)
         path = _api_path(session_id, "prompt")
-        resume = not no_reply
-        # 1.18.33's form, then 2.0's.
-        bodies = [{"prompt": {"text": text}, "resume": resume}, {"text": text, "resume": resume}]
-        await self._first_taken("prompt", path, directory, bodies, arrived)
+        await self._call(
+            "POST", path, None, body, idempotent=False, arrived=arrived, query=_where(directory)
+        )
 
     async def reply_permission(
         self,
@@ -178,43 +184,12 @@ class EngineAPI(OpencodeAPI):
         if not is_permission_id(request_id):
             raise MalformedId("permission request id is not of the shape per_...")
         path = _api_path(session_id, f"permission/{path_segment(request_id)}/reply")
-        extra = {} if message is None else {"message": message}
-        # The documented body (1.18.33's OpenAPI, pre-GA 2.0), then 2.0.21's.
-        bodies = [{"reply": reply, **extra}, {"decision": reply, **extra}]
+        body = permission_body(self.server, reply, message)
         try:
-            await self._first_taken("reply", path, directory, bodies, None)
+            await self._call("POST", path, None, body, idempotent=False, query=_where(directory))
         except SessionGone:
             return False  # answered already
         return True
-
-    async def _first_taken(
-        self,
-        what: str,
-        path: str,
-        directory: str | None,
-        bodies: list[dict[str, Any]],
-        arrived: Callable[[], Awaitable[bool]] | None,
-    ) -> None:
-        """POST the first body the server takes: a 400 says its schema is another release's.
-        The form taken is tried first next time (`what` names the request)."""
-        first = self._forms.get(what, 0)
-        order = [first, *(index for index in range(len(bodies)) if index != first)]
-        for tried, index in enumerate(order):
-            try:
-                await self._call(
-                    "POST",
-                    path,
-                    None,
-                    bodies[index],
-                    idempotent=False,
-                    arrived=arrived,
-                    query=_where(directory),
-                )
-                self._forms[what] = index
-                return
-            except Refused as exc:
-                if exc.status != 400 or tried == len(order) - 1:
-                    raise
 
     async def messages(
         self,
