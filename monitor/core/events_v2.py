@@ -41,7 +41,8 @@ no call is counted twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from monitor.core.events import (
@@ -67,7 +68,14 @@ from monitor.core.events import (
 from monitor.core.profile import server_call
 from monitor.core.session import RecentMap
 
-__all__ = ["Adapter", "engine_name", "result_output", "session_of"]
+__all__ = [
+    "IGNORED",
+    "Adapter",
+    "engine_name",
+    "result_metadata",
+    "result_output",
+    "session_of",
+]
 
 # The 1.18.33 names of 2.0's events, by the part that differs.
 _V1_18_PREFIXES = (("session.next.", "session."), ("permission.v2.", "permission."))
@@ -110,14 +118,6 @@ def engine_name(kind: str) -> str | None:
 # The known types that are no 2.x event: most frames, which `parse` hands on without asking
 # `engine_name` for each.
 _CLASSIC = frozenset(kind for kind in KNOWN_EVENT_TYPES if engine_name(kind) is None) - {"sync"}
-# What an `/api` envelope's type names, for the known ones: `engine_name`, else the type itself.
-# One look-up for every frame of that stream instead of trying each prefix.
-_KNOWN_NAMES = {kind: kind for kind in KNOWN_EVENT_TYPES} | {
-    old + kind.removeprefix(new): kind
-    for old, new in _V1_18_PREFIXES
-    for kind in KNOWN_EVENT_TYPES
-    if kind.startswith(new)
-}
 
 
 def session_of(frame: object) -> tuple[str | None, str | None, int]:
@@ -160,13 +160,16 @@ def session_of(frame: object) -> tuple[str | None, str | None, int]:
 class _Session:
     """What the adapter keeps of one new-engine session."""
 
-    __slots__ = ("seq", "tools")
+    __slots__ = ("inbox", "seq", "tools")
 
     def __init__(self) -> None:
         self.seq = -1  # the last durable seq taken (`session.created` is 0)
         # Call id -> tool name (from `tool.input.started`) and raw input (from `tool.called`,
         # when small: `_kept`) of the calls in flight: the events after them repeat neither.
         self.tools: dict[str, tuple[str, object]] = {}
+        # Inbox id -> the start of a user message's text, from `inbox.enqueued` until its
+        # `inbox.delivered` (which names the message only): `_delivered`.
+        self.inbox: dict[str, str] = {}
 
 
 class Adapter:
@@ -345,10 +348,10 @@ def _tool(
     raw = data["input"] if "input" in data else (known[1] if known else {})
     name, args = server_call(tool, raw)
     output = error = metadata = None
+    if status in ("completed", "error"):
+        metadata = result_metadata(data)
     if status == "completed":
         output = result_output(data)
-        structured = data.get("structured")
-        metadata = structured if isinstance(structured, dict) else None
     elif status == "error":
         failure = data.get("error")
         error = failure.get("message", failure) if isinstance(failure, dict) else failure
@@ -403,6 +406,19 @@ def result_output(result: dict[str, Any]) -> object:
     return _text_of(result.get("content")) or result.get("structured") or result.get("result")
 
 
+def result_metadata(result: dict[str, Any]) -> dict[str, Any] | None:
+    """A finished call's metadata as a 1.x call's `state.metadata`: 2.2.5 sends it as
+    `metadata` (the shell's `exit` there), the schema and 1.18.33 as `structured`. The
+    failure and no-progress rules read a shell's exit status from it: without it a `shell`
+    that exits 1 reached them as a success. The stream's `tool.success` / `tool.failed` and a
+    stored message's tool state (core/export_v2.py) say it alike."""
+    for key in ("metadata", "structured"):
+        value = result.get(key)
+        if isinstance(value, dict):
+            return value
+    return None
+
+
 def _text_of(content: object) -> object:
     """A result's content blocks as the one text a 1.x call's output is, when they are text
     (`[{"type": "text", "text": ...}]`): the rules read outputs as text, and a list they
@@ -445,7 +461,7 @@ def _text_id(data: dict[str, Any], kind: str) -> str:
     return f"{message}:{own}" if message else own
 
 
-_Parse = Callable[[_Session, str, dict[str, Any], str | None], Event]
+_Parse = Callable[[_Session, str, dict[str, Any], str | None], Event | None]
 
 
 def _text_event(kind: str, ended: bool) -> _Parse:
@@ -514,20 +530,84 @@ def _admitted(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Eve
 
 
 def _prompted(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
-    """The admitted message starts a turn: its text, as 1.x's user text part (no `time`: not
-    one the model writes), tells a person's message from the monitor's feedback."""
+    """The admitted message starts a turn: its text tells a person's message from the
+    monitor's feedback (`_user_text`)."""
     prompt = data.get("prompt")
     text = prompt.get("text") if isinstance(prompt, dict) else data.get("text")
     if not isinstance(text, str):
         raise _Mistyped("prompt.text is not a string")
-    message_id = _text(data, "messageID")
+    return _user_text(sid, _text(data, "messageID"), text, d)
+
+
+def _user_text(sid: str, message_id: str, text: str, d: str | None) -> TextPart:
+    """A user message's text as 1.x's user text part (neither started nor ended: not one the
+    model writes): on a held session, the tracker ends the hold at the text of the user
+    message it was told of last (`UserMessage`) unless it is the monitor's own (`MARKS`)."""
     return TextPart(sid, f"{message_id}:prompt", "text", text, False, False, d, message_id)
+
+
+# The most of a user message's text kept between its `inbox.enqueued` and its delivery.
+# Only its start is read (whether it is the monitor's feedback: `feedback.MARKS`); no text
+# rule reads a user's text (its part is never `ended`), so a pasted megabyte is not kept.
+_USER_TEXT_KEPT = 1024
+# Messages kept per session until delivered: one posted with `resume: false` (a hold's
+# feedback, a note) waits in the inbox until a later run takes it.
+_INBOX_REMEMBERED = 64
+
+
+def _enqueued(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event | None:
+    """2.2.5's user message stored (`inbox.enqueued` {inboxID, item: {type, payload: {text},
+    delivery}}): a person's prompt or the monitor's feedback, told apart at its delivery.
+
+    1.x says a user message in two updates, the message (`UserMessage`), then its text part;
+    2.2.5 says it once as it is stored, then once as a run takes it (`inbox.delivered`, the
+    id alone). The message is told here, its text at the delivery: once each, as on 1.x, and
+    a held session's hold ends when the person's message reaches the model. Items that are
+    no user's message (a `synthetic` note, a compaction, a move) are left out.
+    """
+    item = data.get("item")
+    if not isinstance(item, dict):
+        raise _Mistyped("item is not an object")
+    if item.get("type") != "user":
+        return None
+    payload = item.get("payload")
+    text = payload.get("text") if isinstance(payload, dict) else None
+    if not isinstance(text, str):
+        raise _Mistyped("item.payload.text is not a string")
+    inbox_id = _text(data, "inboxID")
+    if inbox_id not in s.inbox and len(s.inbox) >= _INBOX_REMEMBERED:
+        del s.inbox[next(iter(s.inbox))]
+    s.inbox[inbox_id] = text[:_USER_TEXT_KEPT]
+    return UserMessage(sid, inbox_id, d)
+
+
+def _delivered(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event | None:
+    """A run takes a stored message (`inbox.delivered` {inboxID}): its text, kept since its
+    `inbox.enqueued`. One this process did not see stored (a restart) is left out: which
+    message it was, the read-back says (`Tracker.seed`, `export.held_in`)."""
+    inbox_id = _text(data, "inboxID")
+    text = s.inbox.pop(inbox_id, None)
+    return None if text is None else _user_text(sid, inbox_id, text, d)
+
+
+def _step_failed(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    """A step that failed (2.2.5: `{error: {type: "aborted", message: "Step interrupted"}}`
+    after an interrupt) in place of its `step.ended`: its spend, when it says one, counted as
+    any step's. The run's end is not its to say: `execution.interrupted` / `.failed` follows
+    it (a step the server retries is not the run's last)."""
+    tokens, cost = usage_total(data)
+    return MessageUsage(sid, _text(data, "assistantMessageID"), tokens, cost, d)
 
 
 def _status(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
     status = data.get("status")
     kind = status.get("type") if isinstance(status, dict) else status
     return SessionIdle(sid, d) if kind == "idle" else SessionSeen(sid, d)
+
+
+def _execution_started(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
+    # 2.2.5's run begins (it sends no `session.status`): 1.x's `session.status` busy.
+    return SessionSeen(sid, d, busy=True)
 
 
 def _idle(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event:
@@ -571,10 +651,14 @@ _PARSERS: dict[str, _Parse] = {
     "session.deleted": _deleted,
     "session.status": _status,
     "session.idle": _idle,
+    "session.inbox.enqueued": _enqueued,
+    "session.inbox.delivered": _delivered,
+    "session.execution.started": _execution_started,
     "session.execution.succeeded": _idle,
     "session.execution.failed": _idle,
     "session.execution.interrupted": _idle,
     "session.step.ended": _step_ended,
+    "session.step.failed": _step_failed,
     "session.text.started": _text_event("text", ended=False),
     "session.text.delta": _delta("text"),
     "session.text.ended": _text_event("text", ended=True),
@@ -587,4 +671,53 @@ _PARSERS: dict[str, _Parse] = {
     "session.tool.failed": _failed,
     "permission.asked": _permission_asked,
     "permission.replied": _permission_replied,
+}
+
+# The 2.2.5 types (../shared/opencode/V2-REAL-NOTES.md, section 3) that say nothing of a run
+# the rules judge, and why each is read as nothing: typed on purpose as no event, not left
+# unknown. Those of a session still go through `Adapter._typed`: their seq is taken (where
+# a replay resumes) and their session known as the new engine's.
+IGNORED: Mapping[str, str] = MappingProxyType(
+    {
+        "server.connected": "the stream is open; the shell knows it already",
+        "session.renamed": "the session's title",
+        "session.instructions.updated": "digests of the system prompt's parts",
+        "session.step.streamed": "the model's reply has streamed; the step ends at step.ended",
+        "session.tool.input.delta": "a call's input as it streams; tool.called has it whole",
+        "session.tool.input.ended": "a call's input as raw text; tool.called has it parsed",
+        "session.tool.progress": "a running call's progress (its shell's id): it runs since "
+        "tool.called",
+        "session.usage.updated": "the session's totals; each step's spend is counted at its "
+        "step.ended",
+        "shell.created": "the process of a shell call; the call is typed by its own events",
+        "shell.exited": "the process's exit; tool.success carries it in the call's metadata",
+        **dict.fromkeys(
+            (
+                "project.updated",
+                "integration.updated",
+                "provider.updated",
+                "model.updated",
+                "agent.updated",
+                "command.updated",
+                "skill.updated",
+                "websearch.updated",
+                "reference.updated",
+                "plugin.updated",
+                "vcs.branch.updated",
+            ),
+            "the server's catalogue or workspace changed, no session's run (empty data)",
+        ),
+    }
+)
+
+# What an `/api` envelope's type names, for the known ones: `engine_name`, else the type itself.
+# One look-up for every frame of that stream instead of trying each prefix. The 2.2.5 types
+# typed or ignored on purpose are known even where the metrics' label set does not name them
+# (`_label`: "other").
+_ENGINE_TYPES = KNOWN_EVENT_TYPES | _PARSERS.keys() | IGNORED.keys()
+_KNOWN_NAMES = {kind: kind for kind in _ENGINE_TYPES} | {
+    old + kind.removeprefix(new): kind
+    for old, new in _V1_18_PREFIXES
+    for kind in _ENGINE_TYPES
+    if kind.startswith(new)
 }

@@ -15,6 +15,8 @@ events told the plugin; optional: the stream may show the step after the questio
 plugin's own rule judges it; the daemon learns that the session's plugin asks),
 `plugin_version` and `protocol` (the release that wrote the plugin file and PROTOCOL as it
 knew it; absent from plugins before issue 46: taken as an earlier release, and answered).
+A 2.x call's `tool` and `args` are read under the 1.x name and keys the stream's events of
+the same call are typed with (`profile.server_call`: `shell` is `bash`).
 Reports never cost a decision: only a missing or malformed `session_id`, `tool` or `args`
 refuses the question. Any other field that cannot be used (`call_id`, `directory`,
 `message_id` or `fell_open` of the wrong type or out of range) is taken as unknown (None, a
@@ -55,6 +57,7 @@ from typing import Any, Literal
 
 from monitor.core.frames import loads
 from monitor.core.ids import is_session_id
+from monitor.core.profile import server_call
 
 __all__ = [
     "ALLOW",
@@ -305,6 +308,11 @@ def _call(data: object) -> PluginCall | Probe | RequestRefused:
     args = {} if cut else data.get("args")
     if not isinstance(args, dict):
         return RequestRefused(400, "args must be a JSON object")
+    # The call under the name and keys the stream's update of it has (`profile.server_call`:
+    # 2.x's `shell` is `bash`, its `read {path}` 1.x's `read {filePath}`): one tool to every
+    # rule and one signature, not "3 calls (read, shell, bash)" for a call asked and run.
+    tool, named = server_call(tool, args)
+    args = named if isinstance(named, dict) else args
     call_id = data.get("call_id")
     if not isinstance(call_id, str) or not _is_id(call_id):
         call_id = None
