@@ -12,9 +12,23 @@ import pytest
 from monitor.cli import main
 from monitor.config import Settings, load_settings
 from monitor.errors import ConfigError
-from monitor.exits import EX_NOT_INSTALLED, EX_OK, EX_OTHER_SERVER, EX_UNAVAILABLE
+from monitor.exits import (
+    EX_NOT_INSTALLED,
+    EX_OK,
+    EX_OTHER_RELEASE,
+    EX_OTHER_SERVER,
+    EX_UNAVAILABLE,
+)
 from monitor.shell import plugin_install
-from monitor.shell.plugin_install import FILE_NAME, install, installed_endpoint, status, uninstall
+from monitor.shell.endpoint import PluginEndpoint, link_server_pid, unlink_server_pid
+from monitor.shell.plugin_install import (
+    FILE_NAME,
+    asked_at,
+    install,
+    installed_endpoint,
+    status,
+    uninstall,
+)
 
 
 @pytest.fixture
@@ -207,3 +221,62 @@ def test_a_file_of_the_previous_release_is_ours(home: Path) -> None:
     text, code = status(settings(), None, env(home))
     assert code == EX_UNAVAILABLE and "it asks: /s.sock" in text
     assert uninstall(None, env(home)).startswith(f"removed {folder / FILE_NAME}")
+
+
+def test_a_monitor_names_its_socket_after_its_servers_pid(folder: Path) -> None:
+    # OpenCode 2 gives its plugin no URL; the plugin knows its server's pid (it runs in that
+    # process), which /api/info tells the monitor: the link leads the plugin to it whatever
+    # port the monitor was given (loop-guard.ts ownSocket).
+    socket_path = folder / "plugin-14596.sock"
+    socket_path.touch()
+    ours = PluginEndpoint(socket_path, socket_dir=folder)
+    (folder / "plugin-5000.sock").touch()
+    os.symlink("plugin-5000.sock", folder / "server-77.sock")  # another live monitor's
+    os.symlink("plugin-6000.sock", folder / "server-78.sock")  # its socket gone: of no use
+    os.symlink("plugin-14596.sock", folder / "server-79.sock")  # an earlier run of ours
+    link = link_server_pid(ours, 321)
+    assert link == folder / "server-321.sock"
+    assert os.readlink(link) == "plugin-14596.sock"  # relative: into its own private folder
+    assert sorted(p.name for p in folder.iterdir() if p.is_symlink()) == [
+        "server-321.sock", "server-77.sock",
+    ]  # fmt: skip
+    # Published again (a reconnect): replaced in place, nothing else left.
+    assert link_server_pid(ours, 321) == link
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+    # A plugin status given the pid asks where the plugin would.
+    address = {"socketDir": str(folder), "socket": str(folder / "plugin-4096.sock")}
+    assert asked_at(address, "http://127.0.0.1:4596", 321) == str(folder / "plugin-14596.sock")
+    assert asked_at(address, "http://127.0.0.1:4596", 322) == str(folder / "plugin-4596.sock")
+    assert asked_at(address, "http://127.0.0.1:4596") == str(folder / "plugin-4596.sock")
+    # Withdrawn only while it is still ours.
+    unlink_server_pid(ours, 77)
+    assert (folder / "server-77.sock").is_symlink()
+    unlink_server_pid(ours, 321)
+    assert not link.exists() and not link.is_symlink()
+    unlink_server_pid(ours, 321)  # twice: nothing to do
+
+
+def test_no_pid_link_without_a_folder_of_sockets(folder: Path) -> None:
+    fixed = PluginEndpoint(folder / "x.sock")
+    tcp = PluginEndpoint(None, "127.0.0.1", 7001, folder / "token")
+    assert link_server_pid(fixed, 1) is None and link_server_pid(tcp, 1) is None
+    unlink_server_pid(fixed, 1)
+    assert list(folder.iterdir()) == []
+
+
+def test_status_says_a_file_that_asks_another_socket_under_opencode_2(home: Path) -> None:
+    # V2-REAL-NOTES 7.4: a file from before the 2.x lookup asked plugin-4096.sock in every
+    # OpenCode 2 server; a monitor answering at the server's port is no answer to it.
+    environ = env(home)
+    install(settings(), None, environ)
+    path = home / "config" / "opencode" / "plugins" / FILE_NAME
+    path.write_text(path.read_text().replace(plugin_install._OWN_SERVER, "null"))
+    folder = home / "run" / "opencode-loop-monitor"
+    with listening(folder / "plugin-4596.sock"):
+        text, code = status(settings(url="http://127.0.0.1:4596"), None, environ)
+    assert code == EX_OTHER_RELEASE and "a monitor answers" not in text
+    assert f"in an OpenCode 2 server it asks {folder / 'plugin-4096.sock'}" in text
+    assert "plugin install` again" in text
+    # On the port install named, both generations ask the same socket: nothing to say.
+    text, code = status(settings(url="http://127.0.0.1:4096"), None, environ)
+    assert code == EX_UNAVAILABLE and "OpenCode 2" not in text

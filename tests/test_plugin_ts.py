@@ -21,7 +21,7 @@ from monitor.core.plugin_protocol import ALLOW, PluginCall, PluginVerdict, block
 from monitor.core.rules.cycle import detect_cycle
 from monitor.kit.sandbox import default_cache_dir, find_or_install_bun
 from monitor.shell.decide import DecideServer
-from monitor.shell.endpoint import PluginEndpoint, socket_name
+from monitor.shell.endpoint import PluginEndpoint, pid_link_name, socket_name
 from tests import earlier_plugins
 from tests.harness import REPO
 
@@ -69,6 +69,20 @@ def evaluate(bun: Path, expression: str) -> object:
 def test_the_plugin_and_the_daemon_name_the_same_socket_for_a_server(bun: Path) -> None:
     found = evaluate(bun, f"{json.dumps(URLS)}.map((u) => plugin.socketFor('/d', u))")
     assert found == [f"/d/{socket_name(url)}" for url in URLS]
+
+
+def test_the_plugin_and_the_daemon_name_the_same_link_for_a_servers_pid(bun: Path) -> None:
+    pids = [1, 4405, 4194304]
+    found = evaluate(bun, f"{json.dumps(pids)}.map((p) => plugin.pidLink('/d', p))")
+    assert found == [f"/d/{pid_link_name(pid)}" for pid in pids]
+
+
+def test_the_installed_file_says_it_finds_its_own_server(bun: Path) -> None:
+    # plugin status tells a file from before the 2.x lookup by this text (finds_own_server).
+    from monitor.shell.plugin_file import template
+    from monitor.shell.plugin_install import finds_own_server
+
+    assert finds_own_server(template())
 
 
 def test_the_plugins_rule_finds_what_the_daemons_cycle_rule_finds(bun: Path) -> None:
