@@ -318,7 +318,9 @@ const isPort = (text: string | undefined): number | null =>
  * (`serve --service`, no port on its command line: 49374 by default, or as `opencode service
  * set port` said) is registered by OpenCode in $XDG_STATE_HOME/opencode/service.json with its
  * pid and URL, and counts only when that pid is this process (a registration of another
- * service, or a stale one, names another server). `read`: a file's text, null if unreadable.
+ * service, or a stale one, names another server). A plain `serve` listens on 4096, the port
+ * `plugin install` names by default: null, and the socket install wrote is asked.
+ * `read`: a file's text, null if unreadable.
  */
 export function ownPort(own: OwnProcess, read: (path: string) => string | null): number | null {
   for (let i = 2; i < own.argv.length; i++) {
@@ -327,6 +329,8 @@ export function ownPort(own: OwnProcess, read: (path: string) => string | null):
     if (arg === "--port") return isPort(own.argv[i + 1])
     if (arg.startsWith("--port=")) return isPort(arg.slice("--port=".length))
   }
+  // Only the service is registered: any other process would read the file at every question.
+  if (!own.argv.includes("--service")) return null
   const home = own.env.HOME
   const state = own.env.XDG_STATE_HOME || (home ? `${home}/.local/state` : null)
   const text = state ? read(`${state}/opencode/service.json`) : null

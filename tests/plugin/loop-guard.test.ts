@@ -686,7 +686,11 @@ describe("a 2.x plugin finds its own server's daemon (OpenCode 2 gives it no URL
     expect(ownPort(served("70000"), none)).toBeNull()
     expect(ownPort(served("4596x"), none)).toBeNull()
     expect(ownPort({ pid: 1, argv: [...BUN, "serve", "--port"], env: {} }, none)).toBeNull()
-    expect(ownPort({ pid: 1, argv: [...BUN, "serve"], env: {} }, none)).toBeNull()
+    // A plain `serve` (4096) reads no registration: the service's is of another process.
+    const never = () => {
+      throw new Error("read")
+    }
+    expect(ownPort({ pid: 1, argv: [...BUN, "serve"], env: { XDG_STATE_HOME: "/s" } }, never)).toBeNull()
     // Past `--` it is someone else's argument.
     expect(ownPort({ pid: 1, argv: [...BUN, "serve", "--", "--port", "1"], env: {} }, none)).toBeNull()
   })
