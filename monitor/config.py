@@ -835,7 +835,8 @@ class Settings:
             _text,
             "Unix socket (mode 0600 in a 0700 folder) where the OpenCode plugin asks whether a "
             "call may run; auto: plugin-PORT.sock, PORT that of --url (the plugin finds it "
-            "from its own server's URL), in $RUNTIME_DIRECTORY (systemd's RuntimeDirectory=), "
+            "from its own server's URL, or under OpenCode 2 its port or its pid), in "
+            "$RUNTIME_DIRECTORY (systemd's RuntimeDirectory=), "
             "else $XDG_RUNTIME_DIR/opencode-loop-monitor, else $STATE_DIRECTORY, else the state "
             "folder; off: no endpoint",
             Group.PLUGIN,
