@@ -10,13 +10,22 @@ server's whole process tree and the model at teardown, also when a test fails.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from monitor.kit.sandbox import MODEL_ID, OpencodeServer2, ProjectClient2, tool_calls
+from monitor.kit.sandbox import (
+    MODEL_ID,
+    RELEASE_2,
+    InstallError,
+    OpencodeServer2,
+    ProjectClient2,
+    find_or_install_opencode,
+    tool_calls,
+)
 from monitor.kit.scripted_model import (
     DEFAULT_ANSWER,
     OfferedTools,
@@ -88,6 +97,54 @@ def test_what_the_server_offers_is_never_renamed_and_text_stays_text() -> None:
     assert TOOLS_V2.speak(unknown) == unknown
     assert TOOLS_V2.speak(Text(DEFAULT_ANSWER)) == Text(DEFAULT_ANSWER)
     assert OfferedTools.of_request(None).speak(odd) == odd  # a title request offers no tools
+
+
+# Finding 2.2.5.
+
+
+def test_opencode2_bin_overrides_and_a_cached_install_is_used(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("OPENCODE2_BIN", str(tmp_path / "missing"))
+    with pytest.raises(InstallError, match="OPENCODE2_BIN=.*missing is not a file"):
+        find_or_install_opencode(tmp_path, RELEASE_2)
+    monkeypatch.delenv("OPENCODE2_BIN")
+    cached = tmp_path / "opencode-2" / "node_modules" / ".bin" / "opencode"
+    cached.parent.mkdir(parents=True)
+    cached.touch()
+    assert find_or_install_opencode(tmp_path, RELEASE_2) == cached
+
+
+def test_npm_installs_opencode_cli_2_2_5_into_its_own_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # An npm of our own on PATH says what it was asked and makes the bin link npm would.
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    asked = tmp_path / "npm-args"
+    npm = tools / "npm"
+    npm.write_text(
+        f"#!{sys.executable}\n"
+        "import pathlib, sys\n"
+        f"pathlib.Path({str(asked)!r}).write_text(chr(10).join(sys.argv[1:]))\n"
+        "bin = pathlib.Path(sys.argv[sys.argv.index('--prefix') + 1], 'node_modules', '.bin')\n"
+        "bin.mkdir(parents=True)\n"
+        "(bin / 'opencode').touch()\n"
+    )
+    npm.chmod(0o755)
+    monkeypatch.delenv("OPENCODE2_BIN", raising=False)
+    monkeypatch.setenv("PATH", str(tools))
+    cache = tmp_path / "cache"
+    binary = find_or_install_opencode(cache, RELEASE_2)
+    assert binary == cache / "opencode-2" / "node_modules" / ".bin" / "opencode"
+    assert asked.read_text().split("\n") == [
+        "install",
+        "--no-audit",
+        "--no-fund",
+        "--prefix",
+        str(cache / "opencode-2"),
+        "@opencode/cli@2.2.5",
+    ]
 
 
 # The real 2.2.5.

@@ -317,6 +317,9 @@ class IsolatedServer:
     }
     # Flags after `serve --hostname 127.0.0.1 --port N`.
     SERVE_FLAGS: ClassVar[tuple[str, ...]] = ()
+    # Whether the server always has a password (2.x prints a generated one when none is set):
+    # then one is set unless `env_extra` does, so that clients know it.
+    ALWAYS_PASSWORD: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -340,6 +343,10 @@ class IsolatedServer:
         self.model_url = model_url
         self.port = port
         self.env_extra = dict(env_extra or {})
+        if self.ALWAYS_PASSWORD:  # kept across restarts
+            self.env_extra.setdefault("OPENCODE_SERVER_PASSWORD", secrets.token_urlsafe(18))
+        # What the server said of itself when it first answered (2.x: `GET /api/info`).
+        self.info: dict[str, Any] = {}
         self._root: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._directory: str | None = None
@@ -602,23 +609,7 @@ class OpencodeServer2(IsolatedServer):
     XDG = {**IsolatedServer.XDG, "XDG_RUNTIME_DIR": "runtime"}
     # The server's own log on stderr, which goes to `log_path`: a start that fails says why.
     SERVE_FLAGS = ("--print-logs",)
-
-    def __init__(
-        self,
-        binary: Path,
-        model_url: str,
-        port: int | None = None,
-        env_extra: Mapping[str, str] | None = None,
-        plugin: PluginEndpoint | None = None,
-        config: Mapping[str, Any] | None = None,
-        plugin_text: Callable[[PluginEndpoint], str] = render_plugin,
-    ) -> None:
-        super().__init__(binary, model_url, port, env_extra, plugin, config, plugin_text)
-        # 2.x has a password whatever we do (it prints a generated one when none is set):
-        # set one, so that clients know it. Kept across restarts.
-        self.env_extra.setdefault("OPENCODE_SERVER_PASSWORD", secrets.token_urlsafe(18))
-        # What `GET /api/info` answered last (version, pid, urls).
-        self.info: dict[str, Any] = {}
+    ALWAYS_PASSWORD = True
 
     @property
     def password(self) -> str:
