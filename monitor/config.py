@@ -40,6 +40,7 @@ from monitor.core.rules.circles import WINDOW as CIRCLES_WINDOW
 from monitor.core.rules.revisit import WINDOW as REVISIT_WINDOW
 from monitor.core.rules.runaway import LINES as RUNAWAY_LINES
 from monitor.errors import ConfigError
+from monitor.service import read_service, service_file
 
 __all__ = [
     "ApiChoice",
@@ -879,6 +880,9 @@ class Settings:
     password: str | None = field(repr=False)
     # What is allowed but probably a mistake; `watch` logs each as `config.warning`.
     warnings: tuple[str, ...] = ()
+    # Given no `--url`, where OpenCode 2 registers its background service (monitor/service.py):
+    # its URL and password are taken from there, again at every connect.
+    service: Path | None = None
 
 
 _CORE_DEFAULTS = {item.name: item.default for item in fields(Detection)}
@@ -965,7 +969,18 @@ def load_settings(
     if values["log_format"] == "auto":
         values["log_format"] = "console" if isatty else "json"
     username, password = _credentials(values["password_file"], raws["password_file"].label, environ)
-    return Settings(**values, username=username, password=password, warnings=_warnings(values))
+    service = None if raws["url"].label != "default" else service_file(environ)
+    registered = read_service(service)
+    if registered is not None:
+        # The service's password goes with its URL (a new one at every start of it).
+        values["url"], password = registered.url, registered.password
+    return Settings(
+        **values,
+        username=username,
+        password=password,
+        warnings=_warnings(values),
+        service=service,
+    )
 
 
 def _find(

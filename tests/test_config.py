@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import traceback
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "username": "opencode",
         "password": None,
         "warnings": (),
+        "service": None,  # no home in `env`: no registration to look for
     }
 
 
@@ -458,7 +460,8 @@ def test_password_in_url_is_rejected_without_echoing_it(tmp_path: Path) -> None:
 
 def test_settings_fields_are_the_table() -> None:
     fields = {field.name for field in dataclasses.fields(Settings)}
-    assert fields == {setting.name for setting in SETTINGS} | {"username", "password", "warnings"}
+    not_settings = {"username", "password", "warnings", "service"}
+    assert fields == {setting.name for setting in SETTINGS} | not_settings
 
 
 def doc_table() -> dict[str, dict[str, str]]:
@@ -574,3 +577,68 @@ def test_a_dry_run_answers_no_request_and_keeps_no_loop_armed(tmp_path: Path) ->
     assert (guard.permissions, guard.armed_runs) == ("off", 0)
     live = guard_of(load(tmp_path, flags={"permissions": "approve"}))
     assert (live.permissions, live.armed_runs) == ("approve", 2)
+
+
+# --- OpenCode 2's background service ----------------------------------------------------
+
+
+def register(state: Path, **fields: object) -> Path:
+    """A registration as 2.2.5 writes it (`$XDG_STATE_HOME/opencode/service.json`)."""
+    path = state / "opencode" / "service.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    registration = {"id": "2622e434", "version": "2.2.5", "url": "http://127.0.0.1:49374"}
+    path.write_text(json.dumps({**registration, "pid": 16823, "password": "NTUK", **fields}))
+    return path
+
+
+def test_given_no_url_the_registered_service_is_watched_with_its_password(
+    tmp_path: Path,
+) -> None:
+    path = register(tmp_path / "state")
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "OPENCODE_SERVER_PASSWORD": "mine"}
+    settings = load(tmp_path, env=env)
+    assert (settings.url, settings.password, settings.service) == (
+        "http://127.0.0.1:49374",
+        "NTUK",  # its own, a new one at every start: the variable is another server's
+        path,
+    )
+    assert "NTUK" not in repr(settings)
+
+
+def test_a_url_given_is_watched_whatever_is_registered(tmp_path: Path) -> None:
+    register(tmp_path / "state")
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), "OPENCODE_SERVER_PASSWORD": "mine"}
+    settings = load(tmp_path, flags={"url": "http://127.0.0.1:4596"}, env=env)
+    assert (settings.url, settings.password, settings.service) == (
+        "http://127.0.0.1:4596",
+        "mine",
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    "content",
+    [None, "not json", "[]", '{"url": 7}', '{"url": "ftp://127.0.0.1:1"}', '{"url": "http://"}'],
+)
+def test_with_no_usable_registration_the_default_url_is_watched_and_the_file_followed(
+    tmp_path: Path, content: str | None
+) -> None:
+    path = tmp_path / "state" / "opencode" / "service.json"
+    if content is not None:
+        path.parent.mkdir(parents=True)
+        path.write_text(content)
+    settings = load(
+        tmp_path, env={"HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    )
+    # A service started later is found at the next connect (`Locator`).
+    assert (settings.url, settings.password, settings.service) == (
+        "http://127.0.0.1:4096",
+        None,
+        path,
+    )
+
+
+def test_the_registration_is_looked_for_in_the_homes_state_folder(tmp_path: Path) -> None:
+    path = register(tmp_path / "home" / ".local" / "state", url="http://127.0.0.1:5000/")
+    settings = load(tmp_path, env={"HOME": str(tmp_path / "home")})
+    assert (settings.url, settings.service) == ("http://127.0.0.1:5000", path)

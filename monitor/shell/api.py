@@ -50,6 +50,7 @@ __all__ = [
     "OpencodeAPI",
     "Retry",
     "WEB_PAGE",
+    "authorize",
     "basic_auth_header",
     "http_session",
     "path_segment",
@@ -134,6 +135,11 @@ class OpencodeAPI:
         self._retry = retry
         self._sleep = sleep
         self._headers = dict(headers or {})
+
+    def retarget(self, base_url: str) -> None:
+        """Send every later request to `base_url` (a background service that restarted on
+        another port, `Locator`)."""
+        self._base = str(URL(base_url.rstrip("/")))
 
     async def abort(self, session_id: str, directory: str | None, *, route: int) -> None:
         """Abort the session's run. `route` (here and below): which engine's routes, as the
@@ -393,6 +399,13 @@ class OpencodeAPI:
             raise _NotSent(f"{what}: {type(exc).__name__}") from exc
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise _Unanswered(f"{what}: {type(exc).__name__}") from None
+
+
+def authorize(http: aiohttp.ClientSession, username: str, password: str | None) -> None:
+    """Every later request of `http` with `password` (none: without credentials)."""
+    http.headers.pop(aiohttp.hdrs.AUTHORIZATION, None)
+    if password is not None:
+        http.headers.update(basic_auth_header(username, password))
 
 
 def http_session(settings: Settings) -> aiohttp.ClientSession:

@@ -25,6 +25,7 @@ from monitor.core.fed import Fed
 from monitor.core.monitor import Monitor
 from monitor.errors import ServerError
 from monitor.shell.actions import Interventions
+from monitor.shell.api import authorize
 from monitor.shell.api_v2 import EngineAPI
 from monitor.shell.diagnosis import directory_known
 from monitor.shell.executor import Executor
@@ -63,6 +64,7 @@ class Follow:
         plugin_elsewhere: bool,
         stop: Callable[[], None],
         fail: Callable[[BaseException], None],
+        server_pid: Callable[[int | None], None] = lambda pid: None,
     ) -> None:
         self._settings = settings
         self._timing = timing
@@ -81,7 +83,15 @@ class Follow:
             choice=settings.api,
         )
         self.toasts = Toasts(self.api)
-        self.locator = Locator(self.api, monitor, settings.url, settings.directory)
+        self.locator = Locator(
+            self.api,
+            monitor,
+            settings.url,
+            settings.directory,
+            settings.service,
+            lambda password: authorize(http, settings.username, password),
+            server_pid,
+        )
         monitor.plugin_elsewhere(plugin_elsewhere)
         self.interventions = Interventions(
             None if settings.dry_run else self.api,

@@ -1,7 +1,12 @@
 """Which server a watch talks to, found before every connect (`--api`), and said once its
-stream has answered."""
+stream has answered. Given no `--url`, OpenCode 2's background service is looked for in its
+registration at every connect (monitor/service.py): a service restarted on another port with
+another password is followed there."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
 
 import structlog
 
@@ -9,6 +14,7 @@ from monitor.config import public_url
 from monitor.core.monitor import Monitor
 from monitor.core.server import ServerKind
 from monitor.errors import ServerError
+from monitor.service import read_service
 from monitor.shell.api_v2 import EngineAPI
 from monitor.shell.stream import stream_url
 
@@ -18,16 +24,52 @@ log = structlog.get_logger("monitor.shell.watch")
 
 
 class Locator:
-    def __init__(self, api: EngineAPI, monitor: Monitor, url: str, directory: str | None) -> None:
+    """`service`: where the background service is registered, when no `--url` was given;
+    `authorize(password)` gives every later request the password; `server_pid(pid)` is told
+    the server's process as each connect finds it."""
+
+    def __init__(
+        self,
+        api: EngineAPI,
+        monitor: Monitor,
+        url: str,
+        directory: str | None,
+        service: Path | None = None,
+        authorize: Callable[[str | None], None] = lambda password: None,
+        server_pid: Callable[[int | None], None] = lambda pid: None,
+    ) -> None:
         self._api = api
         self._monitor = monitor
-        self._url = url
+        self._url = self._default = url
         self._directory = directory
+        self._service = service
+        self._authorize = authorize
+        self._server_pid = server_pid
         self.server: ServerKind | None = None  # what the last stream that answered speaks
         self._locating: ServerKind | None = None  # what the connect under way speaks
 
+    @property
+    def url(self) -> str:
+        """The server's base URL as the last connect found it."""
+        return self._url
+
+    def _follow_service(self) -> None:
+        """Where the registered service listens now, with its password; where none is
+        registered (stopped, or not started yet), the URL given by default."""
+        if self._service is None:
+            return
+        registered = read_service(self._service)
+        url = self._default if registered is None else registered.url
+        if registered is not None:
+            self._authorize(registered.password)
+        if url != self._url:
+            log.info("server.moved", url=public_url(url), before=public_url(self._url))
+            self._url = url
+            self._api.retarget(url)
+
     async def locate(self) -> str:
         """Before every connect: which server this is, and so which stream."""
+        self._follow_service()
         try:
             kind = await self._api.detect()
         except ServerError:
@@ -35,6 +77,7 @@ class Locator:
             kind = self.server or self._api.server
         self._locating = kind
         self._monitor.server(kind)
+        self._server_pid(kind.pid)
         return stream_url(self._url, self._directory, api=kind.api_stream)
 
     def say(self) -> None:

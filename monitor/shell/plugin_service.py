@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 
@@ -12,7 +13,12 @@ from monitor.core.commands import Command
 from monitor.core.monitor import Monitor
 from monitor.core.plugin_protocol import PluginCall, PluginVerdict, RequestRefused
 from monitor.shell.decide import DecideServer
-from monitor.shell.endpoint import EndpointTaken, PluginEndpoint
+from monitor.shell.endpoint import (
+    EndpointTaken,
+    PluginEndpoint,
+    link_server_pid,
+    unlink_server_pid,
+)
 
 __all__ = ["PluginService"]
 
@@ -37,6 +43,10 @@ class PluginService:
         self.server: DecideServer | None = None
         # Another monitor of this server serves its plugin (the endpoint was taken).
         self.elsewhere = False
+        # The watched server's process id (2.x's `/api/info`), and the one the endpoint is
+        # named after for its plugin (`link_server_pid`).
+        self._pid: int | None = None
+        self._linked: int | None = None
 
     async def start(self, endpoint: PluginEndpoint, unasked_after: float) -> None:
         server = DecideServer(endpoint, self.judge, self._asked, self._refused, self._late)
@@ -49,9 +59,35 @@ class PluginService:
             return
         self.server = server
         self._monitor.serving_plugins(_address(server), unasked_after)
+        self._link()
+
+    def server_pid(self, pid: int | None) -> None:
+        """The process of the server watched, as the last connect found it: OpenCode 2 gives
+        its plugin no URL, and the plugin, which runs in that process, finds this endpoint
+        by its pid (monitor/plugin/loop-guard.ts)."""
+        self._pid = pid
+        self._link()
+
+    def _link(self) -> None:
+        pid, server = self._pid, self.server
+        if pid is None or server is None or pid == self._linked:
+            return
+        try:
+            link = link_server_pid(server.endpoint, pid)
+        except OSError as exc:
+            # The plugin still finds the socket of its server's port.
+            log.warning("plugin.link_failed", server_pid=pid, error=exc.strerror)
+            return
+        self._linked = pid
+        if link is not None:
+            log.info("plugin.linked", server_pid=pid, link=str(link))
 
     async def close(self) -> None:
         if self.server is not None:
+            if self._linked is not None:
+                # Before the socket goes: no plugin is led to a socket no one serves.
+                with contextlib.suppress(OSError):
+                    unlink_server_pid(self.server.endpoint, self._linked)
             await self.server.close()
 
     def address(self) -> str | None:

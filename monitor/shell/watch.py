@@ -228,6 +228,7 @@ class Watch:
                 self.plugins.elsewhere,
                 self._stop.set,
                 self._fail,
+                self.plugins.server_pid,
             )
             await self._until_stopped(follow)
             await follow.finish()
@@ -288,7 +289,7 @@ class Watch:
         server = None if follow is None else follow.locator.server
         return {
             "version": __version__,
-            "url": public_url(self.settings.url),
+            "url": public_url(self.settings.url if follow is None else follow.locator.url),
             "directory": self.settings.directory,
             "dry_run": self.settings.dry_run,
             "role": role_view(self.role, self.settings.dry_run),

@@ -1,0 +1,128 @@
+"""OpenCode 2's background service found by its registration (monitor/service.py), and
+followed by a watch given no `--url` when it restarts on another port (monitor/shell/locate.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestServer
+from structlog.testing import capture_logs
+
+from monitor.config import load_settings
+from monitor.service import Service, parse_service, read_service, service_file
+from monitor.shell.notify import Notifier
+from monitor.shell.watch import Watch
+from monitor.testing import FakeOpencode, engine_call, frames, play
+from tests.harness import FAST, wait_for
+
+S = "ses_s1"
+
+
+def test_a_registration_as_2_2_5_writes_it_names_the_service() -> None:
+    text = json.dumps(
+        {
+            "id": "2622e434-6c1b",
+            "version": "2.2.5",
+            "url": "http://127.0.0.1:49374",
+            "pid": 16823,
+            "password": "NTUKs3cret",
+        }
+    )
+    service = parse_service(text)
+    assert service == Service("http://127.0.0.1:49374", "NTUKs3cret", 16823, "2.2.5")
+    assert "NTUKs3cret" not in repr(service)
+
+
+@pytest.mark.parametrize(
+    ("text", "service"),
+    [
+        ("", None),
+        ("{", None),
+        ('"http://127.0.0.1:1"', None),
+        ('{"url": null}', None),
+        ('{"url": "127.0.0.1:49374"}', None),  # no scheme
+        ('{"url": "http://u:p@127.0.0.1:1"}', None),  # credentials are never in it
+        ('{"url": "http://127.0.0.1:99999"}', None),
+        # What it lacks or gives of another type is taken as not given.
+        ('{"url": "http://127.0.0.1:1/"}', Service("http://127.0.0.1:1")),
+        (
+            '{"url": "http://127.0.0.1:1", "password": "", "pid": true, "version": 2}',
+            Service("http://127.0.0.1:1"),
+        ),
+    ],
+)
+def test_a_registration_that_names_no_usable_service_is_none(
+    text: str, service: Service | None
+) -> None:
+    assert parse_service(text) == service
+
+
+def test_the_registration_is_in_xdgs_state_folder() -> None:
+    assert service_file({"XDG_STATE_HOME": "/s", "HOME": "/h"}) == Path("/s/opencode/service.json")
+    assert service_file({"HOME": "/h"}) == Path("/h/.local/state/opencode/service.json")
+    assert service_file({"XDG_STATE_HOME": " "}) is None
+
+
+def test_a_file_that_is_missing_unreadable_or_not_text_is_no_service(tmp_path: Path) -> None:
+    assert read_service(None) is None
+    assert read_service(tmp_path / "none.json") is None
+    assert read_service(tmp_path) is None  # a folder
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b'{"url": "http://127.0.0.1:1", "x": "\xff"}')
+    assert read_service(binary) is None
+    huge = tmp_path / "huge.json"
+    huge.write_text(json.dumps({"url": "http://127.0.0.1:1", "pad": "x" * 70_000}))
+    assert read_service(huge) is None
+
+
+def register(state: Path, server: TestServer, password: str) -> None:
+    path = state / "opencode" / "service.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    url = str(server.make_url("")).rstrip("/")
+    registration = {"version": "2.2.5", "url": url, "pid": 1, "password": password}
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(registration))
+    temporary.replace(path)  # as a restart writes it: whole
+
+
+def reads(first: int, last: int) -> list[dict[str, object]]:
+    events: list[dict[str, object]] = []
+    for n in range(first, last + 1):
+        events += engine_call(S, n, "read", {"path": "README.md"}, 3 * n, "/w")
+    return events
+
+
+async def test_a_watch_given_no_url_follows_the_service_to_its_new_port(tmp_path: Path) -> None:
+    # The service runs on one port; it restarts on another with a new password, and the
+    # registration says so. The loop it then runs is stopped there.
+    state = tmp_path / "state"
+    first = FakeOpencode(generation=2)
+    first.streams = [first.live]
+    second = FakeOpencode(generation=2, streams=[play(frames(*reads(1, 4)))])
+    before, after = (TestServer(f.app(), host="127.0.0.1") for f in (first, second))
+    await before.start_server()
+    await after.start_server()
+    old_url, new_url = (str(server.make_url("")).rstrip("/") for server in (before, after))
+    register(state, before, "first-password")
+    settings = load_settings({}, {"XDG_STATE_HOME": str(state)}, isatty=False)
+    watch = Watch(settings, notifier=Notifier(None), timing=FAST, roles=tmp_path / "roles")
+    try:
+        with capture_logs() as logs:
+            task = asyncio.create_task(watch.run())
+            await wait_for(first.live_connected.is_set)
+            register(state, after, "second-password")
+            first.close()
+            await wait_for(lambda: second.of("prompt"))
+            watch.stop()
+            assert await asyncio.wait_for(task, 5) == 0
+    finally:
+        await before.close()
+        await after.close()
+    [moved] = [line for line in logs if line["event"] == "server.moved"]
+    assert (moved["before"], moved["url"]) == (old_url, new_url)
+    assert second.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
+    assert not any("password" in json.dumps(line, default=str) for line in logs)
+    assert watch.status()["url"] == new_url
