@@ -282,7 +282,9 @@ def _run_unit(settings: Settings, args: argparse.Namespace) -> int:
     if args.launchd:
         text, notes = launchd.agent(unit.this_install(), settings, os.environ)
     else:
-        text = unit.render(unit.this_install(), settings.url, settings.password_file, metrics)
+        # Given no --url, the unit's monitor finds its server itself, wherever it is then.
+        url = None if settings.service is not None else settings.url
+        text = unit.render(unit.this_install(), url, settings.password_file, metrics)
         notes = unit.notes(settings, os.environ)
     for note in notes:
         print(f"{PROG} unit: warning: {note}", file=sys.stderr)

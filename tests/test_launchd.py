@@ -25,7 +25,6 @@ from monitor.shell.launchd import (
     check_command,
     render_agent,
 )
-from monitor.shell.unit import DEFAULT_URL
 from tests.units import AGENT, SERVICE, load, value
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,14 +69,14 @@ def test_the_shipped_agent_is_the_printed_one_for_the_opt_install() -> None:
     from monitor.shell.unit import INSTALLED_BINARY
 
     plugin = ["--plugin-socket", str(OPT_SOCKET)]
-    assert AGENT.read_text() == render_agent([INSTALLED_BINARY], DEFAULT_URL, OPT_HOME, plugin)
+    assert AGENT.read_text() == render_agent([INSTALLED_BINARY], None, OPT_HOME, plugin)
 
 
 def test_the_shipped_agent_runs_the_units_command_serving_status_and_the_plugin() -> None:
     unit_command = shlex.split(value(load(SERVICE), "Service", "ExecStart"))
-    without_password = [
-        arg for arg in unit_command if arg not in ("--password-file", SYSTEMD_PASSWORD)
-    ]
+    # The user's agent finds its server itself (no --url), as the user unit does.
+    dropped = ("--password-file", SYSTEMD_PASSWORD, "--url", "http://127.0.0.1:4096")
+    without_password = [arg for arg in unit_command if arg not in dropped]
     expected = without_password[:-2] + [
         "--metrics-addr",
         str(STATUS_ADDRESS),
@@ -113,7 +112,8 @@ def test_the_printed_agent_runs_this_install_for_this_home(
     plist, _, err = printed(capsys)
     argv = plist["ProgramArguments"]
     assert argv[:2] == [str(CONSOLE_SCRIPT), "watch"] and os.access(argv[0], os.X_OK)
-    assert flag(argv, "--url") == DEFAULT_URL
+    # No --url given: the agent finds its server (OpenCode 2's registered service, or 4096).
+    assert "--url" not in argv
     # Issue 45: `status` asked 127.0.0.1:9464, which neither service served.
     assert flag(argv, "--metrics-addr") == str(STATUS_ADDRESS)
     assert argv[-2:] == ["--log-format", "json"]

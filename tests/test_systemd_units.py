@@ -119,11 +119,13 @@ def test_plugin_socket_goes_to_a_private_runtime_directory(path: Path, folder: s
 def test_user_unit_runs_the_system_units_command_and_policy() -> None:
     user, system = load(USER_UNIT), load(SERVICE)
     # The same command, without the credential (a person's own server usually has no
-    # password), serving /status where `status` asks (issue 45: it answered nothing there).
+    # password, OpenCode 2's service registers its own), serving /status where `status` asks
+    # (issue 45: it answered nothing there), and with no --url: the person's own server is
+    # found (OpenCode 2's background service, else 4096; the system unit's has no person).
     assert value(user, "Service", "ExecStart") == value(system, "Service", "ExecStart").replace(
         " --password-file ${CREDENTIALS_DIRECTORY}/opencode-password",
         f" --metrics-addr {STATUS_ADDRESS}",
-    )
+    ).replace(" --url http://127.0.0.1:4096", "")
     for key in ("Type", "NotifyAccess", "WatchdogSec", "Restart", "RestartPreventExitStatus"):
         assert value(user, "Service", key) == value(system, "Service", key), key
     assert value(user, "Service", "EnvironmentFile") == (
@@ -321,8 +323,6 @@ def test_the_printed_unit_runs_the_console_script_of_this_install(
     assert os.access(argv[0], os.X_OK)
     assert argv[1:] == [
         "watch",
-        "--url",
-        "http://127.0.0.1:4096",
         "--metrics-addr",
         "127.0.0.1:9464",
         "--log-format",

@@ -98,6 +98,8 @@ def systemd_command(unit: Path, specifiers: Mapping[str, str], url: str) -> list
     argv = [str(CONSOLE_SCRIPT) if arg == INSTALLED_BINARY else arg for arg in shlex.split(text)]
     if "--url" in argv:
         argv[argv.index("--url") + 1] = url
+    else:  # a unit that finds its server: the test's is given (no service is registered)
+        argv[2:2] = ["--url", url]
     if "--metrics-addr" in argv:  # 127.0.0.1:9464 may be taken on a test machine
         argv[argv.index("--metrics-addr") + 1] = f"127.0.0.1:{free_loopback_port()}"
     return argv

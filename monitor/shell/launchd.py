@@ -123,20 +123,20 @@ _COMMENTS = {
 
 def render_agent(
     command: Sequence[str],
-    url: str,
+    url: str | None,
     home: Path,
     plugin: Sequence[str],
     password_file: Path | None = None,
     metrics: ListenAddress = STATUS_ADDRESS,
 ) -> str:
-    """The plist that runs `command watch` for the server at `url`, serving the plugin with
-    the `plugin` arguments (`plugin_arguments`)."""
+    """The plist that runs `command watch` for the server at `url` (None: the one the
+    monitor finds, OpenCode 2's registered service, else `opencode serve`'s default port),
+    serving the plugin with the `plugin` arguments (`plugin_arguments`)."""
     password = [] if password_file is None else ["--password-file", str(password_file)]
     argv = [
         *command,
         "watch",
-        "--url",
-        public_url(url),
+        *([] if url is None else ["--url", public_url(url)]),
         *password,
         "--metrics-addr",
         str(metrics),
@@ -252,5 +252,7 @@ def agent(
     if broken is not None:
         notes.append(broken)
     metrics = settings.metrics_addr or STATUS_ADDRESS
-    text = render_agent(command, settings.url, home, plugin, password_file, metrics)
+    # Given no --url, the agent's monitor finds its server itself, wherever it is then.
+    url = None if settings.service is not None else settings.url
+    text = render_agent(command, url, home, plugin, password_file, metrics)
     return text, notes

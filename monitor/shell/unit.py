@@ -21,7 +21,6 @@ __all__ = ["INSTALLED_BINARY", "notes", "render", "this_install"]
 SCRIPT = "opencode-loop-monitor"
 # Where the system units, and the shipped copy of this one, expect the console script.
 INSTALLED_BINARY = f"/opt/{SCRIPT}/bin/{SCRIPT}"
-DEFAULT_URL = "http://127.0.0.1:4096"
 
 TEMPLATE = """\
 # opencode-loop-monitor beside your own `opencode serve`, as a unit of your systemd user
@@ -41,9 +40,10 @@ Description=opencode loop monitor (aborts sessions that loop on tool calls)
 Type=notify
 NotifyAccess=main
 # --metrics-addr: Prometheus /metrics and /status, where `opencode-loop-monitor status` asks.
+# Without --url: OpenCode 2's background service, where it registers itself (followed when it
+# restarts on another port), else http://127.0.0.1:4096, `opencode serve`'s default.
 ExecStart={command} watch \\
-    --url {url} \\
-{password}    --metrics-addr {metrics} \\
+{url}{password}    --metrics-addr {metrics} \\
     --log-format json
 # Optional: OPENCODE_LOOP_MONITOR_<FLAG>= lines, OPENCODE_SERVER_PASSWORD= (your server's
 # password; keep the file chmod 600) or OPENCODE_LOOP_MONITOR_PASSWORD_FILE=.
@@ -94,10 +94,12 @@ def this_install() -> list[str]:
 
 def render(
     command: Sequence[str],
-    url: str = DEFAULT_URL,
+    url: str | None = None,
     password_file: Path | None = None,
     metrics: ListenAddress = STATUS_ADDRESS,
 ) -> str:
+    """The unit of `command watch` of the server at `url` (None: the one the monitor finds,
+    see the template)."""
     # A password in the URL stays out of a file others may read: monitor.env carries it,
     # or the file given, which the unit names.
     # systemd runs it from /: a relative path is made whole here.
@@ -108,7 +110,7 @@ def render(
     )
     return TEMPLATE.format(
         command=" ".join(_word(word) for word in command),
-        url=_word(public_url(url)),
+        url="" if url is None else f"    --url {_word(public_url(url))} \\\n",
         password=password,
         metrics=_word(str(metrics)),
     )
