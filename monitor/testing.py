@@ -167,6 +167,9 @@ class FakeOpencode:
     # 3: 1.18.33, the 1.x routes and stream with the new engine's `/api` routes beside them
     # (`/api/health`, `/api/event`, the history of a session's events).
     generation: int = 1
+    # What GET /api/session/{id}/inbox answers (generation 2), per session: its items
+    # (`{id, type: "user", payload: {text}, delivery}`), oldest first.
+    inbox: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     # What GET /api/session/{id}/history answers (generation 3), per session: durable events
     # in the `/api/event` envelope (`engine_event`); only those after `?after=` are sent.
     history: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -202,6 +205,7 @@ class FakeOpencode:
     def _app_v2(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/api/info", self._info)
+        app.router.add_get("/api/session/{id}/inbox", self._inbox)
         self._add_engine_routes(app)
         app.router.add_route("*", "/{tail:.*}", self._elsewhere)
         return app
@@ -237,6 +241,10 @@ class FakeOpencode:
         await self._record(request)
         await self._held("info")
         return web.json_response({"version": "2.2.5", "pid": INFO_PID, "urls": [], "paths": {}})
+
+    async def _inbox(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"data": self.inbox.get(request.match_info["id"], [])})
 
     async def _sessions_v2(self, request: web.Request) -> web.Response:
         await self._record(request)

@@ -73,12 +73,13 @@ async def test_attached_to_a_2_0_session_mid_run_it_stops_the_loop_and_ends_with
     # feedback?); then the watch: which server, the stream, the session still there, busy
     # sessions, its current run read back.
     paths = [r.path for r in fake.requests]
-    assert paths[:13] == [
+    assert paths[:15] == [
         "/api/info",
         "/global/health",
         "/api/health",
         f"/api/session/{S}",
         f"/api/session/{S}/message",
+        f"/api/session/{S}/inbox",  # a feedback not taken by a run waits there
         "/api/info",
         "/global/health",
         "/api/health",
@@ -86,11 +87,12 @@ async def test_attached_to_a_2_0_session_mid_run_it_stops_the_loop_and_ends_with
         f"/api/session/{S}",
         "/api/session/active",
         f"/api/session/{S}/message",
+        f"/api/session/{S}/inbox",
         "/api/permission/request",
     ]
     [found] = events(logs, "attach.found")
     assert (found["directory"], found["engine"]) == (WHERE, 2)
-    assert fake.requests[8].query == {"location[directory]": WHERE}
+    assert fake.requests[9].query == {"location[directory]": WHERE}
     [seeded] = events(logs, "session.seeded")
     assert (seeded["calls"], seeded["loop"]) == (2, False)
     # Two calls read back, two live: the 4th identical read is the loop, stopped once by

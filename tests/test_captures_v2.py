@@ -373,7 +373,7 @@ def test_our_feedback_delivered_ends_no_hold_and_a_message_is_told_once() -> Non
 def test_a_synthetic_note_in_the_inbox_is_no_users_message() -> None:
     enqueued, _ = inbox("ses_1", "msg_note", "a note", 1)
     enqueued["data"]["item"]["type"] = "synthetic"
-    assert Adapter().parse(enqueued) == ("other", None)
+    assert Adapter().parse(enqueued) == ("session.inbox.enqueued", None)
 
 
 # --- the plugin's refusal --------------------------------------------------------------------

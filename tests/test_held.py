@@ -213,3 +213,32 @@ async def test_as_many_held_sessions_as_the_table_holds_are_known_after_a_restar
         assert watch.status()["totals"]["held"] == 80
     finally:
         await stop(server, watch, task)
+
+
+async def test_on_2_2_5_a_hold_waiting_in_the_inbox_is_read_back_after_a_restart():
+    # 2.2.5 keeps a message posted without starting a run (`resume: false`, a hold's feedback)
+    # in the session's inbox, not in its record: the start's read-back reads both.
+    record = [
+        {"id": "msg_1", "type": "user", "text": "go"},
+        {"id": "msg_2", "type": "user", "text": RESUME},
+        {"id": "msg_3", "type": "assistant", "content": [{"type": "text", "text": "ok"}]},
+    ]
+    held = {"id": "msg_4", "type": "user", "payload": {"text": HOLD}, "delivery": "steer"}
+    fake = FakeOpencode(
+        generation=2,
+        sessions=[{"id": "ses_1", "location": {"directory": "/w"}, "time": {"updated": 1}}],
+        messages={"ses_1": record},
+        inbox={"ses_1": [held]},
+    )
+    fake.streams = [fake.live]
+    server, watch, task = await start(fake, metrics_addr="127.0.0.1:0")
+    try:
+        await wait_for(lambda: gauge(watch) == 1)
+        [entry] = watch.status()["sessions"]
+        assert (entry["session_id"], entry["state"], entry["interventions"]) == ("ses_1", "held", 2)
+        assert [r.path for r in fake.requests if r.path.startswith("/api/session/ses_1")] == [
+            "/api/session/ses_1/message",
+            "/api/session/ses_1/inbox",
+        ]
+    finally:
+        await stop(server, watch, task)

@@ -251,79 +251,105 @@ Event = (
 
 # Event types OpenCode sends on `/event` and inside `/global/event` envelopes. Anything else
 # is counted as "other": the label set stays this size whatever the server sends.
-KNOWN_EVENT_TYPES = frozenset(
-    {
-        "server.connected",
-        "server.heartbeat",
-        "server.instance.disposed",
-        "global.disposed",
-        "installation.updated",
-        "installation.update-available",
-        "project.updated",
-        "lsp.updated",
-        "lsp.client.diagnostics",
-        "file.edited",
-        "file.watcher.updated",
-        "vcs.branch.updated",
-        "message.updated",
-        "message.removed",
-        "message.part.updated",
-        "message.part.delta",
-        "message.part.removed",
-        "permission.updated",
-        "permission.asked",
-        "permission.replied",
-        "question.asked",
-        "question.replied",
-        "session.created",
-        "session.updated",
-        "session.deleted",
-        "session.status",
-        "session.idle",
-        "session.error",
-        "session.diff",
-        "session.compacted",
-        "todo.updated",
-        "command.executed",
-        "pty.created",
-        "pty.updated",
-        "pty.exited",
-        "pty.deleted",
-        "tui.prompt.append",
-        "tui.command.execute",
-        "tui.toast.show",
-        "ide.installed",
-        "sync",  # /global/event's copy of every stored event
-    }
-) | frozenset(
-    # OpenCode 2's session engine under its 2.0 names (1.18.33 sends them as
-    # `session.next.*` / `permission.v2.*`); typed by `monitor/core/events_v2.py`.
-    {
-        "session.prompt.admitted",
-        "session.prompted",
-        "session.input.admitted",
-        "session.execution.started",
-        "session.execution.succeeded",
-        "session.execution.failed",
-        "session.execution.interrupted",
-        "session.step.started",
-        "session.step.ended",
-        "session.step.failed",
-        "session.text.started",
-        "session.text.delta",
-        "session.text.ended",
-        "session.reasoning.started",
-        "session.reasoning.delta",
-        "session.reasoning.ended",
-        "session.tool.input.started",
-        "session.tool.input.delta",
-        "session.tool.input.ended",
-        "session.tool.called",
-        "session.tool.progress",
-        "session.tool.success",
-        "session.tool.failed",
-        "session.usage.updated",
-    }
+KNOWN_EVENT_TYPES = (
+    frozenset(
+        {
+            "server.connected",
+            "server.heartbeat",
+            "server.instance.disposed",
+            "global.disposed",
+            "installation.updated",
+            "installation.update-available",
+            "project.updated",
+            "lsp.updated",
+            "lsp.client.diagnostics",
+            "file.edited",
+            "file.watcher.updated",
+            "vcs.branch.updated",
+            "message.updated",
+            "message.removed",
+            "message.part.updated",
+            "message.part.delta",
+            "message.part.removed",
+            "permission.updated",
+            "permission.asked",
+            "permission.replied",
+            "question.asked",
+            "question.replied",
+            "session.created",
+            "session.updated",
+            "session.deleted",
+            "session.status",
+            "session.idle",
+            "session.error",
+            "session.diff",
+            "session.compacted",
+            "todo.updated",
+            "command.executed",
+            "pty.created",
+            "pty.updated",
+            "pty.exited",
+            "pty.deleted",
+            "tui.prompt.append",
+            "tui.command.execute",
+            "tui.toast.show",
+            "ide.installed",
+            "sync",  # /global/event's copy of every stored event
+        }
+    )
+    | frozenset(
+        # OpenCode 2's session engine under its 2.0 names (1.18.33 sends them as
+        # `session.next.*` / `permission.v2.*`); typed by `monitor/core/events_v2.py`.
+        {
+            "session.prompt.admitted",
+            "session.prompted",
+            "session.input.admitted",
+            "session.execution.started",
+            "session.execution.succeeded",
+            "session.execution.failed",
+            "session.execution.interrupted",
+            "session.step.started",
+            "session.step.ended",
+            "session.step.failed",
+            "session.text.started",
+            "session.text.delta",
+            "session.text.ended",
+            "session.reasoning.started",
+            "session.reasoning.delta",
+            "session.reasoning.ended",
+            "session.tool.input.started",
+            "session.tool.input.delta",
+            "session.tool.input.ended",
+            "session.tool.called",
+            "session.tool.progress",
+            "session.tool.success",
+            "session.tool.failed",
+            "session.usage.updated",
+            # Seen on the real 2.2.5 (V2-REAL-NOTES.md): the person's message (queued, then taken
+            # by a run), the session's bookkeeping, a shell call's process.
+            "session.inbox.enqueued",
+            "session.inbox.delivered",
+            "session.renamed",
+            "session.instructions.updated",
+            "session.step.streamed",
+            "shell.created",
+            "shell.exited",
+        }
+    )
+    | frozenset(
+        # 2.2.5's catalogue and workspace, no session's run (`data` empty).
+        {
+            "integration.updated",
+            "provider.updated",
+            "model.updated",
+            "agent.updated",
+            "command.updated",
+            "skill.updated",
+            "websearch.updated",
+            "reference.updated",
+            "plugin.updated",
+        }
+    )
 )
 # Our own values, not the server's: a frame without a usable type, and everything unknown.
 MALFORMED = "malformed"

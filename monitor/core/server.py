@@ -84,6 +84,13 @@ class ServerKind:
         return self.engine and self.generation == 1
 
     @property
+    def inbox(self) -> bool:
+        """Whether a session's messages not taken by a run yet wait in its inbox
+        (`GET /api/session/{id}/inbox`, 2.x), apart from its record: a feedback posted to an
+        idle session without starting a run (a hold's) is read there."""
+        return self.generation == 2
+
+    @property
     def api_stream(self) -> bool:
         """Whether its stream is `/api/event`: 1.18.33's `/global/event` carries both engines
         (the new one's events as `sync` copies with their seq); a server without it has

@@ -38,7 +38,7 @@ import aiohttp
 
 from monitor.config import ApiChoice
 from monitor.core.export import feedback_delivered
-from monitor.core.export_v2 import messages_v1_shape
+from monitor.core.export_v2 import inbox_v1_shape, messages_v1_shape
 from monitor.core.ids import is_permission_id
 from monitor.core.server import (
     Probe,
@@ -201,9 +201,13 @@ class EngineAPI(OpencodeAPI):
     ) -> list[Any]:
         if route == 1:
             return await super().messages(session_id, directory, last, route=route)
-        return messages_v1_shape(
+        record = messages_v1_shape(
             await self._engine_messages(session_id, directory, last), session_id
         )
+        if not self.server.inbox:
+            return record
+        inbox = await self._read(_api_path(session_id, "inbox"), _where(directory))
+        return record + inbox_v1_shape(inbox, session_id)
 
     async def _engine_messages(
         self, session_id: str, directory: str | None, last: int | None
