@@ -179,11 +179,12 @@ def _run_evaluate(settings: Settings, args: argparse.Namespace) -> int:
 
 DEMO_DESCRIPTION = """\
 Shows the monitor stopping a loop on a real server, with no internet and no API key: finds
-opencode (or installs opencode-ai from npm into --cache-dir), starts it isolated on
-loopback with a scripted model that loops, runs the monitor on it and prints, as it
-happens, the calls, the detection, the abort, the feedback and the model's answer. Then it
-stops everything it started. The monitor's own log goes to CACHE_DIR/demo-monitor.log.
-Try the detection and action flags below on it, e.g. --repeats 4 or --dry-run."""
+opencode (or installs it from npm into --cache-dir), starts it isolated on loopback with a
+scripted model that loops, runs the monitor on it and prints, as it happens, the calls, the
+detection, the abort, the feedback and the model's answer. Then it stops everything it
+started. The monitor's own log goes to CACHE_DIR/demo-monitor.log. Try the detection and
+action flags below on it, e.g. --repeats 4 or --dry-run, and --opencode 2 for the same story
+on OpenCode 2."""
 
 DEMO_EPILOG = """\
 exit status: 0 the loop was caught, 1 the demo failed (opencode could not be installed or
@@ -195,7 +196,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache-dir",
         metavar="DIR",
         help="where opencode is installed and the log is written "
-        "[default: $XDG_CACHE_HOME/opencode-loop-monitor]; $OPENCODE_BIN skips the install",
+        "[default: $XDG_CACHE_HOME/opencode-loop-monitor]",
     )
     parser.add_argument(
         "--plugin",
@@ -203,16 +204,29 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="install the monitor's OpenCode plugin in the sandbox: the loop's call is refused "
         "before it runs and the model goes on in the same run",
     )
+    # The releases are the kit's (monitor.kit.demo.EDITIONS), named here without importing
+    # it: --help does not load aiohttp.
+    parser.add_argument(
+        "--opencode",
+        choices=("1", "2"),
+        default="1",
+        metavar="{1,2}",
+        help="the OpenCode to show it on: 1 is opencode 1.18.33 (npm opencode-ai@1.18.33, "
+        "installed once into CACHE_DIR, about 354 MB; $OPENCODE_BIN skips the install), 2 "
+        "is opencode 2.2.5 (npm @opencode/cli@2.2.5, installed once into CACHE_DIR/opencode-2, "
+        "about 480 MB; $OPENCODE2_BIN skips it), which the demo runs with a generated "
+        "password [default: 1]",
+    )
 
 
 def _run_demo(settings: Settings, args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from monitor.kit.demo import run_demo
+    from monitor.kit.demo import EDITIONS, run_demo
     from monitor.kit.sandbox import default_cache_dir
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    return run_demo(settings, cache_dir, plugin=args.plugin)
+    return run_demo(settings, cache_dir, plugin=args.plugin, edition=EDITIONS[args.opencode])
 
 
 MODEL_DESCRIPTION = """\
