@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monitor.core.frames import FrameError, SSEChunkDecoder
+from monitor.core.frames import HEARTBEAT, FrameError, SSEChunkDecoder
 
 
 def decode(*chunks: bytes) -> list[str]:
@@ -109,3 +111,15 @@ def test_an_event_too_large_in_a_whole_block_is_refused():
     assert decoder.feed(b"data: " + b"x" * 95 + b"\n\n") == ["x" * 95]
     with pytest.raises(FrameError, match="event too large"):
         decoder.feed(b"data: " + b"x" * 100 + b"\n\n")
+
+
+def test_opencode_2s_heartbeat_comment_is_decoded_as_1xs_heartbeat_event() -> None:
+    # 2.2.5 sends `: heartbeat` every 15 s and no heartbeat event (V2-REAL-NOTES.md); any
+    # other comment is still nothing, in one chunk or byte by byte.
+    stream = b'data: {"type":"server.connected","data":{}}\n\n: heartbeat\n\n:\n: ping\n\n'
+    stream += b":heartbeat\r\n\r\n"
+    whole = SSEChunkDecoder().feed(stream)
+    assert whole == ['{"type":"server.connected","data":{}}', HEARTBEAT, HEARTBEAT]
+    decoder = SSEChunkDecoder()
+    assert [data for byte in stream for data in decoder.feed(bytes([byte]))] == whole
+    assert json.loads(HEARTBEAT) == {"type": "server.heartbeat", "properties": {}}

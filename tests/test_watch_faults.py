@@ -19,7 +19,7 @@ from monitor.shell.notify import Notifier
 from monitor.shell.stream import CONNECTION_LOST
 from monitor.shell.timing import Timing
 from monitor.shell.watch import Watch
-from monitor.testing import FakeOpencode, frames, no_headers, play
+from monitor.testing import FakeOpencode, engine_call, frames, no_headers, play
 from tests import frames_factory as ff
 from tests.frames_factory import call, envelope, idle
 from tests.harness import FAST, events, loop_frames, start, stop, wait_for
@@ -289,6 +289,31 @@ async def test_silent_stream_hits_read_timeout_and_reconnects():
     # The socket's read timeout and the frame deadline run out together; either says it.
     reason = events(logs, "stream.disconnected")[0]["reason"]
     assert reason in ("read timeout", "no frame for 0.5 s")
+
+
+async def test_opencode_2s_comment_heartbeats_keep_a_quiet_stream():
+    # 2.2.5's only sign of life on an idle server is a `: heartbeat` comment (every 15 s,
+    # inside the read limit): its stream is kept for as long as they come, and a loop after
+    # a quiet while is stopped on the same connection.
+    beats = 12  # 1.2 s of heartbeats, past the 0.5 s read limit
+
+    async def quiet(request, response):
+        await response.prepare(request)
+        await response.write(frames({"id": "evt_0", "type": "server.connected", "data": {}}))
+        for _ in range(beats):
+            await response.write(b": heartbeat\n\n")
+            await asyncio.sleep(0.1)
+        reads = [engine_call("ses_s1", n, "read", {"path": "a.md"}, 3 * n) for n in range(1, 5)]
+        await response.write(frames(*(event for call in reads for event in call)))
+        await asyncio.sleep(3600)
+
+    fake = FakeOpencode(generation=2, streams=[quiet])
+    with capture_logs() as logs:
+        running = await start(fake)
+        await wait_for(lambda: fake.of("interrupt"), timeout=5)
+        await stop(*running)
+    assert fake.connections == 1 and events(logs, "stream.disconnected") == []
+    assert running[1].status()["stream"]["frames"] >= 1 + beats + 12
 
 
 async def test_a_stream_of_comments_alone_is_dropped_at_the_read_limit():

@@ -680,6 +680,8 @@ _PARSERS: dict[str, _Parse] = {
 IGNORED: Mapping[str, str] = MappingProxyType(
     {
         "server.connected": "the stream is open; the shell knows it already",
+        "server.heartbeat": "the server lives: 2.x's `: heartbeat` comment, decoded as 1.x's "
+        "event (core/frames.py), keeps the stream's frame deadline",
         "session.renamed": "the session's title",
         "session.instructions.updated": "digests of the system prompt's parts",
         "session.step.streamed": "the model's reply has streamed; the step ends at step.ended",

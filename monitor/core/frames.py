@@ -17,6 +17,7 @@ from monitor.errors import ServerError
 
 __all__ = [
     "FrameError",
+    "HEARTBEAT",
     "MAX_LINE_BYTES",
     "SSEChunkDecoder",
     "decode_frame",
@@ -97,6 +98,12 @@ def decode_frame(data: str) -> object:
 
 
 _BOM = b"\xef\xbb\xbf"
+# OpenCode 2's heartbeat is a comment, `: heartbeat` every 15 s (V2-REAL-NOTES.md), where 1.x
+# sends an event every 10 s. Decoded as 1.x's event, it is the same proof that the server
+# lives (the stream's frame deadline, the readiness check) on both; any other comment is
+# still none, as a proxy can send comments while the server behind it is gone.
+_HEARTBEAT_COMMENTS = (b": heartbeat", b":heartbeat")
+HEARTBEAT = '{"type":"server.heartbeat","properties":{}}'
 # The longest line held, by the live decoder and by replay: a `data:` line carrying the
 # largest frame we take, with room for the prefix and line ends. A longer line is cut there
 # and the rest skipped, so one broken or binary stream cannot make us hold it whole; the cut
@@ -109,8 +116,9 @@ class SSEChunkDecoder:
 
     The WHATWG rules that matter for OpenCode, applied to bytes: lines end at LF, CRLF or
     CR (exactly what `bytes.splitlines` splits on), `data:` lines of one event join with
-    newlines, a blank line ends the event, comments and other fields are ignored, a leading
-    byte order mark is dropped. A line longer than `max_line` raises FrameError rather than
+    newlines, a blank line ends the event, comments and other fields are ignored (but 2.x's
+    `: heartbeat`, which is decoded as 1.x's heartbeat event, `HEARTBEAT`), a leading byte
+    order mark is dropped. A line longer than `max_line` raises FrameError rather than
     growing without bound. Invalid UTF-8 becomes U+FFFD, as in a browser's EventSource.
     """
 
@@ -204,6 +212,8 @@ class SSEChunkDecoder:
                 data.append(line[5:])
             elif line == b"data":
                 data.append(b"")
+            elif line in _HEARTBEAT_COMMENTS and not data:
+                events.append(HEARTBEAT)
         self._data_size = size
 
 

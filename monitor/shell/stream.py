@@ -9,7 +9,8 @@ without a FIN.
 
 Bytes are no proof of life: a proxy or a broken server can keep a connection busy with `:`
 comments. So the read limit is also kept on frames: a connection that brings no frame (the
-server's heartbeat is one) for the read limit is dropped as `no frame`. And the resync that
+server's heartbeat is one: 1.x's event, or 2.x's `: heartbeat` comment every 15 s, which the
+decoder hands on as that event) for the read limit is dropped as `no frame`. And the resync that
 runs at each connect does not stop the reading: frames that come meanwhile are read off the
 socket and handed on at once; the watch holds those of the sessions the resync rebuilds
 (`monitor.core.resync.Waiting`) and feeds the others, so a stop goes ahead of bulk reads.
