@@ -21,10 +21,13 @@ CAPTURES = Path(__file__).resolve().parents[1] / "tests" / "recordings"
 TEXT_TRACES = Path(__file__).resolve().parents[1] / "tests" / "corpus"
 # The 2.x stream: the new session engine of the real 1.18.33 as `/api/event` sends it
 # (tests/recordings/engine), the same loops as events instead of part updates.
+# The 2.2.5 stream: the real OpenCode 2.2.5's `/api/event` (tests/recordings/v2.2.5: loops
+# of reads and shell calls, the plugin's refusals, permission requests, its heartbeats).
 CORPORA = {
     "tools": (CAPTURES, "*.sse"),
     "text": (TEXT_TRACES, "*.text-*.sse"),
     "engine": (CAPTURES / "engine", "*.api.sse"),
+    "v2": (CAPTURES / "v2.2.5", "*.sse"),
 }
 # Sessions running at once: replays interleaved frame by frame.
 CONCURRENT = 8

@@ -232,6 +232,11 @@ def main(argv: list[str] | None = None) -> None:
         f"throughput, 2.x stream: {args.frames:,} frames x {args.rounds} rounds...", file=sys.stderr
     )
     engine_runs, _ = throughput(args.frames, args.rounds, False, "engine")
+    print(
+        f"throughput, 2.2.5 stream: {args.frames:,} frames x {args.rounds} rounds...",
+        file=sys.stderr,
+    )
+    v2_runs, _ = throughput(args.frames, args.rounds, False, "v2")
     print(f"latency: {LATENCY_RUNS} rounds x {args.loops} loops...", file=sys.stderr)
     aborts = alternated("bench.latency", LATENCY_CLIENTS, "p99_ms", "--loops", str(args.loops))
     latency = median_run(aborts["monitor"])
@@ -288,6 +293,16 @@ def main(argv: list[str] | None = None) -> None:
             f"{ratio(engine_runs, 'watch', 'cpu_fps')[0]:.2f})",
             ">= 1.0",
             "yes" if engine_ratio >= 1.0 else "NO",
+        )
+    )
+    v2_ratio, v2_low, v2_high = ratio(v2_runs, "watch", "fps")
+    rows.append(
+        (
+            "2.2.5 stream (OpenCode 2.2.5's /api/event): watch / baseline",
+            f"{v2_ratio:.2f} (rounds {v2_low:.2f}-{v2_high:.2f}; by CPU time "
+            f"{ratio(v2_runs, 'watch', 'cpu_fps')[0]:.2f})",
+            ">= 1.0",
+            "yes" if v2_ratio >= 1.0 else "NO",
         )
     )
     per_session = rss["bytes_per_session"]

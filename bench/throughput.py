@@ -24,6 +24,7 @@ import cProfile
 import importlib.util
 import io
 import json
+import os
 import pstats
 import signal
 import sys
@@ -101,10 +102,18 @@ def serve(count: int, corpus_name: str = "tools") -> None:
     app = web.Application()
     app.router.add_get("/global/event", stream)
     app.router.add_get("/event", stream)
+
+    async def server_info(request: web.Request) -> web.Response:
+        return web.json_response({"version": "2.2.5", "pid": os.getpid(), "urls": []})
+
     if corpus_name == "engine":
-        # A server of the 2.x API only: `watch` finds it so and reads `/api/event`.
+        # A server of the new engine's API only: `watch` finds it so and reads `/api/event`.
         app.router.add_get("/api/event", stream)
         app.router.add_get("/api/health", health)
+    if corpus_name == "v2":
+        # OpenCode 2.2.5: `/api/info` says so, and `/api/event` is read.
+        app.router.add_get("/api/event", stream)
+        app.router.add_get("/api/info", server_info)
     app.router.add_get("/corpus", corpus)
 
     async def serve_forever() -> None:
