@@ -80,16 +80,17 @@ def kill_group(pgid: int) -> None:
 
 
 async def run_demo(
-    opencode_bin: Path, tmp_path: Path, *flags: str
+    opencode_bin: Path, tmp_path: Path, *flags: str, variable: str = "OPENCODE_BIN"
 ) -> tuple[MonitorProcess, int | None, list[int]]:
-    """Run `demo` to its end: the process, its exit status and what was left in its group.
+    """Run `demo` to its end: the process, its exit status and what was left in its group;
+    `variable` lends it the binary (OPENCODE2_BIN for `--opencode 2`).
 
     Whatever happens, nothing it started outlives the test.
     """
     demo = MonitorProcess(
         ["demo", "--cache-dir", str(tmp_path / "cache"), *flags],
         tmp_path,
-        env={"OPENCODE_BIN": str(opencode_bin)},
+        env={variable: str(opencode_bin)},
     ).start()
     assert demo.process is not None
     code = None
