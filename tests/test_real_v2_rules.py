@@ -29,7 +29,14 @@ import pytest
 from monitor.core.feedback import MARK
 from monitor.kit.sandbox import OpencodeServer2, ProjectClient2, free_loopback_port, tool_calls
 from monitor.kit.scripted_model import DEFAULT_ANSWER, ScriptedModel, script
-from tests.corpus.record_text import PARAGRAPH, code_block, different_lines, numbered_list, table
+from tests.corpus.record_text import (
+    PARAGRAPH,
+    REASONING,
+    code_block,
+    different_lines,
+    numbered_list,
+    table,
+)
 from tests.harness import MODEL_DELAY, seen_idle
 from tests.monitor_process import CONSOLE_SCRIPT, MonitorProcess
 from tests.test_real_v2_guard import answers, no_refused_request, users, users_shell, watching
@@ -49,12 +56,18 @@ def edit(path: str, old: str, new: str) -> Call:
 
 
 async def run(
-    client: ProjectClient2, title: str, pattern: list[Call], *, runs: int = 1, **fields: Any
+    client: ProjectClient2,
+    title: str,
+    pattern: list[Call],
+    *,
+    runs: int = 1,
+    delay: float = MODEL_DELAY,
+    **fields: Any,
 ) -> tuple[str, Record]:
     """A session made to follow `pattern` once, and its record once its `runs`-th run (2: the
     feedback's, after an interrupt) is over."""
     session = await client.create_session(title)
-    prompt = script(pattern, len(pattern), delay=MODEL_DELAY, **fields)
+    prompt = script(pattern, len(pattern), delay=delay, **fields)
     await client.prompt(session["id"], prompt)
     return session["id"], await client.wait_idle(session["id"], 120, runs=runs)
 
@@ -86,6 +99,7 @@ def stopped(
         "succeeded",
     ]
     no_refused_request(monitor)
+    assert monitor.events("frame.malformed") == []  # every 2.2.5 frame of the run typed
     return detected
 
 
@@ -172,7 +186,8 @@ class Deltas:
 
     def __init__(self, server: OpencodeServer2, http: aiohttp.ClientSession) -> None:
         self.server, self.http = server, http
-        self.texts: dict[str, list[str]] = {}  # session id -> its deltas, in order
+        # (session id, "text" or "reasoning") -> its deltas, in order
+        self.texts: dict[tuple[str, str], list[str]] = {}
         self.connected = asyncio.Event()
 
     async def follow(self) -> None:
@@ -186,53 +201,77 @@ class Deltas:
                     continue
                 frame = json.loads(line[len("data: ") :])
                 self.connected.set()  # the first frame: server.connected
-                if frame["type"] == "session.text.delta":
+                kind = frame["type"].removeprefix("session.").removesuffix(".delta")
+                if kind in ("text", "reasoning") and frame["type"].endswith(".delta"):
                     data = frame["data"]
-                    self.texts.setdefault(data["sessionID"], []).append(data["delta"])
+                    key = (data["sessionID"], kind)
+                    self.texts.setdefault(key, []).append(data["delta"])
 
-    def completing(self, session_id: str, length: int) -> int:
-        """The delta (counted from 1) that brings the session's text to `length` characters."""
+    def completing(self, session_id: str, kind: str, length: int) -> int:
+        """The delta (counted from 1) that brings the session's text or reasoning to `length`
+        characters."""
         total = 0
-        for n, delta in enumerate(self.texts[session_id], 1):
+        for n, delta in enumerate(self.texts[session_id, kind], 1):
             total += len(delta)
             if total >= length:
                 return n
         raise AssertionError(f"the text never reached {length} characters")
 
 
+def reasoning(record: Record) -> list[str]:
+    return [
+        entry["text"]
+        for item in record
+        if item.get("type") == "assistant"
+        for entry in item.get("content", [])
+        if entry.get("type") == "reasoning"
+    ]
+
+
+# How soon the stream is stopped depends on the monitor and the server getting the CPU at once.
 @pytest.mark.alone
-async def test_a_paragraph_streamed_again_and_again_is_stopped_at_its_5th_copy(
+@pytest.mark.parametrize("kind", ["text", "reasoning"])
+async def test_a_passage_streamed_again_and_again_is_stopped_at_its_5th_copy(
     opencode2_server: OpencodeServer2,
     opencode2_client: ProjectClient2,
     start_monitor: Any,
     http: aiohttp.ClientSession,
+    kind: str,
 ) -> None:
     deltas = Deltas(opencode2_server, http)
     following = asyncio.create_task(deltas.follow())
+    if kind == "text":
+        prompt, repeated, units = text_script(answer=PARAGRAPH, repeat=300), PARAGRAPH, 4
+    else:
+        prompt = text_script(answer="Found it.", reasoning=REASONING, reasoning_repeat=300)
+        repeated, units = REASONING, 2
     try:
         await asyncio.wait_for(deltas.connected.wait(), 30)
         monitor = await watching(start_monitor, opencode2_server)
         session = await opencode2_client.create_session("text loop")
-        await opencode2_client.prompt(session["id"], text_script(answer=PARAGRAPH, repeat=300))
+        await opencode2_client.prompt(session["id"], prompt)
         record = await opencode2_client.wait_idle(session["id"], 60, runs=2)
     finally:
         following.cancel()
 
     # The model answers the feedback with its scripted answer once, not repeating it.
-    detected = stopped(monitor, session["id"], record, "text_repeat", answer=PARAGRAPH)
-    assert detected["tools"] == [] and (detected["cycle_length"], detected["repetitions"]) == (
-        4,
-        5,
-    )
+    answer = PARAGRAPH if kind == "text" else "Found it."
+    detected = stopped(monitor, session["id"], record, "text_repeat", answer=answer)
+    assert detected["tools"] == []
+    assert (detected["cycle_length"], detected["repetitions"]) == (units, 5)
     # The 5th copy completes on this delta (its first character after it, as on 1.x).
-    assert detected["call_index"] == deltas.completing(session["id"], 5 * len(PARAGRAPH) - 1)
-    looped = answers(record)[0]
-    assert looped.startswith(PARAGRAPH * 5)
-    assert len(looped) < 30 * len(PARAGRAPH)  # stopped within a tenth of its 300 copies
+    completing = deltas.completing(session["id"], kind, 5 * len(repeated) - 1)
+    assert detected["call_index"] == completing
+    looped = (answers if kind == "text" else reasoning)(record)[0]
+    assert looped.startswith(repeated * 5)
+    assert len(looped) < 30 * len(repeated)  # stopped within a tenth of its 300 copies
     said = users(record)[1]
-    assert "in your answer you wrote the same passage of 4 sentences 5 times in a row" in said
-    assert PARAGRAPH.split(".")[0] not in said  # named, never quoted
-    assert answers(record)[1:] == [PARAGRAPH]
+    where = "answer" if kind == "text" else "reasoning"
+    assert f"in your {where} you wrote the same passage of {units} sentences 5 times in a row" in (
+        said
+    )
+    assert repeated.split(".")[0] not in said  # named, never quoted
+    assert answers(record)[-1:] == [answer] and len(monitor.events("loop.detected")) == 1
 
 
 async def test_long_legitimate_answers_are_streamed_to_their_end(
@@ -283,6 +322,26 @@ async def test_paging_through_15_views_over_and_over_is_stopped_as_a_revisit(
     assert (detected["call_index"], detected["tools"]) == (28, ["read"])
     assert detected["part_id"].endswith(":" + calls[27]["id"])
     assert "Nothing has changed since you read it" in users(record)[1]
+
+
+async def test_narration_before_15_different_reads_is_left_alone(
+    opencode2_server: OpencodeServer2,
+    opencode2_client: ProjectClient2,
+    start_monitor: Any,
+    http: aiohttp.ClientSession,
+) -> None:
+    # `text_steps` leaves the same words at each step alone when the calls they precede differ.
+    address = f"127.0.0.1:{free_loopback_port()}"
+    monitor = await watching(start_monitor, opencode2_server, "--metrics-addr", address)
+    setup = shell('for i in $(seq 0 14); do echo "def x$i(): pass" > x$i.py; done')
+    pattern = [setup] + [("read", {"path": f"x{k}.py"}) for k in range(15)]
+    narration = "Let's look at the X method:"
+    session_id, record = await run(opencode2_client, "narrated", pattern, delay=0, say=narration)
+    await seen_idle(http, address, session_id)  # the monitor read the run to its end
+
+    assert [call["state"]["status"] for call in tool_calls(record)] == ["completed"] * 16
+    assert answers(record) == [narration] * 16 + [DEFAULT_ANSWER]
+    assert monitor.events("loop.detected") == [] and len(users(record)) == 1
 
 
 async def test_a_run_is_stopped_at_its_step_budget(
