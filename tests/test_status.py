@@ -90,7 +90,9 @@ async def test_status_shows_sessions_held_busy_and_the_stream(capsys):
     ]
     lines = table.splitlines()
     assert lines[0] == f"monitor 0.1.0 watching {url}"
-    assert lines[1].startswith("stream: connected, 22 frames, last frame ")
+    assert lines[1].startswith(
+        "stream: connected to opencode (no version given) (1.x API), 22 frames, last frame "
+    )
     assert lines[2] == "sessions known: 2 (busy 1, held 1, idle 0), interventions: 2"
     assert status["role"] == {"state": "acting"} and lines[3] == "role: acting"
     endpoint = status["plugins"]["endpoint"]
@@ -271,3 +273,26 @@ def test_status_says_whether_this_monitor_acts_or_stands_by(role, line):
         "sessions": [],
     }
     assert render_status(status, 100).splitlines()[3:] == line
+
+
+@pytest.mark.parametrize(
+    ("server", "line"),
+    [
+        ("opencode 2.2.5: 2.x API", "stream: connected to opencode 2.2.5 (2.x API), 1 frames, "),
+        ("opencode 1.18.33: 1.x and 2.x API", "stream: connected to opencode 1.18.33 (1.x and "),
+        (None, "stream: connected, 1 frames, "),  # not connected yet, or an older monitor's
+    ],
+)
+def test_the_stream_line_names_the_server_the_monitor_found(server, line):
+    from monitor.shell.status import render_status
+
+    status = {
+        "version": "1",
+        "url": "http://x",
+        "directory": None,
+        "dry_run": False,
+        "stream": {"state": "connected", "frames": 1, "last_frame_unix": 97.0, "server": server},
+        "totals": {"sessions": 0, "busy": 0, "held": 0, "interventions": 0},
+        "sessions": [],
+    }
+    assert render_status(status, 100).splitlines()[1].startswith(line)

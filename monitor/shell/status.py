@@ -95,6 +95,16 @@ def _role_lines(role: dict[str, Any] | None) -> list[str]:
     return ["role: acting"]
 
 
+def _server_words(server: str | None) -> str:
+    """Which server the stream is of, as `server.detected` says it (`opencode 2.2.5: 2.x
+    API`), put as ` to opencode 2.2.5 (2.x API)`; nothing before the first connect, or from a
+    monitor from before it said one."""
+    if not server:
+        return ""
+    name, _, api = server.partition(": ")
+    return f" to {name} ({api})" if api else f" to {name}"
+
+
 def render_status(status: dict[str, Any], now: float) -> str:
     """The table for people; `--json` prints `status` as it came."""
     stream, totals = status["stream"], status["totals"]
@@ -102,7 +112,8 @@ def render_status(status: dict[str, Any], now: float) -> str:
     lines = [
         f"monitor {status['version']} watching {where}"
         + (", dry run: detects only" if status["dry_run"] else ""),
-        f"stream: {stream['state']}, {stream['frames']} frames, "
+        f"stream: {stream['state']}{_server_words(stream.get('server'))}, "
+        f"{stream['frames']} frames, "
         f"{_last_frame(stream['last_frame_unix'], now)}",
         # The gauges sessions_known, sessions_busy and sessions_held count the same.
         f"sessions known: {totals['sessions']} (busy {totals['busy']}, held {totals['held']}, "
