@@ -21,6 +21,7 @@ from monitor.kit.sandbox import OpencodeServer, free_loopback_port, tool_parts
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
 from tests.harness import (
     MODEL_DELAY,
+    CuttableProxy,
     Engine,
     assistant_texts,
     start_watching,
@@ -159,56 +160,6 @@ async def test_two_monitors_of_the_new_engine_give_each_of_six_loops_one_feedbac
         (s, "standby") for s in sessions
     )
     assert standby.events("feedback.sent") == standby.events("feedback.deferred") == []
-
-
-class CuttableProxy:
-    """A TCP proxy on loopback in front of the server: `cut` drops every connection and
-    refuses new ones until `mend`, as a network outage would."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.port = 0
-        self.open = True
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self.open:
-            writer.close()
-            return
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        self._writers |= {writer, up_writer}
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            try:
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-            except (ConnectionError, asyncio.CancelledError):
-                pass
-            finally:
-                sink.close()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-        self._writers -= {writer, up_writer}
-
-    def cut(self) -> None:
-        self.open = False
-        for writer in list(self._writers):
-            writer.transport.abort()
-
-    def mend(self) -> None:
-        self.open = True
-
-    async def close(self) -> None:
-        self.cut()
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
 
 
 async def test_a_shell_call_that_never_ends_on_the_new_engine_is_stopped_past_its_bound(

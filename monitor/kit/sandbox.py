@@ -870,6 +870,17 @@ class ProjectClient2:
                 return items
             query = {"cursor": after}  # a cursor goes without `order` (the server's rule)
 
+    async def inbox(self, session_id: str) -> list[dict[str, Any]]:
+        """The user messages waiting for the session's next run (a ``resume: false`` post),
+        which `/message` does not hold yet: ``{id, type: "user", payload: {text}, ...}``."""
+        path = f"{_session(session_id)}/inbox"
+        items: list[dict[str, Any]] = (await self._call("GET", path))["data"]
+        return items
+
+    async def delete_session(self, session_id: str) -> None:
+        """Delete the session (`DELETE /api/session/{id}`)."""
+        await self._call("DELETE", _session(session_id))
+
     async def active(self) -> dict[str, dict[str, Any]]:
         """The sessions with a run going on, by id (``{"type": "running"}``)."""
         return await self._data("GET", "/api/session/active")
