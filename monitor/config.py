@@ -457,7 +457,9 @@ class Settings:
     url: str = field(
         metadata=_row(
             _url,
-            "OpenCode server base URL",
+            "OpenCode server base URL; when not given, OpenCode 2's background service where "
+            "it registers itself (with its password, followed when it restarts), else the "
+            "default",
             Group.CONNECTION,
             default="http://127.0.0.1:4096",
             metavar="URL",
@@ -475,8 +477,8 @@ class Settings:
     api: ApiChoice = field(
         metadata=_row(
             _choice(get_args(ApiChoice)),
-            "which OpenCode API to speak: auto asks the server at every connect (1.x routes "
-            "and /global/event where it has them, else 2.x's /api and /api/event; a 1.18 "
+            "which OpenCode API to speak: auto asks the server at every connect (2.x answers "
+            "/api/info and is read on /api/event; a 1.x server on /global/event, a 1.18 "
             "server's new-engine sessions by /api either way), 1 only the 1.x routes, 2 only "
             "/api",
             Group.CONNECTION,
