@@ -32,7 +32,7 @@ from monitor.core.events import (
     TextPart,
     ToolPart,
 )
-from monitor.core.events_v2 import Adapter, engine_name
+from monitor.core.events_v2 import IGNORED, Adapter, engine_name
 from monitor.core.export import current_run, export_frames, tool_parts
 from monitor.core.export_v2 import messages_v1_shape
 from monitor.core.frames import decode_frame, iter_sse_data
@@ -362,6 +362,36 @@ def test_an_envelope_is_labelled_by_the_name_engine_name_gives(kind: str) -> Non
     name = engine_name(kind) or kind
     label = Adapter().parse(engine_event(kind, S))[0]
     assert label == (name if name in KNOWN_EVENT_TYPES else "other")
+
+
+# Two frames of the real 2.2.5 the captures hold none of (../shared/opencode/captures-2.2.5
+# ran in a folder with no commit; tests/test_real_v2_rules.py's sandbox has one): the
+# project's folder resolved, a killed shell's process let go after its call ended.
+WORKTREE_RESOLVED = {
+    "id": "evt_252c6dd0c00195eDRPM8pBrBl5",
+    "created": 1796685094156,
+    "type": "worktree.resolved",
+    "data": {"projectID": "bffd2fc7", "directory": "/w", "previous": "global"},
+    "durable": {"aggregateID": "bffd2fc7", "seq": 0, "version": 1},
+}
+SHELL_DELETED = {
+    "id": "evt_252c6f637001aaaaaaaaaaaaaa",
+    "created": 1796685100599,
+    "type": "shell.deleted",
+    "location": {"directory": "/w"},
+    "data": {"id": "sh_252c6e7b9001VTl9vejUS2hy31"},
+}
+
+
+@pytest.mark.parametrize("frame", [WORKTREE_RESOLVED, SHELL_DELETED], ids=lambda f: f["type"])
+def test_2_2_5_frames_of_no_run_are_counted_by_their_type_and_typed_as_nothing(
+    frame: dict[str, Any],
+) -> None:
+    assert frame["type"] in IGNORED
+    assert Adapter().parse(frame) == (frame["type"], None)
+    tracker = Tracker()
+    fed = tracker.feed(frame)
+    assert (fed.event_type, fed.malformed, fed.decisions) == (frame["type"], None, ())
 
 
 def test_the_adapter_forgets_a_deleted_session() -> None:

@@ -334,6 +334,7 @@ KNOWN_EVENT_TYPES = (
             "session.step.streamed",
             "shell.created",
             "shell.exited",
+            "shell.deleted",
         }
     )
     | frozenset(
@@ -348,6 +349,8 @@ KNOWN_EVENT_TYPES = (
             "websearch.updated",
             "reference.updated",
             "plugin.updated",
+            # A project's folder named once its repository has a commit (`global` before).
+            "worktree.resolved",
         }
     )
 )

@@ -693,6 +693,10 @@ IGNORED: Mapping[str, str] = MappingProxyType(
         "step.ended",
         "shell.created": "the process of a shell call; the call is typed by its own events",
         "shell.exited": "the process's exit; tool.success carries it in the call's metadata",
+        "shell.deleted": "the process's record let go after its exit or kill; the call's end is "
+        "its tool.success / failed",
+        "worktree.resolved": "a project's folder named (its id once its repository has a "
+        "commit), no session's run",
         **dict.fromkeys(
             (
                 "project.updated",
