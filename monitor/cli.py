@@ -232,7 +232,8 @@ def _run_demo(settings: Settings, args: argparse.Namespace) -> int:
 MODEL_DESCRIPTION = """\
 Serves the scripted model of `demo` alone, OpenAI-compatible, on 127.0.0.1:--port, so that
 your own `opencode serve` has a model that loops, with no API key and no network. Prints the
-opencode.json provider block to paste (then restart the server), then one line per answer.
+opencode.json provider block to paste (then restart the server; --opencode 2 for OpenCode
+2's block and commands), then one line per answer.
 A prompt that says `loop` makes it read README.md and run ls again and again until the
 monitor stops it, then heed it and answer (in the same run when the plugin refused the
 call); `escalate` ignores every refusal and feedback and loops on, until the monitor holds
@@ -249,12 +250,22 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=int, help="loopback port to serve on; 0 for a free one [default: 4097]"
     )
+    parser.add_argument(
+        "--opencode",
+        choices=("1", "2"),
+        default="1",
+        metavar="{1,2}",
+        help="the OpenCode whose opencode.json block and commands to print: 1 (`provider`, "
+        "`npm`, `options`; opencode run --attach) or 2 (`providers`, `package`, `settings`; "
+        "opencode run --server URL with OPENCODE_PASSWORD, or its background service) "
+        "[default: 1]",
+    )
 
 
 def _run_model(settings: Settings, args: argparse.Namespace) -> int:
     from monitor.kit.model import DEFAULT_PORT, run_model
 
-    return run_model(DEFAULT_PORT if args.port is None else args.port)
+    return run_model(DEFAULT_PORT if args.port is None else args.port, opencode=args.opencode)
 
 
 UNIT_DESCRIPTION = """\

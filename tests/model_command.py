@@ -50,10 +50,10 @@ class Served:
 
 
 @asynccontextmanager
-async def model_command() -> AsyncIterator[Served]:
-    """`opencode-loop-monitor model --port 0`, killed at the end whatever happened."""
+async def model_command(*flags: str) -> AsyncIterator[Served]:
+    """`opencode-loop-monitor model --port 0 FLAGS`, killed at the end whatever happened."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "monitor", "model", "--port", "0",
+        sys.executable, "-m", "monitor", "model", "--port", "0", *flags,
         cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:

@@ -17,7 +17,14 @@ import pytest
 from monitor.cli import main
 from monitor.core.feedback import MARK
 from monitor.exits import EX_FAILED
-from monitor.kit.model import DEFAULT_PORT, MODEL_ID, provider_block, run_model
+from monitor.kit.model import (
+    DEFAULT_PORT,
+    MODEL_ID,
+    instructions,
+    provider_block,
+    provider_block_v2,
+    run_model,
+)
 from monitor.kit.scripted_model import (
     DEFAULT_ANSWER,
     ON_DEMAND_ANSWER,
@@ -180,3 +187,53 @@ def test_usage_tells_each_story_as_the_real_server_shows_it() -> None:
     assert all(shown in loop for shown in LOOP_SHOWS)
     assert "Error: Aborted" in escalate and all(shown in escalate for shown in ESCALATE_SHOWS)
     assert "outcome=blocked" in loop and "outcome=held" in escalate
+
+
+def test_opencode_2_gets_its_own_block_and_the_commands_it_takes() -> None:
+    """2.x names a provider in `providers` / `package` / `settings` (V2-REAL-NOTES.md
+    section 2), has a password, and a background service: the lines a 2.x user types."""
+    url = f"http://127.0.0.1:{DEFAULT_PORT}/v1"
+    printed = instructions(url, "2").splitlines()
+    assert (
+        block_of(printed)
+        == provider_block_v2(url)
+        == {
+            "providers": {
+                "loop-monitor": {
+                    "package": "@ai-sdk/openai-compatible",
+                    "name": "opencode-loop-monitor's scripted model",
+                    "settings": {"baseURL": url, "apiKey": "none"},
+                    "models": {
+                        "looper": {"name": "Looper (scripted)", "capabilities": {"tools": True}}
+                    },
+                }
+            }
+        }
+    )
+    commands = [line.strip() for line in printed if line.startswith("  ")]
+    assert [c for c in commands if "opencode" in c and not c.startswith('"')] == [
+        "OPENCODE_SERVER_PASSWORD=PASSWORD opencode serve --hostname 127.0.0.1 --port 4096",
+        "OPENCODE_SERVER_PASSWORD=PASSWORD opencode-loop-monitor watch --url http://127.0.0.1:4096",
+        "OPENCODE_PASSWORD=PASSWORD opencode run --server http://127.0.0.1:4096 "
+        f"--model {MODEL_ID} loop",
+        "opencode-loop-monitor watch",
+        f"opencode run --model {MODEL_ID} loop",
+    ]
+    assert printed[-1] == "Ctrl-C here stops the model."
+    # 1.x's output is unchanged by the flag's default.
+    assert instructions(url) == instructions(url, "1") and '"provider": {' in instructions(url)
+
+
+async def test_model_opencode_2_serves_the_same_model_and_prints_2_x_s_block() -> None:
+    async with model_command("--opencode", "2") as served:
+        printed = await served.until("Ctrl-C here stops the model.")
+        url = block_of(printed)["providers"]["loop-monitor"]["settings"]["baseURL"]
+        assert block_of(printed) == provider_block_v2(url)
+        [first, *_] = await completion(url, "loop")
+        assert first["tool_calls"][0]["function"]["name"] == "read"
+
+
+def test_the_help_offers_opencode_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model", "--help"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--opencode {1,2}" in shown and "`providers`, `package`, `settings`" in shown

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import shlex
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,14 +21,20 @@ import aiohttp
 import pytest
 
 from monitor.core.feedback import MARK
-from monitor.kit.model import MODEL_ID, PROVIDER
-from monitor.kit.sandbox import OpencodeServer, free_loopback_port, tool_parts
+from monitor.kit.model import MODEL_ID, PROVIDER, provider_block_v2
+from monitor.kit.sandbox import (
+    OpencodeServer,
+    OpencodeServer2,
+    free_loopback_port,
+    tool_calls,
+    tool_parts,
+)
 from monitor.kit.scripted_model import DEFAULT_ANSWER
 from monitor.shell.endpoint import PluginEndpoint, socket_name
 from monitor.shell.plugin_install import FILE_NAME
 from tests.harness import REPO, status
 from tests.model_command import ESCALATE_SHOWS, LOOP_SHOWS, Served, block_of, model_command
-from tests.monitor_process import MonitorProcess, Record
+from tests.monitor_process import CONSOLE_SCRIPT, MonitorProcess, Record
 
 pytestmark = pytest.mark.real_server
 
@@ -189,3 +197,92 @@ async def test_escalate_ignores_each_refusal_until_the_session_is_held(
     assert output.count("this call was refused and did not run") == 3
     assert all(line in output for line in ESCALATE_SHOWS), output
     assert output.rstrip().endswith("Aborted") and DEFAULT_ANSWER not in output
+
+
+# Where `model --opencode 2` says the person's server listens (their `opencode serve --port`).
+PRINTED_URL = "http://127.0.0.1:4096"
+
+
+def printed_command(printed: list[str], program: str, server: OpencodeServer2) -> list[str]:
+    """The command line `model --opencode 2` printed for a server of the person's whose
+    program is `program` (after the password's variable), for this server: its URL for the
+    one printed, its password for PASSWORD."""
+    [line] = [line for line in printed if line.startswith("  OPENCODE_") and program in line]
+    variable, *words = shlex.split(line.replace(PRINTED_URL, server.url))
+    name, value = variable.split("=", 1)
+    assert name in ("OPENCODE_PASSWORD", "OPENCODE_SERVER_PASSWORD") and value == "PASSWORD"
+    return [f"{name}={server.password}", *words]
+
+
+async def test_on_opencode_2_the_printed_block_and_commands_show_loop_refused_in_band(
+    opencode2_bin: Path, start_monitor: Callable[..., MonitorProcess], http: aiohttp.ClientSession
+) -> None:
+    """`model --opencode 2` followed on 2.2.5: its printed block as the server's only
+    provider, `plugin install`, then the printed `watch --url` and `opencode run --server
+    ... loop` with the server's password as the printed lines pass it: the 6th call (2.2.5's
+    shell) is refused in band and the model answers in the same run."""
+    async with model_command("--opencode", "2") as model:
+        printed = await model.until("Ctrl-C here stops the model.")
+        block = block_of(printed)
+        url = block["providers"][PROVIDER]["settings"]["baseURL"]
+        assert block == provider_block_v2(url) and url.startswith("http://127.0.0.1:")
+        # The printed block replaces the sandbox's providers: the only one the server has.
+        config = {**block, "model": MODEL_ID}
+        async with OpencodeServer2(opencode2_bin, url, config=config) as server:
+            env = server.client_environment()
+            shell = {k: v for k, v in env.items() if k == "HOME" or k.startswith("XDG_")}
+            installed = subprocess.run(
+                [str(CONSOLE_SCRIPT), "plugin", "install"],
+                env={**os.environ, **shell}, capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert installed.returncode == 0, installed.stderr
+
+            [variable, *watch] = printed_command(printed, "opencode-loop-monitor watch", server)
+            assert watch[:3] == ["opencode-loop-monitor", "watch", "--url"]
+            name, password = variable.split("=", 1)
+            monitor = start_monitor(
+                *watch[1:], "--log-format", "json", env={**shell, name: password}
+            )
+            await monitor.wait_event("stream.resynced")
+
+            [variable, program, *argv] = printed_command(printed, "opencode run", server)
+            assert (program, argv[-3:]) == ("opencode", ["--model", MODEL_ID, "loop"])
+            name, password = variable.split("=", 1)
+            # Only the printed variable: none of the server's own. In the project, as a person
+            # types it there: 2.2.5's `opencode run` takes its session's folder from $PWD (the
+            # test's own checkout otherwise, whose README holds the monitor's mark).
+            client = {k: v for k, v in env.items() if not k.startswith("OPENCODE_SERVER_")}
+            client["PWD"] = str(server.project)
+            process = await asyncio.create_subprocess_exec(
+                str(opencode2_bin), *argv, cwd=server.project, env={**client, name: password},
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                raw, _ = await asyncio.wait_for(process.communicate(), RUN_S)
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+            output = raw.decode(errors="replace")
+            assert process.returncode == 0, output
+
+            [outcome] = monitor.events("intervention.outcome")
+            assert (outcome["outcome"], outcome["via"], outcome["call_index"]) == (
+                "blocked",
+                "plugin",
+                6,
+            )
+            record = await server.client(http).messages(outcome["session_id"])
+            assert server.password not in monitor.output()
+        calls = tool_calls(record)
+        assert [call["name"] for call in calls] == ["read", "shell"] * 3
+        assert [c["state"]["status"] for c in calls] == ["completed"] * 5 + ["error"]
+        assert calls[5]["state"]["error"]["message"].startswith(MARK)
+        # The model printed each step it answered in 2.2.5's words, then its answer.
+        assert (await model.reach("call_0 ")).endswith(" call_0 read README.md")
+        assert (await model.reach("call_5 ")).endswith(" call_5 shell ls")
+        assert (await model.reach("answers ")).endswith(f" answers {DEFAULT_ANSWER!r}")
+    assert "Automatic notice: this call was refused and did not run: " in output, output
+    assert DEFAULT_ANSWER in output, output
+    assert monitor.events("feedback.sent") == []

@@ -6,6 +6,12 @@ serves the scripted model of the demo and the tests on loopback, prints the `ope
 provider block that makes it one of the server's models, and prints each step it answers.
 A prompt that says `loop` makes it loop and heed the monitor, `escalate` loop and ignore it
 (`monitor.kit.scripted_model.on_demand_script`).
+
+OpenCode 1 and OpenCode 2 name a provider in different keys (1.x `provider`, `npm`,
+`options`; 2.x `providers`, `package`, `settings`: V2-REAL-NOTES.md section 2) and are
+reached differently (2.x always has a password, and starts a background service for a
+client given no server): `--opencode 2` prints 2.x's block and commands. The model itself
+is the same; it speaks the tools of whichever server asks (`OfferedTools`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,16 @@ from monitor.kit.scripted_model import (
     ToolCall,
 )
 
-__all__ = ["DEFAULT_PORT", "MODEL_ID", "PROVIDER", "provider_block", "run_model", "step_line"]
+__all__ = [
+    "DEFAULT_PORT",
+    "MODEL_ID",
+    "PROVIDER",
+    "instructions",
+    "provider_block",
+    "provider_block_v2",
+    "run_model",
+    "step_line",
+]
 
 PROG = "opencode-loop-monitor model"
 PROVIDER = "loop-monitor"
@@ -33,6 +48,8 @@ MODEL = "looper"
 MODEL_ID = f"{PROVIDER}/{MODEL}"
 # Beside `opencode serve`'s usual 4096, and fixed, so the pasted block stays right.
 DEFAULT_PORT = 4097
+NAME = "opencode-loop-monitor's scripted model"
+MODEL_NAME = "Looper (scripted)"
 
 
 def provider_block(url: str) -> dict[str, Any]:
@@ -41,16 +58,36 @@ def provider_block(url: str) -> dict[str, Any]:
         "provider": {
             PROVIDER: {
                 "npm": "@ai-sdk/openai-compatible",
-                "name": "opencode-loop-monitor's scripted model",
+                "name": NAME,
                 # The scripted model takes any key; the SDK wants one.
                 "options": {"baseURL": url, "apiKey": "none"},
-                "models": {MODEL: {"name": "Looper (scripted)", "tool_call": True}},
+                "models": {MODEL: {"name": MODEL_NAME, "tool_call": True}},
             }
         }
     }
 
 
-def instructions(url: str) -> str:
+def provider_block_v2(url: str) -> dict[str, Any]:
+    """The same for OpenCode 2's `opencode.json` (its keys: `providers`, `package`,
+    `settings`, a model's `capabilities`). 2.2.5 has the package built in: nothing is
+    downloaded."""
+    return {
+        "providers": {
+            PROVIDER: {
+                "package": "@ai-sdk/openai-compatible",
+                "name": NAME,
+                "settings": {"baseURL": url, "apiKey": "none"},
+                "models": {MODEL: {"name": MODEL_NAME, "capabilities": {"tools": True}}},
+            }
+        }
+    }
+
+
+def instructions(url: str, opencode: str = "1") -> str:
+    """What the command prints first: the block to paste and how to try it, for OpenCode
+    `opencode` ("1" or "2")."""
+    if opencode == "2":
+        return _instructions_v2(url)
     block = json.dumps(provider_block(url), indent=2)
     return f"""\
 {PROG}: the scripted model answers on {url} (loopback, no API key)
@@ -64,6 +101,31 @@ and runs ls, again and again, until the monitor stops it, then heeds it and answ
 same run when the plugin refused the call). `escalate`: it ignores every refusal and
 feedback and loops on, until the monitor holds the session. For example:
   opencode run --attach http://127.0.0.1:4096 --model {MODEL_ID} loop
+Ctrl-C here stops the model."""
+
+
+def _instructions_v2(url: str) -> str:
+    block = json.dumps(provider_block_v2(url), indent=2)
+    return f"""\
+{PROG}: the scripted model answers on {url} (loopback, no API key)
+Merge this into OpenCode 2's opencode.json (~/.config/opencode/opencode.json), then
+(re)start opencode serve, or its background service (opencode service restart):
+
+{block}
+
+In a session of that server, pick the model {MODEL_ID} and write `loop`: it reads README.md
+and runs its shell's ls, again and again, until the monitor stops it, then heeds it and
+answers (in the same run when the plugin refused the call). `escalate`: it ignores every
+refusal and feedback and loops on, until the monitor holds the session. With a server you
+start, its password goes to the monitor in OPENCODE_SERVER_PASSWORD and to the client in
+OPENCODE_PASSWORD:
+  OPENCODE_SERVER_PASSWORD=PASSWORD opencode serve --hostname 127.0.0.1 --port 4096
+  OPENCODE_SERVER_PASSWORD=PASSWORD opencode-loop-monitor watch --url http://127.0.0.1:4096
+  OPENCODE_PASSWORD=PASSWORD opencode run --server http://127.0.0.1:4096 --model {MODEL_ID} loop
+Or with OpenCode's background service, which a client given no --server starts (restart it
+after pasting), and which the monitor given no --url finds by itself:
+  opencode-loop-monitor watch
+  opencode run --model {MODEL_ID} loop
 Ctrl-C here stops the model."""
 
 
@@ -82,7 +144,7 @@ def step_line(request: ModelRequest, label: str | None = None) -> str | None:
     return None
 
 
-async def _serve(port: int, out: TextIO) -> None:
+async def _serve(port: int, out: TextIO, opencode: str) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -93,14 +155,15 @@ async def _serve(port: int, out: TextIO) -> None:
             print(line, file=out, flush=True)
 
     async with ScriptedModel(port=port, on_demand=True, on_reply=said) as model:
-        print(instructions(model.url), file=out, flush=True)
+        print(instructions(model.url, opencode), file=out, flush=True)
         await stop.wait()
         print(f"{PROG}: stopped", file=out, flush=True)
 
 
-def run_model(port: int, out: TextIO = sys.stdout) -> int:
+def run_model(port: int, out: TextIO = sys.stdout, opencode: str = "1") -> int:
+    """The `model` command, printing the block and commands of OpenCode `opencode`."""
     try:
-        asyncio.run(_serve(port, out))
+        asyncio.run(_serve(port, out, opencode))
     except OSError as error:
         print(
             f"{PROG}: cannot listen on 127.0.0.1:{port} ({error.strerror or error}): "
