@@ -3,9 +3,12 @@ tracker as the stream feeds it; and their measured false alarms on the shared re
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import tarfile
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -794,12 +797,22 @@ CACHE = Path("/tmp/olm-realtraj-cache")
 
 @pytest.fixture(scope="module")
 def corpus() -> Path:
+    """The shared corpus unpacked once per machine, keyed by the archive's content. Issue 56:
+    unpacked in place, a second worker or run took it as ready once `sets.json` existed and
+    read a half-unpacked corpus; now it is unpacked into a fresh folder, under a lock, and
+    renamed into place whole."""
     if not SHARED.is_file():
         pytest.skip(f"{SHARED} is absent (set OLM_SHARED_DIR to the folder holding realtraj/)")
-    root = CACHE / f"corpus-{SHARED.stat().st_size}"
-    if not (root / "corpus" / "sets.json").is_file():
-        with tarfile.open(SHARED) as archive:
-            archive.extractall(root, filter="data")
+    digest = hashlib.sha256(SHARED.read_bytes()).hexdigest()[:16]
+    root = CACHE / f"corpus-{digest}"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if not root.is_dir():
+            fresh = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=CACHE))
+            with tarfile.open(SHARED) as archive:
+                archive.extractall(fresh, filter="data")
+            fresh.rename(root)
     return root / "corpus"
 
 
