@@ -95,11 +95,13 @@ class TextPart:
 @_event
 class UserMessage:
     """A user message was stored or updated (`message.updated`, role user): a person's prompt
-    or the monitor's feedback. Its text comes after it, as a text part of `message_id`."""
+    or the monitor's feedback. Its text comes after it, as a text part of `message_id`; 2.x
+    says it with the message as it is stored (`inbox.enqueued`): `text`, its start."""
 
     session_id: str
     message_id: str
     directory: str | None
+    text: str | None = None
 
 
 @_event

@@ -557,13 +557,15 @@ _INBOX_REMEMBERED = 64
 
 def _enqueued(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event | None:
     """2.2.5's user message stored (`inbox.enqueued` {inboxID, item: {type, payload: {text},
-    delivery}}): a person's prompt or the monitor's feedback, told apart at its delivery.
+    delivery}}): a person's prompt or the monitor's feedback, told apart by its text.
 
     1.x says a user message in two updates, the message (`UserMessage`), then its text part;
     2.2.5 says it once as it is stored, then once as a run takes it (`inbox.delivered`, the
-    id alone). The message is told here, its text at the delivery: once each, as on 1.x, and
-    a held session's hold ends when the person's message reaches the model. Items that are
-    no user's message (a `synthetic` note, a compaction, a move) are left out.
+    id alone). The message is told here with its text's start, which ends a held session's
+    hold as soon as a person's message is stored (one posted with `resume: false` waits in
+    the inbox, and a person has written all the same: a 1.x `noReply` message ends it too);
+    its text part at the delivery, once, as on 1.x. Items that are no user's message (a
+    `synthetic` note, a compaction, a move) are left out.
     """
     item = data.get("item")
     if not isinstance(item, dict):
@@ -578,7 +580,7 @@ def _enqueued(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Eve
     if inbox_id not in s.inbox and len(s.inbox) >= _INBOX_REMEMBERED:
         del s.inbox[next(iter(s.inbox))]
     s.inbox[inbox_id] = text[:_USER_TEXT_KEPT]
-    return UserMessage(sid, inbox_id, d)
+    return UserMessage(sid, inbox_id, d, text[:_USER_TEXT_KEPT])
 
 
 def _delivered(s: _Session, sid: str, data: dict[str, Any], d: str | None) -> Event | None:

@@ -477,6 +477,11 @@ class Tracker:
         if asked is not None:
             if asked.held is not None:
                 asked.held = event.message_id
+                if event.text is not None and not event.text.startswith(MARKS):
+                    # A person's message stored ends the hold, whether or not a run takes
+                    # it now (2.x's `resume: false`, 1.x's `noReply`): as the read-back
+                    # (`export.held_in`, the inbox after the record) tells after a restart.
+                    asked.held = None
             asked.compacted = False  # a prompt (or the "continue"): the compaction is over
         return QUIET[label]
 
