@@ -131,6 +131,22 @@ async def test_the_same_shell_failure_rewritten_is_stopped_at_the_4th_call(
     assert "the same error 4 times in a row (bash)" in users(record)[1]
 
 
+async def test_a_poll_that_waits_is_a_loop_only_past_its_allowance(
+    opencode2_server: OpencodeServer2, opencode2_client: ProjectClient2, start_monitor: Any
+) -> None:
+    # The same shell call answered "queued" again and again: waiting, not stopped at the 4th
+    # as a cycle but at the allowance (`--wait-calls`, 20 by default; 6 here to be quick).
+    monitor = await watching(start_monitor, opencode2_server, "--wait-calls", "6")
+    poll = [shell("sleep 0.1 && echo 'job 4711: queued'")]
+    session_id, record = await run(opencode2_client, "wait", poll * 10, runs=2)
+
+    calls = tool_calls(record)
+    assert len(calls) == 6 and [call["state"]["metadata"]["exit"] for call in calls[:5]] == [0] * 5
+    detected = stopped(monitor, session_id, record, "wait")
+    assert (detected["call_index"], detected["repetitions"]) == (6, 6)
+    assert "1 call (bash) repeated 6 times while waiting" in users(record)[1]
+
+
 # circles: searches for what is not there, each naming its own name, so neither `cycle` nor
 # `failure` sees a repeat (`find` prints nothing, exit 0; `ls` of a missing name, exit 2).
 SEARCHES = [
@@ -353,12 +369,14 @@ async def test_a_run_is_stopped_at_its_step_budget(
 
     detected = stopped(monitor, session_id, record, "budget")
     assert detected["finding"] == "the run's budget of 10 steps was reached (10 steps spent)"
-    # Stopped at the step's end that makes 10: its call may have run, no later one.
+    # Stopped at the end of the 10th step: 2.2.5 ends a step after its calls ran, so the
+    # 10th call has run, and no later one was made.
     calls = tool_calls(record)
-    assert 9 <= len(calls) <= 10
     assert [call["state"]["input"]["command"] for call in calls] == [
-        f"echo step {n}" for n in range(len(calls))
+        f"echo step {n}" for n in range(10)
     ]
+    assert [call["state"]["status"] for call in calls] == ["completed"] * 10
+    assert detected["call_index"] == 10
     assert "Write a short summary" in users(record)[1]
 
 
