@@ -7,12 +7,15 @@ import asyncio
 import dataclasses
 from typing import Any
 
+import aiohttp
 import pytest
 from structlog.testing import capture_logs
 
 from monitor.core.decisions import Intervene, Outcome
 from monitor.core.feedback import MARK
 from monitor.core.findings import CallCycle
+from monitor.core.server import ServerKind
+from monitor.shell.api_v2 import EngineAPI
 from monitor.shell.toast import REFUSAL_INTERVAL_S, Toasts, toast_body
 from tests.harness import events
 
@@ -74,6 +77,8 @@ def test_what_asks_nothing_of_the_person_is_not_toasted(outcome):
 class Api:
     """Stands in for OpencodeAPI.show_toast: records the bodies, answers True."""
 
+    shows_toasts = True
+
     def __init__(self) -> None:
         self.bodies: list[tuple[str | None, dict[str, Any]]] = []
 
@@ -121,3 +126,18 @@ def test_the_hold_toast_counts_earlier_interventions_by_name():
         "was stopped and put on hold: it waits for a person to read the feedback and go on "
         "(rule: cycle, call 6; before: 2 calls refused)"
     )
+
+
+async def test_a_2x_server_is_sent_no_toast_it_has_no_route_for():
+    # 2.2.5 has no TUI route: the toast went to its web app, answered 405, at every
+    # intervention (seen on the real server: toast.failed "refused (405)").
+    async with aiohttp.ClientSession() as http:
+        api = EngineAPI(http, "http://127.0.0.1:9")  # never asked
+        api.server = ServerKind(classic=False, engine=True, version="2.2.5", generation=2)
+        toasts = Toasts(api)
+        toasts.show(decision(), Outcome.HELD)
+        assert toasts._tasks == set()
+        # 1.x, 1.18.33 with its new engine too: the TUI's route is there.
+        for kind in (ServerKind(True, False), ServerKind(True, True, "1.18.33")):
+            api.server = kind
+            assert api.shows_toasts

@@ -91,6 +91,13 @@ class ServerKind:
         return self.generation == 2
 
     @property
+    def toasts(self) -> bool:
+        """Whether the TUI's toast route is there (`POST /tui/show-toast`, 1.x, 1.18.33 too):
+        2.x has no TUI route (its web app answers every path outside `/api`, a POST 405), so
+        a toast there is a request for nothing."""
+        return self.classic
+
+    @property
     def api_stream(self) -> bool:
         """Whether its stream is `/api/event`: 1.18.33's `/global/event` carries both engines
         (the new one's events as `sync` copies with their seq); a server without it has

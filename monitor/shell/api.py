@@ -174,6 +174,11 @@ class OpencodeAPI:
         path = session_path(session_id, "prompt_async")
         await self._call("POST", path, directory, body, idempotent=False, arrived=arrived)
 
+    @property
+    def shows_toasts(self) -> bool:
+        """Whether the server has the TUI's toast route (`EngineAPI`: as its kind says)."""
+        return True
+
     async def show_toast(self, directory: str | None, body: Mapping[str, Any]) -> Any:
         """Once, never again: a toast shown twice is worse than none. The server's answer."""
         params = {"directory": directory} if directory else None

@@ -102,6 +102,10 @@ class EngineAPI(OpencodeAPI):
         self.server = assumed_kind(choice)
         self.api_read_s = API_READ_S
 
+    @property
+    def shows_toasts(self) -> bool:
+        return self.server.toasts
+
     async def _read(self, path: str, query: dict[str, str] | None) -> Any:
         """GET `path` of `/api`, answered within API_READ_S or a ServerError."""
         try:

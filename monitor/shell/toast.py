@@ -78,7 +78,7 @@ class Toasts:
 
     def show(self, decision: Intervene, outcome: Outcome) -> None:
         body = toast_body(decision, outcome)
-        if body is None:
+        if body is None or not self._api.shows_toasts:
             return
         if outcome in REFUSALS and not self._refusal_due(decision.session_id):
             log.debug("toast.skipped", session_id=decision.session_id, outcome=str(outcome))
