@@ -204,8 +204,8 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
         help="install the monitor's OpenCode plugin in the sandbox: the loop's call is refused "
         "before it runs and the model goes on in the same run",
     )
-    # The releases are the kit's (monitor.kit.demo.EDITIONS), named here without importing
-    # it: --help does not load aiohttp.
+    # The releases are the kit's (monitor.kit.demo.EDITIONS, by these keys), named here
+    # without importing it: --help does not load aiohttp.
     parser.add_argument(
         "--opencode",
         choices=("1", "2"),
@@ -222,11 +222,11 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_demo(settings: Settings, args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from monitor.kit.demo import EDITIONS, run_demo
+    from monitor.kit.demo import run_demo
     from monitor.kit.sandbox import default_cache_dir
 
     cache_dir = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    return run_demo(settings, cache_dir, plugin=args.plugin, edition=EDITIONS[args.opencode])
+    return run_demo(settings, cache_dir, plugin=args.plugin, opencode=args.opencode)
 
 
 MODEL_DESCRIPTION = """\

@@ -393,8 +393,8 @@ OWN_FLAGS: dict[tuple[str, ...], set[str]] = {
     ("replay",): group_flags(Group.DETECTION) | {"--fail-on-detect"},
     ("evaluate",): group_flags(Group.DETECTION) | {"--cache"},
     ("demo",): group_flags(Group.DETECTION, Group.ACTION, Group.LOGGING)
-    | {"--cache-dir", "--plugin"},
-    ("model",): setting_flags() | {"--port"},
+    | {"--cache-dir", "--plugin", "--opencode"},
+    ("model",): setting_flags() | {"--port", "--opencode"},
     ("status",): setting_flags("metrics_addr") | {"--json"},
     ("unit",): setting_flags("url", "password_file", "metrics_addr") | {"--launchd"},
     ("plugin",): set(),

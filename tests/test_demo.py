@@ -276,14 +276,14 @@ def test_demo_opencode_picks_the_release(
 ) -> None:
     got = []
 
-    def fake(settings: object, cache_dir: Path, **kwargs: object) -> int:
-        got.append(kwargs["edition"])
+    def fake(settings: object, cache_dir: Path, **kwargs: str) -> int:
+        got.append(kwargs["opencode"])
         return 0
 
     monkeypatch.setattr("monitor.kit.demo.run_demo", fake)
     assert main(["demo", *flag]) == 0
-    [edition] = got
-    assert edition in EDITIONS.values() and edition.release.version == version
+    [opencode] = got
+    assert EDITIONS[opencode].release.version == version
 
 
 def test_the_help_says_what_each_release_installs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -305,7 +305,7 @@ def test_the_install_line_names_the_package_its_folder_and_its_size(tmp_path: Pa
     settings = load_settings({}, {}, isatty=False)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(demo, "find_or_install_opencode", no_install)
-        assert demo.run_demo(settings, tmp_path, out, edition=EDITIONS["2"]) == 1
+        assert demo.run_demo(settings, tmp_path, out, opencode="2") == 1
     assert out.getvalue() == (
         "opencode-loop-monitor demo: finding opencode 2.2.5 (if needed, npm installs "
         f"@opencode/cli@2.2.5 into {tmp_path}/opencode-2: about 480 MB, once)\n"

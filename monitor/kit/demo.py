@@ -120,9 +120,11 @@ def run_demo(
     cache_dir: Path,
     out: TextIO = sys.stdout,
     plugin: bool = False,
-    edition: Edition = EDITIONS["1"],
+    opencode: str = "1",
 ) -> int:
-    """The `demo` command: 0 when the loop was caught and handled, 1 when the demo failed."""
+    """The `demo` command: 0 when the loop was caught and handled, 1 when the demo failed;
+    on the OpenCode of `EDITIONS[opencode]`."""
+    edition = EDITIONS[opencode]
     release = edition.release
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
