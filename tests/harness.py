@@ -8,6 +8,7 @@ each other.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -527,3 +528,20 @@ class Engine:
             return messages if users >= user_messages and done else None
 
         return await until(answered, timeout, interval=0.2, what=f"{session_id} to answer")
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs; a zombie does not (init in a container may never reap it)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def read_pid_file(path: Path, timeout: float) -> int:
+    def written() -> str:
+        return path.read_text().strip() if path.exists() else ""
+
+    return int(await until(written, timeout, what=f"a pid in {path}"))

@@ -35,7 +35,7 @@ from monitor.kit.scripted_model import (
     ToolCall,
     script,
 )
-from tests.test_sandbox import alive, read_pid_file
+from tests.harness import alive, read_pid_file
 
 # A script in 1.x's words: the model says them in 2.x's to a 2.x server.
 READ_V1 = ("read", {"filePath": "README.md"})

@@ -39,7 +39,7 @@ from tests.corpus.record_text import (
 )
 from tests.harness import MODEL_DELAY, seen_idle
 from tests.monitor_process import CONSOLE_SCRIPT, MonitorProcess
-from tests.test_real_v2_guard import answers, no_refused_request, users, users_shell, watching
+from tests.real_v2 import answers, no_refused_request, users, users_shell, watching
 
 pytestmark = pytest.mark.real_server
 

@@ -13,7 +13,6 @@ import aiohttp
 import pytest
 
 from monitor.errors import ServerError
-from monitor.kit.poll import until
 from monitor.kit.sandbox import (
     LISTENING,
     InstallError,
@@ -36,6 +35,7 @@ from monitor.kit.scripted_model import (
     find_script,
     script,
 )
+from tests.harness import alive, read_pid_file
 
 READ = ("read", {"filePath": "README.md"})
 ECHO = ("bash", {"command": "echo hi", "description": "Say hi"})
@@ -267,23 +267,6 @@ async def test_model_loops_again_after_feedback_when_scripted_to(
     assert [request.last_user for request in scripted_model.steps(LOOP)] == [LOOP] * 3 + [
         "You are repeating yourself."
     ] * 3
-
-
-def alive(pid: int) -> bool:
-    """Whether a process runs; a zombie does not (init in a container may never reap it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
-
-async def read_pid_file(path: Path, timeout: float) -> int:
-    def written() -> str:
-        return path.read_text().strip() if path.exists() else ""
-
-    return int(await until(written, timeout, what=f"a pid in {path}"))
 
 
 @pytest.mark.real_server
