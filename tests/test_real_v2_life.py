@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -26,27 +26,13 @@ from monitor.kit.poll import until
 from monitor.kit.sandbox import OpencodeServer2, ProjectClient2, free_loopback_port, tool_calls
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
 from tests.harness import MODEL_DELAY, CuttableProxy, status
-from tests.monitor_process import MonitorProcess
+from tests.real_v2 import answers, no_refused_request, users, watching
 
 pytestmark = pytest.mark.real_server
 
 READ = ("read", {"path": "README.md"})
 ASK_ALL = [{"action": "*", "resource": "*", "effect": "ask"}]
 PERSON = "ok, read the other file"
-
-
-def users(record: list[dict[str, Any]]) -> list[str]:
-    return [item["text"] for item in record if item.get("type") == "user"]
-
-
-def answers(record: list[dict[str, Any]]) -> list[str]:
-    return [
-        entry["text"]
-        for item in record
-        if item.get("type") == "assistant"
-        for entry in item.get("content", [])
-        if entry.get("type") == "text"
-    ]
 
 
 def run_ends(record: list[dict[str, Any]]) -> list[str]:
@@ -60,15 +46,6 @@ def credentials(server: OpencodeServer2) -> dict[str, str]:
 
 def watch_args(url: str, *flags: str) -> list[str]:
     return ["watch", "--url", url, "--log-format", "json", *flags]
-
-
-async def watching(
-    start_monitor: Callable[..., MonitorProcess], server: OpencodeServer2, *flags: str
-) -> MonitorProcess:
-    """`watch --url URL` with the server's password in its variable, once it follows."""
-    monitor = start_monitor(*watch_args(server.url, *flags), env=credentials(server))
-    await monitor.wait_event("stream.resynced")
-    return monitor
 
 
 async def status_json(address: str) -> dict[str, Any]:
@@ -101,12 +78,6 @@ async def calls_made(client: ProjectClient2, session_id: str, count: int) -> Non
         return len(tool_calls(await client.messages(session_id))) >= count
 
     await until(enough, 60, 0.05, f"{count} calls in session {session_id}")
-
-
-def no_refused_request(monitor: MonitorProcess) -> None:
-    """No request of the monitor's was refused (each went in 2.2.5's own form)."""
-    for record in monitor.records():
-        assert "(400)" not in str(record.get("error", "")), record
 
 
 # Holds.
