@@ -97,8 +97,8 @@ def _role_lines(role: dict[str, Any] | None) -> list[str]:
 
 def _server_words(server: str | None) -> str:
     """Which server the stream is of, as `server.detected` says it (`opencode 2.2.5: 2.x
-    API`), put as ` to opencode 2.2.5 (2.x API)`; nothing before the first connect, or from a
-    monitor from before it said one."""
+    API`), put so that the line reads "stream: connected to opencode 2.2.5 (2.x API), ...";
+    nothing before the first connect, or from a monitor from before it said one."""
     if not server:
         return ""
     name, _, api = server.partition(": ")
