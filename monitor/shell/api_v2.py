@@ -1,31 +1,33 @@
 """The REST client for servers of both generations: each request of a session by the routes
 the core names for it, the health routes asked for the core to say which server this is.
 
-OpenCode 2.0 serves only `/api/...` (queries `location[directory]=`); 1.18.33 serves the 1.x
-routes and, for sessions of its new engine, the same `/api` routes as 2.0. Every request of
-one session takes its `route` (`Intervene.route`, `Tracker.route`: 1 the 1.x routes, 2 the
-`/api` ones), which `EngineAPI` maps to its URL and nothing more; which server this is
-(`detect`) is `core/server.py`'s word on the health routes' answers, and it names the routes
-whose sessions are read (`ServerKind.routes`). So `Interventions` carries out the same
-decisions on both:
+OpenCode 2 (2.2.5) serves only `/api/...` (queries `location[directory]=`); 1.18.33 serves the
+1.x routes and, for sessions of its new engine, `/api` routes of the same names. Every request
+of one session takes its `route` (`Intervene.route`, `Tracker.route`: 1 the 1.x routes, 2 the
+`/api` ones), which `EngineAPI` maps to its URL; which server this is (`detect`) is
+`core/server.py`'s word on the health routes' answers, and so are the bodies each request of
+the new engine takes and whether a session's inbox is read with its record. So
+`Interventions` carries out the same decisions on both:
 
 - stop the run: `POST /session/{id}/abort` / `POST /api/session/{id}/interrupt` (the 1.x abort
   answers `true` on a new-engine session and the run goes on);
 - feedback: `POST /session/{id}/prompt_async` with `noReply` / `POST /api/session/{id}/prompt`
-  `{prompt: {text}, resume}` (`resume: false` adds the message and starts no turn); a 400
-  falls back on 2.0's `{text, resume}`;
+  (`server.prompt_body`: 2.x `{text, resume}`, 1.18.33 `{prompt: {text}, resume}`; `resume:
+  false` adds the message and starts no turn);
 - permission reply: `POST /permission/{id}/reply` / `POST /api/session/{sid}/permission/{id}/
-  reply` `{reply}`, a 400 falling back on 2.0.21's `{decision}`;
+  reply` (`server.permission_body`: 2.x `{decision, message}`, 1.18.33 `{reply, message}`);
 - read back: `GET /session/{id}/message` / `GET /api/session/{id}/message` (as 1.x messages,
-  `core/export_v2.py`); busy sessions: `GET /session/status` / `GET /api/session/active`;
+  `core/export_v2.py`), on 2.x with `GET /api/session/{id}/inbox` (what waits for a run);
+  busy sessions: `GET /session/status` / `GET /api/session/active`;
 - look up: `GET /session/{id}` / `GET /api/session/{id}` (its directory under `location`);
   whether a session has messages on a route (`has_messages`: `attach` hands it to the core's
   `engine_of_session`);
-- missed events: none (read back) / `GET /api/session/{id}/history?after=SEQ`.
+- missed events: none on 1.x and 2.x (read back) / 1.18.33's `GET /api/session/{id}/history
+  ?after=SEQ`.
 
 Auth: the same `Authorization` header goes with every request (1.18.33 guards `/api` like the
-rest; 2.0's shared service has a generated password, `opencode service get password`, given
-to the monitor as for 1.x: `--password-file` or the variable).
+rest; 2.x always has a password, its background service's read from its registration,
+`monitor/service.py`).
 """
 
 from __future__ import annotations
