@@ -395,4 +395,5 @@ async def test_a_shell_call_that_never_ends_is_interrupted_past_its_bound() -> N
         "aborted",
     )
     assert fake.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
-    assert "one bash call was still running after 1 s" in fake.of("prompt")[0].body["text"]
+    # Named as 2.x names it to the model: its shell, which every rule knows as bash.
+    assert "one shell call was still running after 1 s" in fake.of("prompt")[0].body["text"]

@@ -8,7 +8,7 @@ import typing
 import pytest
 
 from monitor.core import findings
-from monitor.core.findings import Finding
+from monitor.core.findings import CallCycle, FailureRun, Finding, TextPassage, named
 
 # kind: (names its calls, a nudge reaches it, its next call can be refused)
 ALLOWS = {
@@ -37,3 +37,14 @@ def test_what_a_kind_of_finding_allows(kind: str, allows: tuple[bool, bool, bool
     cls = getattr(findings, kind)
     assert (cls.names_calls, cls.reads_nudge, cls.refusable) == allows
     assert "__dict__" not in dir(cls)  # slotted all the way down: no dict per finding
+
+
+def test_a_finding_named_as_its_server_names_its_tools() -> None:
+    names = {"bash": "shell", "task": "subagent"}
+    assert named(CallCycle(("read", "bash"), 3), names) == CallCycle(("read", "shell"), 3)
+    assert (
+        named(FailureRun("bash", 4), names).describe() == "the same error 4 times in a row (shell)"
+    )
+    assert named(FailureRun("edit", 4), names) == FailureRun("edit", 4)
+    passage = TextPassage("text", 1, 12, 40)  # no tool: the same finding
+    assert named(passage, names) is passage

@@ -191,8 +191,8 @@ async def test_demo_shows_the_plugin_refusing_the_loop_in_band(opencode_bin, tmp
 
 # OpenCode 2.2.5: `demo --opencode 2`.
 
-# The calls in 2.2.5's words; the finding (SHAPE) names its shell by the tool the rules
-# know it as (the profile's bash).
+# The calls in 2.2.5's words, and so is the finding (the rules know its shell as bash).
+SHAPE_2 = "2 calls (read, shell) repeated 3 times"
 CALLS_2 = [f"  call {n}   {'read   README.md' if n % 2 else 'shell  ls'}" for n in range(1, 7)]
 REFUSED = (
     "demo finished: the model asked for 6 calls, 5 ran: call 6 completed the loop and was "
@@ -240,13 +240,13 @@ async def test_demo_on_2_2_5_stops_the_loop_and_everything_it_started(
                              f"{tmp_path}/cache/demo-monitor.log")  # fmt: skip
     assert lines[5].startswith("session ses_") and lines[5].endswith("again and again")
     [detected] = [line for line in lines if line.startswith("monitor: loop detected")]
-    assert detected.startswith(f"monitor: loop detected on call 6: {SHAPE}; session aborted (")
+    assert detected.startswith(f"monitor: loop detected on call 6: {SHAPE_2}; session aborted (")
     assert story_2(lines) == [
         *CALLS_2,
         detected,
         "server: run aborted (session.execution.interrupted)",
         'monitor: feedback sent to the model: "Automatic notice: your run was stopped at this '
-        f'call, because it kept making the same calls: {SHAPE} with the same arguments."',
+        f'call, because it kept making the same calls: {SHAPE_2} with the same arguments."',
         f'model: "{DEFAULT_ANSWER}"',
         "stopping the server, the model and the monitor",
         "demo finished: 6 calls ran, the loop was stopped on call 6, "
@@ -270,7 +270,7 @@ async def test_demo_on_2_2_5_shows_the_plugin_refusing_the_loop_in_band(
     assert any("the plugin asks before every call" in line for line in lines)
     assert story_2(lines) == [
         *CALLS_2,
-        f"monitor: loop detected on call 6: {SHAPE}; refused in band by the plugin: it never ran",
+        f"monitor: loop detected on call 6: {SHAPE_2}; refused in band by the plugin: it never ran",
         f'model: "{DEFAULT_ANSWER}"',
         "stopping the server, the model and the monitor",
         REFUSED,
@@ -281,7 +281,7 @@ async def test_demo_on_2_2_5_shows_the_permission_gate(opencode2_bin: Path, tmp_
     lines = await demo2(opencode2_bin, tmp_path, "--permissions", "approve")
     assert any("approve every call but the loop's" in line for line in lines)
     [detected] = [line for line in lines if line.startswith("monitor: loop detected")]
-    assert detected.startswith(f"monitor: loop detected on call 6: {SHAPE}; its permission ")
+    assert detected.startswith(f"monitor: loop detected on call 6: {SHAPE_2}; its permission ")
     assert story_2(lines) == [
         *CALLS_2,
         detected,
@@ -300,10 +300,11 @@ async def test_demo_on_2_2_5_holds_the_session_for_a_person(
     lines = await demo2(opencode2_bin, tmp_path, "--on-loop", "hold")
     assert story_2(lines) == [
         *CALLS_2,
-        f"monitor: loop detected on call 6: {SHAPE}; session aborted and put on hold for a person",
+        f"monitor: loop detected on call 6: {SHAPE_2}; session aborted and put on hold for a "
+        "person",
         "server: run aborted (session.execution.interrupted)",
         'monitor: feedback stored in the session for a person: "Automatic notice: your run was '
-        f"stopped at this call, because it kept making the same calls: {SHAPE} with the same "
+        f"stopped at this call, because it kept making the same calls: {SHAPE_2} with the same "
         'arguments."',
         "stopping the server, the model and the monitor",
         "demo finished: 6 calls ran, the loop was stopped on call 6, "

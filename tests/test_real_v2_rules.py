@@ -11,8 +11,8 @@ prompt}`) and the monitor's console script, and asserts on the server's own reco
 session (`/api/session/{id}/message`) and the monitor's JSON log: the call it stops at, the
 rule, the feedback the model reads, no call after the stop, the model's answer.
 
-The feedback names a call's tool as the rules do, in 1.x's words (`bash` for 2.x's
-`shell`: core/profile.py `server_call`).
+The rules know 2.x's `shell` as `bash` (core/profile.py `server_call`); the decision, its log
+and the feedback name it as 2.x does, `shell`.
 """
 
 from __future__ import annotations
@@ -127,8 +127,8 @@ async def test_the_same_shell_failure_rewritten_is_stopped_at_the_4th_call(
     assert [call["state"]["metadata"]["exit"] for call in calls[:3]] == [2] * 3
     detected = stopped(monitor, session_id, record, "failure")
     assert (detected["call_index"], detected["cycle_length"], detected["repetitions"]) == (4, 1, 4)
-    assert detected["part_id"].endswith(":" + calls[3]["id"]) and detected["tools"] == ["bash"]
-    assert "the same error 4 times in a row (bash)" in users(record)[1]
+    assert detected["part_id"].endswith(":" + calls[3]["id"]) and detected["tools"] == ["shell"]
+    assert "the same error 4 times in a row (shell)" in users(record)[1]
 
 
 async def test_a_poll_that_waits_is_a_loop_only_past_its_allowance(
@@ -144,7 +144,7 @@ async def test_a_poll_that_waits_is_a_loop_only_past_its_allowance(
     assert len(calls) == 6 and [call["state"]["metadata"]["exit"] for call in calls[:5]] == [0] * 5
     detected = stopped(monitor, session_id, record, "wait")
     assert (detected["call_index"], detected["repetitions"]) == (6, 6)
-    assert "1 call (bash) repeated 6 times while waiting" in users(record)[1]
+    assert "1 call (shell) repeated 6 times while waiting" in users(record)[1]
 
 
 # circles: searches for what is not there, each naming its own name, so neither `cycle` nor
@@ -165,7 +165,9 @@ async def test_searches_that_find_nothing_are_stopped_as_circles_at_the_10th(
     assert [call["state"]["metadata"]["exit"] for call in calls[:9]] == [2, 0] * 4 + [2]
     detected = stopped(monitor, session_id, record, "circles")
     assert detected["call_index"] == 10 and detected["part_id"].endswith(":" + calls[9]["id"])
-    assert "10 of the last 10 calls (bash) were searches that found nothing new" in users(record)[1]
+    assert (
+        "10 of the last 10 calls (shell) were searches that found nothing new" in users(record)[1]
+    )
 
 
 async def test_a_while_true_shell_call_is_stopped_past_its_bound(
@@ -183,7 +185,7 @@ async def test_a_while_true_shell_call_is_stopped_past_its_bound(
     assert 3 <= took < 30  # far within the shell's own timeout
     detected = stopped(monitor, session_id, record, "runaway")
     assert detected["part_id"].endswith(":" + call["id"]) and detected["call_index"] == 1
-    assert "one bash call was still running after 3 s" in users(record)[1]
+    assert "one shell call was still running after 3 s" in users(record)[1]
 
 
 # Text loops: the scripted model streams its answer in deltas of CHUNK characters.
@@ -437,12 +439,12 @@ async def test_edits_rewriting_one_line_with_the_same_check_result_are_refused_i
         11,
     )
     assert detected["part_id"].endswith(":" + checks[5]["id"])
-    assert detected["finding"] == "the same result from bash 5 times, with 4 changes in between"
+    assert detected["finding"] == "the same result from shell 5 times, with 4 changes in between"
 
     refused = calls[11]
     assert refused["state"]["input"] == pattern[11][1]
     error = refused["state"]["error"]["message"]
-    assert error.startswith(REFUSED + "the same result from bash 5 times"), error
+    assert error.startswith(REFUSED + "the same result from shell 5 times"), error
     assert "Find that out before you edit again" in error
     # Rewritten five times, the sixth never applied.
     assert (server.project / "calc.py").read_text() == CALC_PY.replace("a0 = 0\n", "a0 = 5\n")

@@ -11,10 +11,12 @@ here and to `Finding`.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 __all__ = [
     "BudgetSpent",
@@ -36,6 +38,7 @@ __all__ = [
     "TreeShape",
     "clean_tool_name",
     "fields",
+    "named",
 ]
 
 # Longer than any real tool name (MCP tools are `server_tool`), short enough to carry no
@@ -428,3 +431,17 @@ def fields(finding: Finding) -> dict[str, object]:
         "tools": list(tools),
         "finding": finding.describe(),
     }
+
+
+def named(finding: Finding, names: Mapping[str, str]) -> Finding:
+    """`finding` with its tools under other names (`names`, those not in it unchanged): the
+    rules know a call by its 1.x name, and the texts the model reads name it as its server
+    does (2.x's `shell` for `bash`, `profile.ENGINE_NAMES`)."""
+    changes: dict[str, Any] = {}
+    tool = getattr(finding, "tool", None)
+    if isinstance(tool, str):
+        changes["tool"] = names.get(tool, tool)
+    tools = getattr(finding, "tools", None)
+    if isinstance(tools, tuple):
+        changes["tools"] = tuple(names.get(name, name) for name in tools)
+    return dataclasses.replace(finding, **changes) if changes else finding

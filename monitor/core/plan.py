@@ -9,6 +9,7 @@ it is the intervention's life (monitor/core/intervention.py).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from monitor.core.calls import CallEvent, advance
 from monitor.core.decisions import Action, Intervene, Outcome, Plan
@@ -23,9 +24,11 @@ from monitor.core.feedback import (
 from monitor.core.findings import (
     FailureRun,
     Finding,
+    named,
 )
 from monitor.core.handover import Awaiting, WaitState, waiting
 from monitor.core.ladder import rung
+from monitor.core.profile import NO_NAMES
 from monitor.core.rules.failure import failed_as
 from monitor.core.session import Acted, SessionRecord
 
@@ -42,6 +45,7 @@ def decide(
     rearm: bool = True,
     route: int = 1,
     calls: frozenset[int] | None = None,
+    names: Mapping[str, str] = NO_NAMES,
 ) -> Intervene:
     """The one way a finding becomes a decision, whichever rule found it.
 
@@ -51,8 +55,13 @@ def decide(
     its call is refused where it asks, and the ladder does not climb. A new loop, or the
     same one in a later step after a refusal or a nudge, climbs. `calls` are the loop's
     calls where the finding names them itself (a `doom_loop` request, by its arguments);
-    else they are the run's last calls, as many as the finding's shape says.
+    else they are the run's last calls, as many as the finding's shape says. `names`: the
+    server's names of the tools the rules know by 1.x's names (`profile.ENGINE_NAMES` on a
+    2.x server).
     """
+    # The rules know a call by its 1.x name; the decision, its texts and its log name it as
+    # its server does (2.x's `shell`): nothing decides by a finding's tool names.
+    finding = named(finding, names)
     # Only loops of repeated calls name their calls (by digest): text, progress and
     # budget findings name none to refuse again, and are never the same loop.
     repeats = finding.names_calls
@@ -85,7 +94,11 @@ def decide(
         # its calls), is refused for what it did itself (issue 47).
         stands = acted.decision
         feedback, refusal = _texts(
-            finding, stands.plan, stands.hold, stands.prior_interventions, stands.prior_outcomes
+            finding,
+            stands.plan,
+            stands.hold,
+            stands.prior_interventions,
+            stands.prior_outcomes,
         )
         return dataclasses.replace(
             stands,

@@ -30,7 +30,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal
 
-__all__ = ["Profile", "ignored_args", "server_call", "transparent_tools"]
+__all__ = [
+    "ENGINE_NAMES",
+    "NO_NAMES",
+    "Profile",
+    "ignored_args",
+    "server_call",
+    "transparent_tools",
+]
 
 Profile = Literal["opencode", "none"]
 
@@ -47,6 +54,9 @@ OPENCODE_IGNORED_ARGS: Mapping[str, frozenset[str]] = MappingProxyType(
 # 2.x tool name -> the 1.x name the profile and the rules know. Plain dicts, private to
 # `server_call`: it runs on every call's update, and a mapping proxy's look-up costs more.
 _TOOL_NAMES = {"shell": "bash", "subagent": "task"}
+# The 1.x name -> the new engine's: how the texts a model of that engine reads name its tools.
+ENGINE_NAMES: Mapping[str, str] = MappingProxyType({v: k for k, v in _TOOL_NAMES.items()})
+NO_NAMES: Mapping[str, str] = MappingProxyType({})
 # Per (1.x) tool, 2.x argument key -> 1.x key. Only the file tools: glob's and grep's `path`
 # is a folder in 1.x too, and stays.
 _ARG_KEYS = {tool: {"path": "filePath"} for tool in ("read", "write", "edit")}

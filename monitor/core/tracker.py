@@ -49,6 +49,7 @@ from monitor.core.ladder import FirstAction, OnLoop
 from monitor.core.permissions import DOOM_LOOP_CALLS, PermissionGate
 from monitor.core.plan import decide, withhold
 from monitor.core.plugin_protocol import PluginCall
+from monitor.core.profile import ENGINE_NAMES, NO_NAMES
 from monitor.core.resync import Waiting
 from monitor.core.rules.facts import SIGNALS, Signals
 from monitor.core.runs import RunEvent, run_advance
@@ -637,6 +638,17 @@ class Tracker:
         calls: frozenset[int] | None = None,
     ) -> Intervene:
         directory, route = self._default_directory, self.route(session_id)
+        # A 2.x server's tools are `shell` and `subagent`, 1.18.33's new engine's as its own.
+        names = NO_NAMES if self._classic else ENGINE_NAMES
         return decide(
-            session, session_id, finding, part_id, self.detection, directory, rearm, route, calls
+            session,
+            session_id,
+            finding,
+            part_id,
+            self.detection,
+            directory,
+            rearm,
+            route,
+            calls,
+            names,
         )
