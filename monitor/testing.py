@@ -77,12 +77,22 @@ def engine_event(
 
 
 def engine_call(
-    session: str, n: int, tool: str, args: dict[str, Any], seq: int, directory: str | None = None
+    session: str,
+    n: int,
+    tool: str,
+    args: dict[str, Any],
+    seq: int,
+    directory: str | None = None,
+    *,
+    release: str = "2.2.5",
 ) -> list[dict[str, Any]]:
-    """The n-th call of a session as 2.0 streams it, durable events `seq` to `seq + 2`: its
-    input started (the only event naming the tool), called (with the input), success."""
-    ids = {"callID": f"call_{n}", "assistantMessageID": f"msg_{n}"}
-    result = {**ids, "structured": {}, "content": []}
+    """The n-th call of a session as the new engine streams it, durable events `seq` to
+    `seq + 2`: its input started (the only event naming the tool), called (with the input),
+    success. As 2.2.5 sends them (the call's id at `id`, the result's `metadata`), or with
+    `release="1.18.33"` as 1.18.33's new engine does (`callID`, `structured`)."""
+    key, result_key = ("callID", "structured") if release == "1.18.33" else ("id", "metadata")
+    ids = {key: f"call_{n}", "assistantMessageID": f"msg_{n}"}
+    result = {**ids, result_key: {}, "content": []}
     return [
         engine_event("session.tool.input.started", session, {**ids, "name": tool}, seq, directory),
         engine_event("session.tool.called", session, {**ids, "input": args}, seq + 1, directory),

@@ -1,9 +1,10 @@
-"""`attach` against a stand-in OpenCode 2.0 server (`FakeOpencode(generation=2)`).
+"""`attach` against a stand-in of OpenCode 2.2.5 (`FakeOpencode(generation=2)`).
 
-2.0 has only the `/api` routes: the session is looked up at `GET /api/session/{id}` (its
-directory under `location`), its record read at `/api/session/{id}/message`, its loop stopped
-through `/api`, and the watch ends with status 0 when the session is deleted. A new-engine
-session of the real 1.18.33 is attached to in tests/test_real_engine.py.
+2.x has only the `/api` routes: the session is looked up at `GET /api/session/{id}` (its
+directory under `location`), its record read at `/api/session/{id}/message` (and its inbox),
+its loop stopped through `/api`, and the watch ends with status 0 when the session is deleted.
+The real 2.2.5 is attached to in tests/test_real_v2_life.py, a new-engine session of the real
+1.18.33 in tests/test_real_engine.py.
 """
 
 from __future__ import annotations

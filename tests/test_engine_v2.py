@@ -27,12 +27,18 @@ S = "ses_s1"
 READ = {"path": "README.md"}
 
 
-def reads(first: int, last: int, seq: int) -> list[dict[str, Any]]:
-    """Calls `first` to `last` (numbered from 1) of identical reads, from durable seq `seq`."""
+def reads(first: int, last: int, seq: int, release: str = "2.2.5") -> list[dict[str, Any]]:
+    """Calls `first` to `last` (numbered from 1) of identical reads, from durable seq `seq`,
+    as `release` streams them."""
     events = []
     for n in range(first, last + 1):
-        events += engine_call(S, n, "read", READ, seq + 3 * (n - first), "/w")
+        events += engine_call(S, n, "read", READ, seq + 3 * (n - first), "/w", release=release)
     return events
+
+
+def reads_1_18(first: int, last: int, seq: int) -> list[dict[str, Any]]:
+    """The same as 1.18.33's new engine streams them (generation 3)."""
+    return reads(first, last, seq, "1.18.33")
 
 
 def events(logs: list[dict], name: str) -> list[dict]:
@@ -63,7 +69,7 @@ async def test_a_2_0_server_is_read_on_its_stream_and_a_loop_interrupted() -> No
 
 
 async def test_1_18_33s_new_engine_gets_its_own_prompt_body_the_first_time() -> None:
-    fake = FakeOpencode(generation=3, streams=[play(frames(*reads(1, 4, 1)))])
+    fake = FakeOpencode(generation=3, streams=[play(frames(*reads_1_18(1, 4, 1)))])
     running = await start(fake, api="2")
     await wait_for(lambda: fake.of("prompt"))
     await stop(*running)
@@ -74,8 +80,8 @@ async def test_1_18_33s_new_engine_gets_its_own_prompt_body_the_first_time() -> 
 async def test_the_gap_an_overflow_left_is_filled_by_replay_and_counted_once() -> None:
     # The stream brings calls 1 and 2 and is ended (a slow reader's overflow); calls 3 and 4
     # happen while it is down, the next stream brings only what comes after.
-    history = reads(1, 4, 1)
-    other_call = engine_call(S, 5, "shell", {"command": "ls"}, 13, "/w")
+    history = reads_1_18(1, 4, 1)
+    other_call = engine_call(S, 5, "shell", {"command": "ls"}, 13, "/w", release="1.18.33")
     fake = FakeOpencode(
         generation=3,
         streams=[play(frames(*history[:6]), then="end"), play(frames(*other_call))],
@@ -99,7 +105,7 @@ async def test_the_gap_an_overflow_left_is_filled_by_replay_and_counted_once() -
 async def test_a_history_that_fails_falls_back_on_the_messages_and_the_loop_is_stopped() -> None:
     # Issue 33: with the history answering 500 after a reconnect, the calls made while the
     # stream was down were lost, and the loop they completed was never interrupted.
-    history = reads(1, 4, 1)
+    history = reads_1_18(1, 4, 1)
     fake = FakeOpencode(
         generation=3, history={S: history}, answers={"history": [500]}, engine_busy={S: {}}
     )
@@ -209,7 +215,7 @@ async def test_a_classic_loop_is_stopped_while_the_api_read_of_its_directory_han
 
 
 async def test_replayed_events_the_stream_brings_again_are_not_counted_twice() -> None:
-    history = reads(1, 3, 1)
+    history = reads_1_18(1, 3, 1)
     fake = FakeOpencode(
         generation=3,
         # The second stream starts with call 3 again, already replayed from the history.
@@ -230,15 +236,19 @@ def permission(kind: str, n: int, data: dict[str, Any]) -> dict[str, Any]:
     return engine_event(f"permission.{kind}", S, data, directory="/w")
 
 
-def asking_call(n: int, seq: int, answered: bool = True) -> list[dict[str, Any]]:
+def asking_call(
+    n: int, seq: int, answered: bool = True, release: str = "2.2.5"
+) -> list[dict[str, Any]]:
     """A read that asks permission once it is called (as `"*": "ask"` makes every call do):
-    answered `once` by someone, then run; or left waiting for an answer."""
-    started, called, success = engine_call(S, n, "read", READ, seq, "/w")
+    answered `once` by someone, then run; or left waiting for an answer. As `release` sends
+    them (2.2.5 names the call at `source.id`, 1.18.33 at `source.callID`)."""
+    started, called, success = engine_call(S, n, "read", READ, seq, "/w", release=release)
+    key = "callID" if release == "1.18.33" else "id"
     request = {
         "id": f"per_{n}",
         "action": "read",
         "resources": ["README.md"],
-        "source": {"type": "tool", "messageID": f"msg_{n}", "callID": f"call_{n}"},
+        "source": {"type": "tool", "messageID": f"msg_{n}", key: f"call_{n}"},
     }
     asked = permission("asked", n, request)
     if not answered:
@@ -247,14 +257,16 @@ def asking_call(n: int, seq: int, answered: bool = True) -> list[dict[str, Any]]
     return [started, called, asked, replied, success]
 
 
-@pytest.mark.parametrize(("generation", "key"), [(2, "decision"), (3, "reply")])
+@pytest.mark.parametrize(
+    ("generation", "release", "key"), [(2, "2.2.5", "decision"), (3, "1.18.33", "reply")]
+)
 async def test_a_permission_reply_takes_the_servers_own_body_the_first_time(
-    generation: int, key: str
+    generation: int, release: str, key: str
 ) -> None:
     # Calls 1-3 ask and are let run; the 4th, the loop's, is refused before it runs. Each
     # server refuses the other's body with a 400: one reply, taken.
-    stream = [e for n in range(1, 4) for e in asking_call(n, 3 * n - 2)]
-    stream += asking_call(4, 10, answered=False)
+    stream = [e for n in range(1, 4) for e in asking_call(n, 3 * n - 2, release=release)]
+    stream += asking_call(4, 10, answered=False, release=release)
     fake = FakeOpencode(generation=generation, streams=[play(frames(*stream))])
     with capture_logs() as logs:
         running = await start(fake, api="2")
@@ -311,7 +323,7 @@ async def test_a_pending_request_of_a_2_0_server_is_read_back() -> None:
         "sessionID": S,
         "action": "read",
         "resources": ["README.md"],
-        "source": {"type": "tool", "messageID": "msg_9", "callID": "call_9"},
+        "source": {"type": "tool", "messageID": "msg_9", "id": "call_9"},
     }
     fake = FakeOpencode(generation=2, permissions=[request])
     fake.streams = [fake.live]
@@ -332,8 +344,8 @@ async def test_a_run_that_ended_before_the_outage_is_not_replayed() -> None:
     )
     fake = FakeOpencode(
         generation=3,
-        streams=[play(frames(*reads(1, 2, 1), ended), then="end")],
-        history={S: reads(1, 2, 1)},
+        streams=[play(frames(*reads_1_18(1, 2, 1), ended), then="end")],
+        history={S: reads_1_18(1, 2, 1)},
     )
     with capture_logs() as logs:
         running = await start(fake, api="2")

@@ -189,11 +189,10 @@ def test_2_0_names_give_the_same_run_as_the_1_18_names() -> None:
 
 
 def call(n: int, tool: str, args: dict[str, Any], seq: int, key: str = "callID") -> list[dict]:
-    """A 2.0 call (`engine_call`), its call id under `key`."""
-    events = engine_call(S, n, tool, args, seq)
-    for event in events:
-        event["data"][key] = event["data"].pop("callID")
-    return events
+    """A new-engine call (`engine_call`), its call id under `key` (1.18.33's `callID`, 2.2.5's
+    `id`)."""
+    release = "1.18.33" if key == "callID" else "2.2.5"
+    return engine_call(S, n, tool, args, seq, release=release)
 
 
 def test_a_2_0_call_is_named_by_its_input_started_and_renamed() -> None:
@@ -226,7 +225,8 @@ DEBUGGING = [
 def shell_failing(n: int, message: str) -> list[dict]:
     """The n-th 2.x shell call, failing: 2.x ends a non-zero exit as a success whose content
     blocks say so (../shared/opencode/V2-NOTES.md)."""
-    events = engine_call(S, n, "shell", {"command": f"python check.py --case {n}"}, 1 + 3 * n)
+    command = {"command": f"python check.py --case {n}"}
+    events = engine_call(S, n, "shell", command, 1 + 3 * n, release="1.18.33")
     events[2]["data"]["structured"] = {"exit": 1, "truncated": False}
     events[2]["data"]["content"] = [
         {"type": "text", "text": message},
