@@ -169,7 +169,8 @@ async def test_a_port_nothing_listens_on_is_said_in_plain_words(capsys: Any) -> 
     assert capsys.readouterr().err == (
         f"opencode-loop-monitor: cannot look up session {S}: nothing accepts connections on "
         f"127.0.0.1:{port}: start `opencode serve --port {port}` there, or give --url the "
-        "address `opencode serve` printed when it started\n"
+        "address `opencode serve` printed when it started (with OpenCode 2, run `opencode "
+        "service start` and give no --url: its service is found)\n"
     )
 
 

@@ -83,7 +83,8 @@ async def test_wrong_port_says_nothing_listens_once_and_never_disconnected():
     assert diagnosis["problem"] == "cannot_connect"
     assert diagnosis["hint"] == (
         f"nothing accepts connections on 127.0.0.1:{port}: start `opencode serve --port {port}`"
-        " there, or give --url the address `opencode serve` printed when it started"
+        " there, or give --url the address `opencode serve` printed when it started (with"
+        " OpenCode 2, run `opencode service start` and give no --url: its service is found)"
     )
     assert diagnosis["log_level"] == "error"
     assert events(logs, "stream.disconnected") == []

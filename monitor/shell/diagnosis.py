@@ -58,7 +58,8 @@ def diagnose_error(exc: BaseException, url: str) -> Diagnosis | None:
         return Diagnosis(
             "cannot_connect",
             f"nothing accepts connections on {host}:{port}: start `opencode serve --port {port}`"
-            f" there, or give --url the address `opencode serve` printed when it started",
+            f" there, or give --url the address `opencode serve` printed when it started (with"
+            " OpenCode 2, run `opencode service start` and give no --url: its service is found)",
         )
     return None
 
