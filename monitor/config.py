@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import difflib
 import enum
-import ipaddress
 import json
 import os
 import stat
@@ -40,7 +39,7 @@ from monitor.core.rules.circles import WINDOW as CIRCLES_WINDOW
 from monitor.core.rules.revisit import WINDOW as REVISIT_WINDOW
 from monitor.core.rules.runaway import LINES as RUNAWAY_LINES
 from monitor.errors import ConfigError
-from monitor.service import read_service, service_file
+from monitor.service import Refusal, Registry, Service, is_loopback, read_service, service_file
 
 __all__ = [
     "ApiChoice",
@@ -486,6 +485,15 @@ class Settings:
             metavar="|".join(get_args(ApiChoice)),
         )
     )
+    remote_service: bool = field(
+        metadata=_row(
+            _boolean,
+            "follow OpenCode 2's registered background service (no url given) even when it "
+            "names a host off loopback, sending its password there; refused otherwise",
+            Group.CONNECTION,
+            default=False,
+        )
+    )
     password_file: Path | None = field(
         metadata=_row(
             _path,
@@ -884,7 +892,7 @@ class Settings:
     warnings: tuple[str, ...] = ()
     # Given no `--url`, where OpenCode 2 registers its background service (monitor/service.py):
     # its URL and password are taken from there, again at every connect.
-    service: Path | None = None
+    service: Registry | None = None
 
 
 _CORE_DEFAULTS = {item.name: item.default for item in fields(Detection)}
@@ -972,16 +980,20 @@ def load_settings(
         values["log_format"] = "console" if isatty else "json"
     username, password = _credentials(values["password_file"], raws["password_file"].label, environ)
     service = None if raws["url"].label != "default" else service_file(environ)
-    registered = read_service(service)
-    if registered is not None:
-        # The service's password goes with its URL (a new one at every start of it).
-        values["url"], password = registered.url, registered.password
+    registry = None
+    if service is not None:
+        registered = read_service(service, remote=values["remote_service"])
+        refused = registered.reason if isinstance(registered, Refusal) else None
+        registry = Registry(service, values["url"], password, values["remote_service"], refused)
+        if isinstance(registered, Service):
+            # The service's password goes with its URL (a new one at every start of it).
+            values["url"], password = registered.url, registered.password
     return Settings(
         **values,
         username=username,
         password=password,
-        warnings=_warnings(values),
-        service=service,
+        warnings=_warnings(values, registry),
+        service=registry,
     )
 
 
@@ -1141,7 +1153,7 @@ def _read_password(path: Path, label: str) -> str:
     return password
 
 
-def _warnings(values: Mapping[str, Any]) -> tuple[str, ...]:
+def _warnings(values: Mapping[str, Any], registry: Registry | None) -> tuple[str, ...]:
     warnings = []
     password_file: Path | None = values["password_file"]
     # Already read by `_credentials`, so it exists.
@@ -1153,17 +1165,9 @@ def _warnings(values: Mapping[str, Any]) -> tuple[str, ...]:
             f"metrics_addr {address.host}:{address.port} is not a loopback address: "
             "/metrics is served without authentication to whoever can reach it"
         )
+    if registry is not None and registry.refused is not None:
+        warnings.append(registry.refused)
     return tuple(warnings)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is loopback: `localhost` or an address of 127.0.0.0/8 or ::1."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
 
 
 def _detection(values: Mapping[str, Any]) -> Detection:

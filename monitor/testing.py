@@ -41,6 +41,8 @@ class Received:
     query: dict[str, str]
     body: object
     at: float
+    # The credentials it came with (`Authorization`), to see which password went where.
+    authorization: str | None = None
 
     @property
     def session_id(self) -> str | None:
@@ -358,7 +360,10 @@ class FakeOpencode:
         # Timed before the body is read: `at` is when the request reached the server.
         at = asyncio.get_running_loop().time()
         body = await request.json() if request.can_read_body else None
-        self.requests.append(Received(request.method, request.path, dict(request.query), body, at))
+        authorization = request.headers.get("Authorization")
+        self.requests.append(
+            Received(request.method, request.path, dict(request.query), body, at, authorization)
+        )
 
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         await self._record(request)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import traceback
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from monitor.config import (
     load_settings,
 )
 from monitor.errors import ConfigError
+from monitor.service import Refusal, Registry, Service, read_service
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 SECRET = "hunter2-Zq9!secret"
@@ -61,6 +63,7 @@ def test_defaults_are_the_documented_ones(tmp_path: Path) -> None:
         "url": "http://127.0.0.1:4096",
         "directory": None,
         "api": "auto",
+        "remote_service": False,
         "password_file": None,
         "max_period": 10,
         "repeats": 3,
@@ -600,9 +603,10 @@ def test_given_no_url_the_registered_service_is_watched_with_its_password(
     assert (settings.url, settings.password, settings.service) == (
         "http://127.0.0.1:49374",
         "NTUK",  # its own, a new one at every start: the variable is another server's
-        path,
+        # Where nothing usable is registered later, the default, with the user's own.
+        Registry(path, "http://127.0.0.1:4096", "mine"),
     )
-    assert "NTUK" not in repr(settings)
+    assert "NTUK" not in repr(settings) and "mine" not in repr(settings)
 
 
 def test_a_url_given_is_watched_whatever_is_registered(tmp_path: Path) -> None:
@@ -634,11 +638,75 @@ def test_with_no_usable_registration_the_default_url_is_watched_and_the_file_fol
     assert (settings.url, settings.password, settings.service) == (
         "http://127.0.0.1:4096",
         None,
-        path,
+        Registry(path, "http://127.0.0.1:4096"),
     )
 
 
 def test_the_registration_is_looked_for_in_the_homes_state_folder(tmp_path: Path) -> None:
     path = register(tmp_path / "home" / ".local" / "state", url="http://127.0.0.1:5000/")
     settings = load(tmp_path, env={"HOME": str(tmp_path / "home")})
-    assert (settings.url, settings.service) == ("http://127.0.0.1:5000", path)
+    assert settings.url == "http://127.0.0.1:5000"
+    assert settings.service is not None and settings.service.path == path
+
+
+def refused(tmp_path: Path, settings: Settings) -> None:
+    """The registration at `tmp_path`/state was refused: the default with the user's own
+    password, and a warning naming the file, never the service's password."""
+    assert (settings.url, settings.password) == ("http://127.0.0.1:4096", "mine")
+    assert settings.service is not None and settings.service.refused is not None
+    assert settings.warnings == (settings.service.refused,)
+    assert str(tmp_path / "state" / "opencode" / "service.json") in settings.warnings[0]
+    assert "NTUK" not in repr(settings) + settings.warnings[0]
+
+
+OWN = {"OPENCODE_SERVER_PASSWORD": "mine"}
+
+
+@pytest.mark.parametrize(
+    "url", ["http://192.0.2.7:49374", "http://opencode.example:49374", "http://[2001:db8::1]:1"]
+)
+def test_a_registration_off_loopback_is_refused_unless_asked_for(tmp_path: Path, url: str) -> None:
+    register(tmp_path / "state", url=url)
+    env = {"XDG_STATE_HOME": str(tmp_path / "state"), **OWN}
+    settings = load(tmp_path, env=env)
+    refused(tmp_path, settings)
+    assert "not on this machine's loopback" in settings.warnings[0]
+    asked = load(tmp_path, env={**env, "OPENCODE_LOOP_MONITOR_REMOTE_SERVICE": "true"})
+    assert (asked.url, asked.password, asked.warnings) == (url, "NTUK", ())
+
+
+@pytest.mark.parametrize("url", ["http://localhost:1", "http://127.0.0.9:1", "http://[::1]:1"])
+def test_a_registration_on_loopback_is_followed(tmp_path: Path, url: str) -> None:
+    register(tmp_path / "state", url=url)
+    settings = load(tmp_path, env={"XDG_STATE_HOME": str(tmp_path / "state"), **OWN})
+    assert (settings.url, settings.password, settings.warnings) == (url, "NTUK", ())
+
+
+def test_a_registration_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    real = register(tmp_path / "elsewhere")
+    link = tmp_path / "state" / "opencode" / "service.json"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(real)
+    settings = load(tmp_path, env={"XDG_STATE_HOME": str(tmp_path / "state"), **OWN})
+    refused(tmp_path, settings)
+    assert "symbolic link" in settings.warnings[0]
+
+
+@pytest.mark.parametrize("mode", [0o620, 0o602, 0o666])
+def test_a_registration_others_can_write_is_refused(tmp_path: Path, mode: int) -> None:
+    register(tmp_path / "state").chmod(mode)
+    settings = load(tmp_path, env={"XDG_STATE_HOME": str(tmp_path / "state"), **OWN})
+    refused(tmp_path, settings)
+    assert "writable by other users" in settings.warnings[0]
+
+
+def test_a_registration_of_another_user_is_refused(tmp_path: Path) -> None:
+    path = register(tmp_path / "state")
+    assert isinstance(read_service(path), Service)
+    assert read_service(path, uid=os.geteuid() + 1) == Refusal(
+        f"{path} belongs to another user (uid {os.geteuid()}): not followed"
+    )
+    if os.geteuid() == 0:  # really another's: the settings refuse it as well
+        os.chown(path, 4242, -1)
+        settings = load(tmp_path, env={"XDG_STATE_HOME": str(tmp_path / "state"), **OWN})
+        refused(tmp_path, settings)

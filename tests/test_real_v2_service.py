@@ -33,7 +33,7 @@ from monitor.kit.sandbox import (
     tool_calls,
 )
 from monitor.kit.scripted_model import ScriptedModel, script
-from monitor.service import Service, read_service
+from monitor.service import Refusal, Service, read_service
 from monitor.shell.api import basic_auth_header
 from tests.harness import MODEL_DELAY
 from tests.monitor_process import MonitorProcess
@@ -82,7 +82,10 @@ class Home:
         return done.stdout
 
     def service(self) -> Service | None:
-        return read_service(self.root / "state" / "opencode" / "service.json")
+        registered = read_service(self.root / "state" / "opencode" / "service.json")
+        # The real service's registration is the user's own, on loopback: never refused.
+        assert not isinstance(registered, Refusal), registered
+        return registered
 
     def start(self, port: int) -> Service:
         """`opencode service set port N` and (re)start: the service registered."""

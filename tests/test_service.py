@@ -4,7 +4,9 @@ followed by a watch given no `--url` when it restarts on another port (monitor/s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from structlog.testing import capture_logs
 
 from monitor.config import load_settings
 from monitor.service import Service, parse_service, read_service, service_file
+from monitor.shell.api import basic_auth_header
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Watch
 from monitor.testing import FakeOpencode, engine_call, frames, play
@@ -126,3 +129,62 @@ async def test_a_watch_given_no_url_follows_the_service_to_its_new_port(tmp_path
     assert second.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
     assert not any("password" in json.dumps(line, default=str) for line in logs)
     assert watch.status()["url"] == new_url
+
+
+def basic(password: str) -> str:
+    return basic_auth_header("opencode", password)["Authorization"]
+
+
+def link_to(state: Path, server: TestServer, password: str) -> None:
+    """The registration replaced by a link to one naming `server`."""
+    elsewhere = state / "elsewhere"
+    register(elsewhere, server, password)
+    path = state / "opencode" / "service.json"
+    path.unlink()
+    path.symlink_to(elsewhere / "opencode" / "service.json")
+
+
+def open_to_others(state: Path, server: TestServer, password: str) -> None:
+    register(state, server, password)
+    (state / "opencode" / "service.json").chmod(0o666)
+
+
+@pytest.mark.parametrize("swap", [link_to, open_to_others], ids=["link", "writable"])
+async def test_a_registration_that_turns_untrusted_is_never_followed(
+    tmp_path: Path, swap: Callable[[Path, TestServer, str], None]
+) -> None:
+    # Watching a registered service, the registration is replaced by one someone else could
+    # have written, naming another server: that server is never asked, the default URL is
+    # watched with the user's own password, and the service's goes nowhere else.
+    state = tmp_path / "state"
+    first, planted, default = (FakeOpencode(generation=2) for _ in range(3))
+    first.streams, default.streams = [first.live], [default.live]
+    servers = [TestServer(f.app(), host="127.0.0.1") for f in (first, planted, default)]
+    for server in servers:
+        await server.start_server()
+    register(state, servers[0], "first-password")
+    env = {"XDG_STATE_HOME": str(state), "OPENCODE_SERVER_PASSWORD": "mine"}
+    settings = load_settings({}, env, isatty=False)
+    assert settings.service is not None
+    default_url = str(servers[2].make_url("")).rstrip("/")
+    registry = dataclasses.replace(settings.service, url=default_url)
+    settings = dataclasses.replace(settings, service=registry)
+    watch = Watch(settings, notifier=Notifier(None), timing=FAST, roles=tmp_path / "roles")
+    try:
+        with capture_logs() as logs:
+            task = asyncio.create_task(watch.run())
+            await wait_for(first.live_connected.is_set)
+            swap(state, servers[1], "planted-password")
+            first.close()
+            await wait_for(default.live_connected.is_set)
+            watch.stop()
+            assert await asyncio.wait_for(task, 5) == 0
+    finally:
+        for server in servers:
+            await server.close()
+    assert planted.requests == []
+    assert {r.authorization for r in first.requests} == {basic("first-password")}
+    assert {r.authorization for r in default.requests} == {basic("mine")}
+    [refused] = [line for line in logs if line["event"] == "service.refused"]
+    assert str(state / "opencode" / "service.json") in refused["reason"]
+    assert not any("password" in json.dumps(line, default=str) for line in logs)

@@ -1,12 +1,13 @@
 """Which server a watch talks to, found before every connect (`--api`), and said once its
 stream has answered. Given no `--url`, OpenCode 2's background service is looked for in its
 registration at every connect (monitor/service.py): a service restarted on another port with
-another password is followed there."""
+another password is followed there. A registration refused (another user's, writable by
+others, a link, off loopback) is never followed: the default URL is watched then, with the
+user's own password, and `service.refused` says why each time the reason changes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import structlog
 
@@ -14,7 +15,7 @@ from monitor.config import public_url
 from monitor.core.monitor import Monitor
 from monitor.core.server import ServerKind
 from monitor.errors import ServerError
-from monitor.service import read_service
+from monitor.service import Refusal, Registry, Service, read_service
 from monitor.shell.api_v2 import EngineAPI
 from monitor.shell.stream import stream_url
 
@@ -34,15 +35,17 @@ class Locator:
         monitor: Monitor,
         url: str,
         directory: str | None,
-        service: Path | None = None,
+        service: Registry | None = None,
         authorize: Callable[[str | None], None] = lambda password: None,
         server_pid: Callable[[int | None], None] = lambda pid: None,
     ) -> None:
         self._api = api
         self._monitor = monitor
-        self._url = self._default = url
+        self._url = url
         self._directory = directory
         self._service = service
+        # Why the registration is refused, as last said (at start, by `config.warning`).
+        self._refused = None if service is None else service.refused
         self._authorize = authorize
         self._server_pid = server_pid
         self.server: ServerKind | None = None  # what the last stream that answered speaks
@@ -56,12 +59,20 @@ class Locator:
     def _follow_service(self) -> None:
         """Where the registered service listens now, with its password; where none is
         registered (stopped, or not started yet), the URL given by default."""
-        if self._service is None:
+        service = self._service
+        if service is None:
             return
-        registered = read_service(self._service)
-        url = self._default if registered is None else registered.url
-        if registered is not None:
-            self._authorize(registered.password)
+        registered = read_service(service.path, remote=service.remote)
+        refused = registered.reason if isinstance(registered, Refusal) else None
+        if refused is not None and refused != self._refused:
+            log.warning("service.refused", reason=refused)
+        self._refused = refused
+        # The service's password goes to the service's URL only; anywhere else, the user's.
+        if isinstance(registered, Service):
+            url, password = registered.url, registered.password
+        else:
+            url, password = service.url, service.password
+        self._authorize(password)
         if url != self._url:
             log.info("server.moved", url=public_url(url), before=public_url(self._url))
             self._url = url
