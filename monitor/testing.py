@@ -20,6 +20,8 @@ from typing import Any
 from aiohttp import web
 
 __all__ = [
+    "PROXY_PAGE",
+    "WEB_APP_PAGE",
     "FakeOpencode",
     "Received",
     "engine_call",
@@ -132,6 +134,8 @@ TOAST_PATH = "/tui/show-toast"
 INFO_PID = 17329
 # What 2.2.5 answers on every path outside `/api`: its web app, 200 text/html.
 WEB_APP_PAGE = '<!doctype html>\n<html lang="en"><head><title>OpenCode</title></head></html>\n'
+# What a proxy in front of a server answers for it when it cannot reach it.
+PROXY_PAGE = "<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>\n"
 
 
 def _invalid(key: str) -> web.Response:
@@ -147,6 +151,9 @@ class FakeOpencode:
     streams: list[StreamScript] = field(default_factory=list)
     # Per action a list of statuses to answer in turn; the last one repeats.
     answers: dict[str, list[int]] = field(default_factory=dict)
+    # Per action, a web page answered instead (text/html, with the status `answers` gives):
+    # 2.x's web app (`WEB_APP_PAGE`, 200), a proxy's page (`PROXY_PAGE`, 502, or even 200).
+    pages: dict[str, str] = field(default_factory=dict)
     delays: dict[str, float] = field(default_factory=dict)
     # Keyed as `delays`: the action waits until its event is set (before any delay), so a
     # test decides when a slow server answers instead of racing a timer against it.
@@ -439,6 +446,8 @@ class FakeOpencode:
     def _answer(self, action: str) -> web.StreamResponse:
         statuses = self.answers.get(action, [200])
         status = statuses.pop(0) if len(statuses) > 1 else statuses[0]
+        if action in self.pages and status != 204:
+            return web.Response(text=self.pages[action], content_type="text/html", status=status)
         if status == 200:
             return web.json_response(True)
         if status == 204:

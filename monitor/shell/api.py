@@ -77,6 +77,12 @@ class _Unanswered(ServerAway):
     """Sent, and no answer came (timeout, dropped connection): the server may still act."""
 
 
+class _WebPage(Refused):
+    """A web page answered where OpenCode's JSON was asked for: 2.x's web app on a path outside
+    `/api`, or a page of a proxy in front of the server. Not this server's route, as a 404
+    would say, but never a sign that someone else acted (a permission answered first)."""
+
+
 # What may pass: worth another try, or a look whether it arrived.
 _TRANSIENT = (_Failing, ServerAway)
 # What a route that answered the web app's page (not JSON) is said to have done.
@@ -232,6 +238,8 @@ class OpencodeAPI:
             # Not idempotent: a second copy of an answer that arrived would meet a 404, which
             # reads as "someone answered first".
             await self._call("POST", path, directory, body, idempotent=False)
+        except _WebPage:
+            raise  # not the server's answer at all: nobody is known to have answered
         except Refused as exc:
             if exc.status != 404:
                 raise
@@ -390,12 +398,15 @@ class OpencodeAPI:
                     raise Refused(f"{what}: refused ({response.status})", response.status)
                 if response.status >= 300:
                     raise ServerError(f"{what}: redirected ({response.status}), not followed")
-                if response.status == 204 or response.content_length == 0:
+                if response.status == 204:
                     return None
                 if response.content_type == "text/html":
-                    # 2.x answers every path outside `/api` with its web app's page: the
-                    # route is not this server's, as a 404 would say (never a session gone).
-                    raise Refused(f"{what}: {WEB_PAGE}", 404)
+                    # 2.x answers every path outside `/api` with its web app's page, and a
+                    # proxy may answer with one of its own, even empty: the route is not this
+                    # server's, as a 404 would say (never a session gone, never done).
+                    raise _WebPage(f"{what}: {WEB_PAGE}", 404)
+                if response.content_length == 0:
+                    return None
                 return await response.json(content_type=None, loads=loads)
         except (aiohttp.ContentTypeError, ValueError) as exc:
             raise ServerError(f"{what}: unreadable answer ({type(exc).__name__})") from None
