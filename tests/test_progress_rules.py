@@ -21,7 +21,7 @@ from monitor.core.events import MessageUsage, parse_event
 from monitor.core.plugin_protocol import PluginCall
 from monitor.core.rules.circles import filter_of, found_nothing, looks
 from monitor.core.rules.facts import COMMAND_EDGE, TEXT_EDGE, changes_files, rule_args
-from monitor.core.rules.no_progress import is_keystroke
+from monitor.core.rules.no_progress import is_keystroke, says_failed
 from monitor.core.rules.revisit import Seen
 from monitor.core.rules.runaway import repeats
 from monitor.core.rules.waiting import waits_by_command
@@ -151,12 +151,20 @@ def change(path: str, old: str, new: str) -> list[dict]:
             ],
             ("no_progress", 10),
         ),
-        # rewriting its own change, with one step somewhere new in the middle: counted again
-        # from that step
+        # rewriting its own change, with one step somewhere new in the middle, the test
+        # failing the same throughout: the step does not start the count over (issue 55:
+        # counted again from that step, 18, before)
         (
             [s for i in range(4) for s in (edit(i), bash("pytest"))]
             + [change("b.py", "# TODO", "done()"), bash("pytest")]
             + [s for i in range(4, 12) for s in (edit(i), bash("pytest"))],
+            ("no_progress", 10),
+        ),
+        # the same with the test passing the same: a clean answer, counted again from the step
+        (
+            [s for i in range(4) for s in (edit(i), bash("pytest", "3 passed", 0))]
+            + [change("b.py", "# TODO", "done()"), bash("pytest", "3 passed", 0)]
+            + [s for i in range(4, 12) for s in (edit(i), bash("pytest", "3 passed", 0))],
             ("no_progress", 18),
         ),
         # working through a list in one file (issue 44): a different placeholder each time,
@@ -275,6 +283,61 @@ def test_no_progress_tells_rewriting_from_progressing(
     steps: list[list[dict]], expected: tuple[str, int] | None
 ) -> None:
     assert first(Tracker(replace(ONLY, revisits=0, circles=0)), steps) == expected
+
+
+REPRO = "Test 3: nested types\n\u2717 Test failed with error: get_params() missing 'self'"
+
+
+def somewhere_new(i: int, rewrite_at: int | None) -> list[dict]:
+    """Edit `i` of the real loops' shape (issue 55): a new place in one file each time, or at
+    `rewrite_at` a rewrite of the lines edit 0 added."""
+    if i == rewrite_at:
+        return change("base.py", "params = fixed0(x)", "params = fixed1(x)")
+    return change("base.py", f"step{i} = old(x)", f"params = fixed{i}(x)")
+
+
+@pytest.mark.parametrize(
+    ("answer", "exit", "rewrite_at", "expected"),
+    [
+        # a script's own verdict (exit 0), the run back to its own text once: the 5th run
+        (REPRO, 0, 1, ("no_progress", 9)),
+        # a traceback, exit 1; the rewrite later: the 5th run all the same
+        ("Traceback (most recent call last):\nValueError: ambiguous", 1, 3, ("no_progress", 9)),
+        # never back to its own text: a list worked through (issue 44), silent
+        (REPRO, 0, None, None),
+        # a clean answer: each step somewhere new starts the count over, silent
+        ("Documentation built.", 0, 1, None),
+    ],
+)
+def test_edits_somewhere_new_under_the_same_failing_answer(
+    answer: str, exit: int, rewrite_at: int | None, expected: tuple[str, int] | None
+) -> None:
+    """Issue 55: the real `edit` loops land somewhere new nearly every time while the same
+    failing check answers the same; once the run has come back to its own text, each such
+    edit counts as a change of the same work."""
+    check = bash("python repro.py", answer, exit)
+    steps = [check] + [s for i in range(8) for s in (somewhere_new(i, rewrite_at), check)]
+    assert first(Tracker(replace(ONLY, revisits=0, circles=0)), steps) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "output", "exit", "expected"),
+    [
+        ("completed", "Traceback (most recent call last):\n  File x\nKeyError: 1", 0, True),
+        ("completed", "ValueError: The truth value of an array is ambiguous", 0, True),
+        ("completed", "Failed: http://foo/bar@example.com was accepted", 0, True),
+        ("completed", "Got: <first>/(?P<second>\\w+)  Pass: False", 0, True),
+        ("completed", "FAILED tests/test_a.py::test_b", 0, True),
+        ("completed", "anything", 2, True),
+        ("completed", "Documentation built.", 0, False),
+        ("completed", "3 passed in 0.4s", 0, False),
+        ("completed", "no errors found, Falsehood is a word", 0, False),
+    ],
+)
+def test_what_answers_a_failure(status: str, output: str, exit: int, expected: bool) -> None:
+    call = Call("prt_1", "bash", 1, {"command": "python repro.py"})
+    call.finished(status, output, None, {"exit": exit})
+    assert says_failed(call) is expected
 
 
 @pytest.mark.parametrize(
@@ -830,6 +893,63 @@ def test_defaults_fire_on_no_silent_success_and_at_most_2_resolved_runs(corpus: 
     assert rows["no_progress"][2:4] == ["0", "0"]
     assert rows["revisit"][2:4] == ["0", "0"]
     assert rows["text_steps"][2:4] == ["0", "0"]
+
+
+EDITS = SHARED.parent.parent / "realtraj-edits" / "corpus.tar.xz"
+
+# realtraj-edits' labelled loops and the call each was first caught at, at 3872d79 (before
+# edits were judged by their place): caught at or before it now (issue 55).
+CAUGHT_AT_3872D79 = {
+    "django__django-16667": 24,
+    "sympy__sympy-18763": 17,
+    "sympy__sympy-15349": 23,
+    "scikit-learn__scikit-learn-10908": 33,
+    "django__django-10097": 19,
+    "django__django-11728": 28,
+    "astropy__astropy-14539": 37,
+    "scikit-learn__scikit-learn-12585": 15,
+}
+
+
+@pytest.fixture(scope="module")
+def edits_corpus() -> Path:
+    """../shared/realtraj-edits unpacked once per machine, as `corpus` is."""
+    if not EDITS.is_file():
+        pytest.skip(f"{EDITS} is absent (set OLM_SHARED_DIR to the folder holding it)")
+    digest = hashlib.sha256(EDITS.read_bytes()).hexdigest()[:16]
+    root = CACHE / f"edits-{digest}"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with (CACHE / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not root.is_dir():
+            fresh = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=CACHE))
+            with tarfile.open(EDITS) as archive:
+                archive.extractall(fresh, filter="data")
+            fresh.rename(root)
+    return root / "corpus-edits"
+
+
+def test_real_edit_loops_caught_no_later_than_before_and_legit_runs_silent(
+    edits_corpus: Path,
+) -> None:
+    """Issue 55, on the real runs that edit as OpenCode does: every labelled loop caught at
+    or before the call 3872d79 caught it at; the legit runs and the resolved runs that are
+    no labelled loop silent."""
+    from monitor.shell.evaluate import replay_run
+
+    sets = json.loads((edits_corpus / "sets.json").read_text())
+    loops = [*sets["loops_exact"], *sets["loops_varied"]]
+    caught = {}
+    for name in loops:
+        fired = replay_run(edits_corpus / name, Detection())
+        caught[name.split("__", 1)[1].removesuffix(".jsonl")] = min(
+            (p for positions in fired.values() for p in positions), default=None
+        )
+    late = {k: (v, CAUGHT_AT_3872D79[k]) for k, v in caught.items()}
+    assert all(v is not None and v <= before for v, before in late.values()), late
+    quiet = [n for n in [*sets["legit_repetitive"], *sets["resolved"]] if n not in loops]
+    alarms = {n: fired for n in quiet if (fired := replay_run(edits_corpus / n, Detection()))}
+    assert alarms == {}
 
 
 # -- what a judged call keeps (issue 25) -----------------------------------------------------

@@ -37,6 +37,20 @@ every edit of a file edited before took working through a list in one file for a
 change whose place is unknown (a bash command that writes, SWE-agent's line-range `edit`,
 a patch, the server's signals) counts as before.
 
+Issue 55: on real runs that edit with OpenCode's `edit` (../shared/realtraj-edits), the loops
+land somewhere new nearly every time (another spot of the same function each try) while the
+same failing check answers the same, and the step somewhere new let them go or caught them
+up to 13 calls late. So a check also keeps its streak: its runs with the same outcome, each
+after any change, a step somewhere new included. The streak is a loop at `repeats` when the
+answer is a failure (`says_failed`: state `error`, a non-zero exit, or an output with a
+traceback, an error line, a test's failure or a `: False` verdict) and the run has come back
+to its own text (an edit that `counts`) since the answer began. A clean answer (a build that
+succeeds the same, a lint with the same two warnings) and a run that never comes back (a list
+worked through, under an unrelated failure) keep the count that a step somewhere new starts
+over. Measured on realtraj-edits, realtraj and tests/corpus together (docs/detection.md): the
+failure alone fired on the written list in one file; the coming back alone on three resolved
+runs (clean answers).
+
 Where the server measured the workspace (each step's snapshot, `workspace` in facts.py) since
 the run's last changing call, the measure decides instead (`Measured`): a check answering the
 same in a state it already answered in (edit, revert, edit) stalls whatever the edit's place;
@@ -50,8 +64,10 @@ the server's change signals (`session.diff` with new files, a `file.edited` in t
 directory: `server_changes`), each counted as a change.
 `todo.updated` is not progress; and the server's last workspace state with the number of
 measures in the run. Memory: at most `MAX_CHECKS` checks per run, the least recently run
-forgotten first, packed in one array (24 bytes a check, 288 bytes when full; a bit of its
-counters says whether its last run failed), made at the first check or change of the run;
+forgotten first, packed in one array (32 bytes a check, 384 bytes when full; a bit of its
+counters says whether its last run failed; the fourth word its streak, the run's rewrites when
+the answer began and its steps somewhere new at its last run), made at the first check or
+change of the run;
 the lines the run's edits added or replaced, and the files they edited, as 32-bit digests of
 (file, line) and (file), at most `MAX_ADDED` in a ring (256 bytes full); on a measured
 workspace, its checks again (288 bytes full) and `MAX_VISITS` 32-bit digests of (check,
@@ -85,6 +101,7 @@ MAX_CHECKS = 12
 MAX_ADDED = 64
 MAX_EDIT_LINES = 512
 MAX_VISITS = 64
+_EDGE = 2048
 # A keystroke sent to a running program (tmux's names: `C-c`, `M-x`, `Enter`; or `^C`).
 _KEYSTROKE = re.compile(r"(?:(?:[CM]-\S|\^[A-Z@\\\]^_]|Enter|Escape|Tab)\s*)+")
 # Silent successes, with and without an exit status (bash has one, read does not).
@@ -106,10 +123,22 @@ class Checks:
     """One run's checks, packed in one array, three words a check: its digest, its outcome
     and its counters."""
 
-    __slots__ = ("changes", "signals", "edited", "checks", "added", "oldest", "measured")
+    __slots__ = (
+        "changes",
+        "fresh",
+        "rewrites",
+        "signals",
+        "edited",
+        "checks",
+        "added",
+        "oldest",
+        "measured",
+    )
 
     def __init__(self) -> None:
         self.changes = 0  # changing calls and server change signals seen so far
+        self.fresh = 0  # edits somewhere new so far (a step of known place onto new text)
+        self.rewrites = 0  # changes that went on with the same work (`counts`) so far
         self.signals = 0  # `server_changes` at the previous call
         # A changing call came since the last check: the server's signals of the same edit
         # (its `file.edited`, the step's `session.diff`) are that change, not more of them.
@@ -259,6 +288,28 @@ def _failed(call: Call) -> bool:
     return call.status == "error" or (type(code) is int and code != 0)
 
 
+# A failing answer printed by a check that may still exit 0 (a script that catches its own
+# exception, a test runner's summary, a reproduction script's own verdict).
+_FAILURE = re.compile(
+    r"Traceback \(most recent call last\)|^\s*(?:[\w.]*(?:Error|Exception)|FAIL(?:ED)?)\b"
+    r"|\b(?:failed|FAILED|Failed)\b|: False\b|\bFalse$",
+    re.MULTILINE,
+)
+
+
+def says_failed(call: Call) -> bool:
+    """Whether a check's answer is a failure: state `error`, a non-zero exit status, or an
+    output that shows one (a traceback, an error line, a test's failure)."""
+    if _failed(call):
+        return True
+    output = call.output
+    if not isinstance(output, str):
+        return False
+    if len(output) > 2 * _EDGE:
+        output = output[:_EDGE] + "\n" + output[-_EDGE:]
+    return _FAILURE.search(output) is not None
+
+
 def _moved(last: int, packed: int, outcome: int, failed: bool) -> bool:
     """Whether a check's result moved since its last run (outcome `last`, counters
     `packed`) to this one (`outcome`, `failed`): from failing to passing or back. Another
@@ -271,8 +322,8 @@ def _find(checks: array[int], digest: int) -> int:
     """Where the check `digest` starts in `checks`, or -1. Among the checks' first words
     only (an outcome or counters may equal the digest), without the `ValueError` that
     `index` raises for a check not run before: most are not."""
-    digests = checks[::3]
-    return 3 * digests.index(digest) if digest in digests else -1
+    digests = checks[::4]
+    return 4 * digests.index(digest) if digest in digests else -1
 
 
 class NoProgressRule(OutcomeRule):
@@ -300,15 +351,22 @@ class NoProgressRule(OutcomeRule):
             state.edited = True
             if measured:  # the last measure predates this change
                 _measured(state).changed_at = measures
+            state.changes += 1
             if state.counts(call.tool, call.args):
-                state.changes += 1
+                state.rewrites += 1
             else:
-                del state.checks[:]  # a step somewhere new: every check starts over
+                state.fresh += 1  # a step somewhere new: every check's count starts over
             return None
         if checks_nothing:
             return None
         state.edited = False
-        now = state.changes & _MASK
+        return self._check(state, call, outcome, measured, measures)
+
+    def _check(
+        self, state: Checks, call: Call, outcome: int, measured: int, measures: int
+    ) -> Finding | None:
+        """A check ran: its count, and a finding when it stalled `repeats` times."""
+        now, fresh_now, rewrites = state.changes & _MASK, state.fresh & _MASK, state.rewrites
         checks = state.checks
         index = _find(checks, call.digest)
         failed = _failed(call)
@@ -319,26 +377,42 @@ class NoProgressRule(OutcomeRule):
             state.moved()
             index = -1
         if index < 0 or checks[index + 1] != outcome:
-            runs, first = 1, now
+            runs = streak = 1
+            first, since = now, rewrites & _MASK
+            fresh = True
         else:
-            packed = checks[index + 2]
+            packed, kept = checks[index + 2], checks[index + 3]
             last, first = packed & _MASK, (packed >> _BITS) & _MASK
             runs = (packed >> 2 * _BITS) & _RUNS
+            streak, since = (kept >> 2 * _BITS) & _RUNS, (kept >> _BITS) & _MASK
+            fresh = (kept & _MASK) != fresh_now  # a step somewhere new since its last run
             if last != now:
-                runs += 1
-        fresh = index < 0 or checks[index + 1] != outcome
+                streak += 1
+                runs = 1 if fresh else runs + 1
         if index >= 0:  # taken out, to go back in last: the least recently run goes first
-            del checks[index : index + 3]
-        elif len(checks) >= 3 * self.max_checks:
-            del checks[0:3]
+            del checks[index : index + 4]
+        elif len(checks) >= 4 * self.max_checks:
+            del checks[0:4]
         if measured and _measured(state).changed_at != measures:
             # The server measured the workspace since the last change: its measure decides.
             stalls = _measured(state).runs(call.digest, outcome, measured, fresh, self.max_checks)
             if stalls >= self.repeats:
                 return NoProgress(call.tool, stalls, stalls - 1)
             runs = min(runs, self.repeats - 1)  # the arguments' count is not the measure
+            streak = min(streak, self.repeats - 1)
         elif runs >= self.repeats:
             return NoProgress(call.tool, runs, (now - first) & _MASK)
+        elif streak >= self.repeats and since != rewrites & _MASK and says_failed(call):
+            # Edits somewhere new each time, while the same failing answer comes back and the
+            # run has come back to its own text since the answer began (issue 55).
+            return NoProgress(call.tool, streak, (now - first) & _MASK)
         packed = (runs << 2 * _BITS) | (first << _BITS) | now
-        checks.extend((call.digest, outcome, packed | _FAILED if failed else packed))
+        checks.extend(
+            (
+                call.digest,
+                outcome,
+                packed | _FAILED if failed else packed,
+                (min(streak, _RUNS) << 2 * _BITS) | (since << _BITS) | fresh_now,
+            )
+        )
         return None
