@@ -12,6 +12,7 @@ arrived, so callers assert on what the monitor actually sent and when.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -186,6 +187,9 @@ class FakeOpencode:
     # 3: 1.18.33, the 1.x routes and stream with the new engine's `/api` routes beside them
     # (`/api/health`, `/api/event`, the history of a session's events).
     generation: int = 1
+    # Generation 2: the password the server takes (HTTP Basic, user `opencode`), as 2.2.5
+    # always has one; every request without it is recorded and answered 401. None: any.
+    password: str | None = None
     # What GET /api/session/{id}/inbox answers (generation 2), per session: its items
     # (`{id, type: "user", payload: {text}, delivery}`), oldest first.
     inbox: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -222,7 +226,7 @@ class FakeOpencode:
         return app
 
     def _app_v2(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._auth])
         app.router.add_get("/api/info", self._info)
         app.router.add_get("/api/session/{id}/inbox", self._inbox)
         self._add_engine_routes(app)
@@ -242,6 +246,31 @@ class FakeOpencode:
         # Answered like the action of its last path segment ("interrupt", "prompt", "reply").
         app.router.add_post("/api/session/{id}/{action}", self._action)
         app.router.add_post("/api/session/{id}/permission/{request}/{action}", self._reply_v2)
+
+    @web.middleware
+    async def _auth(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        """2.2.5's refusal of an `/api` request without its password (its web app, every
+        other path, is not guarded)."""
+        if self.password is None or not request.path.startswith("/api/"):
+            return await handler(request)
+        token = base64.b64encode(f"opencode:{self.password}".encode()).decode("ascii")
+        if request.headers.get("Authorization") == f"Basic {token}":
+            return await handler(request)
+        await self._record(request)
+        error = {"_tag": "UnauthorizedError", "message": "Authentication required"}
+        headers = {"WWW-Authenticate": 'Basic realm="Secure Area"'}
+        return web.json_response(error, status=401, headers=headers)
+
+    def refused(self) -> list[Received]:
+        """The requests refused for want of the password."""
+        if self.password is None:
+            return []
+        token = base64.b64encode(f"opencode:{self.password}".encode()).decode("ascii")
+        return [r for r in self.requests if r.authorization != f"Basic {token}"]
 
     async def _held(self, key: str) -> None:
         """Wait out a test's hold on a read (keyed by its last path segment)."""

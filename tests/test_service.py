@@ -19,6 +19,7 @@ from monitor.shell.api import basic_auth_header
 from monitor.shell.notify import Notifier
 from monitor.shell.watch import Watch
 from monitor.testing import FakeOpencode, engine_call, frames, play
+from tests.frames_factory import engine_record
 from tests.harness import FAST, wait_for
 
 S = "ses_s1"
@@ -188,3 +189,100 @@ async def test_a_registration_that_turns_untrusted_is_never_followed(
     [refused] = [line for line in logs if line["event"] == "service.refused"]
     assert str(state / "opencode" / "service.json") in refused["reason"]
     assert not any("password" in json.dumps(line, default=str) for line in logs)
+
+
+async def test_a_service_restarted_mid_loop_has_its_loop_stopped_once_there(
+    tmp_path: Path,
+) -> None:
+    # Two reads on the service; it restarts on another port with another password (its
+    # sessions kept: the third read was made while it restarted) and the loop goes on there.
+    # The loop is stopped once, at its 4th call, on the new service, with the new password
+    # only: the old one never reaches it, nor is the old service asked again.
+    state = tmp_path / "state"
+    first = FakeOpencode(generation=2, password="first-password")
+    first.streams = [first.live]
+    second = FakeOpencode(
+        generation=2,
+        password="second-password",
+        streams=[play(frames(*reads(4, 6)))],
+        busy={S: {}},
+        messages={S: engine_record(3)},
+    )
+    before, after = (TestServer(f.app(), host="127.0.0.1") for f in (first, second))
+    await before.start_server()
+    await after.start_server()
+    register(state, before, "first-password")
+    settings = load_settings({}, {"XDG_STATE_HOME": str(state)}, isatty=False)
+    watch = Watch(settings, notifier=Notifier(None), timing=FAST, roles=tmp_path / "roles")
+    try:
+        with capture_logs() as logs:
+            task = asyncio.create_task(watch.run())
+            await wait_for(first.live_connected.is_set)
+            await first.push(frames(*reads(1, 2)))
+            await wait_for(lambda: watch.monitor.running())
+            register(state, after, "second-password")
+            first.close()
+            await before.close()  # gone: its port refuses
+            await wait_for(lambda: second.of("prompt"))
+            watch.stop()
+            assert await asyncio.wait_for(task, 5) == 0
+    finally:
+        await before.close()
+        await after.close()
+    [stopped] = [line for line in logs if line["event"] == "intervention.outcome"]
+    assert (stopped["outcome"], stopped["call_index"]) == ("aborted", 4)
+    assert second.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
+    assert first.actions() == []
+    assert first.refused() == [] and second.refused() == []
+    assert not any("password" in json.dumps(line, default=str) for line in logs)
+
+
+async def test_a_service_back_on_its_port_with_a_new_password_is_asked_with_it_once_registered(
+    tmp_path: Path,
+) -> None:
+    # As `opencode service restart` does on its fixed port: the service is back, with a new
+    # password, before its registration says so. Until then the old password is refused
+    # (each connect, with the reconnect's backoff); from then on only the new one is sent,
+    # and the loop going on there is stopped once.
+    state = tmp_path / "state"
+    first = FakeOpencode(generation=2, password="first-password")
+    first.streams = [first.live]
+    before = TestServer(first.app(), host="127.0.0.1")
+    await before.start_server()
+    register(state, before, "first-password")
+    settings = load_settings({}, {"XDG_STATE_HOME": str(state)}, isatty=False)
+    watch = Watch(settings, notifier=Notifier(None), timing=FAST, roles=tmp_path / "roles")
+    second = FakeOpencode(
+        generation=2,
+        password="second-password",
+        streams=[play(frames(*reads(4, 6)))],
+        busy={S: {}},
+        messages={S: engine_record(3)},
+    )
+    after = TestServer(second.app(), host="127.0.0.1", port=before.port)
+    try:
+        with capture_logs() as logs:
+            task = asyncio.create_task(watch.run())
+            await wait_for(first.live_connected.is_set)
+            await first.push(frames(*reads(1, 2)))
+            await wait_for(lambda: watch.monitor.running())
+            first.close()
+            await before.close()
+            await after.start_server()
+            await wait_for(lambda: len(second.refused()) >= 2)
+            registered_at = asyncio.get_running_loop().time()
+            register(state, after, "second-password")
+            await wait_for(lambda: second.of("prompt"))
+            watch.stop()
+            assert await asyncio.wait_for(task, 5) == 0
+    finally:
+        await before.close()
+        await after.close()
+    assert all(request.at < registered_at for request in second.refused())
+    assert {r.authorization for r in second.refused()} == {basic("first-password")}
+    [stopped] = [line for line in logs if line["event"] == "intervention.outcome"]
+    assert (stopped["outcome"], stopped["call_index"]) == ("aborted", 4)
+    assert second.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
+    # The refusals are said (`refused_credentials`), never with a password.
+    said = json.dumps(logs, default=str)
+    assert "first-password" not in said and "second-password" not in said
