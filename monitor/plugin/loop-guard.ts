@@ -20,7 +20,8 @@
  * `/api/info` told the daemon), else the one of the port its command line or OpenCode's
  * service registration says (`ownSocket`). `plugin install` writes the socket folder (or a
  * fixed socket, or a TCP address and token file) into ENDPOINT below. It trusts only its daemon: a socket is
- * asked only when it and its folder are its own user's (`untrustedSocket`); over TCP each
+ * asked only when it and its folder are its own user's (`untrustedSocket`), and one found by the
+ * pid's link only inside that folder (`outsideFolder`); over TCP each
  * question is signed with the token, which never leaves the process, and an answer counts
  * only with its proof (`signQuestion`): anything else is no answer, and the own rule decides.
  *
@@ -48,7 +49,7 @@ export const VERSION = "dev"
 export const PROTOCOL = 2
 export const VERSION_HEADER = "X-Loop-Monitor-Version"
 // The longest a call waits for the daemon before the plugin's own rule decides.
-const WAIT_MS = 200
+export const WAIT_MS = 200
 // Sessions already warned about, bounded: a server can run for weeks.
 const MAX_WARNED = 1000
 
@@ -446,6 +447,22 @@ export function untrustedSocket(path: string, uid: number): string | null {
   return null
 }
 
+/**
+ * Why a socket the lookup found (`ownSocket`) is not the daemon's, or null: a daemon names
+ * this server's pid with a link inside its folder to its own socket there (endpoint.py
+ * pid_link, relative and whole), so a link leading anywhere else is not of its making.
+ */
+export function outsideFolder(path: string, dir: string): string | null {
+  let real = dir
+  try {
+    real = realpathSync(dir)
+  } catch {
+    // No folder: nothing in it listens, as fetch will say.
+  }
+  const parent = dirname(path)
+  return parent === dir || parent === real ? null : `the socket ${path} is outside the folder ${dir}`
+}
+
 const hmac = (token: string, kind: string, nonce: string, body: Uint8Array): Buffer =>
   createHmac("sha256", token).update(`${kind} ${nonce}\n`).update(body).digest()
 
@@ -517,10 +534,11 @@ export function makeAsker(
   // The version the daemon answered with last (undefined: none yet): a change is said once.
   let version: string | null | undefined = undefined
   return async (body: Record<string, unknown>, tool: string): Promise<Verdict> => {
-    const socket = (endpoint.socketDir && !serverUrl && own?.()) || installed
+    const found = endpoint.socketDir && !serverUrl ? own?.() : null
+    const socket = found || installed
     const where = socket ?? endpoint.url
     if (socket) {
-      const untrusted = untrustedSocket(socket, uid)
+      const untrusted = (found ? outsideFolder(found, endpoint.socketDir!) : null) ?? untrustedSocket(socket, uid)
       if (untrusted !== null) return { fellOpen: `not asked: ${untrusted}, so it may not be the monitor's` }
     }
     const headers: Record<string, string> = { "Content-Type": "application/json" }
