@@ -4,10 +4,12 @@ followed by a watch given no `--url` when it restarts on another port (monitor/s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestServer
@@ -191,50 +193,75 @@ async def test_a_registration_that_turns_untrusted_is_never_followed(
     assert not any("password" in json.dumps(line, default=str) for line in logs)
 
 
-async def test_a_service_restarted_mid_loop_has_its_loop_stopped_once_there(
-    tmp_path: Path,
-) -> None:
-    # Two reads on the service; it restarts on another port with another password (its
-    # sessions kept: the third read was made while it restarted) and the loop goes on there.
-    # The loop is stopped once, at its 4th call, on the new service, with the new password
-    # only: the old one never reaches it, nor is the old service asked again.
-    state = tmp_path / "state"
-    first = FakeOpencode(generation=2, password="first-password")
-    first.streams = [first.live]
-    second = FakeOpencode(
+def restarted(password: str) -> FakeOpencode:
+    """The service after a restart: its sessions kept (S busy, its 3rd read made while the
+    service restarted), the loop's next reads on its stream, another password."""
+    return FakeOpencode(
         generation=2,
-        password="second-password",
+        password=password,
         streams=[play(frames(*reads(4, 6)))],
         busy={S: {}},
         messages={S: engine_record(3)},
     )
-    before, after = (TestServer(f.app(), host="127.0.0.1") for f in (first, second))
+
+
+@contextlib.asynccontextmanager
+async def looping_on_the_service(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[FakeOpencode, TestServer]]:
+    """The service registered with its password, a watch given no url on it, two reads of S
+    seen there; the watch stopped (exit 0) and the service closed at the end."""
+    state = tmp_path / "state"
+    first = FakeOpencode(generation=2, password="first-password")
+    first.streams = [first.live]
+    before = TestServer(first.app(), host="127.0.0.1")
     await before.start_server()
-    await after.start_server()
     register(state, before, "first-password")
     settings = load_settings({}, {"XDG_STATE_HOME": str(state)}, isatty=False)
     watch = Watch(settings, notifier=Notifier(None), timing=FAST, roles=tmp_path / "roles")
+    task = asyncio.create_task(watch.run())
     try:
-        with capture_logs() as logs:
-            task = asyncio.create_task(watch.run())
-            await wait_for(first.live_connected.is_set)
-            await first.push(frames(*reads(1, 2)))
-            await wait_for(lambda: watch.monitor.running())
-            register(state, after, "second-password")
-            first.close()
-            await before.close()  # gone: its port refuses
-            await wait_for(lambda: second.of("prompt"))
-            watch.stop()
-            assert await asyncio.wait_for(task, 5) == 0
+        await wait_for(first.live_connected.is_set)
+        await first.push(frames(*reads(1, 2)))
+        await wait_for(lambda: watch.monitor.running())
+        yield first, before
     finally:
+        watch.stop()
+        exit_status = await asyncio.wait_for(task, 5)
         await before.close()
-        await after.close()
+    assert exit_status == 0
+
+
+def stopped_once_there(logs: list[dict[str, Any]], second: FakeOpencode) -> None:
+    """The loop stopped once, at its 4th read, on the restarted service; no password said."""
     [stopped] = [line for line in logs if line["event"] == "intervention.outcome"]
     assert (stopped["outcome"], stopped["call_index"]) == ("aborted", 4)
     assert second.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
-    assert first.actions() == []
-    assert first.refused() == [] and second.refused() == []
-    assert not any("password" in json.dumps(line, default=str) for line in logs)
+    # Refusals of a password are said (`refused_credentials`), never with a password.
+    said = json.dumps(logs, default=str)
+    assert "first-password" not in said and "second-password" not in said
+
+
+async def test_a_service_restarted_mid_loop_has_its_loop_stopped_once_there(
+    tmp_path: Path,
+) -> None:
+    # Two reads on the service; it restarts on another port with another password and the
+    # loop goes on there. It is stopped once, at its 4th call, on the new service, with the
+    # new password only: the old one never reaches it, nor is the old service asked again.
+    second = restarted("second-password")
+    after = TestServer(second.app(), host="127.0.0.1")
+    await after.start_server()
+    with capture_logs() as logs:
+        try:
+            async with looping_on_the_service(tmp_path) as (first, before):
+                register(tmp_path / "state", after, "second-password")
+                first.close()
+                await before.close()  # gone: its port refuses
+                await wait_for(lambda: second.of("prompt"))
+        finally:
+            await after.close()
+    stopped_once_there(logs, second)
+    assert first.actions() == [] and first.refused() == [] and second.refused() == []
 
 
 async def test_a_service_back_on_its_port_with_a_new_password_is_asked_with_it_once_registered(
@@ -244,45 +271,20 @@ async def test_a_service_back_on_its_port_with_a_new_password_is_asked_with_it_o
     # password, before its registration says so. Until then the old password is refused
     # (each connect, with the reconnect's backoff); from then on only the new one is sent,
     # and the loop going on there is stopped once.
-    state = tmp_path / "state"
-    first = FakeOpencode(generation=2, password="first-password")
-    first.streams = [first.live]
-    before = TestServer(first.app(), host="127.0.0.1")
-    await before.start_server()
-    register(state, before, "first-password")
-    settings = load_settings({}, {"XDG_STATE_HOME": str(state)}, isatty=False)
-    watch = Watch(settings, notifier=Notifier(None), timing=FAST, roles=tmp_path / "roles")
-    second = FakeOpencode(
-        generation=2,
-        password="second-password",
-        streams=[play(frames(*reads(4, 6)))],
-        busy={S: {}},
-        messages={S: engine_record(3)},
-    )
-    after = TestServer(second.app(), host="127.0.0.1", port=before.port)
-    try:
-        with capture_logs() as logs:
-            task = asyncio.create_task(watch.run())
-            await wait_for(first.live_connected.is_set)
-            await first.push(frames(*reads(1, 2)))
-            await wait_for(lambda: watch.monitor.running())
-            first.close()
-            await before.close()
-            await after.start_server()
-            await wait_for(lambda: len(second.refused()) >= 2)
-            registered_at = asyncio.get_running_loop().time()
-            register(state, after, "second-password")
-            await wait_for(lambda: second.of("prompt"))
-            watch.stop()
-            assert await asyncio.wait_for(task, 5) == 0
-    finally:
-        await before.close()
-        await after.close()
+    second = restarted("second-password")
+    with capture_logs() as logs:
+        async with looping_on_the_service(tmp_path) as (first, before):
+            after = TestServer(second.app(), host="127.0.0.1", port=before.port)
+            try:
+                first.close()
+                await before.close()
+                await after.start_server()
+                await wait_for(lambda: len(second.refused()) >= 2)
+                registered_at = asyncio.get_running_loop().time()
+                register(tmp_path / "state", after, "second-password")
+                await wait_for(lambda: second.of("prompt"))
+            finally:
+                await after.close()
     assert all(request.at < registered_at for request in second.refused())
     assert {r.authorization for r in second.refused()} == {basic("first-password")}
-    [stopped] = [line for line in logs if line["event"] == "intervention.outcome"]
-    assert (stopped["outcome"], stopped["call_index"]) == ("aborted", 4)
-    assert second.actions() == [f"/api/session/{S}/interrupt", f"/api/session/{S}/prompt"]
-    # The refusals are said (`refused_credentials`), never with a password.
-    said = json.dumps(logs, default=str)
-    assert "first-password" not in said and "second-password" not in said
+    stopped_once_there(logs, second)
