@@ -984,7 +984,7 @@ def load_settings(
     if service is not None:
         registered = read_service(service, remote=values["remote_service"])
         refused = registered.reason if isinstance(registered, Refusal) else None
-        registry = Registry(service, values["url"], password, values["remote_service"], refused)
+        registry = Registry(service, values["remote_service"], refused)
         if isinstance(registered, Service):
             # The service's password goes with its URL (a new one at every start of it).
             values["url"], password = registered.url, registered.password

@@ -61,15 +61,13 @@ class Refusal:
 
 @dataclass(frozen=True, slots=True)
 class Registry:
-    """Where a watch given no `--url` looks for the service before every connect, and what it
-    does when none is there or the one there is refused: `url` with `password` (the user's own,
-    from the environment or a password file; never the service's). `remote`: a service off
-    loopback is followed (`remote_service`). `refused`: why the registration was refused at
-    start (said then as `config.warning`; `service.refused` says a new reason)."""
+    """Where a watch given no `--url` looks for the service before every connect. `remote`:
+    a service off loopback is followed (`remote_service`). `refused`: why the registration was
+    refused at start (said then as `config.warning`; `service.refused` says a new reason).
+    Only a registration followed moves the watch; none, or one refused, leaves it where it is,
+    with the password that goes there."""
 
     path: Path
-    url: str
-    password: str | None = field(default=None, repr=False)
     remote: bool = False
     refused: str | None = None
 

@@ -603,8 +603,7 @@ def test_given_no_url_the_registered_service_is_watched_with_its_password(
     assert (settings.url, settings.password, settings.service) == (
         "http://127.0.0.1:49374",
         "NTUK",  # its own, a new one at every start: the variable is another server's
-        # Where nothing usable is registered later, the default, with the user's own.
-        Registry(path, "http://127.0.0.1:4096", "mine"),
+        Registry(path),
     )
     assert "NTUK" not in repr(settings) and "mine" not in repr(settings)
 
@@ -638,7 +637,7 @@ def test_with_no_usable_registration_the_default_url_is_watched_and_the_file_fol
     assert (settings.url, settings.password, settings.service) == (
         "http://127.0.0.1:4096",
         None,
-        Registry(path, "http://127.0.0.1:4096"),
+        Registry(path),
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -157,21 +156,16 @@ async def test_a_registration_that_turns_untrusted_is_never_followed(
     tmp_path: Path, swap: Callable[[Path, TestServer, str], None]
 ) -> None:
     # Watching a registered service, the registration is replaced by one someone else could
-    # have written, naming another server: that server is never asked, the default URL is
-    # watched with the user's own password, and the service's goes nowhere else.
+    # have written, naming another server: that server is never asked, and its password never
+    # sent; the watch stays with the service it followed, said once.
     state = tmp_path / "state"
-    first, planted, default = (FakeOpencode(generation=2) for _ in range(3))
-    first.streams, default.streams = [first.live], [default.live]
-    servers = [TestServer(f.app(), host="127.0.0.1") for f in (first, planted, default)]
+    first, planted = FakeOpencode(generation=2), FakeOpencode(generation=2)
+    first.streams = [first.live, play()]
+    servers = [TestServer(f.app(), host="127.0.0.1") for f in (first, planted)]
     for server in servers:
         await server.start_server()
     register(state, servers[0], "first-password")
-    env = {"XDG_STATE_HOME": str(state), "OPENCODE_SERVER_PASSWORD": "mine"}
-    settings = load_settings({}, env, isatty=False)
-    assert settings.service is not None
-    default_url = str(servers[2].make_url("")).rstrip("/")
-    registry = dataclasses.replace(settings.service, url=default_url)
-    settings = dataclasses.replace(settings, service=registry)
+    settings = load_settings({}, {"XDG_STATE_HOME": str(state)}, isatty=False)
     watch = Watch(settings, notifier=Notifier(None), timing=FAST, roles=tmp_path / "roles")
     try:
         with capture_logs() as logs:
@@ -179,7 +173,7 @@ async def test_a_registration_that_turns_untrusted_is_never_followed(
             await wait_for(first.live_connected.is_set)
             swap(state, servers[1], "planted-password")
             first.close()
-            await wait_for(default.live_connected.is_set)
+            await wait_for(lambda: first.connections == 2)
             watch.stop()
             assert await asyncio.wait_for(task, 5) == 0
     finally:
@@ -187,10 +181,10 @@ async def test_a_registration_that_turns_untrusted_is_never_followed(
             await server.close()
     assert planted.requests == []
     assert {r.authorization for r in first.requests} == {basic("first-password")}
-    assert {r.authorization for r in default.requests} == {basic("mine")}
     [refused] = [line for line in logs if line["event"] == "service.refused"]
     assert str(state / "opencode" / "service.json") in refused["reason"]
-    assert not any("password" in json.dumps(line, default=str) for line in logs)
+    assert [line for line in logs if line["event"] == "server.moved"] == []
+    assert "planted-password" not in json.dumps(logs, default=str)
 
 
 def restarted(password: str) -> FakeOpencode:

@@ -2,8 +2,8 @@
 stream has answered. Given no `--url`, OpenCode 2's background service is looked for in its
 registration at every connect (monitor/service.py): a service restarted on another port with
 another password is followed there. A registration refused (another user's, writable by
-others, a link, off loopback) is never followed: the default URL is watched then, with the
-user's own password, and `service.refused` says why each time the reason changes."""
+others, a link, off loopback) is never followed: the watch stays where it was, with the
+password that goes there, and `service.refused` says why each time the reason changes."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ class Locator:
 
     def _follow_service(self) -> None:
         """Where the registered service listens now, with its password; where none is
-        registered (stopped, or not started yet), the URL given by default."""
+        registered (stopped, restarting, or not started yet) or it is refused, where the
+        watch was: the service it followed last, else the URL given by default."""
         service = self._service
         if service is None:
             return
@@ -67,12 +68,12 @@ class Locator:
         if refused is not None and refused != self._refused:
             log.warning("service.refused", reason=refused)
         self._refused = refused
-        # The service's password goes to the service's URL only; anywhere else, the user's.
-        if isinstance(registered, Service):
-            url, password = registered.url, registered.password
-        else:
-            url, password = service.url, service.password
-        self._authorize(password)
+        if not isinstance(registered, Service):
+            # None (stopped, or restarting) or refused: where it was, with what goes there.
+            return
+        url = registered.url
+        # The service's password goes with its URL, to nowhere else.
+        self._authorize(registered.password)
         if url != self._url:
             log.info("server.moved", url=public_url(url), before=public_url(self._url))
             self._url = url
