@@ -67,8 +67,10 @@ async def test_an_interrupt_answered_by_a_web_page_is_no_stop(page: str, status:
     )
     with capture_logs() as logs:
         running = await start(fake)
-        await wait_for(lambda: events(logs, "intervention.outcome"))
-        await stop(*running)
+        try:
+            await wait_for(lambda: events(logs, "intervention.outcome"))
+        finally:
+            await stop(*running)
     said = outcome(logs)
     # Not stopped: said so, and no feedback tells the model it was.
     assert said["outcome"] == "abort_failed"
@@ -89,8 +91,10 @@ async def test_feedback_answered_by_a_web_page_is_not_sent(page: str, status: in
     )
     with capture_logs() as logs:
         running = await start(fake)
-        await wait_for(lambda: events(logs, "feedback.failed"))
-        await stop(*running)
+        try:
+            await wait_for(lambda: events(logs, "feedback.failed"))
+        finally:
+            await stop(*running)
     assert outcome(logs)["outcome"] == "aborted"
     assert events(logs, "feedback.sent") == []
     assert fake.actions()[0] == f"/api/session/{S}/interrupt"
@@ -110,8 +114,10 @@ async def test_a_refusal_answered_by_a_web_page_falls_back_to_the_interrupt(
     )
     with capture_logs() as logs:
         running = await start(fake, permissions="gate")
-        await wait_for(lambda: fake.of("prompt"))
-        await stop(*running)
+        try:
+            await wait_for(lambda: fake.of("prompt"))
+        finally:
+            await stop(*running)
     said = outcome(logs)
     assert (said["outcome"], said["request_id"]) == ("aborted", "per_4")
     assert said["fallback"] != "answered first"
@@ -138,8 +144,10 @@ async def test_a_1x_refusal_answered_by_a_proxys_page_is_not_taken_as_answered_f
     )
     with capture_logs() as logs:
         running = await start(fake)
-        await wait_for(lambda: fake.of("prompt_async"))
-        await stop(*running)
+        try:
+            await wait_for(lambda: fake.of("prompt_async"))
+        finally:
+            await stop(*running)
     said = outcome(logs)
     assert said["outcome"] == "aborted" and WEB_PAGE in said["fallback"]
 
