@@ -227,7 +227,10 @@ async def test_doom_loop_left_unanswered_is_refused_after_the_grace_period(
     monitor, messages, took = await doom_loop_run(
         doom_server, start_monitor, http, "--permission-grace", "2"
     )
-    assert 2 <= took < 2 + 8
+    # Refused no sooner than the grace (the refusal itself is the outcome below); no upper
+    # bound by the clock: `took` also holds the model's answer to the feedback, seconds on a
+    # loaded machine (issue 56: 10.1 s at a load of 11 failed a bound of 10).
+    assert took >= 2
     [detected] = await monitor.wait_event("intervention.outcome")
     assert (detected["rule"], detected["outcome"], detected["tools"]) == (
         "doom_loop",
@@ -244,7 +247,8 @@ async def test_doom_loop_is_refused_at_once_under_approve(doom_server, start_mon
     monitor, messages, took = await doom_loop_run(
         doom_server, start_monitor, http, "--permissions", "approve"
     )
-    assert took < 8  # the grace period (30 s by default) does not apply
+    # The grace period (30 s by default) does not apply; `took` also holds the model's answer.
+    assert took < 30
     [detected] = await monitor.wait_event("intervention.outcome")
     assert (detected["rule"], detected["outcome"]) == ("doom_loop", "rejected")
     assert detected["reply_ms"] < 1000
