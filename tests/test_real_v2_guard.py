@@ -131,13 +131,15 @@ async def test_with_plugin_install_the_4th_call_is_refused_in_band_on_any_port(
     other = await opencode2_client.create_session("deaf")
     await opencode2_client.prompt(other["id"], script([READ], 8, delay=MODEL_DELAY))
     record = await opencode2_client.wait_idle(other["id"], 90)
-    assert [call["state"]["status"] for call in tool_calls(record)] == ["completed"] * 3 + [
-        "error"
-    ] * 3
+    # No call ran after the 3rd. A call the model asked for while the hold's interrupt was
+    # on its way is refused too (seen once at a load of 8): the same loop, no new intervention.
+    statuses = [call["state"]["status"] for call in tool_calls(record)]
+    assert statuses[:6] == ["completed"] * 3 + ["error"] * 3 and set(statuses[3:]) == {"error"}
     outcomes = [o for o in monitor.events("intervention.outcome") if o["session_id"] == other["id"]]
-    assert [(o["outcome"], o["call_index"]) for o in outcomes] == [
+    assert [(o["outcome"], o["call_index"]) for o in outcomes][:3] == [
         ("blocked", 4),
         ("blocked", 5),
         ("held", 6),
     ]
+    assert [o["outcome"] for o in outcomes[3:]] in ([], ["deferred"])
     no_refused_request(monitor)

@@ -608,7 +608,15 @@ export function makeJudge(
   const steps = new Steps()
   const warned = new Set<string>()
   let fellOpen = 0
-  const judge = async (sessionID: string, callID: string, tool: string, args: unknown): Promise<string | null> => {
+  // `messageID`: the model step the call is of, where the hook names it (2.x); else the one
+  // the server's events last named (1.x, `steps`).
+  const judge = async (
+    sessionID: string,
+    callID: string,
+    tool: string,
+    args: unknown,
+    messageID?: string,
+  ): Promise<string | null> => {
     let cycle: Cycle | null = null
     let cut = false
     try {
@@ -637,7 +645,7 @@ export function makeJudge(
       plugin_version: VERSION,
       protocol: PROTOCOL,
     }
-    const step = steps.of(sessionID)
+    const step = typeof messageID === "string" && messageID ? messageID : steps.of(sessionID)
     if (step !== undefined) body.message_id = step
     let verdict: Verdict
     let answered = false // the daemon took this request's count
@@ -705,7 +713,7 @@ export type V2Context = {
   tool: { hook: (name: "execute.before", callback: (event: V2ToolEvent) => Promise<void>) => Promise<unknown> }
   permission: { hook: (name: "evaluate", callback: (event: V2PermissionEvent) => Promise<void>) => Promise<unknown> }
 }
-export type V2ToolEvent = { tool: string; sessionID: string; id: string; input: unknown }
+export type V2ToolEvent = { tool: string; sessionID: string; id: string; input: unknown; messageID?: string }
 export type V2PermissionEvent = {
   sessionID: string
   source?: { type?: string; id?: string; callID?: string }
@@ -726,7 +734,10 @@ export async function v2Hooks(ctx: V2Context, ask: Asker): Promise<void> {
   const { judge } = makeJudge(ask, ctx.location?.directory ?? "/")
   const pending = new Map<string, string>()
   await ctx.tool.hook("execute.before", async (event) => {
-    const refused = await judge(event.sessionID, event.id, event.tool, event.input)
+    // The step is said with each question: a question that overtakes the stream's events
+    // of its step is not taken for one of the step before (seen at a load of 8: the ladder
+    // climbed a call late).
+    const refused = await judge(event.sessionID, event.id, event.tool, event.input, event.messageID)
     if (refused === null) return
     if (pending.size >= MAX_PENDING) pending.delete(pending.keys().next().value as string)
     pending.set(`${event.sessionID} ${event.id}`, refused)

@@ -443,6 +443,18 @@ describe("the 2.x entry with a stand-in ctx", () => {
     expect([check.effect, check.message]).toEqual(["deny", "daemon says no"])
     expect(bodies[0]).toEqual({ session_id: "ses_1", call_id: "c0", tool: "shell", args: { command: "ls" }, directory: "/p", fell_open: 0, ...RELEASE })
   })
+
+  test("each question names the step its hook named", async () => {
+    // 2.2.5's execute.before names the call's step: the daemon needs no event to tell a
+    // question of a new step from one of the step before.
+    const { ctx, hooks } = standIn()
+    const bodies: Record<string, unknown>[] = []
+    await v2Hooks(ctx, async (body) => (bodies.push(body), { verdict: "allow" } as never))
+    for (const [id, messageID] of [["c0", "msg_a"], ["c1", "msg_b"], ["c2", ""]]) {
+      await hooks.before!({ tool: "read", sessionID: "ses_1", id, input: { path: "a" }, messageID })
+    }
+    expect(bodies.map((body) => body.message_id)).toEqual(["msg_a", "msg_b", undefined])
+  })
 })
 
 describe("asking the daemon (a stand-in on a Unix socket)", () => {
