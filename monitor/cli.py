@@ -206,16 +206,24 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     )
     # The releases are the kit's (monitor.kit.demo.EDITIONS, by these keys), named here
     # without importing it: --help does not load aiohttp.
+    _opencode_argument(
+        parser,
+        "the OpenCode to show it on: 1 is opencode 1.18.33 (npm opencode-ai@1.18.33, "
+        "installed once into CACHE_DIR, about 354 MB; $OPENCODE_BIN skips the install), 2 "
+        "is opencode 2.2.5 (npm @opencode/cli@2.2.5, installed once into CACHE_DIR/opencode-2, "
+        "about 480 MB; $OPENCODE2_BIN skips it), which the demo runs with a generated "
+        "password",
+    )
+
+
+def _opencode_argument(parser: argparse.ArgumentParser, help: str) -> None:
+    """`--opencode 1|2`: which OpenCode a command of the kit speaks to."""
     parser.add_argument(
         "--opencode",
         choices=("1", "2"),
         default="1",
         metavar="{1,2}",
-        help="the OpenCode to show it on: 1 is opencode 1.18.33 (npm opencode-ai@1.18.33, "
-        "installed once into CACHE_DIR, about 354 MB; $OPENCODE_BIN skips the install), 2 "
-        "is opencode 2.2.5 (npm @opencode/cli@2.2.5, installed once into CACHE_DIR/opencode-2, "
-        "about 480 MB; $OPENCODE2_BIN skips it), which the demo runs with a generated "
-        "password [default: 1]",
+        help=f"{help} [default: 1]",
     )
 
 
@@ -250,15 +258,11 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=int, help="loopback port to serve on; 0 for a free one [default: 4097]"
     )
-    parser.add_argument(
-        "--opencode",
-        choices=("1", "2"),
-        default="1",
-        metavar="{1,2}",
-        help="the OpenCode whose opencode.json block and commands to print: 1 (`provider`, "
+    _opencode_argument(
+        parser,
+        "the OpenCode whose opencode.json block and commands to print: 1 (`provider`, "
         "`npm`, `options`; opencode run --attach) or 2 (`providers`, `package`, `settings`; "
-        "opencode run --server URL with OPENCODE_PASSWORD, or its background service) "
-        "[default: 1]",
+        "opencode run --server URL with OPENCODE_PASSWORD, or its background service)",
     )
 
 

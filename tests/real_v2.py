@@ -3,12 +3,20 @@ as a 2.x user starts it, and the server's record read as people read it."""
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 from monitor.kit.sandbox import OpencodeServer2
-from tests.monitor_process import MonitorProcess
+from tests.monitor_process import CONSOLE_SCRIPT, MonitorProcess
 
-__all__ = ["answers", "no_refused_request", "users", "users_shell", "watching"]
+__all__ = [
+    "answers",
+    "no_refused_request",
+    "users",
+    "users_shell",
+    "watching",
+    "watching_with_the_plugin",
+]
 
 
 def users(record: list[dict[str, Any]]) -> list[str]:
@@ -44,4 +52,23 @@ async def watching(start_monitor: Any, server: OpencodeServer2, *flags: str) -> 
     argv = ["watch", "--url", server.url, "--log-format", "json", *flags]
     monitor = start_monitor(*argv, env=env)
     await monitor.wait_event("stream.resynced")
+    return monitor
+
+
+async def watching_with_the_plugin(
+    start_monitor: Any, server: OpencodeServer2, *flags: str
+) -> MonitorProcess:
+    """`plugin install` in the server's user's shell, then `watching`: the monitor has linked
+    its socket to the server's pid (`plugin.linked`), where the plugin finds it."""
+    installed = subprocess.run(
+        [str(CONSOLE_SCRIPT), "plugin", "install"],
+        env=users_shell(server),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert installed.returncode == 0, installed.stderr
+    monitor = await watching(start_monitor, server, *flags)
+    [linked] = monitor.events("plugin.linked")
+    assert linked["server_pid"] == server.pid
     return monitor

@@ -9,7 +9,6 @@ the monitor's console script; every assertion reads the server's own record of t
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any
 
 import aiohttp
@@ -19,8 +18,13 @@ from monitor.core.feedback import MARK
 from monitor.kit.sandbox import OpencodeServer2, ProjectClient2, free_loopback_port, tool_calls
 from monitor.kit.scripted_model import DEFAULT_ANSWER, script
 from tests.harness import MODEL_DELAY, seen_idle
-from tests.monitor_process import CONSOLE_SCRIPT
-from tests.real_v2 import answers, no_refused_request, users, users_shell, watching
+from tests.real_v2 import (
+    answers,
+    no_refused_request,
+    users,
+    watching,
+    watching_with_the_plugin,
+)
 
 pytestmark = pytest.mark.real_server
 
@@ -97,17 +101,7 @@ async def test_with_plugin_install_the_4th_call_is_refused_in_band_on_any_port(
     # Not 4096: before, the 2.x plugin asked there whatever its server's port, found no
     # monitor, and the daemon interrupted the run its own rule had saved.
     assert not opencode2_server.url.endswith(":4096")
-    installed = subprocess.run(
-        [str(CONSOLE_SCRIPT), "plugin", "install"],
-        env=users_shell(opencode2_server),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert installed.returncode == 0, installed.stderr
-    monitor = await watching(start_monitor, opencode2_server)
-    [linked] = monitor.events("plugin.linked")
-    assert linked["server_pid"] == opencode2_server.pid
+    monitor = await watching_with_the_plugin(start_monitor, opencode2_server)
     session = await opencode2_client.create_session("plugin")
     # A model that heeds a refusal (answers in the same run), and one that does not.
     await opencode2_client.prompt(session["id"], script([READ], 8, delay=MODEL_DELAY, heed=True))

@@ -36,6 +36,7 @@ from monitor.kit.scripted_model import (
     script,
 )
 from tests.harness import alive, read_pid_file
+from tests.real_v2 import answers
 
 # A script in 1.x's words: the model says them in 2.x's to a 2.x server.
 READ_V1 = ("read", {"filePath": "README.md"})
@@ -150,17 +151,6 @@ def test_npm_installs_opencode_cli_2_2_5_into_its_own_folder(
 # The real 2.2.5.
 
 
-def texts(record: list[dict[str, Any]]) -> list[str]:
-    """The assistant's text entries of a 2.x record, in order."""
-    return [
-        entry["text"]
-        for item in record
-        if item.get("type") == "assistant"
-        for entry in item.get("content", [])
-        if entry.get("type") == "text"
-    ]
-
-
 def environment_of(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(entry.decode().split("=", 1) for entry in raw if b"=" in entry)
@@ -212,7 +202,7 @@ async def test_a_loop_of_8_identical_reads_runs_8_reads_unguarded(
     # One run, to its end: no interrupt, no question, no feedback.
     assert [item["type"] for item in record].count("user") == 1
     assert [item["outcome"] for item in record if item["type"] == "idle"] == ["succeeded"]
-    assert texts(record) == [DEFAULT_ANSWER]
+    assert answers(record) == [DEFAULT_ANSWER]
     assert len(scripted_model.steps(prompt)) == 9  # 8 calls, then the answer
 
 

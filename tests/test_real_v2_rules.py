@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +37,14 @@ from tests.corpus.record_text import (
     table,
 )
 from tests.harness import MODEL_DELAY, seen_idle
-from tests.monitor_process import CONSOLE_SCRIPT, MonitorProcess
-from tests.real_v2 import answers, no_refused_request, users, users_shell, watching
+from tests.monitor_process import MonitorProcess
+from tests.real_v2 import (
+    answers,
+    no_refused_request,
+    users,
+    watching,
+    watching_with_the_plugin,
+)
 
 pytestmark = pytest.mark.real_server
 
@@ -400,17 +405,7 @@ async def test_edits_rewriting_one_line_with_the_same_check_result_are_refused_i
     server = opencode2_server
     (server.project / "check.py").write_text(CHECK_PY)
     (server.project / "calc.py").write_text(CALC_PY)
-    installed = subprocess.run(
-        [str(CONSOLE_SCRIPT), "plugin", "install"],
-        env=users_shell(server),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert installed.returncode == 0, installed.stderr
-    monitor = await watching(start_monitor, server)
-    [linked] = monitor.events("plugin.linked")
-    assert linked["server_pid"] == server.pid
+    monitor = await watching_with_the_plugin(start_monitor, server)
     check = shell("python3 check.py")
     pattern = [check]
     for k in range(5):

@@ -18,6 +18,7 @@ from monitor.core.signature import int_digest, text_crc
 __all__ = [
     "Event",
     "FileEdited",
+    "CATALOGUE_EVENT_TYPES",
     "KNOWN_EVENT_TYPES",
     "MALFORMED",
     "Malformed",
@@ -253,6 +254,23 @@ Event = (
 
 # Event types OpenCode sends on `/event` and inside `/global/event` envelopes. Anything else
 # is counted as "other": the label set stays this size whatever the server sends.
+# 2.2.5's catalogue and workspace changed: no session's run (`data` empty); the 2.x adapter
+# ignores them on purpose (events_v2.IGNORED).
+CATALOGUE_EVENT_TYPES = frozenset(
+    {
+        "project.updated",
+        "integration.updated",
+        "provider.updated",
+        "model.updated",
+        "agent.updated",
+        "command.updated",
+        "skill.updated",
+        "websearch.updated",
+        "reference.updated",
+        "plugin.updated",
+        "vcs.branch.updated",
+    }
+)
 KNOWN_EVENT_TYPES = (
     frozenset(
         {
@@ -339,22 +357,9 @@ KNOWN_EVENT_TYPES = (
             "shell.deleted",
         }
     )
-    | frozenset(
-        # 2.2.5's catalogue and workspace, no session's run (`data` empty).
-        {
-            "integration.updated",
-            "provider.updated",
-            "model.updated",
-            "agent.updated",
-            "command.updated",
-            "skill.updated",
-            "websearch.updated",
-            "reference.updated",
-            "plugin.updated",
-            # A project's folder named once its repository has a commit (`global` before).
-            "worktree.resolved",
-        }
-    )
+    | CATALOGUE_EVENT_TYPES
+    # A project's folder named once its repository has a commit (`global` before).
+    | {"worktree.resolved"}
 )
 # Our own values, not the server's: a frame without a usable type, and everything unknown.
 MALFORMED = "malformed"

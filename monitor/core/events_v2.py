@@ -46,6 +46,7 @@ from types import MappingProxyType
 from typing import Any
 
 from monitor.core.events import (
+    CATALOGUE_EVENT_TYPES,
     KNOWN_EVENT_TYPES,
     Event,
     Malformed,
@@ -700,19 +701,7 @@ IGNORED: Mapping[str, str] = MappingProxyType(
         "worktree.resolved": "a project's folder named (its id once its repository has a "
         "commit), no session's run",
         **dict.fromkeys(
-            (
-                "project.updated",
-                "integration.updated",
-                "provider.updated",
-                "model.updated",
-                "agent.updated",
-                "command.updated",
-                "skill.updated",
-                "websearch.updated",
-                "reference.updated",
-                "plugin.updated",
-                "vcs.branch.updated",
-            ),
+            sorted(CATALOGUE_EVENT_TYPES),
             "the server's catalogue or workspace changed, no session's run (empty data)",
         ),
     }
