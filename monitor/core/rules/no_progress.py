@@ -206,7 +206,7 @@ class Measured:
         if not came_back:
             self.oldest = remember(self.visits, self.oldest, visit, MAX_VISITS)
         checks = self.checks
-        index = _find(checks, digest)
+        index = _find(checks, digest, 3)
         if index < 0 or checks[index + 1] != outcome:
             runs = 1
         else:
@@ -318,12 +318,13 @@ def _moved(last: int, packed: int, outcome: int, failed: bool) -> bool:
     return outcome != last and bool(packed & _FAILED) != failed
 
 
-def _find(checks: array[int], digest: int) -> int:
-    """Where the check `digest` starts in `checks`, or -1. Among the checks' first words
-    only (an outcome or counters may equal the digest), without the `ValueError` that
-    `index` raises for a check not run before: most are not."""
-    digests = checks[::4]
-    return 4 * digests.index(digest) if digest in digests else -1
+def _find(checks: array[int], digest: int, words: int) -> int:
+    """Where the check `digest` starts in `checks` (`words` a check: 4 in `Checks`, 3 in
+    `Measured`), or -1. Among the checks' first words only (an outcome or counters may equal
+    the digest), without the `ValueError` that `index` raises for a check not run before:
+    most are not."""
+    digests = checks[::words]
+    return words * digests.index(digest) if digest in digests else -1
 
 
 class NoProgressRule(OutcomeRule):
@@ -368,7 +369,7 @@ class NoProgressRule(OutcomeRule):
         """A check ran: its count, and a finding when it stalled `repeats` times."""
         now, fresh_now, rewrites = state.changes & _MASK, state.fresh & _MASK, state.rewrites
         checks = state.checks
-        index = _find(checks, call.digest)
+        index = _find(checks, call.digest, 4)
         failed = _failed(call)
         if index >= 0 and _moved(checks[index + 1], checks[index + 2], outcome, failed):
             # A check run again whose result moved (the tests went from failing to passing,
