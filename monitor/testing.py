@@ -329,6 +329,7 @@ class FakeOpencode:
         """`messages` of a session are given in 2.0's form (`{id, type, content | text}`),
         oldest first; answered newest first, as the server does."""
         await self._record(request)
+        await self._held("message")
         messages = list(reversed(self.messages.get(request.match_info["id"], [])))
         last = request.query.get("limit")
         return web.json_response({"data": messages[: int(last)] if last else messages})

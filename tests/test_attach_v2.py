@@ -198,3 +198,24 @@ async def test_on_1_18_33_a_sessions_engine_is_told_by_its_messages_on_the_api_r
         f"/api/session/{other}/message",
     ]
     assert fake.requests[3].query == {"location[directory]": WHERE, "order": "desc", "limit": "1"}
+
+
+async def test_a_look_up_whose_api_read_is_slow_goes_on_as_not_told() -> None:
+    # Issue 56: at a load of 8 a real 1.18.33 answered `/api/session/{id}/message` after
+    # more than API_READ_S, and attach exited 69. Slow is not down: the route did not tell
+    # the engine, the session's frames will.
+    held = asyncio.Event()
+    fake = FakeOpencode(generation=3, holds={"message": held}, messages={S: engine_record(2)})
+    server = TestServer(fake.app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            api = EngineAPI(http, str(server.make_url("")).rstrip("/"), FAST.retry, FAST.sleep)
+            api.api_read_s = 0.2
+            kind = await api.detect()
+            told = await api.has_messages(S, WHERE, kind.telling_routes())
+    finally:
+        held.set()
+        await server.close()
+    assert told == {2: None} and engine_of_session(kind, told) == 1
+    assert [r.path for r in fake.requests][-1] == f"/api/session/{S}/message"

@@ -56,6 +56,7 @@ from monitor.errors import (
     CredentialsRefused,
     MalformedId,
     Refused,
+    ServerAway,
     ServerError,
     SessionGone,
 )
@@ -253,8 +254,13 @@ class EngineAPI(OpencodeAPI):
         for route in routes:
             try:
                 newest = await self.messages(session_id, directory, 1, route=route)
-            except (SessionGone, Refused):
-                found[route] = None  # no such routes after all (a server the probes missed)
+            except ServerAway:
+                raise  # down: said as it is
+            except ServerError:
+                # No such routes after all (a server the probes missed), or no answer within
+                # API_READ_S: slow, not down (a real 1.18.33 at a load of 8, issue 56), so
+                # the look-up goes on; the session's first frames say its engine.
+                found[route] = None
                 continue
             found[route] = bool(newest)
         return found
