@@ -298,14 +298,20 @@ async def test_demo_on_2_2_5_holds_the_session_for_a_person(
     """--on-loop hold: the run interrupted, the feedback stored (2.2.5's inbox, no run takes
     it), and no answer from the model."""
     lines = await demo2(opencode2_bin, tmp_path, "--on-loop", "hold")
-    assert story_2(lines) == [
+    story = story_2(lines)
+    aborted = "server: run aborted (session.execution.interrupted)"
+    stored = (
+        'monitor: feedback stored in the session for a person: "Automatic notice: your run was '
+        f"stopped at this call, because it kept making the same calls: {SHAPE_2} with the same "
+        'arguments."'
+    )
+    # The interrupt's end and the stored feedback come by two ways (the stream, the monitor's
+    # log): under load either is printed first (seen once at a load of 6).
+    assert sorted(story[7:9]) == sorted([aborted, stored])
+    assert story[:7] + story[9:] == [
         *CALLS_2,
         f"monitor: loop detected on call 6: {SHAPE_2}; session aborted and put on hold for a "
         "person",
-        "server: run aborted (session.execution.interrupted)",
-        'monitor: feedback stored in the session for a person: "Automatic notice: your run was '
-        f"stopped at this call, because it kept making the same calls: {SHAPE_2} with the same "
-        'arguments."',
         "stopping the server, the model and the monitor",
         "demo finished: 6 calls ran, the loop was stopped on call 6, "
         "no call started after it. Everything stopped.",
